@@ -1,0 +1,1 @@
+"""The Lark grammar of the rules language, packaged as ``rewrite.grammar``."""

@@ -1,0 +1,64 @@
+"""The library entry points: ``load_rules``, ``parse_rules``, ``apply`` and :class:`Result`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from attrs import field, frozen
+
+from rewrite.compile import RuleSet, load_rules, parse_rules
+from rewrite.frontends import load_graph
+from rewrite.grouping import GroupTree, group_graph
+
+if TYPE_CHECKING:
+    import onnx_ir
+    import torch
+
+
+@frozen
+class Result:
+    """Groups of one model under one rule set, ready to lower to ONNX or FX."""
+
+    rules: RuleSet = field(repr=False)
+    tree: GroupTree
+    model: Any = field(repr=False, eq=False)
+    """What ``apply`` was given (a path is kept as given)."""
+
+    @property
+    def warnings(self) -> tuple:
+        return self.tree.warnings
+
+    def explain(self) -> dict:
+        """The group tree as plain data (what ``rewrite explain --json`` prints)."""
+        from rewrite.report import tree_to_dict
+
+        return tree_to_dict(self.tree)
+
+    def to_onnx(self, **options: Any) -> "onnx_ir.Model":
+        """An ONNX model whose groups are nested, deduplicated model-local functions."""
+        from rewrite.backends.onnx import to_onnx
+
+        return to_onnx(self, **options)
+
+    def to_fx(self) -> "torch.fx.GraphModule":
+        """A hierarchical GraphModule (one submodule per group), or a split one."""
+        from rewrite.backends.fx import to_fx
+
+        return to_fx(self)
+
+
+def _as_ruleset(rules: RuleSet | str | Path) -> RuleSet:
+    if isinstance(rules, RuleSet):
+        return rules
+    return load_rules(rules)
+
+
+def apply(rules: RuleSet | str | Path, model: Any) -> Result:
+    """Group ``model`` (ExportedProgram, GraphModule, onnx_ir.Model, or a path) by ``rules``."""
+    ruleset = _as_ruleset(rules)
+    graph = load_graph(model)
+    return Result(ruleset, group_graph(ruleset, graph), model)
+
+
+__all__ = ["Result", "apply", "load_rules", "parse_rules"]

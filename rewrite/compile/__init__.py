@@ -1,0 +1,6 @@
+"""Stage 3: AST -> RuleSet of compiled matchers."""
+
+from rewrite.compile.ruleset import Rule, RuleSet, Split, load_rules, parse_rules
+from rewrite.compile.selectors import Facts, compile_selector
+
+__all__ = ["Facts", "Rule", "RuleSet", "Split", "compile_selector", "load_rules", "parse_rules"]

@@ -1,0 +1,75 @@
+"""Typed errors: each maps to one CLI exit code and carries what a user needs to fix it."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from attrs import frozen
+
+if TYPE_CHECKING:
+    from rewrite.lang.source import Span
+
+
+@frozen
+class Diagnostic:
+    """One message about a rules file, printed as ``file:line:col: severity: message``."""
+
+    severity: str
+    """``error`` or ``warning``."""
+    message: str
+    span: "Span | None" = None
+    """Where in the rules text; None for messages about the whole run."""
+    hint: str | None = None
+    """A suggestion such as ``did you mean 'class'?``."""
+
+    def render(self) -> str:
+        """The message with its location, the source line and a caret under the column."""
+        if self.span is None:
+            text = f"{self.severity}: {self.message}"
+        else:
+            text = f"{self.span.location}: {self.severity}: {self.message}"
+            line = self.span.source_line
+            if line is not None:
+                caret = " " * (self.span.column - 1) + "^"
+                text += f"\n    {line}\n    {caret}"
+        if self.hint:
+            text += f"\n  {self.hint}"
+        return text
+
+
+class RewriteError(Exception):
+    """Base class of every error ``rewrite`` raises on purpose."""
+
+    exit_code = 1
+
+    def render(self) -> str:
+        return str(self)
+
+
+class RuleError(RewriteError):
+    """The rules text is invalid (syntax, unknown name, include cycle...). Exit code 1."""
+
+    def __init__(self, diagnostics: list[Diagnostic]):
+        self.diagnostics = list(diagnostics)
+        super().__init__("\n".join(d.render() for d in self.diagnostics))
+
+
+class GroupingError(RewriteError):
+    """The rules cannot group this graph (cycle, conflict, split order). Exit code 1."""
+
+    def __init__(self, message: str, *, rule: str | None = None, nodes: tuple[str, ...] = ()):
+        self.rule = rule
+        self.nodes = tuple(nodes)
+        text = message
+        if rule:
+            text = f"{rule}: error: {message}"
+        if nodes:
+            shown = ", ".join(nodes[:8]) + (f", ... ({len(nodes)} in all)" if len(nodes) > 8 else "")
+            text += f"\n  nodes involved: {shown}"
+        super().__init__(text)
+
+
+class InputError(RewriteError):
+    """The model or an output path is unusable (missing, corrupt, wrong kind). Exit code 2."""
+
+    exit_code = 2

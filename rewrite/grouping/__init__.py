@@ -1,0 +1,6 @@
+"""Stage 4: rules x IR -> group tree."""
+
+from rewrite.grouping.build import group_graph
+from rewrite.grouping.tree import Group, GroupTree
+
+__all__ = ["Group", "GroupTree", "group_graph"]

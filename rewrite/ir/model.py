@@ -1,0 +1,81 @@
+"""The graph IR: frozen records that frontends fill and matchers only read."""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from attrs import field, frozen
+
+
+@frozen(cache_hash=True)
+class ModuleCall:
+    """One call of one ``nn.Module``: a shared module called twice is two calls."""
+
+    path: str
+    """Module path in the root module, ``h.0.attn``."""
+    cls: str
+    """Qualified class name, ``transformers.models.gpt2.modeling_gpt2.GPT2Attention``."""
+    index: int = 0
+    """0 for the first call of the module at ``path``, N for its (N+1)-th call (``@N``)."""
+
+    @property
+    def key(self) -> str:
+        """``path`` for the first call, ``path@N`` for later ones; unique in a graph."""
+        return self.path if self.index == 0 else f"{self.path}@{self.index}"
+
+    @property
+    def class_name(self) -> str:
+        """The class name without its module, ``GPT2Attention``."""
+        return self.cls.rsplit(".", 1)[-1]
+
+    @property
+    def package(self) -> str:
+        """The top-level package the class comes from, ``transformers``."""
+        return self.cls.split(".", 1)[0] if "." in self.cls else self.cls
+
+
+Stack = tuple[ModuleCall, ...]
+
+
+@frozen
+class Node:
+    """One operation of the source graph."""
+
+    index: int
+    """Position in topological order; also the node's id in its :class:`Graph`."""
+    name: str
+    op: str
+    """``placeholder``, ``call_function``, ``get_attr``, ``output``... or ``onnx`` for ONNX nodes."""
+    target: str
+    """``aten.mm.default``, ``_operator.getitem``, or the ONNX ``domain::OpType``."""
+    inputs: tuple[int, ...]
+    """Indices of the nodes whose values this node reads (each once, in order)."""
+    stack: Stack | None
+    """Module calls around the node, outermost first, root excluded; None when unknown."""
+    tags: Mapping[str, str] = field(factory=dict)
+    is_io: bool = False
+    """Graph inputs and outputs always stay at the top level."""
+    source: Any = field(default=None, eq=False, repr=False)
+    """The frontend's node (``torch.fx.Node`` or ``onnx_ir.Node``)."""
+
+
+@frozen
+class Graph:
+    """A whole source graph in topological order, with its distinct module calls."""
+
+    nodes: tuple[Node, ...] = field(repr=False)
+    calls: tuple[ModuleCall, ...] = field(repr=False)
+    """Every distinct module call, in order of first appearance."""
+    kind: str
+    """``fx`` or ``onnx``."""
+    root_class: str | None = None
+    source: Any = field(default=None, eq=False, repr=False)
+    """What the frontend read: an ExportedProgram, a GraphModule or an onnx_ir.Model."""
+
+    def users(self) -> list[list[int]]:
+        """For each node, the indices of the nodes that read it."""
+        users: list[list[int]] = [[] for _ in self.nodes]
+        for node in self.nodes:
+            for i in node.inputs:
+                users[i].append(node.index)
+        return users

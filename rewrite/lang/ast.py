@@ -1,0 +1,142 @@
+"""The AST of a rules file: frozen attrs records, each with the span it came from."""
+
+from __future__ import annotations
+
+from typing import Union
+
+from attrs import field, frozen
+
+from rewrite.lang.source import Span
+
+
+# --- selectors -------------------------------------------------------------------------------
+
+
+@frozen
+class PathSelector:
+    """``path h.*.attn``: a glob over the module path of a module call."""
+
+    pattern: str
+    span: Span = field(eq=False)
+
+
+@frozen
+class ClassSelector:
+    """``class *GPT2Block``: a pattern over the qualified class name of a module call."""
+
+    pattern: str
+    span: Span = field(eq=False)
+
+
+@frozen
+class OpSelector:
+    """``op aten.mm.*``: a glob over a node's op target."""
+
+    pattern: str
+    span: Span = field(eq=False)
+
+
+@frozen
+class TagSelector:
+    """``stage == "encode"``, ``stage != "x"`` or ``has stage``."""
+
+    key: str
+    value: str | None
+    """None for ``has key``."""
+    negate: bool
+    span: Span = field(eq=False)
+
+
+@frozen
+class AnySelector:
+    """``any``: always true."""
+
+    span: Span = field(eq=False)
+
+
+@frozen
+class NotSelector:
+    operand: "Selector"
+    span: Span = field(eq=False)
+
+
+@frozen
+class BoolSelector:
+    """``a and b and c`` (op ``and``) or ``a or b`` (op ``or``)."""
+
+    op: str
+    operands: tuple["Selector", ...]
+    span: Span = field(eq=False)
+
+
+Selector = Union[PathSelector, ClassSelector, OpSelector, TagSelector, AnySelector, NotSelector, BoolSelector]
+
+
+# --- statements ------------------------------------------------------------------------------
+
+
+@frozen
+class Include:
+    """``include "other.rules"``."""
+
+    path: str
+    span: Span = field(eq=False)
+
+
+@frozen
+class GroupRule:
+    """``group SELECTOR [as "name"] [domain "domain"] [priority N]``."""
+
+    selector: Selector
+    span: Span = field(eq=False)
+    name: str | None = None
+    name_span: Span | None = field(default=None, eq=False)
+    domain: str | None = None
+    domain_span: Span | None = field(default=None, eq=False)
+    priority: int = 0
+
+
+@frozen
+class FlatRule:
+    """``flat SELECTOR [priority N]``: matching module calls are not groups."""
+
+    selector: Selector
+    span: Span = field(eq=False)
+    priority: int = 0
+
+
+@frozen
+class Assignment:
+    key: str
+    value: str
+    span: Span = field(eq=False)
+
+
+@frozen
+class TagRule:
+    """``tag SELECTOR with key = "value", ...``: sets tags on the matching nodes."""
+
+    selector: Selector
+    assignments: tuple[Assignment, ...]
+    span: Span = field(eq=False)
+    priority: int = 0
+
+
+@frozen
+class SplitRule:
+    """``split by KEY [order "a", "b"]``: one top-level component per value of tag KEY."""
+
+    key: str
+    order: tuple[str, ...]
+    span: Span = field(eq=False)
+
+
+Statement = Union[Include, GroupRule, FlatRule, TagRule, SplitRule]
+
+
+@frozen
+class RulesFile:
+    """One parsed rules file (includes not yet resolved)."""
+
+    statements: tuple[Statement, ...]
+    name: str

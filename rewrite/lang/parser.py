@@ -1,0 +1,283 @@
+"""Parse rules text with the packaged Lark grammar into a :class:`RulesFile`.
+
+The grammar is loaded once. Lark errors become :class:`RuleError` diagnostics with
+``file:line:col``, the offending line and, where cheap, a "did you mean" hint.
+"""
+
+from __future__ import annotations
+
+import ast as _pyast
+import difflib
+import functools
+from importlib import resources
+
+import lark
+from lark import Lark, Token, Transformer, v_args
+
+from rewrite.errors import Diagnostic, RuleError
+from rewrite.lang import ast
+from rewrite.lang.source import Source, Span
+
+STATEMENT_KEYWORDS = ("include", "group", "flat", "tag", "split")
+SELECTOR_KEYWORDS = ("path", "class", "op", "has", "any", "not", "(")
+OPTION_KEYWORDS = ("as", "domain", "priority", "with", "order", "by")
+ALL_KEYWORDS = STATEMENT_KEYWORDS + SELECTOR_KEYWORDS + OPTION_KEYWORDS + ("and", "or")
+
+_TERMINAL_WORDS = {
+    "STRING": 'a quoted string like "text"',
+    "PATTERN": "a pattern like h.*",
+    "NAME": "a name",
+    "SIGNED_INT": "an integer",
+    "LPAR": "'('",
+    "RPAR": "')'",
+    "COMMA": "','",
+    "EQUAL": "'='",
+    "$END": "end of file",
+    "EQ": "'=='",
+    "NE": "'!='",
+}
+
+
+@functools.cache
+def _parser() -> Lark:
+    grammar = resources.files("rewrite.grammar").joinpath("rules.lark").read_text()
+    return Lark(grammar, parser="lalr", propagate_positions=True, maybe_placeholders=False)
+
+
+def parse_text(text: str, name: str = "<string>") -> ast.RulesFile:
+    """Parse one rules text; raise :class:`RuleError` on any syntax error."""
+    source = Source(text, name)
+    try:
+        tree = _parser().parse(text)
+    except lark.UnexpectedInput as e:
+        raise RuleError([_syntax_diagnostic(e, source)]) from None
+    try:
+        statements = _ToAst(source).transform(tree)
+    except lark.exceptions.VisitError as e:
+        if isinstance(e.orig_exc, RuleError):
+            raise e.orig_exc from None
+        raise
+    return ast.RulesFile(tuple(statements), name)
+
+
+# --- errors ----------------------------------------------------------------------------------
+
+
+def _describe_expected(expected: set[str]) -> str:
+    words = []
+    for term in sorted(expected):
+        if term in _TERMINAL_WORDS:
+            words.append(_TERMINAL_WORDS[term])
+        elif term.isupper():
+            # anonymous keyword terminals are named after their text, e.g. GROUP, AND
+            words.append(f"'{term.lower()}'")
+        else:
+            words.append(term)
+    words = sorted(set(words))
+    if len(words) > 6:
+        return ", ".join(words[:6]) + ", ..."
+    return ", ".join(words)
+
+
+def _expected_keywords(expected: set[str]) -> list[str]:
+    return [t.lower() for t in expected if t.isupper() and t.lower() in ALL_KEYWORDS]
+
+
+def _suggest(word: str, candidates: list[str]) -> str | None:
+    match = difflib.get_close_matches(word, candidates, n=1, cutoff=0.6)
+    return f"did you mean '{match[0]}'?" if match else None
+
+
+def _syntax_diagnostic(e: lark.UnexpectedInput, source: Source) -> Diagnostic:
+    line = getattr(e, "line", None) or 1
+    column = getattr(e, "column", None) or 1
+    if line < 1:  # end of input
+        lines = source.text.splitlines() or [""]
+        line, column = len(lines), len(lines[-1]) + 1
+    span = Span(source, line, column)
+    if isinstance(e, lark.UnexpectedCharacters):
+        char = source.text[e.pos_in_stream] if e.pos_in_stream < len(source.text) else "?"
+        if char == '"':
+            return Diagnostic("error", "unterminated string", span, 'close it with a " on the same line')
+        return Diagnostic("error", f"unexpected character {char!r}", span)
+    if isinstance(e, lark.UnexpectedEOF):
+        expected = set(e.expected)
+        return Diagnostic("error", f"unexpected end of file, expected {_describe_expected(expected)}", span)
+    if isinstance(e, lark.UnexpectedToken):
+        token: Token = e.token
+        expected = set(e.expected) | set(getattr(e, "accepts", set()) or set())
+        if token.type == "$END":
+            return Diagnostic(
+                "error",
+                f"unexpected end of file, expected {_describe_expected(expected)}",
+                _end_span(source),
+            )
+        if expected and expected <= {"EQ", "NE"}:
+            # `NAME` followed by something other than ==/!=: almost always a misspelt keyword
+            word, word_span = _previous_word(source, e.pos_in_stream)
+            hint = _suggest(word, list(SELECTOR_KEYWORDS[:-1]))
+            return Diagnostic(
+                "error",
+                f"unknown selector {word!r}; a selector is path, class, op, a tag test "
+                f'(key == "value", key != "value", has key), any, not, or (...)',
+                word_span,
+                hint,
+            )
+        hint = None
+        if token.type in ("NAME", "PATTERN"):
+            hint = _suggest(str(token), _expected_keywords(expected) or list(ALL_KEYWORDS))
+        return Diagnostic(
+            "error",
+            f"unexpected {str(token)!r}, expected {_describe_expected(expected)}",
+            span,
+            hint,
+        )
+    return Diagnostic("error", str(e).splitlines()[0], span)
+
+
+def _end_span(source: Source) -> Span:
+    text = source.text.rstrip()
+    line = text.count("\n") + 1
+    column = len(text) - (text.rfind("\n") + 1) + 1
+    return Span(source, line, column)
+
+
+def _previous_word(source: Source, pos: int) -> tuple[str, Span]:
+    """The identifier that ends before ``pos``, with its span."""
+    text = source.text[:pos].rstrip()
+    start = len(text)
+    while start > 0 and (text[start - 1].isalnum() or text[start - 1] == "_"):
+        start -= 1
+    line = text.count("\n", 0, start) + 1
+    column = start - (text.rfind("\n", 0, start) + 1) + 1
+    return text[start:], Span(source, line, column)
+
+
+# --- tree -> AST -----------------------------------------------------------------------------
+
+
+def _unquote(token: Token, span: Span) -> str:
+    try:
+        return _pyast.literal_eval(str(token))
+    except (ValueError, SyntaxError):
+        raise RuleError([Diagnostic("error", f"invalid string {token}", span)]) from None
+
+
+class _ToAst(Transformer):
+    """One method per grammar rule; every AST record gets the span of its first token."""
+
+    def __init__(self, source: Source):
+        super().__init__()
+        self.source = source
+
+    def _span(self, item) -> Span:
+        if isinstance(item, Token):
+            return Span(self.source, item.line or 1, item.column or 1)
+        meta = item
+        if getattr(meta, "empty", False):
+            return Span(self.source, 1, 1)
+        return Span(self.source, meta.line, meta.column)
+
+    def _text(self, token: Token) -> str:
+        if token.type == "STRING":
+            return _unquote(token, self._span(token))
+        return str(token)
+
+    # statements
+    def start(self, items):
+        return list(items)
+
+    @v_args(meta=True)
+    def include(self, meta, items):
+        return ast.Include(self._text(items[0]), self._span(meta))
+
+    @v_args(meta=True)
+    def group_rule(self, meta, items):
+        selector, options = items[0], items[1:]
+        fields: dict = {}
+        for kind, value, span in options:
+            if kind in fields:
+                raise RuleError([Diagnostic("error", f"'{kind}' given twice in one rule", span)])
+            fields[kind] = value
+            if kind in ("name", "domain"):
+                fields[f"{kind}_span"] = span
+        return ast.GroupRule(selector, self._span(meta), **fields)
+
+    def name_option(self, items):
+        return ("name", self._text(items[0]), self._span(items[0]))
+
+    def domain_option(self, items):
+        return ("domain", self._text(items[0]), self._span(items[0]))
+
+    def priority(self, items):
+        return ("priority", int(items[0]), self._span(items[0]))
+
+    @v_args(meta=True)
+    def flat_rule(self, meta, items):
+        priority = items[1][1] if len(items) > 1 else 0
+        return ast.FlatRule(items[0], self._span(meta), priority)
+
+    @v_args(meta=True)
+    def tag_rule(self, meta, items):
+        selector = items[0]
+        assignments = tuple(i for i in items[1:] if isinstance(i, ast.Assignment))
+        priority = next((i[1] for i in items[1:] if isinstance(i, tuple)), 0)
+        return ast.TagRule(selector, assignments, self._span(meta), priority)
+
+    @v_args(meta=True)
+    def assignment(self, meta, items):
+        return ast.Assignment(str(items[0]), self._text(items[1]), self._span(meta))
+
+    @v_args(meta=True)
+    def split_rule(self, meta, items):
+        key = str(items[0])
+        order = tuple(self._text(t) for t in items[1:])
+        seen = set()
+        for token, value in zip(items[1:], order):
+            if value in seen:
+                raise RuleError(
+                    [Diagnostic("error", f"value {value!r} listed twice in the order", self._span(token))]
+                )
+            seen.add(value)
+        return ast.SplitRule(key, order, self._span(meta))
+
+    # selectors
+    @v_args(meta=True)
+    def or_selector(self, meta, items):
+        return ast.BoolSelector("or", tuple(items), self._span(meta))
+
+    @v_args(meta=True)
+    def and_selector(self, meta, items):
+        return ast.BoolSelector("and", tuple(items), self._span(meta))
+
+    @v_args(meta=True)
+    def not_selector(self, meta, items):
+        return ast.NotSelector(items[0], self._span(meta))
+
+    @v_args(meta=True)
+    def path_selector(self, meta, items):
+        return ast.PathSelector(self._text(items[0]), self._span(meta))
+
+    @v_args(meta=True)
+    def class_selector(self, meta, items):
+        return ast.ClassSelector(self._text(items[0]), self._span(meta))
+
+    @v_args(meta=True)
+    def op_selector(self, meta, items):
+        return ast.OpSelector(self._text(items[0]), self._span(meta))
+
+    @v_args(meta=True)
+    def tag_equals(self, meta, items):
+        return ast.TagSelector(str(items[0]), self._text(items[1]), False, self._span(meta))
+
+    @v_args(meta=True)
+    def tag_not_equals(self, meta, items):
+        return ast.TagSelector(str(items[0]), self._text(items[1]), True, self._span(meta))
+
+    @v_args(meta=True)
+    def tag_present(self, meta, items):
+        return ast.TagSelector(str(items[0]), None, False, self._span(meta))
+
+    @v_args(meta=True)
+    def any_selector(self, meta, items):
+        return ast.AnySelector(self._span(meta))

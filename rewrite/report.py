@@ -1,0 +1,37 @@
+"""The group tree as plain data, for ``explain --json`` and for tools."""
+
+from __future__ import annotations
+
+from rewrite.grouping import Group, GroupTree
+
+
+def group_to_dict(group: Group) -> dict:
+    call = group.call
+    return {
+        "id": group.id,
+        "kind": group.kind,
+        "path": call.path if call else None,
+        "class": call.cls if call else None,
+        "call_index": call.index if call else None,
+        "tag_value": group.tag_value,
+        "rule": group.origin,
+        "function": group.function_name,
+        "domain": group.domain,
+        "nodes": group.size,
+        "own_nodes": len(group.nodes),
+        "children": [group_to_dict(c) for c in group.children],
+    }
+
+
+def tree_to_dict(tree: GroupTree) -> dict:
+    graph = tree.graph
+    return {
+        "graph": {"kind": graph.kind, "root_class": graph.root_class, "nodes": len(graph.nodes),
+                  "module_calls": len(graph.calls)},
+        "groups": [group_to_dict(c) for c in tree.root.children],
+        "top_level_nodes": len(tree.root.nodes),
+        "warnings": [
+            {"location": w.span.location if w.span else None, "message": w.message}
+            for w in tree.warnings
+        ],
+    }

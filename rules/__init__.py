@@ -1,0 +1,1 @@
+"""The shipped rule library, packaged as ``rewrite.library`` (found by ``include``)."""

@@ -1,0 +1,134 @@
+"""Small models with random weights, shared by tests, benchmarks and the demo.
+
+Nothing here downloads anything: transformers models are built from small configs.
+"""
+
+from __future__ import annotations
+
+import torch
+
+# --- transformers ----------------------------------------------------------------------------
+
+
+def gpt2(n_layer: int = 2, n_embd: int = 32, n_head: int = 2, vocab: int = 100, positions: int = 64):
+    """(model, example args, example kwargs) of a random-weight GPT2Model."""
+    from transformers import GPT2Config, GPT2Model
+
+    config = GPT2Config(
+        n_layer=n_layer, n_embd=n_embd, n_head=n_head, vocab_size=vocab, n_positions=positions,
+        use_cache=False, bos_token_id=0, eos_token_id=0,
+    )
+    torch.manual_seed(0)
+    model = GPT2Model(config).eval()
+    ids = torch.randint(0, vocab, (1, 8))
+    return model, (ids,), {"return_dict": False, "use_cache": False}
+
+
+def llama(layers: int = 2, hidden: int = 32, heads: int = 4, kv_heads: int = 2, vocab: int = 100):
+    from transformers import LlamaConfig, LlamaModel
+
+    config = LlamaConfig(
+        num_hidden_layers=layers, hidden_size=hidden, intermediate_size=hidden * 2,
+        num_attention_heads=heads, num_key_value_heads=kv_heads, vocab_size=vocab,
+        max_position_embeddings=64, use_cache=False, bos_token_id=0, eos_token_id=0,
+        pad_token_id=0,
+    )
+    torch.manual_seed(0)
+    model = LlamaModel(config).eval()
+    ids = torch.randint(0, vocab, (1, 8))
+    return model, (ids,), {"return_dict": False, "use_cache": False}
+
+
+def bert(layers: int = 2, hidden: int = 32, heads: int = 2, vocab: int = 100):
+    from transformers import BertConfig, BertModel
+
+    config = BertConfig(
+        num_hidden_layers=layers, hidden_size=hidden, intermediate_size=hidden * 2,
+        num_attention_heads=heads, vocab_size=vocab, max_position_embeddings=64,
+        pad_token_id=0,
+    )
+    torch.manual_seed(0)
+    model = BertModel(config).eval()
+    ids = torch.randint(0, vocab, (1, 8))
+    return model, (ids,), {"return_dict": False}
+
+
+# --- hand-written ----------------------------------------------------------------------------
+
+
+class Sub(torch.nn.Module):
+    def __init__(self, width: int = 4):
+        super().__init__()
+        self.lin = torch.nn.Linear(width, width)
+
+    def forward(self, x):
+        return torch.relu(self.lin(x))
+
+
+class SplitHeads(torch.nn.Module):
+    """A submodule with two outputs."""
+
+    def __init__(self, width: int = 4):
+        super().__init__()
+        self.proj = torch.nn.Linear(width, 2 * width)
+
+    def forward(self, x):
+        a, b = self.proj(x).chunk(2, dim=-1)
+        return torch.tanh(a), torch.sigmoid(b)
+
+
+class SharedAndList(torch.nn.Module):
+    """A shared submodule called twice, a ModuleList, a multi-output submodule, a buffer."""
+
+    def __init__(self, width: int = 4):
+        super().__init__()
+        self.shared = Sub(width)
+        self.layers = torch.nn.ModuleList([Sub(width) for _ in range(3)])
+        self.heads = SplitHeads(width)
+        self.register_buffer("scale", torch.linspace(0.5, 1.5, width))
+
+    def forward(self, x):
+        x = self.shared(x)
+        x = self.shared(x)
+        for layer in self.layers:
+            x = layer(x)
+        a, b = self.heads(x)
+        return a * self.scale + b, b.sum()
+
+
+def shared_and_list():
+    torch.manual_seed(0)
+    return SharedAndList().eval(), (torch.randn(2, 4),), {}
+
+
+class Staged(torch.nn.Module):
+    """Regions annotated with a ``stage`` tag, for split tests."""
+
+    def __init__(self, width: int = 4):
+        super().__init__()
+        self.enc = Sub(width)
+        self.mid = Sub(width)
+        self.dec = Sub(width)
+
+    def forward(self, x):
+        from torch.fx.traceback import annotate
+
+        with annotate({"stage": "encode"}):
+            x = self.enc(x) + 1
+        with annotate({"stage": "decode"}):
+            x = self.dec(self.mid(x)) * 2
+        return x
+
+
+def staged():
+    torch.manual_seed(0)
+    return Staged().eval(), (torch.randn(2, 4),), {}
+
+
+def export(model_args_kwargs, *, preserve_meta: bool = False) -> torch.export.ExportedProgram:
+    """``torch.export.export`` of a (model, args, kwargs) triple."""
+    model, args, kwargs = model_args_kwargs
+    if preserve_meta:
+        with torch.fx.traceback.preserve_node_meta():
+            return torch.export.export(model, args, kwargs=kwargs)
+    return torch.export.export(model, args, kwargs=kwargs)
