@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import unicodedata
 from typing import TYPE_CHECKING
 
 from attrs import frozen
@@ -29,12 +30,30 @@ class Diagnostic:
         else:
             text = f"{self.span.location}: {self.severity}: {self.message}"
             line = self.span.source_line
-            if line is not None:
-                caret = " " * (self.span.column - 1) + "^"
-                text += f"\n    {line}\n    {caret}"
+            if line is not None and line.strip():
+                shown, caret = _show_line(line, self.span.column)
+                text += f"\n    {shown}\n    {caret}"
         if self.hint:
             text += f"\n  {self.hint}"
         return text
+
+
+def _show_line(line: str, column: int) -> tuple[str, str]:
+    """The line as it can be printed, and a caret under ``column`` (1-based, in characters).
+
+    Control characters print as spaces; tabs stay tabs in both lines and wide characters get
+    two caret columns, so the caret sits under the character in a terminal.
+    """
+    shown = "".join(c if c.isprintable() or c == "\t" else " " for c in line)
+    pad = []
+    for c in shown[: max(column - 1, 0)]:
+        if c == "\t":
+            pad.append("\t")
+        elif unicodedata.east_asian_width(c) in ("W", "F"):
+            pad.append("  ")
+        elif not unicodedata.combining(c):
+            pad.append(" ")
+    return shown, "".join(pad) + "^"
 
 
 class RewriteError(Exception):
