@@ -30,12 +30,45 @@ def _bracket(body: str) -> str:
             raise PatternError(f"empty range [{body}]: {low} is greater than {high}")
         if high - low > _MAX_RANGE:
             raise PatternError(f"range [{body}] is too large")
-        return "(?:" + "|".join(str(n) for n in range(low, high + 1)) + ")"
+        return _number_range(low, high)
     if re.fullmatch(r"\d+(,\d+)*", body):
         return "(?:" + "|".join(body.split(",")) + ")"
     if not body:
         raise PatternError("empty brackets []")
     return "[" + re.escape(body).replace(r"\-", "-") + "]"
+
+
+def _number_range(low: int, high: int) -> str:
+    """A compact regex for the decimal numbers low..high (no leading zeros).
+
+    Same language as the alternation of every number, but its size grows with the number of
+    digits, not with the width of the range (``[0-99999]`` compiles in microseconds).
+    """
+    parts = []
+    for digits in range(len(str(low)), len(str(high)) + 1):
+        first = max(low, 10 ** (digits - 1) if digits > 1 else 0)
+        last = min(high, 10**digits - 1)
+        if first <= last:
+            parts.extend(_same_length_range(str(first), str(last)))
+    return "(?:" + "|".join(parts) + ")"
+
+
+def _same_length_range(a: str, b: str) -> list[str]:
+    """Regexes for the digit strings from ``a`` to ``b`` (same length, ``a <= b``)."""
+    if a == b:
+        return [a]
+    i = 0
+    while a[i] == b[i]:
+        i += 1
+    prefix, a, b = a[:i], a[i:], b[i:]
+    rest = len(a) - 1
+    if a[1:] == "0" * rest and b[1:] == "9" * rest:
+        return [f"{prefix}[{a[0]}-{b[0]}]" + "[0-9]" * rest]
+    out = [prefix + a[0] + p for p in _same_length_range(a[1:], "9" * rest)]
+    if int(b[0]) - int(a[0]) > 1:
+        out.append(f"{prefix}[{int(a[0]) + 1}-{int(b[0]) - 1}]" + "[0-9]" * rest)
+    out.extend(prefix + b[0] + p for p in _same_length_range("0" * rest, b[1:]))
+    return out
 
 
 @functools.lru_cache(maxsize=None)
@@ -71,7 +104,10 @@ def glob_regex(pattern: str) -> re.Pattern[str]:
         else:
             out.append(re.escape(c))
             i += 1
-    return re.compile("".join(out) + r"\Z")
+    try:
+        return re.compile("".join(out) + r"\Z")
+    except re.error as e:  # e.g. a reversed character range [z-a]
+        raise PatternError(f"{e.msg} in {pattern!r}") from None
 
 
 class Glob:

@@ -124,7 +124,7 @@ class _Compiler:
             target = _resolve_include(s, base)
             if target.resolve() in self._stack:
                 raise RuleError([Diagnostic("error", f"include cycle through {s.path!r}", s.span)])
-            parsed = parse_text(_read(target), _display(target))
+            parsed = parse_text(_read(target, s.span), _display(target))
             self.add_file(parsed, target.parent, target)
         elif isinstance(s, ast.GroupRule):
             name = templates.check_template(s.name or templates.DEFAULT_NAME, s.name_span or s.span)
@@ -159,13 +159,14 @@ def _display(path: Path) -> str:
         return str(path)
 
 
-def _read(path: Path) -> str:
+def _read(path: Path, span: Span | None = None) -> str:
+    """The text of a rules file; errors point at ``span`` (the ``include``) when given."""
     try:
         return path.read_text(encoding="utf-8")
     except UnicodeDecodeError:
-        raise RuleError([Diagnostic("error", f"{path}: not a UTF-8 text file")]) from None
+        raise RuleError([Diagnostic("error", f"{path}: not a UTF-8 text file", span)]) from None
     except OSError as e:
-        raise RuleError([Diagnostic("error", f"{path}: cannot read: {e.strerror}")]) from None
+        raise RuleError([Diagnostic("error", f"{path}: cannot read: {e.strerror}", span)]) from None
 
 
 def parse_rules(text: str, name: str = "<string>", *, base: str | Path | None = None) -> RuleSet:

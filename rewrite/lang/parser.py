@@ -51,6 +51,7 @@ def parse_text(text: str, name: str = "<string>") -> ast.RulesFile:
         tree = _parser().parse(text)
     except lark.UnexpectedInput as e:
         raise RuleError([_syntax_diagnostic(e, source)]) from None
+    _check_nesting(tree, source)
     try:
         statements = _ToAst(source).transform(tree)
     except lark.exceptions.VisitError as e:
@@ -106,15 +107,10 @@ def _syntax_diagnostic(e: lark.UnexpectedInput, source: Source) -> Diagnostic:
     if isinstance(e, lark.UnexpectedToken):
         token: Token = e.token
         expected = set(e.expected) | set(getattr(e, "accepts", set()) or set())
-        if token.type == "$END":
-            return Diagnostic(
-                "error",
-                f"unexpected end of file, expected {_describe_expected(expected)}",
-                _end_span(source),
-            )
         if expected and expected <= {"EQ", "NE"}:
             # `NAME` followed by something other than ==/!=: almost always a misspelt keyword
-            word, word_span = _previous_word(source, e.pos_in_stream)
+            end = len(source.text) if token.type == "$END" else e.pos_in_stream
+            word, word_span = _previous_word(source, end)
             hint = _suggest(word, list(SELECTOR_KEYWORDS[:-1]))
             return Diagnostic(
                 "error",
@@ -122,6 +118,12 @@ def _syntax_diagnostic(e: lark.UnexpectedInput, source: Source) -> Diagnostic:
                 f'(key == "value", key != "value", has key), any, not, or (...)',
                 word_span,
                 hint,
+            )
+        if token.type == "$END":
+            return Diagnostic(
+                "error",
+                f"unexpected end of file, expected {_describe_expected(expected)}",
+                _end_span(source),
             )
         hint = None
         if token.type in ("NAME", "PATTERN"):
@@ -143,7 +145,14 @@ def _end_span(source: Source) -> Span:
 
 
 def _previous_word(source: Source, pos: int) -> tuple[str, Span]:
-    """The identifier that ends before ``pos``, with its span."""
+    """The identifier that ends before ``pos`` (comments skipped), with its span."""
+    try:
+        tokens = list(_parser().lex(source.text[:pos]))
+    except lark.LarkError:  # pragma: no cover - the text before pos lexed when parsing
+        tokens = []
+    if tokens:
+        last = tokens[-1]
+        return str(last), Span(source, last.line or 1, last.column or 1)
     text = source.text[:pos].rstrip()
     start = len(text)
     while start > 0 and (text[start - 1].isalnum() or text[start - 1] == "_"):
@@ -151,6 +160,26 @@ def _previous_word(source: Source, pos: int) -> tuple[str, Span]:
     line = text.count("\n", 0, start) + 1
     column = start - (text.rfind("\n", 0, start) + 1) + 1
     return text[start:], Span(source, line, column)
+
+
+MAX_NESTING = 100
+"""Deepest selector nesting accepted (``not``/``and``/``or`` levels); deeper would hit
+Python's recursion limit in the AST transformer, the compiler and the predicates."""
+
+
+def _check_nesting(tree: lark.Tree, source: Source) -> None:
+    """Raise :class:`RuleError` at the first subtree nested deeper than :data:`MAX_NESTING`."""
+    stack = [(tree, 0)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > MAX_NESTING:
+            meta = node.meta
+            span = Span(source, getattr(meta, "line", 1), getattr(meta, "column", 1))
+            raise RuleError([Diagnostic(
+                "error", f"selector nested too deeply (more than {MAX_NESTING} levels)", span,
+                "split it into several rules",
+            )])
+        stack.extend((c, depth + 1) for c in node.children if isinstance(c, lark.Tree))
 
 
 # --- tree -> AST -----------------------------------------------------------------------------

@@ -13,10 +13,14 @@ class Source:
     name: str = "<string>"
 
     def line(self, number: int) -> str | None:
-        """Line ``number`` (1-based) without its newline, or None past the end."""
-        lines = self.text.splitlines()
+        """Line ``number`` (1-based) without its newline, or None past the end.
+
+        Lines end at a newline only, as the parser counts them (``str.splitlines`` would also
+        split at a lone carriage return, a form feed and other separators: the wrong line).
+        """
+        lines = self.text.split("\n")
         if 1 <= number <= len(lines):
-            return lines[number - 1]
+            return lines[number - 1].removesuffix("\r")
         return None
 
 
