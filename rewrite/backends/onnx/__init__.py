@@ -1,0 +1,67 @@
+"""ONNX backend: groups become nested, deduplicated ONNX model-local functions.
+
+``to_onnx(result)`` returns the ``onnx_ir.Model``; ``save_onnx(result, path)`` writes it
+(atomically, with external data for large models). Modules, one concern each:
+
+* ``export``: torch.onnx.export of the program (ops are lowered by torch, never here);
+* ``remap``: group torch.onnx's nodes with the same rules (exact module calls from the FX
+  program the exporter translated);
+* ``outline``: groups -> functions (``boundary``: a group's inputs/outputs; ``structure``:
+  body keys for dedup; ``constants``: the constant policy; ``naming``; ``opsets``);
+* ``lower``: the pipeline; ``save``: writing; ``summary``: the function tree; ``progress``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from rewrite.backends.onnx.lower import Lowering, lower
+from rewrite.backends.onnx.options import OnnxOptions
+from rewrite.backends.onnx.progress import Progress
+from rewrite.backends.onnx.summary import function_tree, summarize
+
+if TYPE_CHECKING:
+    import onnx_ir as ir
+    from rich.console import Console
+
+    from rewrite.api import Result
+
+
+def to_onnx(result: "Result", *, console: "Console | None" = None, **options: Any) -> "ir.Model":
+    """An ``onnx_ir.Model`` whose groups are nested, deduplicated model-local functions.
+
+    ``options`` are the fields of :class:`OnnxOptions` (``constants``, ``constant_limit``,
+    ``optimize``)."""
+    return lower(result, OnnxOptions(**options), Progress(console)).model
+
+
+def save_onnx(result: "Result", output_path: str | Path, *, console: "Console | None" = None,
+              **options: Any) -> Lowering:
+    """Lower ``result`` and write it to ``output_path`` (never a partial file).
+
+    Weights go to ``<output>.data`` when larger than ``external_data_threshold`` bytes."""
+    from rewrite.backends.onnx.save import write_model
+    from rewrite.outputs import check_output_path
+
+    given = [result.model] if isinstance(result.model, (str, Path)) else []
+    output = check_output_path(output_path, given)
+    opts = OnnxOptions(**options)
+    progress = Progress(console)
+    lowering = lower(result, opts, progress)
+    if console is not None:
+        for warning in lowering.warnings:
+            console.print(warning.render(), markup=False, highlight=False)
+    with progress.step(f"writing {output}"):
+        external = write_model(lowering.model, output, threshold=opts.external_data_threshold)
+    if console is not None:
+        calls = lowering.outlined.calls
+        text = f"{len(lowering.model.functions)} functions, {sum(calls.values())} call sites"
+        if external:
+            text += f"; weights in {output.name}.data"
+        console.print(text, markup=False, highlight=False)
+    return lowering
+
+
+__all__ = ["Lowering", "OnnxOptions", "function_tree", "lower", "save_onnx", "summarize",
+           "to_onnx"]

@@ -1,0 +1,106 @@
+"""Where a set of nodes meets the rest of the graph: its inputs, outputs and users.
+
+Every set handled here lives in the main graph; nodes inside subgraphs (``If``/``Loop``
+bodies) count as part of the main-graph node that owns them.
+"""
+
+from __future__ import annotations
+
+from typing import Collection, Iterator, Mapping
+
+import onnx_ir as ir
+
+from rewrite.frontends.onnx import subgraph_captures
+
+
+def subgraphs(node: ir.Node) -> Iterator[ir.Graph]:
+    """The graphs held by ``node``'s attributes (not recursive)."""
+    for attr in node.attributes.values():
+        if attr.is_ref():
+            continue
+        if attr.type == ir.AttributeType.GRAPH:
+            yield attr.as_graph()
+        elif attr.type == ir.AttributeType.GRAPHS:
+            yield from attr.as_graphs()
+
+
+def inner_nodes(node: ir.Node) -> Iterator[ir.Node]:
+    """Every node inside ``node``'s subgraphs, recursively."""
+    for graph in subgraphs(node):
+        for inner in graph:
+            yield inner
+            yield from inner_nodes(inner)
+
+
+def owners(graph: ir.Graph) -> dict[ir.Node, ir.Node]:
+    """For every node inside a subgraph, the main-graph node that holds it."""
+    owner: dict[ir.Node, ir.Node] = {}
+    for node in graph:
+        if node.attributes:
+            for inner in inner_nodes(node):
+                owner[inner] = node
+    return owner
+
+
+def boundary(
+    members: list[ir.Node], member_set: Collection[ir.Node], owner: Mapping[ir.Node, ir.Node]
+) -> tuple[list[ir.Value], list[ir.Value]]:
+    """``(inputs, outputs)`` of ``members``: values read from outside in order of first use,
+    and values read outside (or graph outputs) in member order."""
+    inputs: dict[ir.Value, None] = {}
+    outputs: list[ir.Value] = []
+    for node in members:
+        for value in node.inputs:
+            if value is not None and value.producer() not in member_set:
+                inputs[value] = None
+        if node.attributes:
+            for value in subgraph_captures(node):
+                if value.producer() not in member_set:
+                    inputs[value] = None
+    for node in members:
+        for value in node.outputs:
+            if value.is_graph_output() or any(
+                owner.get(use.node, use.node) not in member_set for use in value.uses()
+            ):
+                outputs.append(value)
+    return list(inputs), outputs
+
+
+def rewire(
+    graph: ir.Graph,
+    old: list[ir.Value],
+    new: list[ir.Value],
+    member_set: Collection[ir.Node],
+    owner: Mapping[ir.Node, ir.Node],
+) -> None:
+    """Make every reader outside ``member_set`` (and the graph outputs) read ``new`` for ``old``."""
+    for before, after in zip(old, new):
+        for use in before.uses():
+            if owner.get(use.node, use.node) not in member_set:
+                use.node.replace_input_with(use.idx, after)
+        if before.is_graph_output():
+            for i, value in enumerate(graph.outputs):
+                if value is before:
+                    graph.outputs[i] = after
+
+
+def substitute(node: ir.Node, mapping: Mapping[ir.Value, ir.Value]) -> None:
+    """Replace the inputs of ``node`` and of its inner nodes that ``mapping`` has."""
+    for i, value in enumerate(node.inputs):
+        if value is not None and value in mapping:
+            node.replace_input_with(i, mapping[value])
+    if node.attributes:
+        for inner in inner_nodes(node):
+            for i, value in enumerate(inner.inputs):
+                if value is not None and value in mapping:
+                    inner.replace_input_with(i, mapping[value])
+
+
+def detach(node: ir.Node) -> None:
+    """Drop every input of ``node`` and its inner nodes, so no value lists them as users."""
+    for i in range(len(node.inputs)):
+        node.replace_input_with(i, None)
+    if node.attributes:
+        for inner in inner_nodes(node):
+            for i in range(len(inner.inputs)):
+                inner.replace_input_with(i, None)

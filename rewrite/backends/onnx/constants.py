@@ -1,0 +1,117 @@
+"""Which values from outside a function become ``Constant`` nodes inside it.
+
+Under the ``embed`` policy (see :class:`OnnxOptions`), a value is embedded when it is
+
+* an initializer that is not a weight, with at most ``constant_limit`` elements, or
+* the output of a ``Constant`` node (unoptimized exports) no larger than that.
+
+Weights are the program's parameters, buffers and lifted tensor constants: initializers torch
+marks (``pkg.torch.export.graph_signature.InputSpec.kind``), those named as input targets in
+the graph's ``pkg.torch.export.ExportedProgram.graph_signature``, and initializers the optimizer
+folded from one of those (``pkg.onnxscript.optimizer.folded_from``, e.g. a transposed weight).
+Everything else was made by the export or its optimizer (shapes, scales, masks).
+
+Each function that reads such a value gets its own ``Constant`` node, so functions never
+depend on nodes hoisted or shared across blocks by the optimizer; the value is part of the
+function's structural key.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from typing import Hashable
+
+import onnx_ir as ir
+from attrs import frozen
+
+from rewrite.backends.onnx.options import OnnxOptions
+from rewrite.backends.onnx.structure import Keyer
+
+WEIGHT_MARKS = ("pkg.torch.export.graph_signature.InputSpec.kind", "pkg.torch.onnx.original_node_name")
+SIGNATURE_KEY = "pkg.torch.export.ExportedProgram.graph_signature"
+FOLDED_FROM = "pkg.onnxscript.optimizer.folded_from"
+_TARGET = re.compile(r"target='([^']*)'")
+_LIST_ATTRS = (ir.AttributeType.FLOATS, ir.AttributeType.INTS, ir.AttributeType.STRINGS)
+
+
+def weight_names(model: ir.Model) -> set[str]:
+    """Names of the torch program's parameters, buffers and lifted constants."""
+    names = set(_TARGET.findall(model.graph.metadata_props.get(SIGNATURE_KEY, "")))
+    for name, value in model.graph.initializers.items():
+        if any(mark in value.metadata_props for mark in WEIGHT_MARKS):
+            names.add(name)
+    return names
+
+
+def is_weight(value: ir.Value, weights: set[str]) -> bool:
+    """A weight, or an initializer the optimizer folded from one."""
+    if value.name in weights or any(mark in value.metadata_props for mark in WEIGHT_MARKS):
+        return True
+    folded = value.metadata_props.get(FOLDED_FROM)
+    if not folded:
+        return False
+    try:
+        sources = ast.literal_eval(folded)
+    except (ValueError, SyntaxError):
+        return True  # unreadable provenance: keep it an input, which is always correct
+    return any(str(name) in weights for name in sources)
+
+
+@frozen
+class Embedded:
+    """A constant to recreate inside a function."""
+
+    key: Hashable
+    attribute: ir.Attr
+    name: str | None
+    value: ir.Value
+
+    def make_node(self) -> ir.Node:
+        """A fresh ``Constant`` node producing the value (same name, type and shape)."""
+        attr = ir.Attr(self.attribute.name, self.attribute.type, self.attribute.value)
+        out = ir.Value(name=self.name, type=self.value.type, shape=self.value.shape)
+        return ir.Node("", "Constant", (), (attr,), outputs=(out,), name=f"{self.name}_constant")
+
+
+class ConstantPolicy:
+    """Decides, once per value, whether it is embedded."""
+
+    def __init__(self, options: OnnxOptions, keyer: Keyer, weights: set[str]) -> None:
+        self._weights = weights
+        self._embed = options.constants == "embed"
+        self._limit = options.constant_limit
+        self._keyer = keyer
+        self._cache: dict[ir.Value, Embedded | None] = {}
+
+    def embedded(self, value: ir.Value) -> Embedded | None:
+        if not self._embed:
+            return None
+        if value in self._cache:
+            return self._cache[value]
+        found = self._find(value)
+        self._cache[value] = found
+        return found
+
+    def _find(self, value: ir.Value) -> Embedded | None:
+        producer = value.producer()
+        if producer is None:
+            tensor = value.const_value
+            if (not value.is_initializer() or value.is_graph_input() or tensor is None
+                    or is_weight(value, self._weights) or tensor.size > self._limit):
+                return None
+            attr = ir.Attr("value", ir.AttributeType.TENSOR, tensor)
+            return Embedded(("const", self._keyer.tensor(tensor)), attr, value.name, value)
+        if producer.op_type != "Constant" or producer.domain != "" or len(producer.attributes) != 1:
+            return None
+        (attr,) = producer.attributes.values()
+        if attr.is_ref():
+            return None
+        if attr.type == ir.AttributeType.TENSOR and attr.value.size > self._limit:
+            return None
+        if attr.type in _LIST_ATTRS and len(attr.value) > self._limit:
+            return None
+        if attr.type == ir.AttributeType.SPARSE_TENSOR:
+            return None
+        key = ("const", attr.name, self._keyer.attribute(attr, {}, 0))
+        return Embedded(key, attr, value.name, value)

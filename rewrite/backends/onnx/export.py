@@ -1,0 +1,54 @@
+"""Lower an ExportedProgram with torch's own exporter (``torch.onnx.export(dynamo=True)``)."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from typing import TYPE_CHECKING
+
+import torch
+from attrs import frozen
+
+from rewrite.errors import InputError
+
+if TYPE_CHECKING:
+    import onnx_ir as ir
+
+
+@frozen
+class Exported:
+    """torch.onnx's flat model and the decomposed program it translated."""
+
+    model: "ir.Model"
+    program: torch.export.ExportedProgram
+    """The program after ``run_decompositions``: ONNX node metadata names its nodes."""
+
+
+@contextlib.contextmanager
+def _quiet_exporter():
+    """Mute the exporter's log chatter (torchvision notices, failed folding attempts)."""
+    loggers = [logging.getLogger(name) for name in ("torch.onnx", "onnxscript")]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        for logger, level in zip(loggers, levels):
+            logger.setLevel(level)
+
+
+def export_program(program: torch.export.ExportedProgram, *, optimize: bool = True) -> Exported:
+    """``torch.onnx.export(program, dynamo=True, optimize=optimize)``; decomposes only once."""
+    try:
+        with _quiet_exporter():
+            onnx_program = torch.onnx.export(
+                program, dynamo=True, optimize=optimize, verbose=False, report=False
+            )
+    except Exception as e:  # the exporter raises its own error types; all mean "cannot lower"
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise InputError(f"torch.onnx.export cannot convert this program: {reason}") from None
+    decomposed = onnx_program.exported_program
+    if decomposed is None:  # pragma: no cover - torch always records it
+        raise InputError("torch.onnx.export did not record the program it translated")
+    return Exported(onnx_program.model, decomposed)

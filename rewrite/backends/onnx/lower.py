@@ -1,0 +1,95 @@
+"""From a :class:`Result` to an ``onnx_ir.Model`` with functions: the backend's pipeline.
+
+* ``.pt2`` / ExportedProgram: torch.onnx lowers the ops (one decomposition, its default
+  optimizer), :mod:`remap` groups its nodes with the same rules, :mod:`outline` outlines.
+* ``.onnx`` / onnx_ir.Model: the grouped model is cloned (the input is never changed) and
+  outlined with the tree ``apply`` made.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import attrs
+import onnx_ir as ir
+import torch
+from attrs import frozen
+
+from rewrite.backends.onnx.export import export_program
+from rewrite.backends.onnx.options import OnnxOptions
+from rewrite.backends.onnx.outline import Outlined, outline
+from rewrite.backends.onnx.progress import Progress
+from rewrite.backends.onnx.remap import regroup
+from rewrite.errors import Diagnostic, InputError
+from rewrite.grouping import GroupTree
+from rewrite.ir import Graph
+
+if TYPE_CHECKING:
+    from rewrite.api import Result
+
+
+@frozen
+class Lowering:
+    """The lowered model and how it was made."""
+
+    model: ir.Model
+    tree: GroupTree
+    """The groups over the ONNX graph that was outlined."""
+    outlined: Outlined
+    warnings: tuple[Diagnostic, ...] = ()
+
+
+def _clone_tree(tree: GroupTree) -> tuple[ir.Model, GroupTree]:
+    """A copy of the tree's ONNX model, and the tree pointing at the copy's nodes."""
+    source: ir.Model = tree.graph.source
+    model = source.clone()
+    node_map: dict[int, Any] = {id(a): b for a, b in zip(source.graph, model.graph)}
+    values = {v.name: v for v in model.graph.inputs}
+    values.update(model.graph.initializers)
+    nodes = []
+    for node in tree.graph.nodes:
+        if node.op == "onnx":
+            nodes.append(attrs.evolve(node, source=node_map[id(node.source)]))
+        elif node.source is not None:
+            nodes.append(attrs.evolve(node, source=values.get(node.source.name)))
+        else:
+            nodes.append(node)
+    graph = attrs.evolve(tree.graph, nodes=tuple(nodes), source=model)
+    return model, attrs.evolve(tree, graph=graph)
+
+
+def lower(result: "Result", options: OnnxOptions | None = None,
+          progress: Progress | None = None) -> Lowering:
+    """Lower ``result`` (see the module docstring)."""
+    options = options or OnnxOptions()
+    progress = progress or Progress()
+    tree = result.tree
+    source = tree.graph.source
+    warnings: list[Diagnostic] = []
+    if tree.graph.kind == "onnx":
+        model, onnx_tree = _clone_tree(tree)
+    elif isinstance(source, torch.export.ExportedProgram):
+        with progress.step(f"torch.onnx.export ({_count(tree.graph)} FX nodes)"):
+            exported = export_program(source, optimize=options.optimize)
+        model = exported.model
+        onnx_tree, warnings = regroup(result.rules, tree, model, exported.program)
+    else:
+        raise InputError(
+            "ONNX output needs an ExportedProgram, a .pt2 file or an ONNX model; export this "
+            "GraphModule with torch.export.export first"
+        )
+    total = sum(1 for _ in onnx_tree.groups())
+    done = 0
+
+    def on_group(group) -> None:
+        nonlocal done
+        done += 1
+        progress.update(f"outlining groups: {done}/{total} ({group.id})")
+
+    with progress.step(f"outlining {total} groups into ONNX functions"):
+        outlined = outline(model, onnx_tree, options, on_group)
+    return Lowering(model, onnx_tree, outlined, tuple(warnings))
+
+
+def _count(graph: Graph) -> int:
+    return sum(1 for n in graph.nodes if not n.is_io)

@@ -1,0 +1,84 @@
+"""Names: functions (suffixes for distinct bodies), function inputs, call-node metadata."""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+import onnx_ir as ir
+
+from rewrite.errors import GroupingError
+from rewrite.grouping import Group
+
+RULE_KEY = "pkg.rewrite.rule"
+GROUP_KEY = "pkg.rewrite.group"
+NAMESPACE_KEY = "namespace"
+RESERVED_DOMAINS = ("", "ai.onnx", "ai.onnx.ml", "ai.onnx.training", "ai.onnx.preview.training")
+
+
+class FunctionNames:
+    """Hands out ``Name``, ``Name_1``, ``Name_2``... per domain, never reusing a taken one."""
+
+    def __init__(self, taken: Iterable[tuple[str, str]] = ()) -> None:
+        self._taken = set(taken)
+        self._next: dict[tuple[str, str], int] = {}
+
+    def new(self, domain: str, base: str) -> str:
+        name = base
+        n = self._next.get((domain, base), 0)
+        while (domain, name) in self._taken:
+            n += 1
+            name = f"{base}_{n}"
+        self._next[(domain, base)] = n
+        self._taken.add((domain, name))
+        return name
+
+
+def check_identity(group: Group) -> None:
+    """Raise :class:`GroupingError` for a function name/domain ONNX cannot use."""
+    if group.domain in RESERVED_DOMAINS:
+        raise GroupingError(
+            f"group {group.id}: function domain {group.domain!r} is reserved for standard ONNX "
+            "operators; give the rule a domain such as \"pkg.mymodels\"",
+            rule=group.origin,
+        )
+    if not group.function_name or not group.function_name.strip():
+        raise GroupingError(f"group {group.id}: empty function name", rule=group.origin)
+
+
+def input_names(values: list[ir.Value], group: Group, taken: set[str]) -> list[str]:
+    """Names of a function's inputs: the outer names, with the group's module path removed
+    from weight names (``h.0.attn.c_attn.weight`` -> ``c_attn.weight`` in ``h.0.attn``)."""
+    prefix = group.call.path + "." if group.call is not None and group.call.path else None
+    names = []
+    used = set(taken)
+    for k, value in enumerate(values):
+        name = value.name or f"input_{k}"
+        if prefix and name.startswith(prefix) and len(name) > len(prefix):
+            short = name[len(prefix):]
+            if short not in used:
+                name = short
+        while name in used:
+            name = f"{name}_{k}"
+        used.add(name)
+        names.append(name)
+    return names
+
+
+def namespace(chain: list[Group], root_class: str | None) -> str:
+    """``: Root/h.0: pkg.Block/h.0.attn: pkg.Attention``, like torch's node ``namespace``."""
+    parts = [f": {root_class}" if root_class else ":"]
+    for group in chain:
+        if group.call is not None:
+            parts.append(f"{group.call.key}: {group.call.cls}")
+        else:
+            parts.append(f"{group.key}: {group.kind}")
+    return "/".join(parts)
+
+
+def call_metadata(chain: list[Group], root_class: str | None) -> dict[str, str]:
+    """Metadata of the call node of ``chain[-1]`` (``chain`` runs from the top group down)."""
+    group = chain[-1]
+    props = {NAMESPACE_KEY: namespace(chain, root_class), GROUP_KEY: group.id}
+    if group.origin:
+        props[RULE_KEY] = group.origin
+    return props

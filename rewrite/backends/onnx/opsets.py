@@ -1,0 +1,38 @@
+"""Opset imports for functions and the model: every domain used gets one."""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+import onnx_ir as ir
+
+from rewrite.backends.onnx.boundary import inner_nodes
+
+FUNCTION_DOMAIN_VERSION = 1
+
+
+def used_domains(nodes: Iterable[ir.Node]) -> set[str]:
+    """Domains of ``nodes`` and of the nodes in their subgraphs."""
+    found: set[str] = set()
+    for node in nodes:
+        found.add(node.domain)
+        if node.attributes:
+            found.update(inner.domain for inner in inner_nodes(node))
+    return found
+
+
+def fix_opsets(model: ir.Model, functions: Iterable[ir.Function]) -> None:
+    """Give each new function the imports its body needs and the model every domain used."""
+    model_opsets = model.opset_imports
+    function_domains = {f.domain for f in model.functions.values()}
+    for domain in function_domains:
+        model_opsets.setdefault(domain, FUNCTION_DOMAIN_VERSION)
+    for domain in used_domains(model.graph):
+        model_opsets.setdefault(domain, FUNCTION_DOMAIN_VERSION)
+    for function in functions:
+        for domain in used_domains(function):
+            version = model_opsets.get(domain)
+            if version is None:
+                version = FUNCTION_DOMAIN_VERSION
+                model_opsets[domain] = version
+            function.opset_imports.setdefault(domain, version)

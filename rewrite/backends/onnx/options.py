@@ -1,0 +1,38 @@
+"""Options of the ONNX backend."""
+
+from __future__ import annotations
+
+from attrs import field, frozen, validators
+
+CONSTANT_POLICIES = ("embed", "input")
+
+EXTERNAL_DATA_THRESHOLD = 2**31 - 2**26
+"""Tensor bytes above which ``save_onnx`` writes external data: 2 GiB minus 64 MiB of headroom
+for the graph itself (a protobuf file cannot exceed 2 GiB)."""
+
+
+@frozen
+class OnnxOptions:
+    """How groups are lowered to ONNX functions.
+
+    ``constants``: what a function does with a small constant it reads from outside (an
+    initializer the export or its optimizer made, not a parameter or buffer, with at most
+    ``constant_limit`` elements, or a ``Constant`` node's value):
+
+    * ``"embed"`` (default): a ``Constant`` node inside the function. The value is part of
+      the function's body, so modules that differ only in such a constant (an ``eps``, a
+      scale) get separate functions (``Name``, ``Name_1``).
+    * ``"input"``: a function input like a weight, so such modules share one function.
+
+    Parameters and buffers are always function inputs.
+    """
+
+    constants: str = field(default="embed", validator=validators.in_(CONSTANT_POLICIES))
+    constant_limit: int = field(default=1024, validator=validators.ge(0))
+    recompute: bool = True
+    """Recompute small shared computations per group (see ``remat``) so dedup survives CSE."""
+    optimize: bool = True
+    """Run torch.onnx's optimizer (the exporter's default) before outlining."""
+    external_data_threshold: int = field(default=EXTERNAL_DATA_THRESHOLD,
+                                         validator=validators.ge(0))
+    """``save_onnx`` writes weights to ``OUT.onnx.data`` when they exceed this many bytes."""

@@ -1,0 +1,169 @@
+"""Outline groups into nested, deduplicated model-local functions, bottom-up, in place.
+
+For each group, children first: its members are its own ONNX nodes plus the call nodes that
+replaced its children. Values its members read from outside are the function's inputs
+(weights, buffers, activations; small constants are embedded, see ``constants``); values read
+outside or returned by the graph are its outputs. The body's structural key decides: a new
+function, or a call of an existing one with an equal body (12 identical blocks -> one function,
+12 calls). A call node replaces the members; readers outside switch to its outputs.
+
+Grouping has checked that collapsing the groups level by level creates no cycle, so every call
+node can be placed; the main graph and each body are topologically sorted once built.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Callable
+
+import onnx_ir as ir
+import onnx_ir.passes.common
+from attrs import frozen
+
+from rewrite.backends.onnx import naming
+from rewrite.backends.onnx.boundary import boundary, detach, owners, rewire, substitute
+from rewrite.backends.onnx.constants import ConstantPolicy, Embedded, weight_names
+from rewrite.backends.onnx.membership import Membership
+from rewrite.backends.onnx.remat import recompute_shared
+from rewrite.backends.onnx.opsets import fix_opsets
+from rewrite.backends.onnx.options import OnnxOptions
+from rewrite.backends.onnx.structure import Key, Keyer
+from rewrite.grouping import Group, GroupTree
+
+
+@frozen
+class Outlined:
+    """What outlining did: per group, the function called (``None`` when left flat)."""
+
+    function_of: dict[str, tuple[str, str, str] | None]
+    """Group id -> function identifier ``(domain, name, overload)``."""
+    functions: tuple[tuple[str, str, str], ...]
+    """The functions made, in the order they were made."""
+    recomputed: int = 0
+    """Nodes copied into groups by ``remat`` (shared cheap nodes recomputed per group)."""
+
+    @property
+    def calls(self) -> Counter:
+        """Call sites per function (one per outlined group)."""
+        return Counter(f for f in self.function_of.values() if f is not None)
+
+
+class _Outliner:
+    def __init__(self, model: ir.Model, tree: GroupTree, options: OnnxOptions,
+                 on_group: Callable[[Group], None] | None) -> None:
+        self.model = model
+        self.graph = model.graph
+        self.tree = tree
+        self.on_group = on_group
+        weights = weight_names(model)
+        self.members = Membership.from_tree(tree)
+        self.recomputed = recompute_shared(self.graph, self.members, weights) if options.recompute else 0
+        self.position = self.members.position
+        self.owner = owners(self.graph)
+        self.keyer = Keyer()
+        self.constants = ConstantPolicy(options, self.keyer, weights)
+        self.names = naming.FunctionNames((f.domain, f.name) for f in model.functions.values())
+        self.registry: dict[Key, ir.Function] = {}
+        self.function_of: dict[str, tuple[str, str, str] | None] = {}
+        self.made: list[ir.Function] = []
+
+    def run(self) -> Outlined:
+        for group in self.tree.root.children:
+            self._lower(group, [group])
+        self.graph.sort()
+        # constants now embedded in functions leave their initializers unused
+        ir.passes.common.RemoveUnusedNodesPass()(self.model)
+        fix_opsets(self.model, self.made)
+        return Outlined(self.function_of, tuple(f.identifier() for f in self.made),
+                        self.recomputed)
+
+    def _lower(self, group: Group, chain: list[Group]) -> list[ir.Node]:
+        """Outline ``group``; returns what stands for it in its parent's members."""
+        naming.check_identity(group)
+        members = list(self.members.of(group.id))
+        for child in group.children:
+            members.extend(self._lower(child, chain + [child]))
+        if self.on_group is not None:
+            self.on_group(group)
+        if not members:
+            self.function_of[group.id] = None
+            return []
+        member_set = set(members)
+        first = min(self.position[m] for m in members)
+        members = self.keyer.canonical_order(members, self.position, self._constant_key)
+        inputs, outputs = boundary(members, member_set, self.owner)
+        if not outputs:  # nothing it computes is used: leave it flat (dead code)
+            self.function_of[group.id] = None
+            return members
+        args: list[ir.Value] = []
+        embedded: dict[ir.Value, Embedded] = {}
+        for value in inputs:
+            found = self.constants.embedded(value)
+            if found is None:
+                args.append(value)
+            else:
+                embedded[value] = found
+        key = self.keyer.body(
+            (group.domain, group.function_name), members, args,
+            {v: e.key for v, e in embedded.items()}, outputs,
+        )
+        function = self.registry.get(key)
+        if function is None:
+            name = self.names.new(group.domain, group.function_name)
+        else:
+            name = function.name
+        call = self._call(group, chain, name, args, outputs, members)
+        rewire(self.graph, outputs, list(call.outputs), member_set, self.owner)
+        if function is None:
+            function = self._make_function(group, name, members, args, embedded, outputs)
+            self.registry[key] = function
+        else:
+            for node in members:
+                detach(node)
+            self.graph.remove(members)
+        self.function_of[group.id] = function.identifier()
+        self.position[call] = first
+        return [call]
+
+    def _constant_key(self, value: ir.Value) -> Key | None:
+        found = self.constants.embedded(value)
+        return found.key if found is not None else None
+
+    def _call(self, group: Group, chain: list[Group], name: str, args: list[ir.Value],
+              outputs: list[ir.Value], members: list[ir.Node]) -> ir.Node:
+        results = [ir.Value(name=v.name, type=v.type, shape=v.shape) for v in outputs]
+        call = ir.Node(
+            group.domain, name, args, outputs=results, name=group.id,
+            metadata_props=naming.call_metadata(chain, self.tree.graph.root_class),
+        )
+        self.graph.insert_before(members[0], call)
+        return call
+
+    def _make_function(self, group: Group, name: str, members: list[ir.Node],
+                       args: list[ir.Value], embedded: dict[ir.Value, Embedded],
+                       outputs: list[ir.Value]) -> ir.Function:
+        internal = {v.name for node in members for v in node.outputs}
+        names = naming.input_names(args, group, internal)
+        params = [ir.Value(name=n, type=v.type, shape=v.shape) for n, v in zip(names, args)]
+        mapping: dict[ir.Value, ir.Value] = dict(zip(args, params))
+        constant_nodes = []
+        for value, constant in embedded.items():
+            node = constant.make_node()
+            mapping[value] = node.outputs[0]
+            constant_nodes.append(node)
+        self.graph.remove(members)
+        for node in members:
+            substitute(node, mapping)
+        body = ir.Graph(params, outputs, name=name,
+                        nodes=constant_nodes + sorted(members, key=self.position.__getitem__))
+        body.sort()
+        function = ir.Function(group.domain, name, graph=body, attributes=())
+        self.model.functions[function.identifier()] = function
+        self.made.append(function)
+        return function
+
+
+def outline(model: ir.Model, tree: GroupTree, options: OnnxOptions | None = None,
+            on_group: Callable[[Group], None] | None = None) -> Outlined:
+    """Outline every group of ``tree`` (built on ``model``'s main graph) in place."""
+    return _Outliner(model, tree, options or OnnxOptions(), on_group).run()

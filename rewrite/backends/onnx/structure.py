@@ -1,0 +1,179 @@
+"""Structural keys: two function bodies with equal keys compute the same thing.
+
+Member order. Keys (and a function's input order) follow the members' order, so isomorphic
+bodies must list their members alike even when the graph does not: a node recomputed into a
+group (``remat``) sits before its reader, while the original sat where the trace put it.
+:meth:`Keyer.canonical_order` is a topological order that prefers, among ready nodes, the
+smallest *structural label* (a digest of the op, its attributes and its inputs' labels, inputs
+from outside labelled by type), and the graph position only between equal labels.
+
+A key is equal for bodies that are equal up to value names, metadata and weight values:
+nodes (domain, op, overload, attributes, subgraphs), how values flow between them, which
+input or embedded constant each reads, which values are returned, and the types and shapes of
+the inputs. Embedded constants and tensor attributes are compared by content.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import heapq
+from collections import ChainMap
+from typing import Callable, Hashable, Mapping
+
+import onnx_ir as ir
+
+Key = Hashable
+Refs = Mapping[int, Key]
+"""``id(value)`` -> how the body refers to it."""
+
+
+class Keyer:
+    """Builds keys; caches tensor digests (one model's constants are keyed many times)."""
+
+    def __init__(self) -> None:
+        self._digests: dict[int, tuple] = {}
+
+    def tensor(self, tensor: ir.TensorProtocol) -> tuple:
+        """``(dtype, shape, digest)`` of a tensor's content."""
+        cached = self._digests.get(id(tensor))
+        if cached is not None and cached[0] is tensor:
+            return cached[1]
+        digest = hashlib.blake2b(tensor.tobytes(), digest_size=16).hexdigest()
+        key = (str(tensor.dtype), tuple(tensor.shape), digest)
+        self._digests[id(tensor)] = (tensor, key)
+        return key
+
+    def attribute(self, attr: ir.Attr, refs: Refs, depth: int) -> Key:
+        if attr.is_ref():
+            return ("ref", attr.ref_attr_name)
+        kind = attr.type
+        value = attr.value
+        if kind == ir.AttributeType.FLOAT:
+            return ("f", float(value).hex())
+        if kind == ir.AttributeType.FLOATS:
+            return ("fs", tuple(float(v).hex() for v in value))
+        if kind == ir.AttributeType.TENSOR:
+            return ("t", self.tensor(value))
+        if kind == ir.AttributeType.TENSORS:
+            return ("ts", tuple(self.tensor(t) for t in value))
+        if kind == ir.AttributeType.GRAPH:
+            return ("g", self.graph(value, refs, depth + 1))
+        if kind == ir.AttributeType.GRAPHS:
+            return ("gs", tuple(self.graph(g, refs, depth + 1) for g in value))
+        if kind in (ir.AttributeType.INTS, ir.AttributeType.STRINGS):
+            return (kind.name, tuple(value))
+        return (kind.name, value if isinstance(value, (int, str, bytes)) else repr(value))
+
+    def node(self, node: ir.Node, refs: Refs, depth: int = 0) -> Key:
+        inputs = tuple(None if v is None else refs.get(id(v), ("outer", v.name)) for v in node.inputs)
+        attrs = tuple(
+            sorted((name, self.attribute(a, refs, depth)) for name, a in node.attributes.items())
+        )
+        return (node.domain, node.op_type, node.overload, len(node.outputs), inputs, attrs)
+
+    def graph(self, graph: ir.Graph, outer: Refs, depth: int) -> Key:
+        """Key of a subgraph; values it captures are keyed as the outer body refers to them."""
+        local: dict[int, Key] = {}
+        refs = ChainMap(local, outer)  # type: ignore[arg-type]
+        for k, value in enumerate(graph.inputs):
+            local[id(value)] = ("sub", depth, "in", k)
+        inits = []
+        for value in graph.initializers.values():
+            key = ("sub", depth, "init", self.tensor(value.const_value) if value.const_value is not None else value.name)
+            local[id(value)] = key
+            inits.append(key)
+        nodes = []
+        for j, node in enumerate(graph):
+            nodes.append(self.node(node, refs, depth))
+            for t, value in enumerate(node.outputs):
+                local[id(value)] = ("sub", depth, j, t)
+        outputs = tuple(refs.get(id(v)) for v in graph.outputs)
+        return (tuple(inits), tuple(nodes), outputs)
+
+    def body(
+        self,
+        identity: tuple[str, str],
+        members: list[ir.Node],
+        args: list[ir.Value],
+        constants: Mapping[ir.Value, Key],
+        outputs: list[ir.Value],
+    ) -> Key:
+        """Key of a function body (``identity`` is the group's domain and base name)."""
+        refs: dict[int, Key] = {}
+        for k, value in enumerate(args):
+            refs[id(value)] = ("arg", k)
+        for value, key in constants.items():
+            refs[id(value)] = key
+        for j, node in enumerate(members):
+            for t, value in enumerate(node.outputs):
+                refs[id(value)] = (j, t)
+        nodes = [self.node(node, refs) for node in members]
+        returned = tuple(refs[id(v)] for v in outputs)
+        types = tuple((str(v.type), str(v.shape)) for v in args)
+        return (identity, tuple(nodes), returned, types)
+
+
+    def canonical_order(
+        self,
+        members: list[ir.Node],
+        position: Mapping[ir.Node, tuple],
+        constant_key: Callable[[ir.Value], Key | None],
+    ) -> list[ir.Node]:
+        """``members`` in the canonical order described in the module docstring."""
+        member_set = set(members)
+        producers: dict[ir.Node, list[ir.Node]] = {}
+        for node in members:
+            found = []
+            for value in _read_values(node):
+                producer = value.producer()
+                if producer in member_set and producer is not node:
+                    found.append(producer)
+            producers[node] = found
+        by_position = _kahn(members, producers, position.__getitem__)
+        labels: dict[ir.Node, str] = {}
+        for node in by_position:
+            parts = [node.domain, node.op_type, node.overload, str(len(node.outputs))]
+            for value in node.inputs:
+                if value is None:
+                    parts.append("-")
+                    continue
+                producer = value.producer()
+                if producer in member_set:
+                    parts.append(f"{labels[producer]}:{value.index()}")
+                else:
+                    const = constant_key(value)
+                    parts.append(repr(const) if const is not None else f"in:{value.type}:{value.shape}")
+            for name, attr in sorted(node.attributes.items()):
+                parts.append(f"{name}={self.attribute(attr, {}, 0)!r}")
+            labels[node] = hashlib.blake2b("|".join(parts).encode(), digest_size=12).hexdigest()
+        return _kahn(members, producers, lambda n: (labels[n], position[n]))
+
+
+def _read_values(node: ir.Node):
+    yield from (v for v in node.inputs if v is not None)
+    if node.attributes:
+        from rewrite.frontends.onnx import subgraph_captures
+
+        yield from subgraph_captures(node)
+
+
+def _kahn(nodes: list[ir.Node], producers: Mapping[ir.Node, list[ir.Node]], key) -> list[ir.Node]:
+    """Topological order of ``nodes``; among ready nodes the smallest ``key`` first."""
+    waiting = {n: len(set(producers[n])) for n in nodes}
+    users: dict[ir.Node, list[ir.Node]] = {n: [] for n in nodes}
+    for node in nodes:
+        for producer in set(producers[node]):
+            users[producer].append(node)
+    ready = [(key(n), i, n) for i, n in enumerate(nodes) if waiting[n] == 0]
+    heapq.heapify(ready)
+    order = []
+    while ready:
+        _, _, node = heapq.heappop(ready)
+        order.append(node)
+        for user in users[node]:
+            waiting[user] -= 1
+            if waiting[user] == 0:
+                heapq.heappush(ready, (key(user), len(order) + len(nodes), user))
+    if len(order) != len(nodes):  # pragma: no cover - members of a valid graph are acyclic
+        raise ValueError("cycle among the members of a group")
+    return order

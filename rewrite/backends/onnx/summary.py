@@ -1,0 +1,90 @@
+"""The function tree of a model: which function calls which, how often."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import onnx_ir as ir
+from attrs import frozen
+from rich.tree import Tree
+
+FunctionId = tuple[str, str, str]
+
+
+@frozen
+class FunctionSummary:
+    """One model-local function."""
+
+    id: FunctionId
+    nodes: int
+    """Nodes in its body (calls included)."""
+    calls: Counter
+    """Callees -> call sites in the body."""
+    instances: int
+    """How many times it runs per model run (call sites times the callers' instances)."""
+
+    @property
+    def label(self) -> str:
+        domain, name, overload = self.id
+        return f"{domain}::{name}" + (f":{overload}" if overload else "")
+
+
+def _calls(nodes, functions: dict[FunctionId, ir.Function]) -> Counter:
+    found: Counter = Counter()
+    for node in nodes:
+        fid = (node.domain, node.op_type, node.overload)
+        if fid in functions:
+            found[fid] += 1
+    return found
+
+
+def top_calls(model: ir.Model) -> Counter:
+    """Function -> call sites in the main graph."""
+    return _calls(model.graph, model.functions)
+
+
+def summarize(model: ir.Model) -> dict[FunctionId, FunctionSummary]:
+    """Every function of ``model`` with its callees and run count."""
+    functions = dict(model.functions)
+    callees = {fid: _calls(f, functions) for fid, f in functions.items()}
+    instances: Counter = Counter(top_calls(model))
+    # functions form a DAG; propagate run counts in a topological order of callers
+    indegree = Counter()
+    for calls in callees.values():
+        for callee in calls:
+            indegree[callee] += 1
+    order = [fid for fid in functions if indegree[fid] == 0]
+    i = 0
+    while i < len(order):
+        fid = order[i]
+        i += 1
+        for callee, n in callees[fid].items():
+            instances[callee] += instances[fid] * n
+            indegree[callee] -= 1
+            if indegree[callee] == 0:
+                order.append(callee)
+    return {
+        fid: FunctionSummary(fid, len(functions[fid]), callees[fid], instances[fid])
+        for fid in functions
+    }
+
+
+def function_tree(model: ir.Model, title: str = "functions") -> Tree:
+    """A rich tree: top-level calls, then each function's callees (``xN`` = call sites)."""
+    summaries = summarize(model)
+    root = Tree(f"[bold]{title}[/bold]: {len(summaries)} functions, "
+                f"{len(model.graph)} nodes in the main graph")
+
+    def add(parent: Tree, fid: FunctionId, sites: int, depth: int) -> None:
+        info = summaries[fid]
+        branch = parent.add(
+            f"[green]{info.label}[/green] x{sites}  [dim]{info.nodes} nodes, runs "
+            f"{info.instances}x[/dim]"
+        )
+        if depth < 32:
+            for callee, n in info.calls.items():
+                add(branch, callee, n, depth + 1)
+
+    for fid, n in top_calls(model).items():
+        add(root, fid, n, 0)
+    return root

@@ -1,0 +1,216 @@
+"""ONNX frontend: a ``torch.onnx``-exported ``onnx_ir.Model`` -> :class:`Graph`.
+
+IR layout: one ``placeholder`` node per graph input, one ``get_attr`` node per initializer
+(both I/O, kept at the top level), one ``onnx`` node per main-graph node in graph order, and
+one ``output`` node. A node's inputs include the outer values its subgraphs (``If``/``Loop``
+bodies) capture. ``Node.source`` is the ``onnx_ir.Node`` (the ``onnx_ir.Value`` for inputs and
+initializers); ``Graph.source`` is the ``onnx_ir.Model``.
+
+Module calls come from the metadata ``torch.onnx`` writes on every node it translated:
+``pkg.torch.onnx.name_scopes`` (``['', 'h.0', 'h.0.attn', <fx node name>]``) and
+``pkg.torch.onnx.class_hierarchy`` (``[<root class>, <classes>..., <aten target>]``). A node's
+target is that aten target when known (so ``op`` rules read the same as on a ``.pt2``), else
+``domain::OpType``. Nodes without that metadata (made by the optimizer, constants) get
+``stack=None``: grouping places them with their users.
+
+Repeated calls. The metadata has no ``@N``: two calls of a shared module look alike. Policy:
+a module path's nodes that form separate *contiguous runs* (in graph order, under the same
+parent call) are separate calls ``path``, ``path@1``, ...; nodes without metadata do not break
+a run. Calls that follow each other with no node of another module in between (``x =
+shared(shared(x))``) cannot be told apart and become one call. A caller that knows better
+(the ``.pt2`` path, which maps nodes back to the FX program) passes ``resolve``.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable, Iterator, Mapping
+
+from attrs import field, frozen
+
+from rewrite.errors import InputError
+from rewrite.ir import Graph, ModuleCall, Node, Stack
+
+if TYPE_CHECKING:
+    import onnx_ir as ir
+
+NAME_SCOPES = "pkg.torch.onnx.name_scopes"
+CLASS_HIERARCHY = "pkg.torch.onnx.class_hierarchy"
+
+
+@frozen
+class NodeFacts:
+    """What a resolver knows about one ONNX node."""
+
+    stack: Stack | None
+    target: str
+    tags: Mapping[str, str] = field(factory=dict)
+
+
+Resolver = Callable[["ir.Node"], "NodeFacts | None"]
+"""Facts for a node, or None to fall back to the metadata."""
+
+
+def onnx_target(node: "ir.Node") -> str:
+    """``domain::OpType`` (``ai.onnx`` for the default domain)."""
+    return f"{node.domain or 'ai.onnx'}::{node.op_type}"
+
+
+def read_scopes(node: "ir.Node") -> tuple[list[str], list[str]] | None:
+    """``(name_scopes, class_hierarchy)`` from a node's metadata, None when absent/unusable."""
+    props = node.metadata_props
+    scopes_text = props.get(NAME_SCOPES)
+    classes_text = props.get(CLASS_HIERARCHY)
+    if not scopes_text or not classes_text:
+        return None
+    try:
+        scopes = ast.literal_eval(scopes_text)
+        classes = ast.literal_eval(classes_text)
+    except (ValueError, SyntaxError, MemoryError, RecursionError):
+        return None
+    if not isinstance(scopes, list) or not isinstance(classes, list):
+        return None
+    if len(scopes) != len(classes) or not scopes:
+        return None
+    return [str(s) for s in scopes], [str(c) for c in classes]
+
+
+def subgraph_captures(node: "ir.Node") -> Iterator["ir.Value"]:
+    """Outer-scope values read by the nodes of ``node``'s subgraphs (recursively)."""
+    import onnx_ir as ir
+
+    for attr in node.attributes.values():
+        if attr.type == ir.AttributeType.GRAPH:
+            graphs = [attr.as_graph()]
+        elif attr.type == ir.AttributeType.GRAPHS:
+            graphs = list(attr.as_graphs())
+        else:
+            continue
+        for graph in graphs:
+            yield from _graph_captures(graph)
+
+
+def _graph_captures(graph: "ir.Graph") -> Iterator["ir.Value"]:
+    local: set[int] = {id(v) for v in graph.inputs}
+    local.update(id(v) for v in graph.initializers.values())
+    for inner in graph:
+        for value in inner.inputs:
+            if value is not None and id(value) not in local:
+                yield value
+        for captured in subgraph_captures(inner):
+            if id(captured) not in local:
+                yield captured
+        local.update(id(v) for v in inner.outputs)
+
+
+class _MetadataStacks:
+    """Module calls from ``name_scopes``/``class_hierarchy``, split into contiguous runs."""
+
+    def __init__(self) -> None:
+        self._active: list[ModuleCall] = []
+        self._count: dict[str, int] = {}
+        self.root_class: str | None = None
+
+    def facts(self, node: "ir.Node") -> NodeFacts:
+        scopes = read_scopes(node)
+        if scopes is None or scopes[0][0] != "":
+            # no metadata, or torch's "no nn_module_stack" form [node name]
+            return NodeFacts(None, onnx_target(node))
+        names, classes = scopes
+        if self.root_class is None and len(classes) > 1:
+            self.root_class = classes[0]
+        target = classes[-1] if len(names) > 1 else onnx_target(node)
+        return NodeFacts(self._stack(names[1:-1], classes[1:-1]), target)
+
+    def _stack(self, paths: list[str], classes: list[str]) -> Stack:
+        active = self._active
+        stack: list[ModuleCall] = []
+        same = True  # still inside the previous node's calls
+        for depth, (path, cls) in enumerate(zip(paths, classes)):
+            same = same and depth < len(active) and active[depth].path == path
+            if same:
+                stack.append(active[depth])
+                continue
+            index = self._count.get(path, 0)
+            self._count[path] = index + 1
+            stack.append(ModuleCall(path, cls, index))
+        self._active = stack
+        return tuple(stack)
+
+
+def from_onnx_model(
+    model: "ir.Model", *, resolve: Resolver | None = None, root_class: str | None = None
+) -> Graph:
+    """Build the IR of ``model``'s main graph (see the module docstring)."""
+    graph = model.graph
+    index_of: dict[int, int] = {}
+    nodes: list[Node] = []
+
+    def add(node: Node, values) -> None:
+        nodes.append(node)
+        for value in values:
+            index_of[id(value)] = node.index
+
+    for value in graph.inputs:
+        add(Node(len(nodes), value.name or "", "placeholder", "input", (), (), is_io=True,
+                 source=value), (value,))
+    for value in graph.initializers.values():
+        if id(value) not in index_of:
+            add(Node(len(nodes), value.name or "", "get_attr", "initializer", (), (), is_io=True,
+                     source=value), (value,))
+
+    metadata = _MetadataStacks()
+    calls: dict[ModuleCall, None] = {}
+    for onnx_node in graph:
+        facts = resolve(onnx_node) if resolve is not None else None
+        if facts is None:
+            facts = metadata.facts(onnx_node)
+        inputs = _input_indices(onnx_node, index_of)
+        if facts.stack:
+            calls.update(dict.fromkeys(facts.stack))
+        add(
+            Node(len(nodes), onnx_node.name or "", "onnx", facts.target, inputs, facts.stack,
+                 dict(facts.tags), source=onnx_node),
+            onnx_node.outputs,
+        )
+    outputs = tuple(dict.fromkeys(index_of[id(v)] for v in graph.outputs if id(v) in index_of))
+    nodes.append(Node(len(nodes), "output", "output", "output", outputs, (), is_io=True,
+                      source=None))
+    return Graph(tuple(nodes), tuple(calls), "onnx", root_class or metadata.root_class, model)
+
+
+def _input_indices(node: "ir.Node", index_of: dict[int, int]) -> tuple[int, ...]:
+    found: dict[int, None] = {}
+    for value in node.inputs:
+        if value is not None:
+            i = index_of.get(id(value))
+            if i is not None:
+                found[i] = None
+    if node.attributes:
+        for value in subgraph_captures(node):
+            i = index_of.get(id(value))
+            if i is not None:
+                found[i] = None
+    return tuple(found)
+
+
+def load_onnx_model(path: str | Path) -> "ir.Model":
+    """``onnx_ir.load`` with a clear :class:`InputError` for unreadable files."""
+    import onnx_ir as ir
+
+    path = Path(path)
+    if not path.exists():
+        raise InputError(f"{path}: no such file")
+    if path.is_dir():
+        raise InputError(f"{path}: is a directory, expected a .onnx file")
+    try:
+        return ir.load(str(path))
+    except Exception as e:  # protobuf and onnx_ir raise many types here; all mean unreadable
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise InputError(f"{path}: not a readable ONNX model ({reason})") from None
+
+
+def load_onnx_graph(path: str | Path) -> Graph:
+    """The IR of the ONNX model at ``path``."""
+    return from_onnx_model(load_onnx_model(path))
