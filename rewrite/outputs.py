@@ -1,45 +1,97 @@
-"""Writing results safely: never a partial file, never over the input."""
+"""Writing results safely: never a partial file, never over an input.
+
+``check_output_path`` refuses, before any slow work, an output that is an input, a folder, a
+special file, or in a folder that does not exist or cannot be written. ``atomic_path`` yields
+a temporary file beside the output and renames it over the output only when the writer
+finished; on any error (or Ctrl-C) the temporary file is removed and the output untouched.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import os
+import stat
 import tempfile
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Iterator
 
 from rewrite.errors import InputError
 
 
+def _same_file(a: Path, b: Path) -> bool:
+    """Whether ``a`` and ``b`` name one file (symlinks, ``..`` and hard links included)."""
+    try:
+        if a.exists() and b.exists():
+            return os.path.samefile(a, b)
+        return a.resolve() == b.resolve()
+    except OSError:
+        return False
+
+
+def _missing_folder(folder: Path) -> str:
+    """Why ``folder`` cannot hold files: the first part of it that is a file, or missing."""
+    for part in [*reversed(folder.parents), folder]:
+        if part.exists() and not part.is_dir():
+            return f"{part} is a file, not a folder"
+    return f"folder {folder} does not exist"
+
+
 def check_output_path(output: str | Path, inputs: Iterable[str | Path]) -> Path:
-    """Raise :class:`InputError` when ``output`` is an input, a folder, or not writable."""
+    """Raise :class:`InputError` when ``output`` cannot safely be written; return it.
+
+    Refused: an output that is one of ``inputs``, a folder, an existing non-regular file
+    (``/dev/null`` would be replaced, not written to), or whose folder is missing, is a file,
+    or is not writable.
+    """
     out = Path(output)
+    if str(output) == "" or out.name in ("", ".", ".."):
+        raise InputError(f"{str(output)!r}: not a file name")
     for given in inputs:
-        given = Path(given)
-        if given.exists() and out.exists() and out.resolve() == given.resolve():
-            raise InputError(f"{out}: output path is the input; refusing to overwrite it")
-        if out.resolve() == given.resolve():
-            raise InputError(f"{out}: output path is the input; refusing to overwrite it")
+        if _same_file(out, Path(given)):
+            raise InputError(f"{out}: output path is the input {given}; refusing to overwrite it")
     if out.is_dir():
         raise InputError(f"{out}: is a directory; give a file name like {out / 'model.onnx'}")
-    parent = out.parent if str(out.parent) else Path(".")
+    if out.exists() and not out.is_file():
+        raise InputError(f"{out}: exists and is not a regular file; refusing to replace it")
+    parent = out.parent
     if not parent.is_dir():
-        raise InputError(f"{out}: folder {parent} does not exist")
-    if not os.access(parent, os.W_OK):
+        raise InputError(f"{out}: cannot write there: {_missing_folder(parent)}")
+    if not os.access(parent, os.W_OK | os.X_OK):
         raise InputError(f"{out}: folder {parent} is not writable")
     return out
 
 
+def _new_file_mode(existing: Path) -> int:
+    """The mode the output should get: the replaced file's, else what ``open`` would give."""
+    try:
+        return stat.S_IMODE(existing.stat().st_mode)
+    except OSError:
+        umask = os.umask(0)
+        os.umask(umask)
+        return 0o666 & ~umask
+
+
 @contextlib.contextmanager
-def atomic_path(output: str | Path):
-    """Yield a temporary path beside ``output``; rename it over ``output`` only on success."""
+def atomic_path(output: str | Path) -> Iterator[Path]:
+    """Yield a temporary path beside ``output``; rename it over ``output`` only on success.
+
+    ``OSError`` (no space, no permission...) becomes :class:`InputError` naming ``output``.
+    """
     out = Path(output)
-    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent or ".")
-    os.close(fd)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
+        os.close(fd)
+    except OSError as e:
+        raise InputError(f"{out}: cannot write ({e.strerror or e})") from None
     tmp_path = Path(tmp)
     try:
         yield tmp_path
+        os.chmod(tmp_path, _new_file_mode(out))
         os.replace(tmp_path, out)
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            tmp_path.unlink()
+        raise InputError(f"{out}: cannot write ({e.strerror or e})") from None
     except BaseException:
         with contextlib.suppress(OSError):
             tmp_path.unlink()
@@ -47,10 +99,12 @@ def atomic_path(output: str | Path):
 
 
 def write_text_atomic(output: str | Path, text: str) -> None:
+    """Write ``text`` (UTF-8) to ``output`` whole or not at all."""
     with atomic_path(output) as tmp:
         tmp.write_text(text, encoding="utf-8")
 
 
 def write_atomic(output: str | Path, writer: Callable[[Path], None]) -> None:
+    """Call ``writer(tmp)`` to write a temporary file, then rename it to ``output``."""
     with atomic_path(output) as tmp:
         writer(tmp)

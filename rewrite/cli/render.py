@@ -1,46 +1,120 @@
-"""Terminal rendering of group trees and diagnostics (rich)."""
+"""The group tree as a rich table: one row per group, tree guides in the first column.
+
+Columns: the group (its module call key, ``h.0.attn`` / ``shared@1``, or split component), the
+module class, the node count (with descendants), the function it becomes, and the rule that
+made it (``file:line``). Before lowering, the function is the name the rule's templates give;
+``calls=`` (filled from the ONNX backend's outlining, ``explain --onnx``) replaces it with the
+function actually made and its call count (identical bodies share one function).
+"""
 
 from __future__ import annotations
 
+from typing import Iterator, Mapping
+
+from attrs import frozen
 from rich.console import Console
-from rich.tree import Tree
+from rich.table import Table
+from rich.text import Text
 
 from rewrite.grouping import Group, GroupTree
 
 
-def _label(group: Group, calls: dict[tuple[str, str], int] | None) -> str:
-    parts = [f"[bold]{group.key}[/bold]"]
+@frozen
+class FunctionUse:
+    """The ONNX function a group became, and how many call sites the function has."""
+
+    label: str
+    """``domain::name`` (``:overload`` when there is one)."""
+    calls: int
+
+
+Calls = Mapping[str, "FunctionUse | None"]
+"""Group id -> the function it became, or None when it was left inline."""
+
+
+def _rows(group: Group, guide: str, last: bool, depth: int, max_depth: int | None
+          ) -> Iterator[tuple[Group, str, int]]:
+    """(group, tree-guide prefix, hidden descendants) for ``group`` and what it shows below."""
+    prefix = "" if depth == 0 else guide + ("└── " if last else "├── ")
+    hidden = 0
+    if max_depth is not None and depth + 1 >= max_depth:
+        hidden = sum(1 for _ in group.walk()) - 1
+    yield group, prefix, hidden
+    if hidden:
+        return
+    below = "" if depth == 0 else guide + ("    " if last else "│   ")
+    for i, child in enumerate(group.children):
+        yield from _rows(child, below, i == len(group.children) - 1, depth + 1, max_depth)
+
+
+def _class_cell(group: Group, qualified: bool) -> Text:
     if group.kind == "component":
-        parts.append(f"[magenta]component[/magenta] {group.tag_value!r}")
-    elif group.call is not None:
-        parts.append(f"[cyan]{group.call.class_name}[/cyan]")
-    parts.append(f"{group.size} nodes")
-    function = f"{group.domain}::{group.function_name}" if group.domain else group.function_name
-    if calls is not None:
-        count = calls.get((group.domain, group.function_name))
-        function += f" x{count}" if count else ""
-    parts.append(f"[green]-> {function}[/green]")
-    if group.origin:
-        parts.append(f"[dim]{group.origin}[/dim]")
-    return "  ".join(parts)
+        return Text(f"split {group.tag_value!r}", style="magenta")
+    if group.call is None:
+        return Text("")
+    return Text(group.call.cls if qualified else group.call.class_name, style="cyan")
 
 
-def render_tree(tree: GroupTree, *, title: str, calls: dict | None = None) -> Tree:
+def _function_cell(group: Group, calls: Calls | None) -> Text:
+    if calls is None:
+        name = f"{group.domain}::{group.function_name}" if group.domain else group.function_name
+        return Text(name, style="green")
+    if group.id not in calls:
+        return Text("(not in the ONNX graph)", style="dim")
+    use = calls[group.id]
+    if use is None:
+        return Text("(inlined)", style="dim")
+    return Text.assemble((use.label, "green"), f" x{use.calls}")
+
+
+def render_tree(tree: GroupTree, *, title: str, calls: Calls | None = None,
+                max_depth: int | None = None, qualified: bool = False) -> Table:
+    """The group tree as a table; ``max_depth`` hides deeper groups (counted in the row)."""
     graph = tree.graph
-    root = Tree(
-        f"[bold]{title}[/bold]  {len(graph.nodes)} nodes, {len(graph.calls)} module calls, "
-        f"{len(tree.root.nodes)} at top level"
+    groups = list(tree.groups())
+    table = Table(
+        title=Text(title, style="bold"), title_justify="left", box=None, pad_edge=False,
+        show_edge=False, header_style="bold", caption=_caption(tree, groups, calls),
+        caption_justify="left",
     )
+    table.add_column("group", no_wrap=True)
+    table.add_column("class", no_wrap=True)
+    table.add_column("nodes", justify="right", no_wrap=True)
+    table.add_column("function" + (" (ONNX) x call sites" if calls is not None else ""),
+                     no_wrap=True)
+    table.add_column("rule", style="dim", no_wrap=True)
+    top = tree.root.children
+    for i, child in enumerate(top):
+        for group, prefix, hidden in _rows(child, "", i == len(top) - 1, 0, max_depth):
+            key = Text(prefix, style="dim") + Text(group.key, style="bold" if not prefix else "")
+            if hidden:
+                key += Text(f" (+{hidden} nested)", style="dim")
+            table.add_row(key, _class_cell(group, qualified), str(group.size),
+                          _function_cell(group, calls), group.origin or "")
+    if not groups:
+        table.add_row(Text("(no groups)", style="dim"), "", str(len(graph.nodes)), "", "")
+    return table
 
-    def add(parent: Tree, group: Group) -> None:
-        branch = parent.add(_label(group, calls))
-        for child in group.children:
-            add(branch, child)
 
-    for child in tree.root.children:
-        add(root, child)
-    return root
+def _caption(tree: GroupTree, groups: list[Group], calls: Calls | None) -> str:
+    graph = tree.graph
+    if calls is not None:
+        made = {u.label for u in calls.values() if u is not None}
+        functions = f"{len(made)} ONNX functions"
+    else:
+        functions = f"{len({(g.domain, g.function_name) for g in groups})} function names"
+    return (f"{len(groups)} groups, {functions}; {len(tree.root.nodes)} of {len(graph.nodes)} "
+            f"nodes at the top level")
 
 
-def print_tree(console: Console, tree: GroupTree, *, title: str) -> None:
-    console.print(render_tree(tree, title=title))
+def summary_line(tree: GroupTree) -> str:
+    """One line about the graph: nodes and module calls."""
+    graph = tree.graph
+    root = graph.root_class.rsplit(".", 1)[-1] if graph.root_class else "graph"
+    return f"{root}: {len(graph.nodes)} nodes, {len(graph.calls)} module calls"
+
+
+def print_tree(console: Console, tree: GroupTree, *, title: str, calls: Calls | None = None,
+               max_depth: int | None = None, qualified: bool = False) -> None:
+    console.print(render_tree(tree, title=title, calls=calls, max_depth=max_depth,
+                              qualified=qualified))

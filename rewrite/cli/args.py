@@ -1,0 +1,111 @@
+"""The command line: ``rewrite [-q|-v] {check,explain,apply} ...`` (argparse)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import rewrite
+
+EXIT_OK, EXIT_RULES, EXIT_INPUT, EXIT_BUG = 0, 1, 2, 3
+
+EPILOG = """\
+exit codes: 0 success, 1 rules or grouping error, 2 unusable input or usage error,
+3 a bug in rewrite (rerun with --verbose for the traceback).
+RULES is a .rules file, or the name of a shipped one (gpt2, llama, bert, modularize,
+split_by_tags). MODEL is a .pt2 (torch.export.save) or a torch.onnx-exported .onnx file."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # usage errors exit 2 with one line, as documented
+        self.print_usage(sys.stderr)
+        self.exit(EXIT_INPUT, f"{self.prog}: error: {message}\n")
+
+
+class _Version(argparse.Action):
+    """``--version``, with the versions computed only when asked for."""
+
+    def __init__(self, option_strings, dest, **kwargs):
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(version_text())
+        parser.exit(EXIT_OK)
+
+
+def _verbosity(parser: argparse.ArgumentParser, default) -> None:
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument("-q", "--quiet", action="store_true", default=default,
+                       help="print errors only (no warnings, no progress)")
+    group.add_argument("-v", "--verbose", action="store_true", default=default,
+                       help="print timings and details; a traceback for internal errors")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="rewrite",
+        description="Group the nodes of PyTorch export graphs by rules; lower the groups to "
+        "nested ONNX functions or FX submodules.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action=_Version, help="print the version and exit")
+    _verbosity(parser, False)
+    # the same flags after the command (`rewrite explain ... -q`); SUPPRESS keeps the global ones
+    common = argparse.ArgumentParser(add_help=False)
+    _verbosity(common, argparse.SUPPRESS)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+
+    check = sub.add_parser("check", parents=[common], help="validate a rules file",
+                           description="Parse and compile RULES (and what it includes).")
+    check.add_argument("rules", metavar="RULES")
+
+    explain = sub.add_parser(
+        "explain", parents=[common], help="show the group tree the rules make of a model",
+        description="Print the groups RULES makes of MODEL: per group the module call, its "
+        "class, node count, the function it becomes and the rule (file:line) that made it.",
+    )
+    explain.add_argument("rules", metavar="RULES")
+    explain.add_argument("model", metavar="MODEL", help=".pt2 or .onnx")
+    explain.add_argument("--json", action="store_true", help="print the tree as JSON (stdout)")
+    explain.add_argument("--onnx", action="store_true",
+                         help="lower to ONNX (slower) and show the functions actually made, "
+                         "with their call counts")
+    explain.add_argument("--depth", type=_positive, metavar="N",
+                         help="show N levels of groups (deeper ones are counted)")
+
+    apply = sub.add_parser(
+        "apply", parents=[common], help="group a model and write the result",
+        description="Group MODEL by RULES and write it: .onnx (nested model-local functions) "
+        "or .py (the GraphModule's code). The output is written whole or not at all, and "
+        "never over an input.",
+    )
+    apply.add_argument("rules", metavar="RULES")
+    apply.add_argument("model", metavar="MODEL", help=".pt2 or .onnx")
+    apply.add_argument("-o", "--output", required=True, metavar="OUT",
+                       help=".onnx (model-local functions) or .py (GraphModule code)")
+    return parser
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError("must be 1 or more")
+    return value
+
+
+def version_text() -> str:
+    """``rewrite X (torch Y, onnx Z)``."""
+    import torch
+
+    parts = [f"torch {torch.__version__}"]
+    try:
+        import onnx
+
+        parts.append(f"onnx {onnx.__version__}")
+    except ImportError:  # pragma: no cover - a dependency
+        pass
+    return f"rewrite {rewrite.__version__} ({', '.join(parts)})"

@@ -1,0 +1,128 @@
+"""The three commands. Each returns an exit code or raises a :class:`RewriteError`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import rewrite
+from rewrite.cli.args import EXIT_OK
+from rewrite.cli.console import Consoles
+from rewrite.cli.paths import check_model_path
+from rewrite.cli.render import Calls, FunctionUse, print_tree, summary_line
+from rewrite.cli.steps import Steps
+from rewrite.errors import InputError
+from rewrite.outputs import check_output_path
+
+OUTPUT_SUFFIXES = (".onnx", ".py")
+
+
+def cmd_check(args: argparse.Namespace, io: Consoles) -> int:
+    rules = rewrite.load_rules(args.rules)
+    if not io.quiet:
+        n = len(rules.rules) + (1 if rules.split else 0)
+        files = f" from {len(rules.files)} files" if len(rules.files) > 1 else ""
+        io.out.print(f"{args.rules}: ok ({n} rules{files})")
+    for name in rules.files[1:]:
+        io.detail(f"  includes {name}")
+    return EXIT_OK
+
+
+def _group(rules: rewrite.RuleSet, model: str, io: Consoles, steps: Steps) -> rewrite.Result:
+    """Load and group ``model`` (already checked), printing the warnings."""
+    with steps.step(f"reading {model} and grouping it"):
+        result = rewrite.apply(rules, model)
+    io.detail(summary_line(result.tree))
+    if not result.tree.graph.calls:
+        io.warning(
+            f"{model}: no module structure: no node carries nn_module_stack metadata, "
+            "so group and flat rules have nothing to match and the result stays flat (tag and "
+            "split rules still apply); export an nn.Module with torch.export.export to keep it"
+        )
+    for warning in result.warnings:
+        io.warning(warning)
+    return result
+
+
+def _onnx_calls(result: rewrite.Result, io: Consoles, steps: Steps) -> Calls:
+    """Lower to ONNX (no file written) and read which function each group became."""
+    from rewrite.backends.onnx import OnnxOptions, lower
+    from rewrite.backends.onnx.progress import Progress
+
+    lowering = lower(result, OnnxOptions(), Progress(steps.console))
+    for warning in lowering.warnings:
+        io.warning(warning)
+    outlined = lowering.outlined
+    counts = outlined.calls
+    calls: dict[str, FunctionUse | None] = {}
+    for group_id, fid in outlined.function_of.items():
+        if fid is None:
+            calls[group_id] = None
+        else:
+            domain, name, overload = fid
+            label = f"{domain}::{name}" + (f":{overload}" if overload else "")
+            calls[group_id] = FunctionUse(label, counts[fid])
+    return calls
+
+
+def _json(result: rewrite.Result, args: argparse.Namespace, calls: Calls | None) -> dict:
+    data = result.explain()
+    data["model"] = args.model
+    data["rules"] = args.rules
+    data["version"] = rewrite.__version__
+    if calls is not None:
+        def add(group: dict) -> None:
+            use = calls.get(group["id"], None)
+            group["onnx_function"] = use.label if use else None
+            group["onnx_calls"] = use.calls if use else 0
+            for child in group["children"]:
+                add(child)
+
+        for group in data["groups"]:
+            add(group)
+        data["onnx_functions"] = len({u.label for u in calls.values() if u is not None})
+    return data
+
+
+def cmd_explain(args: argparse.Namespace, io: Consoles) -> int:
+    rules = rewrite.load_rules(args.rules)
+    check_model_path(args.model)
+    steps = Steps(io)
+    result = _group(rules, args.model, io, steps)
+    calls = _onnx_calls(result, io, steps) if args.onnx else None
+    if args.json:
+        print(json.dumps(_json(result, args, calls), indent=2), file=io.out.file)
+    else:
+        print_tree(io.out, result.tree, title=f"{args.model} by {args.rules}: "
+                   f"{summary_line(result.tree)}", calls=calls, max_depth=args.depth,
+                   qualified=io.verbose)
+    return EXIT_OK
+
+
+def cmd_apply(args: argparse.Namespace, io: Consoles) -> int:
+    rules = rewrite.load_rules(args.rules)
+    check_model_path(args.model)
+    output = check_output_path(args.output, [args.model, args.rules, *rules.files])
+    suffix = output.suffix.lower()
+    if suffix not in OUTPUT_SUFFIXES:
+        raise InputError(
+            f"{output}: unknown output type {suffix or '(no extension)'!r}; use .onnx (model-local "
+            "functions) or .py (GraphModule code)"
+        )
+    steps = Steps(io)
+    result = _group(rules, args.model, io, steps)
+    if suffix == ".onnx":
+        from rewrite.backends.onnx import save_onnx
+
+        save_onnx(result, output, console=steps.console)
+    else:
+        from rewrite.backends.fx import save_python
+
+        with steps.step(f"writing {output}"):
+            save_python(result, output)
+    io.info(f"wrote {output}")
+    return EXIT_OK
+
+
+__all__ = ["cmd_apply", "cmd_check", "cmd_explain"]
+
