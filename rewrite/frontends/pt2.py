@@ -1,13 +1,109 @@
-"""Load a ``.pt2`` file (``torch.export.save``) with errors a user can act on."""
+"""Load a ``.pt2`` file (``torch.export.save``) with errors a user can act on.
+
+``torch.export.load`` logs the real reason of a failure as a warning with a traceback (on
+stderr) and raises a generic error; here the log is captured and its reason becomes the
+message of one :class:`InputError`. The archive's checksums are verified first, so a file
+corrupted inside its weights is refused instead of loading garbage.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import importlib
+import logging
+import re
 import zipfile
+import zlib
 from pathlib import Path
+from typing import Iterator
 
 import torch
 
 from rewrite.errors import InputError
+
+_TORCH_LOGGERS = ("torch.export", "torch._export")
+_UNREGISTERED = re.compile(r"Deserializing ([\w.]+) in pytree is not registered")
+_IMPORTABLE_FOR_PYTREE = ("transformers.", "diffusers.")
+"""Packages whose output classes may be imported to register them for deserialization."""
+
+
+class _Capture(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.reasons: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.exc_info and record.exc_info[1] is not None:
+            self.reasons.append(_first_line(record.exc_info[1]))
+
+
+@contextlib.contextmanager
+def _captured_torch_logs() -> Iterator[_Capture]:
+    """Route torch.export's log records to a capture instead of stderr."""
+    capture = _Capture()
+    saved = []
+    for name in _TORCH_LOGGERS:
+        logger = logging.getLogger(name)
+        saved.append((logger, logger.handlers[:], logger.propagate))
+        logger.handlers[:] = [capture]
+        logger.propagate = False
+    try:
+        yield capture
+    finally:
+        for logger, handlers, propagate in saved:
+            logger.handlers[:] = handlers
+            logger.propagate = propagate
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
+
+
+def _check_archive(path: Path) -> None:
+    """Raise :class:`InputError` for a file that is not a complete, intact zip archive."""
+    if not zipfile.is_zipfile(path):
+        raise InputError(
+            f"{path}: not a .pt2 archive (truncated, or not written by torch.export.save)"
+        )
+    try:
+        with zipfile.ZipFile(path) as archive:
+            bad = archive.testzip()
+            names = archive.namelist()
+    except (zipfile.BadZipFile, zlib.error, EOFError, OSError, ValueError) as e:
+        raise InputError(f"{path}: corrupt .pt2 archive ({_first_line(e)})") from None
+    if bad is not None:
+        raise InputError(f"{path}: corrupt .pt2 archive (checksum mismatch in {bad})")
+    if any(n.endswith("/data.pkl") for n in names) and not any(
+        n.endswith("/archive_format") for n in names
+    ):
+        raise InputError(
+            f"{path}: a torch.save file, not a torch.export.save program; export the model "
+            "with torch.export.export and save it with torch.export.save"
+        )
+
+
+def _load(path: Path) -> tuple[torch.export.ExportedProgram | None, str | None]:
+    """The program, or None and the reason torch gave."""
+    with _captured_torch_logs() as capture:
+        try:
+            return torch.export.load(str(path)), None
+        except Exception as e:  # torch raises many types here; all mean "unreadable"
+            reasons = capture.reasons or [_first_line(e)]
+            return None, reasons[0]
+
+
+def _register_output_types(reason: str) -> bool:
+    """Import the module of an unregistered output class (transformers...); True if done."""
+    match = _UNREGISTERED.search(reason)
+    if not match or not match.group(1).startswith(_IMPORTABLE_FOR_PYTREE):
+        return False
+    module = match.group(1).rsplit(".", 1)[0]
+    try:
+        importlib.import_module(module)
+    except Exception:  # not installed, or fails to import: report the original reason
+        return False
+    return True
 
 
 def load_pt2(path: str | Path) -> torch.export.ExportedProgram:
@@ -17,17 +113,18 @@ def load_pt2(path: str | Path) -> torch.export.ExportedProgram:
         raise InputError(f"{path}: no such file")
     if path.is_dir():
         raise InputError(f"{path}: is a directory, expected a .pt2 file")
-    if not zipfile.is_zipfile(path):
-        raise InputError(f"{path}: not a .pt2 archive (truncated or not written by torch.export.save)")
-    try:
-        return torch.export.load(str(path))
-    except Exception as e:  # torch raises many types here; all mean "unreadable"
-        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        if "not registered" in reason or "pytree" in reason.lower() or "serializ" in reason.lower():
-            raise InputError(
-                f"{path}: torch.export.load cannot read this program ({reason}). Its inputs or "
-                "outputs use a type that is not registered for deserialization; re-export it "
-                "with plain tensors/tuples as outputs (for transformers models: "
-                "return_dict=False, use_cache=False)"
-            ) from None
-        raise InputError(f"{path}: torch.export.load failed: {reason}") from None
+    _check_archive(path)
+    program, reason = _load(path)
+    if program is None and reason and _register_output_types(reason):
+        program, reason = _load(path)
+    if program is not None:
+        return program
+    assert reason is not None
+    if _UNREGISTERED.search(reason):
+        raise InputError(
+            f"{path}: torch.export.load cannot read this program ({reason}); its inputs or "
+            "outputs use a type not registered for deserialization: import the module that "
+            "registers it, or re-export with plain tensors/tuples as outputs (for transformers "
+            "models: return_dict=False, use_cache=False)"
+        )
+    raise InputError(f"{path}: torch.export.load cannot read it ({reason})")
