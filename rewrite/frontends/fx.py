@@ -1,27 +1,64 @@
-"""FX frontend: ``torch.fx.GraphModule`` / ``ExportedProgram`` graphs -> :class:`Graph`.
+"""FX frontend: ``torch.fx`` graphs (``GraphModule``, ``ExportedProgram``) -> :class:`Graph`.
 
-Reads both forms of ``node.meta["nn_module_stack"]``:
+Module stacks come from ``node.meta["nn_module_stack"]``, in either form:
 
-* ``{key: (path, cls)}`` from ``torch.export`` and ``symbolic_trace`` (``cls`` a type, or a
-  string in a loaded ``.pt2``); a ``@N`` suffix on the key marks the (N+1)-th call;
-* the legacy ``{path: cls}``.
+* ``{key: (path, cls)}`` from ``torch.export`` and ``torch.fx.symbolic_trace``; ``cls`` is a
+  type, or a string in a loaded ``.pt2``. A key ending in ``@N`` marks the (N+1)-th call of
+  the module at ``path``: a shared module called twice gives two :class:`ModuleCall`\\ s;
+* ``{path: cls}`` from older tracers. It has no call indices, so calls are recovered from the
+  order of the nodes (:func:`rewrite.frontends.calls.split_runs`): a path whose nodes form
+  separate runs is one call per run.
 
-The root entry of exported programs (path ``""``) is dropped. A node without a stack, or with
-only ``_empty_nn_module_stack_from_metadata_hook``, gets ``stack=None``: grouping places it
-with its users. Tags come from ``node.meta["custom"]`` (``torch.fx.traceback.annotate``) and
-from ``node.tag``.
+The root entry of exported programs (path ``""``) is dropped; its class is the graph's
+``root_class``. Which nodes have no stack, and where they go:
+
+* graph inputs and outputs (``placeholder``, ``output``) are always at the top level;
+* in exported programs every traced node has a stack (the root entry at least), so a node
+  without one, or with only ``_empty_nn_module_stack_from_metadata_hook``, was made by a
+  pass: its stack is unknown (``None``) and grouping places it with its users;
+* ``symbolic_trace`` records no root entry: its nodes without a stack were traced in the root
+  module's own ``forward``, so ``call_function``/``call_method``/``call_module`` nodes get
+  the empty stack (top level). ``get_attr`` nodes stay unknown and go with their users.
+
+Tags come from ``node.meta["custom"]`` (``torch.fx.traceback.annotate``; keys starting with
+``_`` are torch's own and skipped) and from ``node.tag`` (as tag ``tag``).
+
+The frontend also fills the graph's :class:`~rewrite.ir.columns.Columns` as it reads, with
+one dictionary lookup per node for its stack, target and tags (each distinct value is parsed
+once) and the garbage collector paused.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import contextlib
+import gc
+from itertools import accumulate
+from typing import Any, Iterator, Mapping
 
 import torch
 
-from rewrite.ir import Graph, ModuleCall, Node
+from rewrite.frontends.calls import distinct_calls, split_runs
+from rewrite.ir import Graph, ModuleCall, Node, Stack
+from rewrite.ir.columns import EMPTY_TAGS, Interner, TagSets, build_columns
+from rewrite.ir.nodes import LazyNodes
 
-_EMPTY_STACK_KEY = "_empty_nn_module_stack_from_metadata_hook"
-_IO_OPS = ("placeholder", "output")
+EMPTY_STACK_KEY = "_empty_nn_module_stack_from_metadata_hook"
+_IO_OPS = frozenset(("placeholder", "output"))
+_ROOT_LEVEL_OPS = frozenset(("call_function", "call_method", "call_module"))
+_EMPTY: Stack = ()
+
+
+@contextlib.contextmanager
+def gc_paused() -> Iterator[None]:
+    """Pause the cyclic garbage collector (building millions of small objects triggers it
+    again and again for nothing: they are all still alive)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def class_name(cls: Any) -> str:
@@ -36,7 +73,10 @@ def class_name(cls: Any) -> str:
 
 def target_name(node: torch.fx.Node) -> str:
     """A stable string for a node's target: ``aten.mm.default``, ``_operator.getitem``."""
-    target = node.target
+    return _target_text(node.target)
+
+
+def _target_text(target: Any) -> str:
     if isinstance(target, str):
         return target
     if isinstance(target, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
@@ -54,101 +94,265 @@ def _call_index(key: str) -> int:
 
 
 class _StackReader:
-    """Parses ``nn_module_stack`` dicts, memoized on their keys (stacks repeat a lot)."""
+    """Parses ``nn_module_stack`` dicts into interned stacks, once per distinct tuple of keys.
+
+    ``read`` returns the id of the stack in :attr:`table`; equal stacks share one id and one
+    tuple, and every call is one :class:`ModuleCall` object.
+    """
 
     def __init__(self) -> None:
-        self._cache: dict[tuple, tuple[ModuleCall, ...] | None] = {}
-        self._calls: dict[tuple[str, int], ModuleCall] = {}
+        self.table = Interner()
+        self._ids: dict[tuple, int] = {}
+        self._entries: dict[Any, tuple[Any, ModuleCall | None]] = {}
+        self._classes: dict[Any, str] = {}
         self.root_class: str | None = None
-
-    def read(self, raw: Any) -> tuple[ModuleCall, ...] | None:
-        if not raw:
-            return None
-        signature = tuple(raw)
-        cached = self._cache.get(signature, self)
-        if cached is not self:
-            return cached  # type: ignore[return-value]
-        stack = self._parse(raw)
-        self._cache[signature] = stack
-        return stack
-
-    def _parse(self, raw: dict) -> tuple[ModuleCall, ...] | None:
-        calls = []
-        for key, value in raw.items():
-            if key == _EMPTY_STACK_KEY:
-                continue
-            if isinstance(value, tuple) and len(value) == 2:
-                path, cls = value
-            else:  # legacy {path: cls}
-                path, cls = key.rpartition("@")[0] or key, value
-            path = str(path)
-            if path == "":
-                self.root_class = class_name(cls)
-                continue
-            index = _call_index(str(key))
-            call = self._calls.get((path, index))
-            if call is None:
-                call = ModuleCall(path, class_name(cls), index)
-                self._calls[(path, index)] = call
-            calls.append(call)
-        if not calls and all(k == _EMPTY_STACK_KEY for k in raw):
-            return None
-        return tuple(calls)
+        self.saw_root = False
+        self.legacy = False
+        """Whether some entry had the ``{path: cls}`` form (no call indices)."""
+        self._calls: dict[tuple[str, str, int], ModuleCall] = {}
 
     @property
-    def calls(self) -> dict[tuple[str, int], ModuleCall]:
-        return self._calls
+    def calls(self) -> tuple[ModuleCall, ...]:
+        """Every call, in order of first appearance (outer calls before inner ones)."""
+        return tuple(self._calls.values())
+
+    def read(self, raw: Mapping) -> int:
+        keys = tuple(raw)
+        found = self._ids.get(keys)
+        if found is None:
+            found = self._read_new(raw, keys)
+        return found
+
+    def _read_new(self, raw: Mapping, keys: tuple) -> int:
+        """Parse the stack of ``keys`` from the stack of ``keys[:-1]`` (memoized too)."""
+        above: Stack | None = None
+        if len(keys) > 1:
+            parent = self._ids.get(keys[:-1])
+            if parent is None:
+                parent = self._read_new(raw, keys[:-1])
+            above = self.table.values[parent]
+        last = keys[-1]
+        if last == EMPTY_STACK_KEY:
+            stack = above
+        else:
+            call = self._call(last, raw[last])
+            stack = (above or ()) + ((call,) if call is not None else ())
+        found = self._ids[keys] = self.intern(stack)
+        return found
+
+    def intern(self, stack: Stack | None) -> int:
+        """The id of ``stack`` (its calls must come from this reader)."""
+        return self.table.id_by(None if stack is None else tuple(map(id, stack)), stack)
+
+    def _class(self, cls: Any) -> str:
+        try:
+            name = self._classes.get(cls)
+        except TypeError:  # unhashable
+            return class_name(cls)
+        if name is None:
+            name = self._classes[cls] = class_name(cls)
+        return name
+
+    def _entry(self, key: Any, value: Any) -> ModuleCall | None:
+        if isinstance(value, tuple) and len(value) == 2:
+            path, cls = value
+        else:  # {path: cls}
+            self.legacy = True
+            path, cls = str(key).rpartition("@")[0] or key, value
+        path = str(path)
+        if path == "":
+            self.saw_root = True
+            if self.root_class is None:
+                self.root_class = self._class(cls)
+            return None
+        cls_name, index = self._class(cls), _call_index(str(key))
+        call = self._calls.get((path, cls_name, index))
+        if call is None:  # two keys may name one call (another tracer's spelling)
+            call = self._calls[(path, cls_name, index)] = ModuleCall(path, cls_name, index)
+        return call
+
+    def _call(self, key: Any, value: Any) -> ModuleCall | None:
+        known = self._entries.get(key)
+        if known is not None and (known[0] is value or known[0] == value):
+            return known[1]
+        call = self._entry(key, value)
+        self._entries[key] = (value, call)
+        return call
 
 
-def _tags(node: torch.fx.Node) -> dict[str, str]:
+def from_fx_graph(
+    graph: torch.fx.Graph,
+    *,
+    source: Any = None,
+    root_class: str | None = None,
+    split_calls: bool | None = None,
+) -> Graph:
+    """Build the IR of an FX graph (its nodes are already in topological order).
+
+    ``split_calls``: recover calls from runs of nodes (see the module docstring); default:
+    only when the stacks have the ``{path: cls}`` form, which has no call indices.
+    """
+    with gc_paused():
+        return _read(graph, source, root_class, split_calls)
+
+
+_IO = object()  # the stack key of graph inputs and outputs
+
+
+def _read(graph: torch.fx.Graph, source: Any, root_class: str | None,
+          split_calls: bool | None) -> Graph:
+    # One column at a time: comprehensions and C-level dict/map calls per node, Python
+    # work only per distinct stack, target and tag set.
+    fx_nodes = list(graph.nodes)
+    size = len(fx_nodes)
+    index_of = dict(zip(fx_nodes, range(size)))
+    ops = [n.op for n in fx_nodes]
+    metas = [n.meta for n in fx_nodes]
+    is_io = [op in _IO_OPS for op in ops]
+
+    reader = _StackReader()
+    empty_id = reader.intern(_EMPTY)
+    unknown = reader.intern(None)
+    raws = [_IO if io else m.get("nn_module_stack") for m, io in zip(metas, is_io)]
+    keys = [r if r is _IO else tuple(r) if r else None for r in raws]
+    ids: dict[Any, int] = {_IO: empty_id, None: unknown}
+    for key, raw in dict(zip(keys, raws)).items():  # first appearance order
+        if key not in ids:
+            ids[key] = reader.read(raw)
+    stack_id = list(map(ids.__getitem__, keys))
+    del raws, keys
+
+    targets = Interner()
+    target_id = _target_ids(fx_nodes, targets)
+    tag_sets = TagSets()
+    tags_id = _tag_ids(fx_nodes, metas, tag_sets)
+    lookup = index_of.__getitem__
+    flat = [lookup(x) for n in fx_nodes for x in _input_nodes(n)]
+    start = [0]
+    start.extend(accumulate(len(_input_nodes(n)) for n in fx_nodes))
+    del index_of, metas
+
+    table = reader.table.values
+    if not reader.saw_root and len(table) > 2:
+        # symbolic_trace: a node traced in the root module's forward carries no stack
+        root_ops = _ROOT_LEVEL_OPS
+        stack_id = [empty_id if k == unknown and op in root_ops else k
+                    for op, k in zip(ops, stack_id)]
+    if reader.legacy if split_calls is None else split_calls:
+        split = split_runs([None if io else table[k] for io, k in zip(is_io, stack_id)])
+        fresh = Interner()
+        stack_id = [fresh.id_by((), _EMPTY) if io else
+                    fresh.id_by(None if st is None else tuple(map(id, st)), st)
+                    for io, st in zip(is_io, split)]
+        table = fresh.values
+        calls = distinct_calls(table)
+    else:
+        calls = reader.calls
+
+    columns = build_columns(table, stack_id, targets.values, target_id, tag_sets.values,
+                            tags_id, is_io, start, flat)
+    nodes = _lazy_nodes(fx_nodes, ops, targets.values, target_id, table, stack_id,
+                        tag_sets.values, tags_id, is_io, flat, start)
+    return Graph(nodes, calls, "fx", root_class or reader.root_class, source,
+                 columns=columns)
+
+
+def _target_ids(fx_nodes: list[torch.fx.Node], targets: Interner) -> list[int]:
+    """Per node, the id of its target's text."""
+    raw = [n.target for n in fx_nodes]
+    try:
+        ids = {t: targets.id(_target_text(t)) for t in dict.fromkeys(raw)}
+    except TypeError:  # an unhashable target: one at a time
+        return [targets.id(_target_text(t)) for t in raw]
+    return list(map(ids.__getitem__, raw))
+
+
+def _tag_ids(fx_nodes: list[torch.fx.Node], metas: list[dict], tag_sets: TagSets) -> list[int]:
+    """Per node, the id of its tag set (``meta["custom"]`` and ``node.tag``)."""
+    customs = [m.get("custom") for m in metas]
+    tags = [getattr(n, "tag", None) for n in fx_nodes]
+    if not any(customs) and all(t is None for t in tags):
+        return [0] * len(fx_nodes)
+    memo: dict[tuple, int] = {}
+    out = []
+    for custom, tag in zip(customs, tags):
+        if not custom and tag is None:
+            out.append(0)
+            continue
+        try:
+            key = (tuple(custom.items()) if isinstance(custom, dict) else (), tag)
+            found = memo.get(key)
+        except TypeError:  # unhashable values
+            key, found = None, None
+        if found is None:
+            found = tag_sets.id(_tags(custom, tag))
+            if key is not None:
+                memo[key] = found
+        out.append(found)
+    return out
+
+
+def _tags(custom: Any, tag: Any) -> dict[str, str]:
     tags: dict[str, str] = {}
-    custom = node.meta.get("custom")
     if isinstance(custom, dict):
-        for key, value in custom.items():
-            if not str(key).startswith("_"):  # torch's own bookkeeping, not user tags
-                tags[str(key)] = str(value)
-    tag = getattr(node, "tag", None)
+        for name, value in custom.items():
+            if not str(name).startswith("_"):  # torch's own bookkeeping, not user tags
+                tags[str(name)] = str(value)
     if tag is not None:
         tags.setdefault("tag", str(tag))
     return tags
 
 
-def from_graph_module(gm: torch.fx.GraphModule, *, source: Any = None) -> Graph:
-    """Build the IR of an FX graph (nodes are already in topological order)."""
-    reader = _StackReader()
-    index_of: dict[torch.fx.Node, int] = {}
-    nodes: list[Node] = []
-    order: list[ModuleCall] = []
-    seen: set[ModuleCall] = set()
-    for i, fx_node in enumerate(gm.graph.nodes):
-        index_of[fx_node] = i
-        is_io = fx_node.op in _IO_OPS
-        stack = () if is_io else reader.read(fx_node.meta.get("nn_module_stack"))
-        if stack:
-            for call in stack:
-                if call not in seen:
-                    seen.add(call)
-                    order.append(call)
-        inputs = tuple(dict.fromkeys(index_of[n] for n in fx_node.all_input_nodes))
-        nodes.append(
-            Node(
-                index=i,
-                name=fx_node.name,
-                op=fx_node.op,
-                target=target_name(fx_node),
-                inputs=inputs,
-                stack=stack,
-                tags=_tags(fx_node),
-                is_io=is_io,
-                source=fx_node,
-            )
-        )
-    root_class = reader.root_class
-    if root_class is None and type(gm).__name__ != "GraphModule":
+def _lazy_nodes(fx_nodes, ops, target_text, target_id, table, stack_id, tag_values, tags_id,
+                is_io, flat, start) -> LazyNodes:
+    """``Graph.nodes``: each :class:`Node` built from the lists on first access."""
+
+    def make(i: int) -> Node:
+        fx_node = fx_nodes[i]
+        return Node(i, fx_node.name, ops[i], target_text[target_id[i]],
+                    tuple(flat[start[i]:start[i + 1]]), table[stack_id[i]],
+                    tag_values[tags_id[i]], is_io[i], fx_node)
+
+    def make_all() -> list[Node]:
+        with gc_paused():
+            return [
+                Node(i, n.name, op, target_text[t], tuple(flat[a:b]), table[k], tag_values[g],
+                     io, n)
+                for i, (n, op, t, k, g, io, a, b) in enumerate(
+                    zip(fx_nodes, ops, target_id, stack_id, tags_id, is_io, start, start[1:])
+                )
+            ]
+
+    return LazyNodes(len(fx_nodes), make, make_all)
+
+
+def _input_nodes(node: torch.fx.Node):
+    """The distinct nodes ``node`` reads, in order (``all_input_nodes`` without the copy)."""
+    try:
+        return node._input_nodes
+    except AttributeError:  # pragma: no cover - other torch versions
+        return node.all_input_nodes
+
+
+def from_graph_module(gm: torch.fx.GraphModule, *, source: Any = None,
+                      split_calls: bool | None = None) -> Graph:
+    """Build the IR of a GraphModule (``symbolic_trace``, ``ExportedProgram.module()``...)."""
+    root_class = None
+    if type(gm).__name__ != "GraphModule":
         root_class = class_name(type(gm))
-    return Graph(tuple(nodes), tuple(order), "fx", root_class, source if source is not None else gm)
+    graph = from_fx_graph(gm.graph, source=source if source is not None else gm,
+                          split_calls=split_calls)
+    if graph.root_class is None and root_class is not None:
+        from attrs import evolve
+
+        graph = evolve(graph, root_class=root_class, columns=graph.columns)
+    return graph
 
 
 def from_exported_program(program: torch.export.ExportedProgram) -> Graph:
     """Build the IR of an exported program's graph (parameters are placeholders)."""
-    return from_graph_module(program.graph_module, source=program)
+    return from_fx_graph(program.graph_module.graph, source=program)
+
+
+__all__ = ["EMPTY_TAGS", "class_name", "from_exported_program", "from_fx_graph",
+           "from_graph_module", "gc_paused", "target_name"]

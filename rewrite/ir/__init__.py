@@ -1,5 +1,7 @@
 """Stage 2: the graph IR every frontend produces and every matcher reads."""
 
+from rewrite.ir.columns import Columns
 from rewrite.ir.model import Graph, ModuleCall, Node, Stack
+from rewrite.ir.nodes import LazyNodes
 
-__all__ = ["Graph", "ModuleCall", "Node", "Stack"]
+__all__ = ["Columns", "Graph", "LazyNodes", "ModuleCall", "Node", "Stack"]

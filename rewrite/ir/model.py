@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from attrs import field, frozen
+
+from rewrite.ir.columns import Columns, columns_of
 
 
 @frozen(cache_hash=True)
@@ -63,7 +65,9 @@ class Node:
 class Graph:
     """A whole source graph in topological order, with its distinct module calls."""
 
-    nodes: tuple[Node, ...] = field(repr=False)
+    nodes: Sequence[Node] = field(repr=False)
+    """In topological order; ``nodes[i].index == i``. A tuple, or a
+    :class:`~rewrite.ir.nodes.LazyNodes` that builds each record on first access."""
     calls: tuple[ModuleCall, ...] = field(repr=False)
     """Every distinct module call, in order of first appearance."""
     kind: str
@@ -71,6 +75,15 @@ class Graph:
     root_class: str | None = None
     source: Any = field(default=None, eq=False, repr=False)
     """What the frontend read: an ExportedProgram, a GraphModule or an onnx_ir.Model."""
+    _columns: Columns | None = field(default=None, eq=False, repr=False, alias="columns")
+
+    @property
+    def columns(self) -> Columns:
+        """Per-node ids and edges as arrays (see :mod:`rewrite.ir.columns`); built on demand
+        when the frontend did not supply them."""
+        if self._columns is None:
+            object.__setattr__(self, "_columns", columns_of(self.nodes))
+        return self._columns  # type: ignore[return-value]
 
     def users(self) -> list[list[int]]:
         """For each node, the indices of the nodes that read it."""

@@ -1,0 +1,145 @@
+"""A columnar view of a :class:`~rewrite.ir.model.Graph` for whole-graph passes.
+
+Graphs repeat a few distinct module stacks, op targets and tag sets over many nodes. The
+columns intern each of them once and give every node small integer ids, plus the edges as a
+CSR array, so that grouping runs its per-node work as numpy array operations and its
+per-*distinct-value* work in Python. Frontends fill them while they read a model
+(:class:`ColumnsBuilder`); :func:`columns_of` derives them from the nodes of any graph.
+"""
+
+from __future__ import annotations
+
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Iterable, Mapping, Sequence
+
+import numpy as np
+from attrs import field, frozen
+
+if TYPE_CHECKING:
+    from rewrite.ir.model import Node, Stack
+
+EMPTY_TAGS: Mapping[str, str] = MappingProxyType({})
+"""The tag set of an untagged node (shared, read-only)."""
+
+
+def _array(values: Sequence[int] | np.ndarray, dtype=np.int32) -> np.ndarray:
+    array = np.asarray(values, dtype=dtype)
+    array.flags.writeable = False
+    return array
+
+
+@frozen
+class Columns:
+    """Per-node ids into tables of distinct values, and the input edges."""
+
+    stacks: tuple["Stack | None", ...] = field(repr=False)
+    """Distinct module stacks (``None``: unknown); ``stack_id[i]`` indexes it."""
+    stack_id: np.ndarray = field(repr=False)
+    targets: tuple[str, ...] = field(repr=False)
+    """Distinct op targets; ``target_id[i]`` indexes it."""
+    target_id: np.ndarray = field(repr=False)
+    tag_sets: tuple[Mapping[str, str], ...] = field(repr=False)
+    """Distinct tag sets; ``tags_id[i]`` indexes it."""
+    tags_id: np.ndarray = field(repr=False)
+    is_io: np.ndarray = field(repr=False)
+    """Bool per node: graph inputs and outputs."""
+    input_start: np.ndarray = field(repr=False)
+    """Node ``i`` reads ``input_index[input_start[i]:input_start[i + 1]]``."""
+    input_index: np.ndarray = field(repr=False)
+
+    @property
+    def size(self) -> int:
+        return len(self.stack_id)
+
+    def edges(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(producer, consumer)`` arrays, one entry per input edge."""
+        counts = np.diff(self.input_start)
+        consumer = np.repeat(np.arange(self.size, dtype=np.int64), counts)
+        return self.input_index.astype(np.int64, copy=False), consumer
+
+
+class Interner:
+    """Gives each distinct hashable value a small id (first come, first numbered)."""
+
+    __slots__ = ("values", "_ids")
+
+    def __init__(self, values: Iterable = ()) -> None:
+        self.values: list = []
+        self._ids: dict = {}
+        for value in values:
+            self.id(value)
+
+    def id(self, value) -> int:
+        found = self._ids.get(value)
+        if found is None:
+            found = self._ids[value] = len(self.values)
+            self.values.append(value)
+        return found
+
+    def id_by(self, key, value) -> int:
+        """The id of ``value``, recognised by ``key`` (a cheaper hashable stand-in)."""
+        found = self._ids.get(key)
+        if found is None:
+            found = self._ids[key] = len(self.values)
+            self.values.append(value)
+        return found
+
+    def __len__(self) -> int:
+        return len(self.values)
+
+
+def tags_key(tags: Mapping[str, str]) -> tuple:
+    """A hashable key of a tag set (order-insensitive)."""
+    return tuple(sorted(tags.items()))
+
+
+class TagSets:
+    """Interns tag sets by content, handing out shared read-only mappings."""
+
+    __slots__ = ("values", "_ids")
+
+    def __init__(self) -> None:
+        self.values: list[Mapping[str, str]] = [EMPTY_TAGS]
+        self._ids: dict[tuple, int] = {(): 0}
+
+    def id(self, tags: Mapping[str, str]) -> int:
+        if not tags:
+            return 0
+        key = tags_key(tags)
+        found = self._ids.get(key)
+        if found is None:
+            found = self._ids[key] = len(self.values)
+            self.values.append(MappingProxyType(dict(key)))
+        return found
+
+    def get(self, tags: Mapping[str, str]) -> Mapping[str, str]:
+        """The shared mapping equal to ``tags``."""
+        return self.values[self.id(tags)]
+
+
+def build_columns(
+    stacks: Sequence, stack_id: Sequence[int], targets: Sequence[str], target_id: Sequence[int],
+    tag_sets: Sequence[Mapping[str, str]], tags_id: Sequence[int], is_io: Sequence[bool],
+    input_start: Sequence[int], input_index: Sequence[int],
+) -> Columns:
+    """Freeze the lists a frontend collected into :class:`Columns`."""
+    return Columns(
+        tuple(stacks), _array(stack_id), tuple(targets), _array(target_id), tuple(tag_sets),
+        _array(tags_id), _array(is_io, bool), _array(input_start, np.int64),
+        _array(input_index, np.int64),
+    )
+
+
+def columns_of(nodes: Sequence["Node"]) -> Columns:
+    """Columns derived from nodes (for graphs whose frontend did not build them)."""
+    stacks, targets, tag_sets = Interner(), Interner(), TagSets()
+    stack_id, target_id, tags_id, is_io, start, flat = [], [], [], [], [0], []
+    for node in nodes:
+        stack_id.append(stacks.id(node.stack))
+        target_id.append(targets.id(node.target))
+        tags_id.append(tag_sets.id(node.tags))
+        is_io.append(node.is_io)
+        flat.extend(node.inputs)
+        start.append(len(flat))
+    return build_columns(stacks.values, stack_id, targets.values, target_id, tag_sets.values,
+                         tags_id, is_io, start, flat)
