@@ -43,3 +43,33 @@ def staged_model():
 @pytest.fixture(scope="session")
 def staged_program(staged_model):
     return models.export(staged_model, preserve_meta=True)
+
+
+# --- CLI -------------------------------------------------------------------------------------
+
+
+class CliRun:
+    """What one in-process ``rewrite`` run printed and returned."""
+
+    def __init__(self, code: int, out: str, err: str):
+        self.code, self.out, self.err = code, out, err
+
+    def __repr__(self) -> str:
+        return f"CliRun(code={self.code}, out={self.out[:300]!r}, err={self.err[:600]!r})"
+
+
+@pytest.fixture
+def run_cli(capsys):
+    """``run_cli("explain", rules, model)``: run ``rewrite`` in-process; a :class:`CliRun`."""
+    from rewrite.cli.main import main
+
+    def run(*argv) -> CliRun:
+        capsys.readouterr()
+        try:
+            code = main([str(a) for a in argv])
+        except SystemExit as e:  # argparse: --version, --help, usage errors
+            code = e.code if isinstance(e.code, int) else 0
+        captured = capsys.readouterr()
+        return CliRun(code, captured.out, captured.err)
+
+    return run
