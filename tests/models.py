@@ -132,3 +132,63 @@ def export(model_args_kwargs, *, preserve_meta: bool = False) -> torch.export.Ex
         with torch.fx.traceback.preserve_node_meta():
             return torch.export.export(model, args, kwargs=kwargs)
     return torch.export.export(model, args, kwargs=kwargs)
+
+
+# --- FX backend: state mutation and repeated split regions -----------------------------------
+
+
+class Accumulate(torch.nn.Module):
+    """A submodule that mutates its buffer in place (a running total)."""
+
+    def __init__(self, width: int = 4):
+        super().__init__()
+        self.register_buffer("total", torch.zeros(width))
+
+    def forward(self, x):
+        self.total.add_(x.sum(0))
+        return x + self.total
+
+
+class Stateful(torch.nn.Module):
+    """Buffer mutation inside a submodule, a mutated user input, a non-persistent buffer."""
+
+    def __init__(self, width: int = 4):
+        super().__init__()
+        self.lin = torch.nn.Linear(width, width)
+        self.acc = Accumulate(width)
+        self.register_buffer("offset", torch.full((width,), 0.25), persistent=False)
+
+    def forward(self, x, y):
+        y.mul_(2)
+        return self.acc(self.lin(x)) + y + self.offset
+
+
+def stateful():
+    torch.manual_seed(0)
+    return Stateful().eval(), (torch.randn(2, 4), torch.randn(2, 4)), {}
+
+
+class Alternating(torch.nn.Module):
+    """Regions tagged a, b, a: one component per value would be a cycle."""
+
+    def __init__(self, width: int = 4):
+        super().__init__()
+        self.first = Sub(width)
+        self.second = Sub(width)
+        self.third = Sub(width)
+
+    def forward(self, x):
+        from torch.fx.traceback import annotate
+
+        with annotate({"stage": "a"}):
+            x = self.first(x)
+        with annotate({"stage": "b"}):
+            x = self.second(x) * 2
+        with annotate({"stage": "a"}):
+            x = self.third(x) + 1
+        return x
+
+
+def alternating():
+    torch.manual_seed(0)
+    return Alternating().eval(), (torch.randn(2, 4),), {}

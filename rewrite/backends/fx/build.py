@@ -174,7 +174,8 @@ class _Builder:
             else:
                 target = self._root_attribute(graph, env, attributes, mutation.buffer)  # type: ignore[arg-type]
             value = env[mutation.value]
-            new = graph.call_function(torch.ops.aten.copy_.default, (target, value))
+            new = graph.create_node("call_function", torch.ops.aten.copy_.default, (target, value),
+                                    name=node_name(f"copy_{target.name}"))
             new.meta = {k: v for k, v in value.meta.items() if k in ("nn_module_stack", "stack_trace", "val")}
             copies[mutation.value] = new
         result = torch.fx.map_arg(source.outputs, lambda n: copies[n] if n in copies else env[n])
