@@ -13,12 +13,13 @@ target is that aten target when known (so ``op`` rules read the same as on a ``.
 ``domain::OpType``. Nodes without that metadata (made by the optimizer, constants) get
 ``stack=None``: grouping places them with their users.
 
-Repeated calls. The metadata has no ``@N``: two calls of a shared module look alike. Policy:
-a module path's nodes that form separate *contiguous runs* (in graph order, under the same
-parent call) are separate calls ``path``, ``path@1``, ...; nodes without metadata do not break
-a run. Calls that follow each other with no node of another module in between (``x =
-shared(shared(x))``) cannot be told apart and become one call. A caller that knows better
-(the ``.pt2`` path, which maps nodes back to the FX program) passes ``resolve``.
+Repeated calls. The metadata has no ``@N``: two calls of a shared module look alike. Policy
+(:func:`rewrite.frontends.calls.split_runs`): a module path's nodes that form separate
+*contiguous runs* (in graph order, under the same parent call) are separate calls ``path``,
+``path@1``, ...; nodes without metadata do not break a run. Calls that follow each other with
+no node of another module in between (``x = shared(shared(x))``) cannot be told apart and
+become one call. A caller that knows better (the ``.pt2`` path, which maps nodes back to the
+FX program) passes ``resolve``: its facts are used as they are.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from typing import TYPE_CHECKING, Callable, Iterator, Mapping
 from attrs import field, frozen
 
 from rewrite.errors import InputError
+from rewrite.frontends.calls import split_runs
 from rewrite.ir import Graph, ModuleCall, Node, Stack
 
 if TYPE_CHECKING:
@@ -104,39 +106,34 @@ def _graph_captures(graph: "ir.Graph") -> Iterator["ir.Value"]:
         local.update(id(v) for v in inner.outputs)
 
 
-class _MetadataStacks:
-    """Module calls from ``name_scopes``/``class_hierarchy``, split into contiguous runs."""
+class _MetadataReader:
+    """Raw stacks (every call index 0) from ``name_scopes``/``class_hierarchy``, interned."""
 
     def __init__(self) -> None:
-        self._active: list[ModuleCall] = []
-        self._count: dict[str, int] = {}
+        self._stacks: dict[tuple, Stack] = {}
         self.root_class: str | None = None
 
     def facts(self, node: "ir.Node") -> NodeFacts:
         scopes = read_scopes(node)
-        if scopes is None or scopes[0][0] != "":
+        if scopes is None or scopes[0][0] != "" or len(scopes[0]) < 2:
             # no metadata, or torch's "no nn_module_stack" form [node name]
             return NodeFacts(None, onnx_target(node))
         names, classes = scopes
-        if self.root_class is None and len(classes) > 1:
+        if self.root_class is None:
             self.root_class = classes[0]
-        target = classes[-1] if len(names) > 1 else onnx_target(node)
-        return NodeFacts(self._stack(names[1:-1], classes[1:-1]), target)
+        key = (tuple(names[1:-1]), tuple(classes[1:-1]))
+        stack = self._stacks.get(key)
+        if stack is None:
+            stack = self._stacks[key] = tuple(ModuleCall(p, c) for p, c in zip(*key))
+        return NodeFacts(stack, classes[-1])
 
-    def _stack(self, paths: list[str], classes: list[str]) -> Stack:
-        active = self._active
-        stack: list[ModuleCall] = []
-        same = True  # still inside the previous node's calls
-        for depth, (path, cls) in enumerate(zip(paths, classes)):
-            same = same and depth < len(active) and active[depth].path == path
-            if same:
-                stack.append(active[depth])
-                continue
-            index = self._count.get(path, 0)
-            self._count[path] = index + 1
-            stack.append(ModuleCall(path, cls, index))
-        self._active = stack
-        return tuple(stack)
+
+def _metadata_facts(nodes: list["ir.Node"]) -> tuple[list[NodeFacts], str | None]:
+    """Facts from metadata, with repeated calls split into contiguous runs."""
+    reader = _MetadataReader()
+    raw = [reader.facts(node) for node in nodes]
+    stacks = split_runs([f.stack for f in raw])
+    return [NodeFacts(s, f.target) for s, f in zip(stacks, raw)], reader.root_class
 
 
 def from_onnx_model(
@@ -160,12 +157,14 @@ def from_onnx_model(
             add(Node(len(nodes), value.name or "", "get_attr", "initializer", (), (), is_io=True,
                      source=value), (value,))
 
-    metadata = _MetadataStacks()
+    onnx_nodes = list(graph)
+    if resolve is not None:
+        all_facts = [resolve(n) or NodeFacts(None, onnx_target(n)) for n in onnx_nodes]
+    else:
+        all_facts, found_root = _metadata_facts(onnx_nodes)
+        root_class = root_class or found_root
     calls: dict[ModuleCall, None] = {}
-    for onnx_node in graph:
-        facts = resolve(onnx_node) if resolve is not None else None
-        if facts is None:
-            facts = metadata.facts(onnx_node)
+    for onnx_node, facts in zip(onnx_nodes, all_facts):
         inputs = _input_indices(onnx_node, index_of)
         if facts.stack:
             calls.update(dict.fromkeys(facts.stack))
@@ -177,7 +176,7 @@ def from_onnx_model(
     outputs = tuple(dict.fromkeys(index_of[id(v)] for v in graph.outputs if id(v) in index_of))
     nodes.append(Node(len(nodes), "output", "output", "output", outputs, (), is_io=True,
                       source=None))
-    return Graph(tuple(nodes), tuple(calls), "onnx", root_class or metadata.root_class, model)
+    return Graph(tuple(nodes), tuple(calls), "onnx", root_class, model)
 
 
 def _input_indices(node: "ir.Node", index_of: dict[int, int]) -> tuple[int, ...]:
