@@ -103,8 +103,10 @@ def _caption(tree: GroupTree, groups: list[Group], calls: Calls | None) -> str:
         functions = f"{len(made)} ONNX functions"
     else:
         functions = f"{len({(g.domain, g.function_name) for g in groups})} function names"
-    return (f"{len(groups)} groups, {functions}; {len(tree.root.nodes)} of {len(graph.nodes)} "
-            f"nodes at the top level")
+    work = sum(1 for n in graph.nodes if not n.is_io)
+    loose = sum(1 for i in tree.root.nodes if not graph.nodes[i].is_io)
+    return (f"{len(groups)} groups, {functions}; {loose} of {work} operations outside any "
+            "group")
 
 
 def summary_line(tree: GroupTree) -> str:
