@@ -192,3 +192,53 @@ class Alternating(torch.nn.Module):
 def alternating():
     torch.manual_seed(0)
     return Alternating().eval(), (torch.randn(2, 4),), {}
+
+
+# --- ONNX backend: constants that differ, calls of a shared module apart ---------------------
+
+
+class Scaled(torch.nn.Module):
+    """A Linear times a Python constant: modules that differ only in that constant."""
+
+    def __init__(self, factor: float, width: int = 4):
+        super().__init__()
+        self.lin = torch.nn.Linear(width, width)
+        self.factor = factor
+
+    def forward(self, x):
+        return self.lin(x) * self.factor
+
+
+class TwoFactors(torch.nn.Module):
+    """Three Scaled modules: factors 2, 3, 2."""
+
+    def __init__(self, width: int = 4):
+        super().__init__()
+        self.a = Scaled(2.0, width)
+        self.b = Scaled(3.0, width)
+        self.c = Scaled(2.0, width)
+
+    def forward(self, x):
+        return self.c(self.b(self.a(x)))
+
+
+def two_factors():
+    torch.manual_seed(0)
+    return TwoFactors().eval(), (torch.randn(2, 4),), {}
+
+
+class SharedApart(torch.nn.Module):
+    """A shared module called twice with another module's call in between."""
+
+    def __init__(self, width: int = 4):
+        super().__init__()
+        self.shared = Sub(width)
+        self.mid = Sub(width)
+
+    def forward(self, x):
+        return self.shared(self.mid(self.shared(x)) - 1)
+
+
+def shared_apart():
+    torch.manual_seed(0)
+    return SharedApart().eval(), (torch.randn(2, 4),), {}
