@@ -12,6 +12,8 @@ import onnx_ir as ir
 from rewrite.errors import InputError
 from rewrite.outputs import atomic_path
 
+EXTERNAL_TENSOR_BYTES = 1024
+
 
 def tensor_bytes(model: ir.Model) -> int:
     """Bytes of the initializers (what decides whether external data is needed)."""
@@ -46,7 +48,9 @@ def write_model(model: ir.Model, output: str | Path, *, threshold: int) -> bool:
         folder = tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent)
         try:
             staged = Path(folder) / out.name
-            ir.save(model, staged, external_data=data.name)
+            # every tensor of 1 KiB or more (or above a lower threshold) goes to the data file
+            ir.save(model, staged, external_data=data.name,
+                    size_threshold_bytes=min(EXTERNAL_TENSOR_BYTES, threshold))
             os.replace(Path(folder) / data.name, data)
             os.replace(staged, out)
         finally:
