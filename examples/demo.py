@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
 
     console.rule("4. onnxruntime vs eager PyTorch")
     session = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
-    for shape in [(2, 16), (1, 16)]:
+    for shape in [(2, 16)]:  # the export has static shapes
         x = torch.randint(0, 500, shape)
         with torch.no_grad():
             (expected,) = model(x, **kwargs)
