@@ -1,0 +1,404 @@
+"""Bad models, bad output paths and grouping errors, as the command line reports them.
+
+Every refusal: the documented exit code (2 unusable input, 1 grouping error), a one-line
+reason naming the path (or ``file:line`` of the rule and the nodes), no traceback, no output
+file (nor a temporary one) left behind, and the input unchanged.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+import torch
+
+import rewrite
+
+ROOT = Path(__file__).resolve().parents[1]
+GPT2_RULES = ROOT / "rules" / "gpt2.rules"
+
+
+def digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def listing(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir())
+
+
+def assert_refused(r, code: int, first_line: str) -> None:
+    """Exit ``code``, one line on stderr that starts with ``first_line``, nothing on stdout."""
+    assert r.code == code, r
+    assert r.out == "", r
+    assert "Traceback" not in r.err
+    lines = r.err.splitlines()
+    assert len(lines) == 1, r.err
+    assert lines[0].startswith(first_line), r.err
+
+
+@pytest.fixture
+def work(tmp_path, gpt2_pt2):
+    """A folder with a copy of the GPT-2 program; returns (folder, model path)."""
+    model = tmp_path / "gpt2.pt2"
+    model.write_bytes(gpt2_pt2.read_bytes())
+    return tmp_path, model
+
+
+def apply_refused(run_cli, folder: Path, model: Path, output: Path, code: int, message: str,
+                  rules: Path = GPT2_RULES):
+    """``apply`` is refused: the message, no new file in ``folder``, the model unchanged."""
+    before, model_digest = listing(folder), digest(model) if model.is_file() else None
+    r = run_cli("apply", rules, model, "-o", output)
+    assert_refused(r, code, message)
+    assert listing(folder) == before
+    if model_digest is not None:
+        assert digest(model) == model_digest
+    return r
+
+
+# --- bad models --------------------------------------------------------------------------------
+
+
+def _truncated(src: Path, dst: Path) -> Path:
+    data = src.read_bytes()
+    dst.write_bytes(data[: len(data) // 2])
+    return dst
+
+
+def _flipped(src: Path, dst: Path) -> Path:
+    """Bytes flipped in the middle of the archive (inside the weights)."""
+    data = bytearray(src.read_bytes())
+    middle = len(data) // 3
+    data[middle : middle + 512] = bytes(b ^ 0xFF for b in data[middle : middle + 512])
+    dst.write_bytes(bytes(data))
+    return dst
+
+
+def _foreign_zip(dst: Path) -> Path:
+    with zipfile.ZipFile(dst, "w") as archive:
+        archive.writestr("notes/readme.txt", "not a program")
+    return dst
+
+
+def _torch_save(dst: Path) -> Path:
+    torch.save({"weight": torch.ones(2)}, dst)
+    return dst
+
+
+BAD_MODELS = {  # file name: the reason printed after "<path>: "
+    "truncated.pt2": "not a .pt2 archive (truncated, or not written by torch.export.save)",
+    "corrupt.pt2": "corrupt .pt2 archive (checksum mismatch in ",
+    "foreign.pt2": "torch.export.load cannot read it (",
+    "saved.pt2": "a torch.save file, not a torch.export.save program",
+    "empty.pt2": "empty file",
+    "folder.pt2": "is a directory, expected a .pt2 or .onnx file",
+    "missing.pt2": "no such file",
+    "model.bin": "unknown model type '.bin'; expected .pt2",
+    "noext": "unknown model type '(no extension)'",
+    "junk.onnx": "not a readable ONNX model (",
+}
+
+
+def make_bad_model(name: str, folder: Path, good: Path) -> Path:
+    """The bad model ``name`` of :data:`BAD_MODELS` in ``folder``; ``good`` is a valid .pt2."""
+    path = folder / name
+    if name == "truncated.pt2":
+        _truncated(good, path)
+    elif name == "corrupt.pt2":
+        _flipped(good, path)
+    elif name == "foreign.pt2":
+        _foreign_zip(path)
+    elif name == "saved.pt2":
+        _torch_save(path)
+    elif name == "empty.pt2":
+        path.touch()
+    elif name == "folder.pt2":
+        path.mkdir()
+    elif name == "model.bin":
+        path.write_bytes(good.read_bytes())
+    elif name == "noext":
+        path.write_text("x")
+    elif name == "junk.onnx":
+        path.write_bytes(b"\x08\x07garbage" * 50)
+    return path
+
+
+@pytest.mark.parametrize("name", sorted(BAD_MODELS))
+def test_bad_model_explain(run_cli, tmp_path, gpt2_pt2, name):
+    model = make_bad_model(name, tmp_path, gpt2_pt2)
+    r = run_cli("explain", GPT2_RULES, model)
+    assert_refused(r, 2, f"{model}: {BAD_MODELS[name]}")
+
+
+@pytest.mark.parametrize("name", ["truncated.pt2", "corrupt.pt2", "junk.onnx", "missing.pt2"])
+def test_bad_model_apply_writes_nothing(run_cli, tmp_path, gpt2_pt2, name):
+    model = make_bad_model(name, tmp_path, gpt2_pt2)
+    apply_refused(run_cli, tmp_path, model, tmp_path / "out.onnx", 2,
+                  f"{model}: {BAD_MODELS[name]}")
+
+
+def test_truncated_onnx(run_cli, tmp_path, tiny_onnx):
+    model = tmp_path / "cut.onnx"
+    data = tiny_onnx.read_bytes()
+    model.write_bytes(data[: len(data) * 2 // 3])
+    apply_refused(run_cli, tmp_path, model, tmp_path / "out.onnx", 2,
+                  f"{model}: not a readable ONNX model (")
+
+
+def test_library_raises_input_error(tmp_path, gpt2_pt2):
+    with pytest.raises(rewrite.InputError, match="not a .pt2 archive"):
+        rewrite.apply(GPT2_RULES, make_bad_model("truncated.pt2", tmp_path, gpt2_pt2))
+
+
+def test_real_process_prints_one_line(tmp_path):
+    """``python -m rewrite`` as a user runs it: torch.export.load logs a traceback when it fails;
+    it must not reach the terminal."""
+    model = _foreign_zip(tmp_path / "foreign.pt2")
+    proc = subprocess.run(
+        [sys.executable, "-m", "rewrite", "explain", str(GPT2_RULES), str(model)],
+        capture_output=True, text=True, timeout=120, cwd=ROOT,
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.startswith(f"{model}: torch.export.load cannot read it (")
+    assert len(proc.stderr.splitlines()) == 1, proc.stderr
+
+
+# --- a program without module structure ---------------------------------------------------------
+
+
+class Plain(torch.nn.Module):
+    def forward(self, x):
+        return torch.relu(x) * 2 + 1
+
+
+@pytest.fixture(scope="module")
+def plain_pt2(tmp_path_factory):
+    path = tmp_path_factory.mktemp("plain") / "plain.pt2"
+    torch.export.save(torch.export.export(Plain(), (torch.randn(2, 4),)), str(path))
+    return path
+
+
+def test_no_module_stacks_works_with_a_warning(run_cli, plain_pt2):
+    r = run_cli("explain", GPT2_RULES, plain_pt2)
+    assert r.code == 0, r
+    assert r.err.splitlines()[0] == (
+        f"warning: {plain_pt2}: no module structure: no node carries nn_module_stack metadata, "
+        "so group and flat rules have nothing to match and the result stays flat (tag and split "
+        "rules still apply); export an nn.Module with torch.export.export to keep it"
+    )
+    assert "(no groups)" in r.out
+
+
+def test_no_module_stacks_apply(run_cli, plain_pt2, tmp_path):
+    pytest.importorskip("rewrite.backends.onnx", reason="the ONNX backend has not landed")
+    out = tmp_path / "plain.onnx"
+    r = run_cli("apply", "modularize", plain_pt2, "-o", out)
+    assert r.code == 0, r
+    assert "no module structure" in r.err
+    assert out.is_file()
+
+
+# --- bad output paths ---------------------------------------------------------------------------
+
+
+def test_output_under_a_regular_file(run_cli, work):
+    folder, model = work
+    blocker = folder / "notes.txt"
+    blocker.write_text("a file, not a folder")
+    out = blocker / "out.onnx"
+    apply_refused(run_cli, folder, model, out, 2,
+                  f"{out}: cannot write there: {blocker} is a file, not a folder")
+    assert blocker.read_text() == "a file, not a folder"
+
+
+def test_output_in_a_missing_folder(run_cli, work):
+    folder, model = work
+    out = folder / "no" / "such" / "out.onnx"
+    apply_refused(run_cli, folder, model, out, 2,
+                  f"{out}: cannot write there: folder {out.parent} does not exist")
+
+
+def test_output_is_the_input(run_cli, work):
+    folder, model = work
+    apply_refused(run_cli, folder, model, model, 2,
+                  f"{model}: output path is the input {model}; refusing to overwrite it")
+
+
+def test_output_is_the_input_onnx(run_cli, tmp_path, tiny_onnx):
+    model = tmp_path / "tiny.onnx"
+    model.write_bytes(tiny_onnx.read_bytes())
+    spelled = tmp_path / "sub" / ".." / "tiny.onnx"
+    (tmp_path / "sub").mkdir()
+    apply_refused(run_cli, tmp_path, model, spelled, 2, f"{spelled}: output path is the input")
+
+
+def test_output_is_a_hard_link_to_the_input(run_cli, work):
+    folder, model = work
+    link = folder / "same.onnx"
+    link.hardlink_to(model)
+    apply_refused(run_cli, folder, model, link, 2, f"{link}: output path is the input")
+
+
+def test_output_is_the_rules_file(run_cli, work):
+    folder, model = work
+    rules = folder / "my.rules"
+    rules.write_text("group class *GPT2Block\n")
+    apply_refused(run_cli, folder, model, rules, 2, f"{rules}: output path is the input",
+                  rules=rules)
+
+
+def test_output_is_a_folder(run_cli, work):
+    folder, model = work
+    out = folder / "out.onnx"
+    out.mkdir()
+    apply_refused(run_cli, folder, model, out, 2, f"{out}: is a directory")
+
+
+def test_output_is_a_device(run_cli, work):
+    folder, model = work
+    apply_refused(run_cli, folder, model, Path("/dev/null"), 2,
+                  "/dev/null: exists and is not a regular file; refusing to replace it")
+    assert Path("/dev/null").is_char_device()
+
+
+def test_output_unknown_type(run_cli, work):
+    folder, model = work
+    out = folder / "out.txt"
+    apply_refused(run_cli, folder, model, out, 2, f"{out}: unknown output type '.txt'; use .onnx")
+
+
+def test_output_written_atomically(tmp_path):
+    """A writer that fails half-way leaves neither the output nor a temporary file."""
+    from rewrite.outputs import write_atomic
+
+    out = tmp_path / "out.onnx"
+    out.write_text("previous result")
+
+    def fails(tmp: Path) -> None:
+        tmp.write_text("half")
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        write_atomic(out, fails)
+    assert out.read_text() == "previous result"
+    assert listing(tmp_path) == ["out.onnx"]
+
+
+def test_output_mode_is_not_the_private_temp_mode(tmp_path):
+    from rewrite.outputs import write_text_atomic
+
+    out = tmp_path / "new.py"
+    write_text_atomic(out, "x = 1\n")
+    assert out.stat().st_mode & 0o044  # readable by others, as open() would make it
+
+
+# --- grouping errors -----------------------------------------------------------------------------
+
+
+class Inner(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        h = self.lin(x)
+        h = h * 2
+        return torch.relu(h)
+
+
+class Interleaved(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.blk = Inner()
+
+    def forward(self, x):
+        return self.blk(x) + 1
+
+
+@pytest.fixture(scope="module")
+def interleaved_pt2(tmp_path_factory):
+    """``blk`` calls lin, mul, relu; the mul is re-labelled as another module's (as when an
+    optimizer or a hand-edited program interleaves modules), so grouping ``blk`` alone would
+    need data to leave the group and come back: a cycle."""
+    program = torch.export.export(Interleaved().eval(), (torch.randn(2, 4),))
+    mul = next(n for n in program.graph.nodes if n.target == torch.ops.aten.mul.Tensor)
+    root = {k: v for k, v in mul.meta["nn_module_stack"].items() if v[0] == ""}
+    mul.meta["nn_module_stack"] = {**root, "other": ("other", "tests.Other")}
+    path = tmp_path_factory.mktemp("interleaved") / "interleaved.pt2"
+    torch.export.save(program, str(path))
+    return path
+
+
+def test_cycle_names_rule_and_nodes(run_cli, tmp_path, interleaved_pt2):
+    rules = tmp_path / "cycle.rules"
+    rules.write_text("# blk alone cannot be outlined\ngroup path blk\n")
+    before = listing(tmp_path)
+    r = run_cli("apply", rules, interleaved_pt2, "-o", tmp_path / "out.onnx")
+    assert r.code == 1, r
+    assert "Traceback" not in r.err
+    first, nodes = r.err.splitlines()[:2]
+    assert first.startswith(f"{rules}:2: error: group blk cannot be outlined")
+    assert nodes.startswith("  nodes involved: ")
+    assert {"mul", "relu"} <= set(nodes.removeprefix("  nodes involved: ").split(", "))
+    assert listing(tmp_path) == before
+    assert run_cli("explain", rules, interleaved_pt2).code == 1
+
+
+def test_flattening_the_other_way_resolves_the_cycle(run_cli, tmp_path, interleaved_pt2):
+    rules = tmp_path / "ok.rules"
+    rules.write_text("group path blk.lin\n")
+    assert run_cli("explain", rules, interleaved_pt2).code == 0
+
+
+@pytest.fixture(scope="module")
+def staged_pt2(staged_program, tmp_path_factory):
+    path = tmp_path_factory.mktemp("staged") / "staged.pt2"
+    torch.export.save(staged_program, str(path))
+    return path
+
+
+def test_split_order_against_the_data_flow(run_cli, tmp_path, staged_pt2):
+    rules = tmp_path / "split.rules"
+    rules.write_text('include "gpt2.rules"\nsplit by stage order "decode", "encode"\n')
+    r = run_cli("explain", rules, staged_pt2, "-q")
+    assert r.code == 1, r
+    first, nodes = r.err.splitlines()
+    assert first.startswith(f"{rules}:2: error: the split order contradicts the data flow: ")
+    assert nodes.startswith("  nodes involved: ")
+    ok = tmp_path / "ok.rules"
+    ok.write_text('split by stage order "encode", "decode"\n')
+    assert run_cli("explain", ok, staged_pt2).code == 0
+
+
+def test_split_order_missing_a_value(run_cli, tmp_path, staged_pt2):
+    rules = tmp_path / "split.rules"
+    rules.write_text('split by stage order "encode"\n')
+    r = run_cli("explain", rules, staged_pt2)
+    assert r.code == 1
+    assert r.err.startswith(f"{rules}:1: error: node ")
+    assert "which the split order does not list ('encode')" in r.err
+
+
+# --- fixtures -----------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny_onnx(tmp_path_factory):
+    """A small valid ONNX model (not from torch.onnx: no module metadata)."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["h"]), helper.make_node("Neg", ["h"], ["y"])],
+        "tiny",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 64])],
+        initializer=[helper.make_tensor("unused", TensorProto.FLOAT, [64], [0.5] * 64)],
+    )
+    path = tmp_path_factory.mktemp("tiny") / "tiny.onnx"
+    onnx.save(helper.make_model(graph), str(path))
+    return path
