@@ -4,12 +4,15 @@ torch.onnx's optimizer (CSE) merges equal computations: with dynamic shapes, blo
 reads a shape or mask value computed inside block ``h.0``. Left alone, ``h.0`` would return
 an extra value and ``h.1`` take an extra input, so the blocks would no longer share one
 function. So: when a node's value leaves its group for a group that is not inside it, and the
-node can be recomputed from values available where both groups meet (their common ancestor:
-graph inputs, initializers, nodes of that level) by at most ``LIMIT`` nodes that read no
-weights, hold no subgraphs and are deterministic, that *cone* is copied into the reading group,
-at the same depth as the original (``h.0/h.0.attn`` -> ``h.1/h.1.attn``). Originals left
-without readers are removed. A heavier shared node stays a value passed between the two
-functions (valid, but the two groups then get separate functions).
+node can be recomputed by at most ``LIMIT`` nodes that read no weights, hold no subgraphs and
+are deterministic, that *cone* is copied into the reading group. The cone stops at values made
+outside the original's branch (the child of the groups' common ancestor that holds it): graph
+inputs, initializers, nodes of the common ancestor or of a sibling group (``cos`` from a
+rotary-embedding group). The reader already depends on those through the original, so reading
+them directly adds no cycle. The copy goes at the same depth as the original
+(``h.0/h.0.attn`` -> ``h.1/h.1.attn``). Originals left without readers are removed. A
+heavier shared node stays a value passed between the two functions (valid, but the two groups
+then get separate functions).
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from typing import Mapping
 
 import onnx_ir as ir
 
-from rewrite.backends.onnx.boundary import detach, inner_nodes, owners
+from rewrite.backends.onnx.boundary import detach, owners
 from rewrite.backends.onnx.constants import is_weight
 from rewrite.backends.onnx.membership import Membership
 
@@ -27,6 +30,8 @@ LIMIT = 8
 
 NONDETERMINISTIC = {"RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike",
                     "Multinomial", "Bernoulli", "Dropout"}
+
+_GRAPH_ATTRS = (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS)
 
 Path = tuple[str, ...]
 
@@ -52,14 +57,16 @@ class _Recomputer:
         return _path(self.members.group_of.get(node, ""))
 
     def cone(self, node: ir.Node, level: Path) -> list[ir.Node] | None:
-        """Nodes to copy (producers first) to recompute ``node`` from values at ``level``."""
+        """Nodes to copy (producers first) to recompute ``node`` from values made outside its
+        branch below ``level``."""
+        branch = self.where(node)[: len(level) + 1]
         order: list[ir.Node] = []
         seen: set[ir.Node] = set()
 
         def visit(current: ir.Node) -> bool:
             if current in seen:
                 return True
-            if not self._copyable(current) or len(order) >= LIMIT:
+            if len(seen) >= LIMIT or not self._copyable(current):
                 return False
             seen.add(current)
             for value in current.inputs:
@@ -70,8 +77,8 @@ class _Recomputer:
                     if value.is_initializer() and is_weight(value, self.weights):
                         return False
                     continue
-                if _within(level, self.where(producer)):
-                    continue  # available where the groups meet
+                if not _within(self.where(producer), branch):
+                    continue  # made outside the original's branch: the reader can read it
                 if not visit(producer):
                     return False
             order.append(current)
@@ -80,10 +87,10 @@ class _Recomputer:
         return order if visit(node) else None
 
     def _copyable(self, node: ir.Node) -> bool:
-        return (node.graph is self.graph and node in self.members.group_of
-                and not any(True for _ in inner_nodes(node))
-                and node.domain in ("", "com.microsoft")
-                and node.op_type not in NONDETERMINISTIC)
+        return (node.domain in ("", "com.microsoft")
+                and node.op_type not in NONDETERMINISTIC
+                and node.graph is self.graph and node in self.members.group_of
+                and not any(a.type in _GRAPH_ATTRS for a in node.attributes.values()))
 
     def copy(self, node: ir.Node, target: Path, before: ir.Node, rank: int) -> ir.Node:
         """A copy of ``node`` in group ``target``, reading earlier copies where made."""
