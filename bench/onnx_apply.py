@@ -1,0 +1,197 @@
+"""``rewrite apply`` on a 48-block GPT-2 ``.pt2`` vs a plain ``torch.onnx.export``, same run.
+
+    .venv/bin/python -m bench.onnx_apply [--blocks 48] [--repeats 3] [--ort-runs 1000]
+
+1. Builds a random-weight GPT-2 (``--blocks`` blocks, width 64) and saves its ``.pt2`` in
+   ``bench/out/``.
+2. Export time, after one warm-up export, ``--repeats`` rounds, the two sides in alternating
+   order:
+   * ``rewrite apply``: the CLI in-process (``rewrite apply rules/gpt2.rules X.pt2 -o Y.onnx``:
+     load, group, torch.onnx.export, outline, write);
+   * plain: ``torch.export.load`` + ``torch.onnx.export(program, dynamo=True)`` (defaults,
+     optimize=True) + ``save``: the same work without grouping. The time of the export call
+     alone is shown too.
+   Target: rewrite apply <= 1.15x plain.
+3. onnxruntime latency of the grouped model vs the flat one (CPU, 1 thread, default graph
+   optimizations), ``--ort-runs`` runs per side interleaved in rounds of 10 after a warm-up;
+   the outputs must agree. Target: grouped <= 1.05x flat. Also the node counts of the graphs
+   onnxruntime actually runs (it inlines functions before optimizing).
+
+Medians everywhere; prints a table of times and ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+OUT = ROOT / "bench" / "out"
+RULES = ROOT / "rules" / "gpt2.rules"
+
+
+def build(blocks: int, seq: int) -> tuple[Path, np.ndarray]:
+    """Save the GPT-2 program; returns its path and an input for onnxruntime."""
+    import torch
+    from transformers import GPT2Config, GPT2Model
+
+    config = GPT2Config(n_layer=blocks, n_embd=64, n_head=4, vocab_size=1000,
+                        n_positions=max(seq, 64), use_cache=False, bos_token_id=0,
+                        eos_token_id=0)
+    torch.manual_seed(0)
+    model = GPT2Model(config).eval()
+    ids = torch.randint(0, config.vocab_size, (1, seq))
+    program = torch.export.export(model, (ids,), kwargs={"return_dict": False, "use_cache": False})
+    path = OUT / f"gpt2-{blocks}.pt2"
+    torch.export.save(program, str(path))
+    return path, ids.numpy()
+
+
+def time_apply(pt2: Path, out: Path) -> float:
+    from rewrite.cli.main import main
+
+    start = time.perf_counter()
+    with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):
+        code = main(["-q", "apply", str(RULES), str(pt2), "-o", str(out)])
+    elapsed = time.perf_counter() - start
+    if code != 0:
+        raise SystemExit(f"rewrite apply failed with exit code {code}")
+    return elapsed
+
+
+def time_plain(pt2: Path, out: Path) -> tuple[float, float]:
+    """(load + export + save, export alone); its log is muted like rewrite's."""
+    import torch
+
+    from rewrite.backends.onnx.export import _quiet_exporter
+
+    start = time.perf_counter()
+    program = torch.export.load(str(pt2))
+    begin_export = time.perf_counter()
+    with contextlib.redirect_stdout(io.StringIO()), _quiet_exporter():
+        onnx_program = torch.onnx.export(program, dynamo=True, verbose=False)
+    export = time.perf_counter() - begin_export
+    onnx_program.save(str(out))
+    return time.perf_counter() - start, export
+
+
+def ort_latency(grouped: Path, flat: Path, ids: np.ndarray, runs: int
+                ) -> tuple[float, float, int, int]:
+    """Median seconds per run of each model (interleaved in rounds of 10 runs), and the node
+    counts of the graphs onnxruntime runs after inlining functions and optimizing."""
+    import onnx
+    import onnxruntime as ort
+
+    optimized: dict[Path, int] = {}
+
+    def session(path: Path) -> ort.InferenceSession:
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = 1
+        options.inter_op_num_threads = 1
+        options.log_severity_level = 3
+        options.optimized_model_filepath = str(path.with_suffix(".ort-optimized.onnx"))
+        made = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        optimized[path] = len(onnx.load(options.optimized_model_filepath).graph.node)
+        return made
+
+    sessions = {"grouped": session(grouped), "flat": session(flat)}
+    feeds = {name: {s.get_inputs()[0].name: ids} for name, s in sessions.items()}
+    results = {name: s.run(None, feeds[name]) for name, s in sessions.items()}
+    for a, b in zip(results["grouped"], results["flat"]):
+        np.testing.assert_allclose(a, b, atol=1e-4, rtol=1e-4)
+    for name, s in sessions.items():  # warm-up
+        for _ in range(10):
+            s.run(None, feeds[name])
+    times: dict[str, list[float]] = {name: [] for name in sessions}
+    for round_ in range(max(1, runs // 10)):
+        names = list(sessions) if round_ % 2 == 0 else list(reversed(sessions))
+        for name in names:
+            s = sessions[name]
+            for _ in range(10):
+                start = time.perf_counter()
+                s.run(None, feeds[name])
+                times[name].append(time.perf_counter() - start)
+    return (statistics.median(times["grouped"]), statistics.median(times["flat"]),
+            optimized[grouped], optimized[flat])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--blocks", type=int, default=48)
+    parser.add_argument("--seq", type=int, default=32)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--ort-runs", type=int, default=1000)
+    args = parser.parse_args(argv)
+
+    import onnx_ir as ir
+    from rich.console import Console
+    from rich.table import Table
+
+    from rewrite.backends.onnx import summarize
+
+    console = Console(highlight=False)
+    OUT.mkdir(parents=True, exist_ok=True)
+    with console.status(f"building a {args.blocks}-block GPT-2 .pt2"):
+        pt2, ids = build(args.blocks, args.seq)
+    grouped_path, flat_path = OUT / f"gpt2-{args.blocks}.grouped.onnx", OUT / f"gpt2-{args.blocks}.flat.onnx"
+
+    with console.status("warm-up (first export in a process loads the torchlib registry)"):
+        time_plain(pt2, flat_path)
+    applies, plains, exports = [], [], []
+    for round_ in range(args.repeats):
+        order = ("plain", "apply") if round_ % 2 == 0 else ("apply", "plain")
+        for side in order:
+            with console.status(f"round {round_ + 1}/{args.repeats}: {side}"):
+                if side == "apply":
+                    applies.append(time_apply(pt2, grouped_path))
+                else:
+                    total, export = time_plain(pt2, flat_path)
+                    plains.append(total)
+                    exports.append(export)
+        console.print(f"round {round_ + 1}: rewrite apply {applies[-1]:.2f}s, plain "
+                      f"{plains[-1]:.2f}s (export alone {exports[-1]:.2f}s)")
+
+    grouped = ir.load(str(grouped_path))
+    blocks = [s for fid, s in summarize(grouped).items() if fid[1] == "GPT2Block"]
+    assert len(blocks) == 1 and blocks[0].instances == args.blocks, "blocks were not deduplicated"
+    nodes_flat = len(ir.load(str(flat_path)).graph)
+
+    with console.status(f"onnxruntime: {args.ort_runs} runs per model"):
+        lat_grouped, lat_flat, ort_grouped, ort_flat = ort_latency(
+            grouped_path, flat_path, ids, args.ort_runs)
+
+    apply_t, plain_t, export_t = (statistics.median(v) for v in (applies, plains, exports))
+    table = Table(title=f"GPT-2, {args.blocks} blocks (width 64, seq {args.seq}): "
+                  f"{nodes_flat} flat ONNX nodes -> {len(grouped.functions)} functions, "
+                  f"GPT2Block x{blocks[0].instances}")
+    for column in ("measure", "rewrite", "baseline", "ratio", "target"):
+        table.add_column(column, justify="left" if column == "measure" else "right")
+
+    def verdict(ratio: float, target: float) -> str:
+        return f"<= {target:.2f} " + ("[green]ok[/green]" if ratio <= target else "[red]over[/red]")
+
+    table.add_row("rewrite apply vs load + torch.onnx.export + save (median s)",
+                  f"{apply_t:.2f}", f"{plain_t:.2f}", f"{apply_t / plain_t:.3f}x",
+                  verdict(apply_t / plain_t, 1.15))
+    table.add_row("rewrite apply vs the torch.onnx.export call alone (median s)",
+                  f"{apply_t:.2f}", f"{export_t:.2f}", f"{apply_t / export_t:.3f}x", "")
+    table.add_row("onnxruntime latency, grouped vs flat (median ms)",
+                  f"{lat_grouped * 1e3:.3f}", f"{lat_flat * 1e3:.3f}",
+                  f"{lat_grouped / lat_flat:.3f}x", verdict(lat_grouped / lat_flat, 1.05))
+    console.print(table)
+    console.print(f"graphs onnxruntime runs after inlining and optimizing: grouped {ort_grouped} "
+                  f"nodes, flat {ort_flat} nodes")
+    console.print(f"runs: apply {', '.join(f'{t:.2f}' for t in applies)}; "
+                  f"plain {', '.join(f'{t:.2f}' for t in plains)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
