@@ -5,6 +5,7 @@
 >>> result = rewrite.apply(rules, "model.pt2")
 >>> result.to_onnx()   # onnx_ir.Model with nested, deduplicated local functions
 >>> result.to_fx()     # hierarchical torch.fx.GraphModule
+>>> rewrite.RewritePass(rules)(onnx_program.model)   # an onnx_ir pass, for exporters
 """
 
 from rewrite.api import Result, apply
@@ -14,11 +15,23 @@ from rewrite.grouping import Group, GroupTree
 
 __version__ = "0.1.0"
 
+
+def __getattr__(name: str):
+    """``RewritePass`` is loaded on first use (it imports onnx_ir, slow to import)."""
+    if name == "RewritePass":
+        from rewrite.passes import RewritePass
+
+        return RewritePass
+    raise AttributeError(f"module 'rewrite' has no attribute {name!r}")
+
+
 __all__ = [
     # entry points
     "apply",
     "load_rules",
     "parse_rules",
+    # exporters
+    "RewritePass",
     # results
     "Group",
     "GroupTree",

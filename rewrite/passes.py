@@ -1,0 +1,89 @@
+"""``RewritePass``: a rule set as an ``onnx_ir`` pass, for exporter pipelines.
+
+>>> onnx_program = torch.onnx.export(model, args, dynamo=True)
+>>> onnx_program.model = rewrite.RewritePass("rules/gpt2.rules")(onnx_program.model).model
+
+The model must carry the node metadata ``torch.onnx`` writes (``pkg.torch.onnx.name_scopes``,
+``pkg.torch.onnx.class_hierarchy``); :mod:`rewrite.frontends.onnx` rebuilds the module calls
+from it and says where nodes without metadata go. The pass groups the main graph exactly like
+``rewrite.apply(rules, model).to_onnx()`` and outlines the groups into nested, deduplicated
+model-local functions. Run it after torch.onnx's optimizer (``optimize=True``, the default):
+``onnxscript.optimizer.optimize`` inlines functions unless given ``inline=False``.
+
+Rule warnings (a rule that matches nothing) go to the ``rewrite`` logger; user mistakes raise
+:class:`rewrite.RewriteError` subclasses.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import onnx_ir as ir
+import onnx_ir.passes
+
+from rewrite.api import apply
+from rewrite.backends.onnx.lower import lower
+from rewrite.backends.onnx.options import OnnxOptions
+from rewrite.backends.onnx.outline import outline
+from rewrite.compile import RuleSet, load_rules
+
+logger = logging.getLogger("rewrite")
+
+
+class RewritePass(onnx_ir.passes.PassBase):
+    """Group a ``torch.onnx``-exported model by ``rules`` into model-local functions.
+
+    ``in_place=True`` (default) outlines the given model and returns it; ``in_place=False``
+    returns an outlined copy and leaves the input unchanged. ``constants``,
+    ``constant_limit`` and ``recompute`` are the :class:`OnnxOptions` of the ONNX backend.
+    ``PassResult.modified`` is True when at least one group became a function call (or
+    outlining dropped nodes left unused).
+    """
+
+    def __init__(
+        self,
+        rules: RuleSet | str | Path,
+        *,
+        in_place: bool = True,
+        constants: str = "embed",
+        constant_limit: int = 1024,
+        recompute: bool = True,
+    ) -> None:
+        self.rules = rules if isinstance(rules, RuleSet) else load_rules(rules)
+        self.options = OnnxOptions(constants=constants, constant_limit=constant_limit,
+                                   recompute=recompute)
+        self._in_place = in_place
+
+    @property
+    def in_place(self) -> bool:
+        return self._in_place
+
+    @property
+    def changes_input(self) -> bool:
+        return self._in_place
+
+    def call(self, model: ir.Model) -> ir.passes.PassResult:
+        result = apply(self.rules, model)
+        for warning in result.warnings:
+            logger.warning("%s", warning.render())
+        if not result.tree.graph.calls:
+            logger.warning("no module calls in the model (no pkg.torch.onnx.name_scopes metadata "
+                           "below the root module): group and flat rules match nothing")
+        if next(iter(result.tree.groups()), None) is None:
+            return ir.passes.PassResult(model if self._in_place else model.clone(), False)
+        before = (len(model.graph), len(model.graph.initializers))
+        if self._in_place:
+            out, outlined = model, outline(model, result.tree, self.options)
+        else:
+            lowering = lower(result, self.options)
+            out, outlined = lowering.model, lowering.outlined
+        after = (len(out.graph), len(out.graph.initializers))
+        return ir.passes.PassResult(out, bool(outlined.calls) or before != after)
+
+    def __repr__(self) -> str:
+        source = self.rules.files[0] if self.rules.files else "<rules>"
+        return f"RewritePass({source!r}, in_place={self._in_place})"
+
+
+__all__ = ["RewritePass"]
