@@ -242,3 +242,22 @@ class SharedApart(torch.nn.Module):
 def shared_apart():
     torch.manual_seed(0)
     return SharedApart().eval(), (torch.randn(2, 4),), {}
+
+
+# --- ONNX input: weights that differ between blocks --------------------------------------------
+
+
+def randomized(model_args_kwargs, seed: int = 1):
+    """The triple with every parameter redrawn, so identical blocks differ only in weights.
+
+    Fresh transformers models start with LayerNorm weights of ones and zero biases: equal in
+    every block, and the ONNX optimizer then shares one initializer between blocks. Redrawn
+    values keep the test honest: blocks can share a function only if weights are its inputs.
+    """
+    model, args, kwargs = model_args_kwargs
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for param in model.parameters():
+            base = 1.0 if param.ndim == 1 else 0.0
+            param.copy_(base + 0.1 * torch.randn(param.shape, generator=generator))
+    return model_args_kwargs
