@@ -10,7 +10,6 @@ does.
 
 from __future__ import annotations
 
-import copy
 import operator
 from typing import Any, Hashable
 
@@ -26,6 +25,21 @@ from rewrite.backends.fx.module import META_KEY, LoweredModule, new_module
 from rewrite.backends.fx.names import identifier, local_name, node_name
 from rewrite.backends.fx.source import MODULE, Attribute, FxSource, resolve_attribute
 from rewrite.backends.fx.state import register, register_module
+
+
+def _node(graph: torch.fx.Graph, op: str, target: Any, args: tuple, kwargs: dict, name: str,
+          type_expr: Any = None) -> torch.fx.Node:
+    """``graph.create_node``, with the arguments assigned after creation.
+
+    ``create_node`` scans the arguments of every call for raw SymInts to warn about; they come
+    from a valid graph here, and the scan is a tenth of the lowering time on large models.
+    """
+    node = graph.create_node(op, target, name=name, type_expr=type_expr)
+    if args:
+        node.args = args
+    if kwargs:
+        node.kwargs = kwargs
+    return node
 
 
 @frozen
@@ -71,7 +85,7 @@ class _Builder:
             for node in source.inputs:
                 new = graph.create_node("placeholder", node.target, node.args, node.kwargs,
                                         name=node.name, type_expr=node.type)
-                new.meta = copy.copy(node.meta)
+                new.meta = dict(node.meta)
                 env[node] = new
         else:
             for value in flow.inputs[gid]:
@@ -125,13 +139,13 @@ class _Builder:
             full = str(target)
             target = self.layout.relative(gid, full) if self.layout.owns(self.h, gid, full) else full
             attributes[target] = Attribute(full, resolve_attribute(self.source.modules, full).value, MODULE)
-        new = graph.create_node(
-            node.op, target,
+        new = _node(
+            graph, node.op, target,
             torch.fx.map_arg(node.args, env.__getitem__),
             torch.fx.map_arg(node.kwargs, env.__getitem__),
-            name=name(node.name), type_expr=node.type,
+            name(node.name), node.type,
         )
-        new.meta = copy.copy(node.meta)
+        new.meta = dict(node.meta)
         env[node] = new
 
     def _emit_call(self, graph, env, child, children, name) -> None:
@@ -140,28 +154,26 @@ class _Builder:
         children[location] = self.modules[child]  # type: ignore[assignment]
         leaf = h.leaf[child]
         if leaf is not None:  # the original leaf module, called as in the source graph
-            new = graph.create_node(
-                "call_module", location,
+            new = _node(
+                graph, "call_module", location,
                 torch.fx.map_arg(leaf.args, env.__getitem__),
                 torch.fx.map_arg(leaf.kwargs, env.__getitem__),
-                name=node_name(location), type_expr=leaf.type,
+                node_name(location), leaf.type,
             )
-            new.meta = copy.copy(leaf.meta)
+            new.meta = dict(leaf.meta)
             env[leaf] = new
             return
         outputs = flow.outputs[child]
         meta = call_meta(h.groups[child], h.subtree_nodes(child), outputs)
-        call = graph.create_node(
-            "call_module", location, tuple(env[v] for v in flow.inputs[child]), {},
-            name=node_name(location),
-        )
+        call = _node(graph, "call_module", location, tuple([env[v] for v in flow.inputs[child]]),
+                     {}, node_name(location))
         call.meta = meta
         if len(outputs) == 1:
             env[outputs[0]] = call
             return
         for i, output in enumerate(outputs):
-            item = graph.create_node("call_function", operator.getitem, (call, i), {},
-                                     name=name(output.name), type_expr=output.type)
+            item = _node(graph, "call_function", operator.getitem, (call, i), {},
+                         name(output.name), output.type)
             item.meta = getitem_meta(meta, output)
             env[output] = item
 

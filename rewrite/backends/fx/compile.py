@@ -25,18 +25,26 @@ from rewrite.backends.fx.module import LoweredModule
 _CODE_FIELDS = ("_code", "_lineno_map", "_prologue_start")
 
 
+_SCALARS = (bool, int, str, type(None))
+_BY_REPR = (float, complex, torch.dtype, torch.device, torch.layout, torch.memory_format)
+"""Values whose ``repr`` is what code generation writes; other objects count by identity."""
+
+
 def _freeze(arg: Any) -> Hashable:
-    if isinstance(arg, torch.fx.Node):
+    kind = type(arg)
+    if kind is torch.fx.Node:
         return ("%", arg.name)
+    if kind in _SCALARS:
+        return (kind, arg)
     if isinstance(arg, (tuple, list)):
-        return (type(arg).__name__, tuple(_freeze(a) for a in arg))
+        return (kind, tuple([_freeze(a) for a in arg]))
     if isinstance(arg, dict):
-        return ("dict", tuple((k, _freeze(v)) for k, v in arg.items()))
+        return ("dict", tuple([(k, _freeze(v)) for k, v in arg.items()]))
     if isinstance(arg, slice):
         return ("slice", _freeze(arg.start), _freeze(arg.stop), _freeze(arg.step))
-    if arg is None or isinstance(arg, (bool, int, str)):
-        return (type(arg).__name__, arg)
-    return (type(arg).__qualname__, repr(arg))
+    if kind in _BY_REPR:
+        return (kind, repr(arg))
+    return (kind, id(arg))  # the very object (a global of the generated code)
 
 
 def _target(node: torch.fx.Node) -> Hashable:

@@ -9,6 +9,7 @@ several outputs. A split component is called from the root: root stack, first fr
 from __future__ import annotations
 
 import re
+from functools import lru_cache
 from typing import Any, Iterable
 
 import torch
@@ -26,7 +27,9 @@ def _path_and_index(key: str, value: Any) -> tuple[str, int]:
     return (head if sep and tail.isdigit() else key), index  # legacy {path: class}
 
 
+@lru_cache(maxsize=1024)
 def _frames(trace: str | None, keep: int) -> str | None:
+    """The first ``keep`` frames of a stack trace (analogous blocks share their traces)."""
     if not trace or keep <= 0:
         return None
     frames = _FRAME.split(trace)

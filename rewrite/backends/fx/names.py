@@ -9,10 +9,13 @@ identical code, which is compiled once. The root keeps the original names.
 from __future__ import annotations
 
 import re
+from functools import lru_cache
 
 _SUFFIX = re.compile(r"^(.*?)_\d+$")
+_NOT_WORD = re.compile(r"\W")
 
 
+@lru_cache(maxsize=4096)
 def local_name(name: str) -> str:
     """``linear_37`` -> ``linear``; ``conv2d`` stays."""
     match = _SUFFIX.match(name)
@@ -21,7 +24,9 @@ def local_name(name: str) -> str:
 
 def identifier(text: str) -> str:
     """``h.0`` -> ``h_0``: a Python identifier for a dotted path or a tag value."""
-    out = "".join(c if c.isalnum() or c == "_" else "_" for c in text) or "_"
+    if text.isidentifier() and text.isascii():
+        return text
+    out = _NOT_WORD.sub("_", text.encode("ascii", "replace").decode()) or "_"
     return out if not out[0].isdigit() else f"_{out}"
 
 
