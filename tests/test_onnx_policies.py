@@ -201,3 +201,45 @@ def test_graph_module_without_export_is_an_input_error(shared_model):
     result = rewrite.apply(rewrite.parse_rules("group path shared"), gm)
     with pytest.raises(InputError, match="ExportedProgram"):
         result.to_onnx()
+
+
+# --- control flow ------------------------------------------------------------------------------
+
+
+class _Branchy(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+        self.other = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        y = self.lin(x)
+        return torch.cond(y.sum() > 0, lambda t: self.other(t) * 2, lambda t: t - 1, (y,))
+
+
+class _TwoBranchy(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = _Branchy()
+        self.b = _Branchy()
+
+    def forward(self, x):
+        return self.b(self.a(x))
+
+
+def test_subgraphs_read_weights_through_function_inputs():
+    torch.manual_seed(0)
+    model, x = _TwoBranchy().eval(), torch.randn(2, 4)
+    program = torch.export.export(model, (x,))
+    onnx_model = rewrite.apply(rewrite.parse_rules("group class *_Branchy"), program).to_onnx()
+    checked_proto(onnx_model)
+    assert top_calls(onnx_model) == {"_Branchy": 2}
+    (function,) = onnx_model.functions.values()
+    assert "If" in [n.op_type for n in function]
+    # the If branch reads other.weight from the enclosing scope: a function input
+    assert {"other.weight", "other.bias"} <= {v.name for v in function.inputs}
+    inputs = [10 * x, -10 * x]
+    with torch.no_grad():  # the first If takes each branch once
+        assert {bool(model.a.lin(i).sum() > 0) for i in inputs} == {True, False}
+    for i in inputs:
+        assert_matches_eager(onnx_model, (model, (i,), {}))
