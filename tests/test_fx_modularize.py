@@ -227,3 +227,51 @@ def test_onnx_models_are_refused_with_a_clear_error():
     result = SimpleNamespace(tree=SimpleNamespace(graph=SimpleNamespace(kind="onnx", source=None)))
     with pytest.raises(rewrite.InputError, match="FX output needs a PyTorch model"):
         to_fx(result)
+
+
+class WithConstants(torch.nn.Module):
+    """A plain tensor attribute and a tensor made in forward: lifted constants."""
+
+    def __init__(self):
+        super().__init__()
+        self.inner = models.Sub()
+        self.inner.table = torch.arange(4.0)
+
+    def forward(self, x):
+        return self.inner(x) * self.inner.table + torch.tensor([1.0, 2.0, 3.0, 4.0])
+
+
+def test_lifted_constants_are_attributes_outside_the_state_dict():
+    torch.manual_seed(0)
+    model, x = WithConstants().eval(), torch.randn(2, 4)
+    program = torch.export.export(model, (x,))
+    kinds = {s.kind.name for s in program.graph_signature.input_specs}
+    assert "CONSTANT_TENSOR" in kinds
+    gm = lowered(MODULARIZE, program)
+    assert_same_outputs(gm(x), model(x))
+    assert torch.equal(gm.inner.table, model.inner.table)
+    assert set(gm.state_dict()) == set(model.state_dict())
+
+
+def test_dynamic_batch(shared_model):
+    model, args, _ = shared_model
+    batch = torch.export.Dim("batch", min=2, max=64)
+    program = torch.export.export(model, args, dynamic_shapes=({0: batch},))
+    gm = lowered(MODULARIZE, program)
+    x = torch.randn(7, 4)
+    assert_same_outputs(gm(x), model(x))
+
+
+def test_tied_weights_stay_tied():
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    config = GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=100, n_positions=64,
+                        use_cache=False, bos_token_id=0, eos_token_id=0)
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(config).eval()
+    ids, kwargs = torch.randint(0, 100, (1, 8)), {"return_dict": False, "use_cache": False}
+    program = torch.export.export(model, (ids,), kwargs=kwargs)
+    gm = lowered(MODULARIZE, program)
+    assert_same_outputs(gm(ids, **kwargs), model(ids, **kwargs))
+    assert set(gm.state_dict()) == set(program.module().state_dict())
+    assert gm.get_parameter("lm_head.weight") is gm.get_parameter("transformer.wte.weight")

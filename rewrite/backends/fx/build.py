@@ -56,8 +56,8 @@ class _Builder:
         self.h, self.layout, self.flow, self.source = h, layout, flow, source
         self.modules: list[torch.nn.Module | None] = [None] * len(h)
         self.keys: dict[int, Hashable | None] = {}
-        self.held: set[int] = set()
-        """``id`` of every attribute value some module holds already."""
+        self.held: set[str] = set()
+        """Original names of the attributes some module holds already."""
 
     def build(self) -> Built:
         for gid in range(len(self.h) - 1, -1, -1):  # pre-order ids: children after parents
@@ -122,11 +122,11 @@ class _Builder:
             register_module(module, location, child)
         for relative, attribute in attributes.items():
             register(module, relative, attribute)
-            self.held.add(id(attribute.value))
+            self.held.add(attribute.fqn)
         if is_root:
             module.meta.update(source.meta)
             for attribute in source.all_attributes:  # the state no graph reads, as in the model
-                if id(attribute.value) not in self.held:
+                if attribute.fqn not in self.held:
                     register(module, attribute.fqn, attribute)
         module.graph = graph
         if not is_root:
