@@ -16,18 +16,6 @@ GPT2_RULES = ROOT / "rules" / "gpt2.rules"
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 
 
-def origin(path: Path, line: int) -> str:
-    """``file:line`` as rules loaded from ``path`` report it (relative to cwd when inside)."""
-    return f"{_display(path)}:{line}"
-
-
-def _display(path: Path) -> str:
-    try:
-        return str(path.relative_to(Path.cwd()))
-    except ValueError:
-        return str(path)
-
-
 # --- basics ----------------------------------------------------------------------------------
 
 
@@ -100,15 +88,29 @@ def test_explain_tree(run_cli, gpt2_pt2):
     rows = {line.split()[0].lstrip("├└─│ "): line.split() for line in lines[2:-1]}
     rows.update({line.split()[1]: line.split() for line in lines[2:-1] if line[0] in "├└"})
     assert rows["h.0"] == ["h.0", "GPT2Block", "40", "pkg.transformers::GPT2Block",
-                           origin(GPT2_RULES, 7)]
+                           "gpt2.rules:7"]
     assert rows["h.1.attn"] == ["├──", "h.1.attn", "GPT2Attention", "21",
-                                "pkg.transformers::GPT2Attention", origin(GPT2_RULES, 8)]
+                                "pkg.transformers::GPT2Attention", "gpt2.rules:8"]
     assert rows["h.1.mlp"][:2] == ["└──", "h.1.mlp"]
-    assert rows["wpe"][3:] == ["pkg.torch::Embedding_wpe", origin(GPT2_RULES, 10)]
+    assert rows["wpe"][3:] == ["pkg.torch::Embedding_wpe", "gpt2.rules:10"]
     assert re.fullmatch(r"9 groups, 6 function names; \d+ of \d+ operations outside any group",
                         lines[-1])
     # the shipped file has a `flat class *Dropout`, which the export keeps: no warnings
     assert r.err == ""
+
+
+def test_explain_on_a_narrow_terminal_wraps_instead_of_cutting(run_cli, gpt2_pt2, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "60")
+    monkeypatch.setattr("rich.console.Console.is_terminal", property(lambda self: True))
+    r = run_cli("explain", GPT2_RULES, gpt2_pt2, "-q")
+    assert r.code == 0
+    lines = ANSI.sub("", r.out).splitlines()
+    assert "…" not in r.out
+    assert max(len(line) for line in lines[1:-1]) <= 60  # title and summary lines never wrap
+    words = " ".join(line.strip("│├└─ ") for line in lines).split()
+    at = words.index("h.0.attn")
+    assert words[at:at + 7] == ["h.0.attn", "GPT2Attention", "21", "nodes", "->",
+                                "pkg.transformers::GPT2Attention", "gpt2.rules:8"]
 
 
 def test_explain_depth_counts_hidden_groups(run_cli, gpt2_pt2):
@@ -131,7 +133,8 @@ def test_explain_json_keeps_its_keys(run_cli, gpt2_pt2):
     block = next(g for g in data["groups"] if g["id"] == "h.0")
     assert {"id", "kind", "path", "class", "call_index", "tag_value", "rule", "function",
             "domain", "nodes", "own_nodes", "children"} <= set(block)
-    assert (block["rule"], block["function"], block["nodes"]) == (origin(GPT2_RULES, 7), "GPT2Block", 40)
+    assert block["rule"].endswith("gpt2.rules:7")  # file:line, as the rules were loaded
+    assert (block["function"], block["nodes"]) == ("GPT2Block", 40)
     assert [c["id"] for c in block["children"]] == ["h.0/h.0.attn", "h.0/h.0.mlp"]
 
 
@@ -212,11 +215,11 @@ def test_tree_with_calls_hook(gpt2_program):
     console = Console(width=300, record=True, file=io.StringIO())
     console.print(render_tree(tree, title="t", calls=calls))
     lines = console.export_text().splitlines()
-    rows = {line.split()[0]: line for line in lines[2:] if line.strip()}
+    rows = {line.split()[0]: line for line in lines[1:] if line.strip()}
     assert "GPT2Block x2" in rows["h.1"]
     assert "(inlined)" in rows["ln_f"]
     assert "(not in the ONNX graph)" in rows["wpe"]
-    assert "function (ONNX) x call sites" in lines[1]
+    assert "function (ONNX) x call sites" in lines[0]
 
 
 def test_apply_onnx(run_cli, gpt2_pt2, tmp_path):

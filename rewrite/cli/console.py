@@ -24,7 +24,9 @@ _UNBOUNDED = 10_000
 
 
 def _console(*, stderr: bool) -> Console:
-    console = Console(stderr=stderr, soft_wrap=True, highlight=False, markup=False, emoji=False)
+    # stderr never wraps (diagnostics, also the backends' messages); stdout's trees may wrap
+    console = Console(stderr=stderr, soft_wrap=stderr, highlight=False, markup=False,
+                      emoji=False)
     if not console.is_terminal:
         console.width = _UNBOUNDED
     return console

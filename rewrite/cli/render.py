@@ -13,8 +13,10 @@ from typing import Iterator, Mapping
 
 from attrs import frozen
 from rich.console import Console
+from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
+from rich.tree import Tree
 
 from rewrite.grouping import Group, GroupTree
 
@@ -72,17 +74,14 @@ def render_tree(tree: GroupTree, *, title: str, calls: Calls | None = None,
     """The group tree as a table; ``max_depth`` hides deeper groups (counted in the row)."""
     graph = tree.graph
     groups = list(tree.groups())
-    table = Table(
-        title=Text(title, style="bold"), title_justify="left", box=None, pad_edge=False,
-        show_edge=False, header_style="bold", caption=_caption(tree, groups, calls),
-        caption_justify="left",
-    )
+    table = Table(box=None, pad_edge=False, show_edge=False, header_style="bold")
     table.add_column("group", no_wrap=True)
     table.add_column("class", no_wrap=True)
     table.add_column("nodes", justify="right", no_wrap=True)
     table.add_column("function" + (" (ONNX) x call sites" if calls is not None else ""),
                      no_wrap=True)
     table.add_column("rule", style="dim", no_wrap=True)
+    origin = _origins(groups)
     top = tree.root.children
     for i, child in enumerate(top):
         for group, prefix, hidden in _rows(child, "", i == len(top) - 1, 0, max_depth):
@@ -90,10 +89,23 @@ def render_tree(tree: GroupTree, *, title: str, calls: Calls | None = None,
             if hidden:
                 key += Text(f" (+{hidden} nested)", style="dim")
             table.add_row(key, _class_cell(group, qualified), str(group.size),
-                          _function_cell(group, calls), group.origin or "")
+                          _function_cell(group, calls), origin.get(group.id, ""))
     if not groups:
         table.add_row(Text("(no groups)", style="dim"), "", str(len(graph.nodes)), "", "")
     return table
+
+
+def _origins(groups: list[Group]) -> dict[str, str]:
+    """Group id -> ``file:line`` of its rule, with the file's base name when that is unique."""
+    files = {g.origin.rsplit(":", 1)[0] for g in groups if g.origin}
+    names = {f.replace("\\", "/").rsplit("/", 1)[-1] for f in files}
+    short = len(names) == len(files)
+    out = {}
+    for g in groups:
+        if g.origin:
+            file, line = g.origin.rsplit(":", 1)
+            out[g.id] = f"{file.replace(chr(92), '/').rsplit('/', 1)[-1]}:{line}" if short else g.origin
+    return out
 
 
 def _caption(tree: GroupTree, groups: list[Group], calls: Calls | None) -> str:
@@ -116,7 +128,43 @@ def summary_line(tree: GroupTree) -> str:
     return f"{root}: {len(graph.nodes)} nodes, {len(graph.calls)} module calls"
 
 
+def render_compact(tree: GroupTree, *, title: str, calls: Calls | None = None,
+                   max_depth: int | None = None, qualified: bool = False) -> Tree:
+    """The same rows as a rich tree whose labels wrap: for terminals too narrow for the table."""
+    groups = list(tree.groups())
+    origin = _origins(groups)
+    root = Tree(Text("groups", style="bold"))
+    branches: dict[str, Tree] = {}
+    top = tree.root.children
+    for i, child in enumerate(top):
+        for group, _, hidden in _rows(child, "", i == len(top) - 1, 0, max_depth):
+            parent = branches.get(group.id.rsplit("/", 1)[0]) if "/" in group.id else root
+            label = Text.assemble(
+                (group.key, "bold"), f" (+{hidden} nested)" if hidden else "", "  ",
+                _class_cell(group, qualified), f"  {group.size} nodes  -> ",
+                _function_cell(group, calls), "  ", (origin.get(group.id, ""), "dim"),
+            )
+            branches[group.id] = (parent or root).add(label)
+    return root
+
+
 def print_tree(console: Console, tree: GroupTree, *, title: str, calls: Calls | None = None,
                max_depth: int | None = None, qualified: bool = False) -> None:
-    console.print(render_tree(tree, title=title, calls=calls, max_depth=max_depth,
-                              qualified=qualified))
+    """The title, the table when it fits the console, else the wrapping tree, then a summary.
+
+    Nothing is cut off: the title and summary lines are never wrapped, the tree's labels wrap.
+    """
+    console.print(Text(title, style="bold"), soft_wrap=True)
+    table = render_tree(tree, title=title, calls=calls, max_depth=max_depth, qualified=qualified)
+    natural = Measurement.get(console, console.options.update_width(1_000_000), table).maximum
+    if natural <= console.width and not console.is_terminal:  # a file: no trailing blanks
+        with console.capture() as captured:
+            console.print(table)
+        console.file.write("".join(line.rstrip() + "\n"
+                                   for line in captured.get().splitlines()))
+    elif natural <= console.width:
+        console.print(table)
+    else:
+        console.print(render_compact(tree, title=title, calls=calls, max_depth=max_depth,
+                                     qualified=qualified))
+    console.print(Text(_caption(tree, list(tree.groups()), calls), style="dim"), soft_wrap=True)
