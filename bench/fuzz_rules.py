@@ -39,13 +39,15 @@ PUNCTUATION = ["(", ")", ",", "=", "==", "!=", "#", '"', "{", "}", "[", "]", "@"
 PATTERNS = ["h.*", "**", "h.[0-3].attn", "*GPT2Block", "transformers.**.LlamaDecoderLayer",
             "aten.mm.*", "aten.mm", "layers.[0,2,4]", "h.[ab]", "h.[5-1x]", "h.[9-0]", "h.[]",
             "h.[", "h.]", "h.[0-99999]", "h.[0-100001]", "**.attn", "a.**", "?", "***", "<lambda>",
-            "a:b", "-", ".", "..", "*.*", "[0-3][4-5]"]
+            "a:b", "-", ".", "..", "*.*", "[0-3][4-5]", "shared@1", "h.[#x]", "h.[(,)]",
+            "h.[0-3", "h.[a-z]", "h.[z-a]", "[^a]", "h.[\\d]", "@", "h.[0-007]"]
 TEMPLATES = ["{class}", "pkg.{package}", "{clas}", "{", "}", "{class!r}", "{0}", "{}",
              "{class:>3}", "{name}_{index}", "{value}", "{{literal}}", "{qualname.x}",
              "{class[0]}", "{path}", "{module}", "", "pkg.rewrite"]
 STRINGS = ['"encode"', '"decode"', '""', '"a b"', '"\\n"', '"\\x41"', '"\\x"', '"\\N"',
            '"\\N{DASH}"', '"\\777"', '"\\u00e9"', '"é"', '"unterminated', '"tab\there"']
 TAG_NAMES = ["stage", "role", "tag", "x", "_k1", "Stage9"]
+QUOTED_TAG_NAMES = ['"stage"', '"my key"', '""', '"a.b"', '"\\x"', '"é"']
 INTEGERS = ["0", "1", "-3", "+5", "99999999999999999999", "-0", "07"]
 INCLUDES = ["ok.rules", "broken.rules", "cycle.rules", "binary.rules", "folder.rules",
             "gpt2.rules", "modularize.rules", "split_by_tags.rules", "nope.rules", "", "/", ".."]
@@ -70,7 +72,9 @@ pattern_text = st.sampled_from(PATTERNS) | st.text(
 )
 pattern = pattern_text | pattern_text.map(_quote)
 string = st.sampled_from(STRINGS) | st.sampled_from(TEMPLATES).map(_quote)
-tag_name = st.sampled_from(TAG_NAMES) | st.sampled_from(KEYWORDS)
+tag_name = st.sampled_from(TAG_NAMES) | st.sampled_from(KEYWORDS) | st.sampled_from(
+    QUOTED_TAG_NAMES
+)
 
 atom = st.one_of(
     st.tuples(st.sampled_from(["path", "class", "op"]), pattern).map(" ".join),

@@ -227,9 +227,12 @@ def test_apply_onnx(run_cli, gpt2_pt2, tmp_path):
     import onnx
 
     out = tmp_path / "gpt2.onnx"
-    r = run_cli("apply", GPT2_RULES, gpt2_pt2, "-o", out)
+    r = run_cli("apply", GPT2_RULES, gpt2_pt2, "-o", out, "-v")
     assert r.code == 0, r
+    assert r.out == ""
     assert r.err.splitlines()[-1] == f"wrote {out}"
+    # -v: what each group became
+    assert re.search(r"^h\.1 .* pkg\.transformers::GPT2Block x2 ", r.err, re.M)
     model = onnx.load(str(out))
     onnx.checker.check_model(model, full_check=True)
     assert {f.name for f in model.functions} >= {"GPT2Block", "GPT2Attention", "GPT2MLP"}

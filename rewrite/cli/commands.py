@@ -52,6 +52,12 @@ def _onnx_calls(result: rewrite.Result, io: Consoles, steps: Steps) -> Calls:
     lowering = lower(result, OnnxOptions(), Progress(steps.console))
     for warning in lowering.warnings:
         io.warning(warning)
+    return calls_of(lowering)
+
+
+def calls_of(lowering) -> Calls:
+    """Group id -> the function it became and its call sites, from the ONNX backend's
+    ``Lowering`` (``outlined.function_of`` and ``outlined.calls``)."""
     outlined = lowering.outlined
     counts = outlined.calls
     calls: dict[str, FunctionUse | None] = {}
@@ -114,7 +120,10 @@ def cmd_apply(args: argparse.Namespace, io: Consoles) -> int:
     if suffix == ".onnx":
         from rewrite.backends.onnx import save_onnx
 
-        save_onnx(result, output, console=steps.console)
+        lowering = save_onnx(result, output, console=steps.console)
+        if io.verbose:  # what each group became, on stderr (stdout stays empty)
+            print_tree(io.err, lowering.tree, title=f"{output}: functions by group",
+                       calls=calls_of(lowering), qualified=True)
     else:
         from rewrite.backends.fx import save_python
 

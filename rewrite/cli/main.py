@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     io = Consoles.create(quiet=args.quiet, verbose=args.verbose)
     try:
         with warnings.catch_warnings():
-            if not args.verbose:  # library chatter (torch, transformers) is not for users
+            if not sys.warnoptions:  # library chatter (torch, transformers); -W shows it
                 warnings.simplefilter("ignore")
             return COMMANDS[args.command](args, io)
     except RewriteError as e:
