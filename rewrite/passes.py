@@ -24,6 +24,7 @@ import onnx_ir.passes
 
 from rewrite.api import apply
 from rewrite.backends.onnx.lower import lower
+from rewrite.backends.onnx.naming import check_identity
 from rewrite.backends.onnx.options import OnnxOptions
 from rewrite.backends.onnx.outline import outline
 from rewrite.compile import RuleSet, load_rules
@@ -70,8 +71,11 @@ class RewritePass(onnx_ir.passes.PassBase):
         if not result.tree.graph.calls:
             logger.warning("no module calls in the model (no pkg.torch.onnx.name_scopes metadata "
                            "below the root module): group and flat rules match nothing")
-        if next(iter(result.tree.groups()), None) is None:
+        groups = list(result.tree.groups())
+        if not groups:
             return ir.passes.PassResult(model if self._in_place else model.clone(), False)
+        for group in groups:  # user mistakes surface before the model is touched
+            check_identity(group)
         before = (len(model.graph), len(model.graph.initializers))
         if self._in_place:
             out, outlined = model, outline(model, result.tree, self.options)

@@ -261,3 +261,18 @@ def randomized(model_args_kwargs, seed: int = 1):
             base = 1.0 if param.ndim == 1 else 0.0
             param.copy_(base + 0.1 * torch.randn(param.shape, generator=generator))
     return model_args_kwargs
+
+
+def positional(model_args_kwargs):
+    """A transformers triple with its keyword arguments bound (``return_dict=False``...), so
+    ``dynamic_shapes`` can be one tuple for ``input_ids``. Module paths are unchanged."""
+    model, args, kwargs = model_args_kwargs
+    base = type(model)
+
+    class Positional(base):  # type: ignore[misc, valid-type]
+        def forward(self, input_ids):
+            return base.forward(self, input_ids, **kwargs)
+
+    Positional.__qualname__ = f"Positional{base.__name__}"
+    model.__class__ = Positional
+    return model, args, {}

@@ -70,19 +70,6 @@ CASES = [("gpt2", True), ("gpt2", False), ("llama", True), ("llama", False),
          ("llama-dynamic", True), ("shared", True), ("shared", False)]
 
 
-def _positional(triple) -> tuple:
-    """The model with its keyword arguments bound, so ``dynamic_shapes`` is one tuple."""
-    model, args, kwargs = triple
-    base = type(model)
-
-    class Positional(base):  # type: ignore[misc, valid-type]
-        def forward(self, input_ids):
-            return base.forward(self, input_ids, **kwargs)
-
-    model.__class__ = Positional
-    return model, args, {}
-
-
 @frozen
 class Case:
     name: str
@@ -111,7 +98,7 @@ def _program(name: str, spec: Spec):
     if name not in _programs:
         triple = models.randomized(spec.make())
         if spec.dynamic:
-            triple = _positional(triple)
+            triple = models.positional(triple)
             batch, seq = torch.export.Dim("batch", max=8), torch.export.Dim("seq", max=60)
             ids = torch.randint(0, 100, (2, 8))
             program = torch.export.export(triple[0], (ids,), dynamic_shapes=({0: batch, 1: seq},))
