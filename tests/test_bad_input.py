@@ -402,3 +402,27 @@ def tiny_onnx(tmp_path_factory):
     path = tmp_path_factory.mktemp("tiny") / "tiny.onnx"
     onnx.save(helper.make_model(graph), str(path))
     return path
+
+
+def test_split_by_a_tag_no_node_has(run_cli, tmp_path, gpt2_pt2):
+    r = run_cli("explain", "split_by_tags", gpt2_pt2)
+    assert r.code == 1
+    assert r.err.splitlines() == [f"{_split_file('split_by_tags')}:5: error: no node has the tag "
+                                  "'stage' to split by"]
+
+
+def test_reserved_onnx_domain_names_the_rule(run_cli, tmp_path, gpt2_pt2):
+    pytest.importorskip("rewrite.backends.onnx", reason="the ONNX backend has not landed")
+    rules = tmp_path / "domain.rules"
+    rules.write_text('group class *GPT2MLP domain "ai.onnx"\n')
+    before = listing(tmp_path)
+    r = run_cli("apply", rules, gpt2_pt2, "-o", tmp_path / "out.onnx", "-q")
+    assert r.code == 1, r
+    assert r.err.startswith(
+        f"{rules}:1: error: group h.0.mlp: function domain 'ai.onnx' is reserved")
+    assert listing(tmp_path) == before
+
+
+def _split_file(name: str) -> str:
+    """How a shipped rules file is named in diagnostics (relative to the working folder)."""
+    return rewrite.load_rules(name).split.origin.rsplit(":", 1)[0]
