@@ -426,3 +426,16 @@ def test_reserved_onnx_domain_names_the_rule(run_cli, tmp_path, gpt2_pt2):
 def _split_file(name: str) -> str:
     """How a shipped rules file is named in diagnostics (relative to the working folder)."""
     return rewrite.load_rules(name).split.origin.rsplit(":", 1)[0]
+
+
+def test_onnx_without_module_metadata_works_with_a_warning(run_cli, tmp_path, tiny_onnx):
+    pytest.importorskip("rewrite.backends.onnx", reason="the ONNX backend has not landed")
+    model = tmp_path / "tiny.onnx"
+    model.write_bytes(tiny_onnx.read_bytes())
+    before = digest(model)
+    r = run_cli("apply", "modularize", model, "-o", tmp_path / "out.onnx")
+    assert r.code == 0, r
+    assert r.err.startswith(f"warning: {model}: no module structure: no node carries torch.onnx "
+                            "module metadata (pkg.torch.onnx.name_scopes)")
+    assert digest(model) == before
+    assert listing(tmp_path) == ["out.onnx", "tiny.onnx"]

@@ -34,14 +34,23 @@ def _group(rules: rewrite.RuleSet, model: str, io: Consoles, steps: Steps) -> re
         result = rewrite.apply(rules, model)
     io.detail(summary_line(result.tree))
     if not result.tree.graph.calls:
-        io.warning(
-            f"{model}: no module structure: no node carries nn_module_stack metadata, "
-            "so group and flat rules have nothing to match and the result stays flat (tag and "
-            "split rules still apply); export an nn.Module with torch.export.export to keep it"
-        )
+        io.warning(_no_structure(model, result.tree.graph.kind))
     for warning in result.warnings:
         io.warning(warning)
     return result
+
+
+def _no_structure(model: str, kind: str) -> str:
+    """The warning for a model without module calls (works, but nothing can be grouped)."""
+    if kind == "onnx":
+        missing = "torch.onnx module metadata (pkg.torch.onnx.name_scopes)"
+        keep = "export it with torch.onnx.export(..., dynamo=True) to keep it"
+    else:
+        missing = "nn_module_stack metadata"
+        keep = "export an nn.Module with torch.export.export to keep it"
+    return (f"{model}: no module structure: no node carries {missing}, so group and flat rules "
+            f"have nothing to match and the result stays flat (tag and split rules still "
+            f"apply); {keep}")
 
 
 def _onnx_calls(result: rewrite.Result, io: Consoles, steps: Steps) -> Calls:
