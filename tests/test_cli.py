@@ -213,7 +213,7 @@ def test_tree_with_calls_hook(gpt2_program):
     calls = {"h.0": FunctionUse("pkg.transformers::GPT2Block", 2),
              "h.1": FunctionUse("pkg.transformers::GPT2Block", 2), "ln_f": None}
     console = Console(width=300, record=True, file=io.StringIO())
-    console.print(render_tree(tree, title="t", calls=calls))
+    console.print(render_tree(tree, calls=calls))
     lines = console.export_text().splitlines()
     rows = {line.split()[0]: line for line in lines[1:] if line.strip()}
     assert "GPT2Block x2" in rows["h.1"]

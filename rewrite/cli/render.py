@@ -3,8 +3,9 @@
 Columns: the group (its module call key, ``h.0.attn`` / ``shared@1``, or split component), the
 module class, the node count (with descendants), the function it becomes, and the rule that
 made it (``file:line``). Before lowering, the function is the name the rule's templates give;
-``calls=`` (filled from the ONNX backend's outlining, ``explain --onnx``) replaces it with the
-function actually made and its call count (identical bodies share one function).
+``calls=`` (filled from the ONNX backend's outlining: ``explain --onnx``, ``apply -v``) replaces
+it with the function actually made and its call count (identical bodies share one function).
+On a terminal too narrow for the table, the same rows print as a rich tree whose labels wrap.
 """
 
 from __future__ import annotations
@@ -69,8 +70,8 @@ def _function_cell(group: Group, calls: Calls | None) -> Text:
     return Text.assemble((use.label, "green"), f" x{use.calls}")
 
 
-def render_tree(tree: GroupTree, *, title: str, calls: Calls | None = None,
-                max_depth: int | None = None, qualified: bool = False) -> Table:
+def render_tree(tree: GroupTree, *, calls: Calls | None = None, max_depth: int | None = None,
+                qualified: bool = False) -> Table:
     """The group tree as a table; ``max_depth`` hides deeper groups (counted in the row)."""
     graph = tree.graph
     groups = list(tree.groups())
@@ -97,15 +98,12 @@ def render_tree(tree: GroupTree, *, title: str, calls: Calls | None = None,
 
 def _origins(groups: list[Group]) -> dict[str, str]:
     """Group id -> ``file:line`` of its rule, with the file's base name when that is unique."""
+    def base(origin: str) -> str:
+        return origin.replace("\\", "/").rsplit("/", 1)[-1]
+
     files = {g.origin.rsplit(":", 1)[0] for g in groups if g.origin}
-    names = {f.replace("\\", "/").rsplit("/", 1)[-1] for f in files}
-    short = len(names) == len(files)
-    out = {}
-    for g in groups:
-        if g.origin:
-            file, line = g.origin.rsplit(":", 1)
-            out[g.id] = f"{file.replace(chr(92), '/').rsplit('/', 1)[-1]}:{line}" if short else g.origin
-    return out
+    short = len({base(f) for f in files}) == len(files)
+    return {g.id: base(g.origin) if short else g.origin for g in groups if g.origin}
 
 
 def _caption(tree: GroupTree, groups: list[Group], calls: Calls | None) -> str:
@@ -128,7 +126,7 @@ def summary_line(tree: GroupTree) -> str:
     return f"{root}: {len(graph.nodes)} nodes, {len(graph.calls)} module calls"
 
 
-def render_compact(tree: GroupTree, *, title: str, calls: Calls | None = None,
+def render_compact(tree: GroupTree, *, calls: Calls | None = None,
                    max_depth: int | None = None, qualified: bool = False) -> Tree:
     """The same rows as a rich tree whose labels wrap: for terminals too narrow for the table."""
     groups = list(tree.groups())
@@ -155,7 +153,7 @@ def print_tree(console: Console, tree: GroupTree, *, title: str, calls: Calls | 
     Nothing is cut off: the title and summary lines are never wrapped, the tree's labels wrap.
     """
     console.print(Text(title, style="bold"), soft_wrap=True)
-    table = render_tree(tree, title=title, calls=calls, max_depth=max_depth, qualified=qualified)
+    table = render_tree(tree, calls=calls, max_depth=max_depth, qualified=qualified)
     natural = Measurement.get(console, console.options.update_width(1_000_000), table).maximum
     if natural <= console.width and not console.is_terminal:  # a file: no trailing blanks
         with console.capture() as captured:
@@ -165,6 +163,5 @@ def print_tree(console: Console, tree: GroupTree, *, title: str, calls: Calls | 
     elif natural <= console.width:
         console.print(table)
     else:
-        console.print(render_compact(tree, title=title, calls=calls, max_depth=max_depth,
-                                     qualified=qualified))
+        console.print(render_compact(tree, calls=calls, max_depth=max_depth, qualified=qualified))
     console.print(Text(_caption(tree, list(tree.groups()), calls), style="dim"), soft_wrap=True)
