@@ -1,6 +1,6 @@
 """rewrite's FX modularize vs torch.export.unflatten on a deep GPT-2 export.
 
-    .venv/bin/python -m bench.fx_vs_unflatten [--layers 48] [--repeats 7]
+    .venv/bin/python -m bench.fx_vs_unflatten [--layers 48] [--repeats 11]
 
 Exports a random-weight GPT-2 with ``--layers`` blocks once, then times, interleaved in the
 same process, medians of ``--repeats`` runs:
@@ -11,7 +11,8 @@ same process, medians of ``--repeats`` runs:
 * each of the above plus its first forward call (rewrite compiles eagerly; unflatten's
   interpreter modules do not need compiling), so no cost hides behind a lazy first call.
 
-The program is unflattened once before timing: unflatten removes dead nodes from the program
+Torch runs single-threaded (``torch.set_num_threads(1)``): forward calls on a busy machine
+otherwise measure thread-pool contention. The program is unflattened once before timing: unflatten removes dead nodes from the program
 in place, so every timed run then sees the same graph. Outputs of both results are checked
 against eager PyTorch. Not a test: run it on a quiet machine; it prints a ratio table.
 """
@@ -51,10 +52,11 @@ def _check(module: torch.nn.Module, model, args, kwargs) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--layers", type=int, default=48)
-    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--repeats", type=int, default=11)
     parser.add_argument("--rules", default="rules/modularize.rules")
     options = parser.parse_args(argv)
     warnings.filterwarnings("ignore")
+    torch.set_num_threads(1)
 
     model, args, kwargs = models.gpt2(n_layer=options.layers)
     start = time.perf_counter()
