@@ -439,3 +439,28 @@ def test_onnx_without_module_metadata_works_with_a_warning(run_cli, tmp_path, ti
                             "module metadata (pkg.torch.onnx.name_scopes)")
     assert digest(model) == before
     assert listing(tmp_path) == ["out.onnx", "tiny.onnx"]
+
+
+# --- bad rules files ------------------------------------------------------------------------------
+
+
+def test_unusable_rules_file_is_an_input_error(run_cli, tmp_path, gpt2_pt2):
+    binary = tmp_path / "binary.rules"
+    binary.write_bytes(b"\xff\xfe\x00group any")
+    cases = {
+        tmp_path / "missing.rules": "no such rules file",
+        tmp_path: "is a directory, expected a .rules file",
+        binary: "not a UTF-8 text file",
+    }
+    for rules, reason in cases.items():
+        for argv in (("check", rules), ("explain", rules, gpt2_pt2)):
+            assert_refused(run_cli(*argv), 2, f"{rules}: {reason}")
+
+
+def test_missing_include_is_a_rules_error_at_the_include(run_cli, tmp_path):
+    rules = tmp_path / "main.rules"
+    rules.write_text('group class *X\ninclude "nowhere.rules"\n')
+    r = run_cli("check", rules)
+    assert r.code == 1
+    assert r.err.splitlines()[0] == (
+        f"{rules}:2:1: error: cannot include 'nowhere.rules': no such rules file")

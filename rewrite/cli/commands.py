@@ -11,14 +11,25 @@ from rewrite.cli.console import Consoles
 from rewrite.cli.paths import check_model_path
 from rewrite.cli.render import Calls, FunctionUse, print_tree, summary_line
 from rewrite.cli.steps import Steps
-from rewrite.errors import InputError
+from rewrite.errors import InputError, RuleError
 from rewrite.outputs import check_output_path
 
 OUTPUT_SUFFIXES = (".onnx", ".py")
 
 
+def load_rules(arg: str) -> rewrite.RuleSet:
+    """``rewrite.load_rules``; a RULES argument that is no readable file is an input error
+    (exit 2, like a missing model), while errors inside the rules keep exit 1."""
+    try:
+        return rewrite.load_rules(arg)
+    except RuleError as e:
+        if all(d.span is None for d in e.diagnostics):  # about the file, not its text
+            raise InputError("\n".join(d.message for d in e.diagnostics)) from None
+        raise
+
+
 def cmd_check(args: argparse.Namespace, io: Consoles) -> int:
-    rules = rewrite.load_rules(args.rules)
+    rules = load_rules(args.rules)
     if not io.quiet:
         n = len(rules.rules) + (1 if rules.split else 0)
         files = f" from {len(rules.files)} files" if len(rules.files) > 1 else ""
@@ -100,7 +111,7 @@ def _json(result: rewrite.Result, args: argparse.Namespace, calls: Calls | None)
 
 
 def cmd_explain(args: argparse.Namespace, io: Consoles) -> int:
-    rules = rewrite.load_rules(args.rules)
+    rules = load_rules(args.rules)
     check_model_path(args.model)
     steps = Steps(io)
     result = _group(rules, args.model, io, steps)
@@ -115,7 +126,7 @@ def cmd_explain(args: argparse.Namespace, io: Consoles) -> int:
 
 
 def cmd_apply(args: argparse.Namespace, io: Consoles) -> int:
-    rules = rewrite.load_rules(args.rules)
+    rules = load_rules(args.rules)
     check_model_path(args.model)
     output = check_output_path(args.output, [args.model, args.rules, *rules.files])
     suffix = output.suffix.lower()
