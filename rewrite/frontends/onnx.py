@@ -25,6 +25,7 @@ FX program) passes ``resolve``: its facts are used as they are.
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator, Mapping
 
@@ -59,6 +60,17 @@ def onnx_target(node: "ir.Node") -> str:
     return f"{node.domain or 'ai.onnx'}::{node.op_type}"
 
 
+_PLAIN_LIST = re.compile(r"\[(?:'[^'\\]*'(?:, '[^'\\]*')*)?\]")
+
+
+def _parse_list(text: str) -> object:
+    """``ast.literal_eval`` of a list repr, with a fast path for lists of plain strings
+    (``['', 'h.0', 'addmm']``: no quotes or backslashes inside), which is what torch writes."""
+    if _PLAIN_LIST.fullmatch(text):
+        return text[2:-2].split("', '") if len(text) > 2 else []
+    return ast.literal_eval(text)
+
+
 def read_scopes(node: "ir.Node") -> tuple[list[str], list[str]] | None:
     """``(name_scopes, class_hierarchy)`` from a node's metadata, None when absent/unusable."""
     props = node.metadata_props
@@ -67,8 +79,8 @@ def read_scopes(node: "ir.Node") -> tuple[list[str], list[str]] | None:
     if not scopes_text or not classes_text:
         return None
     try:
-        scopes = ast.literal_eval(scopes_text)
-        classes = ast.literal_eval(classes_text)
+        scopes = _parse_list(scopes_text)
+        classes = _parse_list(classes_text)
     except (ValueError, SyntaxError, MemoryError, RecursionError):
         return None
     if not isinstance(scopes, list) or not isinstance(classes, list):
