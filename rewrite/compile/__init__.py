@@ -1,6 +1,16 @@
 """Stage 3: AST -> RuleSet of compiled matchers."""
 
 from rewrite.compile.ruleset import Rule, RuleSet, Split, load_rules, parse_rules
-from rewrite.compile.selectors import Facts, compile_selector
+from rewrite.compile.selectors import Facts, Subjects, compile_mask, compile_selector
 
-__all__ = ["Facts", "Rule", "RuleSet", "Split", "compile_selector", "load_rules", "parse_rules"]
+__all__ = [
+    "Facts",
+    "Rule",
+    "RuleSet",
+    "Split",
+    "Subjects",
+    "compile_mask",
+    "compile_selector",
+    "load_rules",
+    "parse_rules",
+]

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import re
+from typing import Sequence
 
 _MAX_RANGE = 100_000
 
@@ -113,18 +114,27 @@ def glob_regex(pattern: str) -> re.Pattern[str]:
 class Glob:
     """A compiled pattern with a memo of the strings it was asked about."""
 
-    __slots__ = ("pattern", "_regex", "_memo")
+    __slots__ = ("pattern", "_regex", "_memo", "matches_all")
 
     def __init__(self, pattern: str):
         self.pattern = pattern
         self._regex = glob_regex(pattern)
         self._memo: dict[str, bool] = {}
+        self.matches_all = len(pattern) >= 2 and set(pattern) == {"*"}
+        """``**``: true for every text."""
 
     def __call__(self, text: str) -> bool:
         hit = self._memo.get(text)
         if hit is None:
             hit = self._memo[text] = self._regex.match(text) is not None
         return hit
+
+    def test_all(self, texts: Sequence[str]) -> list[bool]:
+        """Whether each text matches, without the memo (for texts that rarely repeat)."""
+        if self.matches_all:
+            return [True] * len(texts)
+        match = self._regex.match
+        return [match(t) is not None for t in texts]
 
 
 class ClassGlob(Glob):

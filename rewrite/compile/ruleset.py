@@ -14,7 +14,7 @@ from pathlib import Path
 from attrs import field, frozen
 
 from rewrite.compile import templates
-from rewrite.compile.selectors import Predicate, compile_selector
+from rewrite.compile.selectors import Mask, Predicate, compile_mask, compile_selector
 from rewrite.errors import Diagnostic, RuleError
 from rewrite.lang import ast, parse_text
 from rewrite.lang.source import Span
@@ -35,6 +35,8 @@ class Rule:
     domain_template: str = templates.DEFAULT_DOMAIN
     assignments: tuple[tuple[str, str], ...] = ()
     selector: ast.Selector | None = field(default=None, repr=False, eq=False)
+    mask: Mask | None = field(default=None, repr=False, eq=False)
+    """The selector over many subjects at once (see :func:`compile_mask`)."""
 
     @property
     def origin(self) -> str:
@@ -131,15 +133,11 @@ class _Compiler:
             domain = templates.check_template(
                 s.domain or templates.DEFAULT_DOMAIN, s.domain_span or s.span
             )
-            self._add(Rule("group", compile_selector(s.selector), s.span, len(self.rules),
-                           s.priority, name, domain, selector=s.selector))
+            self._add("group", s, name_template=name, domain_template=domain)
         elif isinstance(s, ast.FlatRule):
-            self._add(Rule("flat", compile_selector(s.selector), s.span, len(self.rules),
-                           s.priority, selector=s.selector))
+            self._add("flat", s)
         elif isinstance(s, ast.TagRule):
-            assignments = tuple((a.key, a.value) for a in s.assignments)
-            self._add(Rule("tag", compile_selector(s.selector), s.span, len(self.rules),
-                           s.priority, assignments=assignments, selector=s.selector))
+            self._add("tag", s, assignments=tuple((a.key, a.value) for a in s.assignments))
         elif isinstance(s, ast.SplitRule):
             if self.split is not None:
                 raise RuleError([
@@ -148,8 +146,11 @@ class _Compiler:
                 ])
             self.split = Split(s.key, s.order, s.span)
 
-    def _add(self, rule: Rule) -> None:
-        self.rules.append(rule)
+    def _add(self, kind: str, s: ast.GroupRule | ast.FlatRule | ast.TagRule, **options) -> None:
+        self.rules.append(Rule(
+            kind, compile_selector(s.selector), s.span, len(self.rules), s.priority,
+            selector=s.selector, mask=compile_mask(s.selector), **options,
+        ))
 
 
 def _display(path: Path) -> str:

@@ -55,3 +55,33 @@ def call_fields(call: ModuleCall) -> dict[str, str]:
 
 def render(template: str, fields: dict[str, str]) -> str:
     return template.format_map(fields)
+
+
+_CLASS_FIELDS = frozenset(("class", "qualname", "package", "module"))
+_PATH_FIELDS = frozenset(("path", "name"))
+
+
+class Renderer:
+    """Renders templates for many calls, once per distinct value of the fields they use."""
+
+    def __init__(self) -> None:
+        self._uses: dict[str, tuple[bool, bool, bool]] = {}
+        self._memo: dict[tuple, str] = {}
+
+    def _fields_used(self, template: str) -> tuple[bool, bool, bool]:
+        used = self._uses.get(template)
+        if used is None:
+            names = {f for _, f, _, _ in string.Formatter().parse(template) if f is not None}
+            used = self._uses[template] = (
+                bool(names & _CLASS_FIELDS), bool(names & _PATH_FIELDS), "index" in names
+            )
+        return used
+
+    def __call__(self, template: str, call: ModuleCall) -> str:
+        by_class, by_path, by_index = self._fields_used(template)
+        key = (template, call.cls if by_class else None, call.path if by_path else None,
+               call.index if by_index else None)
+        text = self._memo.get(key)
+        if text is None:
+            text = self._memo[key] = render(template, call_fields(call))
+        return text

@@ -32,14 +32,14 @@ from __future__ import annotations
 
 import contextlib
 import gc
-from itertools import accumulate
 from typing import Any, Iterator, Mapping
 
+import numpy as np
 import torch
 
 from rewrite.frontends.calls import distinct_calls, split_runs
 from rewrite.ir import Graph, ModuleCall, Node, Stack
-from rewrite.ir.columns import EMPTY_TAGS, Interner, TagSets, build_columns
+from rewrite.ir.columns import EMPTY_TAGS, Interner, StackInterner, TagSets, build_columns
 from rewrite.ir.nodes import LazyNodes
 
 EMPTY_STACK_KEY = "_empty_nn_module_stack_from_metadata_hook"
@@ -97,52 +97,73 @@ class _StackReader:
     """Parses ``nn_module_stack`` dicts into interned stacks, once per distinct tuple of keys.
 
     ``read`` returns the id of the stack in :attr:`table`; equal stacks share one id and one
-    tuple, and every call is one :class:`ModuleCall` object.
+    tuple, every call is one :class:`ModuleCall` object, numbered in order of first
+    appearance (outer calls first), and each stack is also known by its call numbers.
     """
 
     def __init__(self) -> None:
-        self.table = Interner()
+        self.table = StackInterner()
         self._ids: dict[tuple, int] = {}
         self._entries: dict[Any, tuple[Any, ModuleCall | None]] = {}
         self._classes: dict[Any, str] = {}
+        self._calls: dict[tuple[str, str, int], ModuleCall] = {}
+        self._number: dict[int, int] = {}  # id(call) -> its index in calls
         self.root_class: str | None = None
         self.saw_root = False
         self.legacy = False
         """Whether some entry had the ``{path: cls}`` form (no call indices)."""
-        self._calls: dict[tuple[str, str, int], ModuleCall] = {}
+        self.empty = self.table.id((), ())
+        self.unknown = self.table.id(None, None)
 
     @property
     def calls(self) -> tuple[ModuleCall, ...]:
         """Every call, in order of first appearance (outer calls before inner ones)."""
         return tuple(self._calls.values())
 
-    def read(self, raw: Mapping) -> int:
-        keys = tuple(raw)
+    def read(self, raw: Mapping, keys: tuple | None = None) -> int:
+        """The stack id of one ``nn_module_stack`` (``keys``: ``tuple(raw)`` if known)."""
+        keys = tuple(raw) if keys is None else keys
         found = self._ids.get(keys)
         if found is None:
             found = self._read_new(raw, keys)
         return found
 
     def _read_new(self, raw: Mapping, keys: tuple) -> int:
-        """Parse the stack of ``keys`` from the stack of ``keys[:-1]`` (memoized too)."""
-        above: Stack | None = None
+        """Parse the stack of ``keys`` from the stack of ``keys[:-1]`` (memoized too).
+
+        Hot: one call per distinct stack of the graph, so it is written flat."""
+        ids = self._ids
+        parent = self.unknown
         if len(keys) > 1:
-            parent = self._ids.get(keys[:-1])
+            parent = ids.get(keys[:-1])
             if parent is None:
                 parent = self._read_new(raw, keys[:-1])
-            above = self.table.values[parent]
         last = keys[-1]
         if last == EMPTY_STACK_KEY:
-            stack = above
+            ids[keys] = parent
+            return parent
+        value = raw[last]
+        known = self._entries.get(last)
+        if known is not None and (known[0] is value or known[0] == value):
+            call = known[1]
         else:
-            call = self._call(last, raw[last])
-            stack = (above or ()) + ((call,) if call is not None else ())
-        found = self._ids[keys] = self.intern(stack)
+            call = self._entry(last, value)
+            self._entries[last] = (value, call)
+        if call is None:  # the root entry
+            found = parent if parent != self.unknown else self.empty
+        else:
+            table = self.table
+            above_calls = table.calls[parent]
+            if above_calls is None:
+                above_calls, above, parent = (), (), self.empty
+            else:
+                above = table.stacks[parent]
+            call_ids = above_calls + (self._number[id(call)],)
+            found = table.get(call_ids)
+            if found is None:
+                found = table.id(call_ids, above + (call,), parent)
+        ids[keys] = found
         return found
-
-    def intern(self, stack: Stack | None) -> int:
-        """The id of ``stack`` (its calls must come from this reader)."""
-        return self.table.id_by(None if stack is None else tuple(map(id, stack)), stack)
 
     def _class(self, cls: Any) -> str:
         try:
@@ -154,29 +175,26 @@ class _StackReader:
         return name
 
     def _entry(self, key: Any, value: Any) -> ModuleCall | None:
-        if isinstance(value, tuple) and len(value) == 2:
+        if type(value) is tuple and len(value) == 2:
             path, cls = value
+            if type(path) is not str:
+                path = str(path)
         else:  # {path: cls}
             self.legacy = True
-            path, cls = str(key).rpartition("@")[0] or key, value
-        path = str(path)
+            path, cls = str(key).rpartition("@")[0] or str(key), value
         if path == "":
             self.saw_root = True
             if self.root_class is None:
                 self.root_class = self._class(cls)
             return None
-        cls_name, index = self._class(cls), _call_index(str(key))
+        key = key if type(key) is str else str(key)
+        at = key.rfind("@")
+        index = int(key[at + 1:]) if at >= 0 and key[at + 1:].isdigit() else 0
+        cls_name = self._class(cls)
         call = self._calls.get((path, cls_name, index))
         if call is None:  # two keys may name one call (another tracer's spelling)
             call = self._calls[(path, cls_name, index)] = ModuleCall(path, cls_name, index)
-        return call
-
-    def _call(self, key: Any, value: Any) -> ModuleCall | None:
-        known = self._entries.get(key)
-        if known is not None and (known[0] is value or known[0] == value):
-            return known[1]
-        call = self._entry(key, value)
-        self._entries[key] = (value, call)
+            self._number[id(call)] = len(self._number)
         return call
 
 
@@ -211,15 +229,14 @@ def _read(graph: torch.fx.Graph, source: Any, root_class: str | None,
     is_io = [op in _IO_OPS for op in ops]
 
     reader = _StackReader()
-    empty_id = reader.intern(_EMPTY)
-    unknown = reader.intern(None)
+    empty_id, unknown = reader.empty, reader.unknown
     raws = [_IO if io else m.get("nn_module_stack") for m, io in zip(metas, is_io)]
     keys = [r if r is _IO else tuple(r) if r else None for r in raws]
     ids: dict[Any, int] = {_IO: empty_id, None: unknown}
     for key, raw in dict(zip(keys, raws)).items():  # first appearance order
         if key not in ids:
-            ids[key] = reader.read(raw)
-    stack_id = list(map(ids.__getitem__, keys))
+            ids[key] = reader.read(raw, key)
+    stack_id = np.fromiter(map(ids.__getitem__, keys), dtype=np.int32, count=size)
     del raws, keys
 
     targets = Interner()
@@ -227,34 +244,54 @@ def _read(graph: torch.fx.Graph, source: Any, root_class: str | None,
     tag_sets = TagSets()
     tags_id = _tag_ids(fx_nodes, metas, tag_sets)
     lookup = index_of.__getitem__
-    flat = [lookup(x) for n in fx_nodes for x in _input_nodes(n)]
-    start = [0]
-    start.extend(accumulate(len(_input_nodes(n)) for n in fx_nodes))
-    del index_of, metas
+    inputs = [_input_nodes(n) for n in fx_nodes] if size and not hasattr(
+        fx_nodes[0], "_input_nodes") else [n._input_nodes for n in fx_nodes]
+    flat = [lookup(x) for ins in inputs for x in ins]
+    start = np.zeros(size + 1, dtype=np.int64)
+    np.cumsum(list(map(len, inputs)), out=start[1:])
+    del index_of, metas, inputs
 
-    table = reader.table.values
-    if not reader.saw_root and len(table) > 2:
+    table = reader.table
+    if not reader.saw_root and len(table.stacks) > 2:
         # symbolic_trace: a node traced in the root module's forward carries no stack
         root_ops = _ROOT_LEVEL_OPS
-        stack_id = [empty_id if k == unknown and op in root_ops else k
-                    for op, k in zip(ops, stack_id)]
+        at_root = np.fromiter((op in root_ops for op in ops), dtype=bool, count=size)
+        stack_id = np.where(at_root & (stack_id == unknown), empty_id, stack_id).astype(np.int32)
     if reader.legacy if split_calls is None else split_calls:
-        split = split_runs([None if io else table[k] for io, k in zip(is_io, stack_id)])
-        fresh = Interner()
-        stack_id = [fresh.id_by((), _EMPTY) if io else
-                    fresh.id_by(None if st is None else tuple(map(id, st)), st)
-                    for io, st in zip(is_io, split)]
-        table = fresh.values
-        calls = distinct_calls(table)
+        split = split_runs([None if io else table.stacks[k]
+                            for io, k in zip(is_io, stack_id.tolist())])
+        calls = distinct_calls(split)
+        table, stack_id = _renumber(calls, split, is_io)
     else:
         calls = reader.calls
 
-    columns = build_columns(table, stack_id, targets.values, target_id, tag_sets.values,
-                            tags_id, is_io, start, flat)
-    nodes = _lazy_nodes(fx_nodes, ops, targets.values, target_id, table, stack_id,
+    columns = build_columns(table.stacks, stack_id, targets.values, target_id, tag_sets.values,
+                            tags_id, is_io, start, flat, table.calls, table.parents)
+    nodes = _lazy_nodes(fx_nodes, ops, targets.values, target_id, table.stacks, stack_id,
                         tag_sets.values, tags_id, is_io, flat, start)
     return Graph(nodes, calls, "fx", root_class or reader.root_class, source,
                  columns=columns)
+
+
+def _renumber(calls: tuple[ModuleCall, ...], stacks: list[Stack | None], is_io: list[bool]
+              ) -> tuple[StackInterner, list[int]]:
+    """Intern split stacks (calls numbered as in ``calls``) and give each node its stack id."""
+    number = {id(c): i for i, c in enumerate(calls)}
+    table = StackInterner()
+    empty = table.id((), ())
+    table.id(None, None)
+    out = []
+    for io, stack in zip(is_io, stacks):
+        if io or stack is None:
+            out.append(empty if io else table.get(None))
+            continue
+        ids = tuple(number[id(c)] for c in stack)
+        found = table.get(ids)
+        if found is None:
+            parent = table.get(ids[:-1])
+            found = table.id(ids, stack, -1 if parent is None else parent)
+        out.append(found)
+    return table, out
 
 
 def _target_ids(fx_nodes: list[torch.fx.Node], targets: Interner) -> list[int]:
@@ -271,25 +308,16 @@ def _tag_ids(fx_nodes: list[torch.fx.Node], metas: list[dict], tag_sets: TagSets
     """Per node, the id of its tag set (``meta["custom"]`` and ``node.tag``)."""
     customs = [m.get("custom") for m in metas]
     tags = [getattr(n, "tag", None) for n in fx_nodes]
-    if not any(customs) and all(t is None for t in tags):
+    no_tag = all(t is None for t in tags)
+    if not any(customs) and no_tag:
         return [0] * len(fx_nodes)
-    memo: dict[tuple, int] = {}
-    out = []
-    for custom, tag in zip(customs, tags):
-        if not custom and tag is None:
-            out.append(0)
-            continue
-        try:
-            key = (tuple(custom.items()) if isinstance(custom, dict) else (), tag)
-            found = memo.get(key)
-        except TypeError:  # unhashable values
-            key, found = None, None
-        if found is None:
-            found = tag_sets.id(_tags(custom, tag))
-            if key is not None:
-                memo[key] = found
-        out.append(found)
-    return out
+    try:
+        keys = [(tuple(c.items()) if type(c) is dict and c else None, t)
+                for c, t in zip(customs, tags)]
+        ids = {k: tag_sets.id(_tags(dict(k[0] or ()), k[1])) for k in dict.fromkeys(keys)}
+        return list(map(ids.__getitem__, keys))
+    except TypeError:  # unhashable tag values: one node at a time
+        return [tag_sets.id(_tags(c, t)) for c, t in zip(customs, tags)]
 
 
 def _tags(custom: Any, tag: Any) -> dict[str, str]:
@@ -304,22 +332,30 @@ def _tags(custom: Any, tag: Any) -> dict[str, str]:
 
 
 def _lazy_nodes(fx_nodes, ops, target_text, target_id, table, stack_id, tag_values, tags_id,
-                is_io, flat, start) -> LazyNodes:
-    """``Graph.nodes``: each :class:`Node` built from the lists on first access."""
+                is_io, flat, start: np.ndarray) -> LazyNodes:
+    """``Graph.nodes``: each :class:`Node` built from the columns on first access."""
+    lists: list[list] = []
+
+    def columns() -> list[list]:
+        if not lists:
+            lists.extend(np.asarray(c).tolist() for c in (target_id, stack_id, tags_id, start))
+        return lists
 
     def make(i: int) -> Node:
+        targets, stacks, tags, bounds = columns()
         fx_node = fx_nodes[i]
-        return Node(i, fx_node.name, ops[i], target_text[target_id[i]],
-                    tuple(flat[start[i]:start[i + 1]]), table[stack_id[i]],
-                    tag_values[tags_id[i]], is_io[i], fx_node)
+        return Node(i, fx_node.name, ops[i], target_text[targets[i]],
+                    tuple(flat[bounds[i]:bounds[i + 1]]), table[stacks[i]],
+                    tag_values[tags[i]], is_io[i], fx_node)
 
     def make_all() -> list[Node]:
+        targets, stacks, tags, bounds = columns()
         with gc_paused():
             return [
                 Node(i, n.name, op, target_text[t], tuple(flat[a:b]), table[k], tag_values[g],
                      io, n)
                 for i, (n, op, t, k, g, io, a, b) in enumerate(
-                    zip(fx_nodes, ops, target_id, stack_id, tags_id, is_io, start, start[1:])
+                    zip(fx_nodes, ops, targets, stacks, tags, is_io, bounds, bounds[1:])
                 )
             ]
 

@@ -1,69 +1,40 @@
 """Which module calls become groups: the winning group or flat rule of each call.
 
-A call is asked about by its own path and class; ``op`` tests look at every node inside the
-call, tag tests require every node inside the call to carry the tag (see
-``rewrite.compile.selectors``). Among matching rules the highest ``priority`` wins, then the
-rule written last.
+Every call is decided on its own. Among the group and flat rules whose selector matches the
+call, the one with the highest ``priority`` wins; on equal priority the rule written last
+wins (after includes are spliced in where they stand). A ``group`` winner makes the call a
+group; a ``flat`` winner, or no matching rule, leaves it inline: its nodes belong to the
+nearest enclosing group. A call's decision does not depend on its parents' or children's, so
+``flat`` on a block does not flatten the attention group inside it.
+
+A call is asked about by its own path, key and class; ``op`` tests look at every node inside
+the call, tag tests require every node inside the call to carry the tag (see
+:mod:`rewrite.compile.selectors`). Each rule is evaluated once for all calls
+(:class:`~rewrite.grouping.subjects.CallSubjects`).
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from typing import Mapping
+from typing import Sequence
 
-from rewrite.compile import Facts, Rule
-from rewrite.compile.selectors import uses
-from rewrite.ir import Graph, ModuleCall, Stack
-from rewrite.lang import ast
+import numpy as np
 
-
-def _call_contents(
-    graph: Graph, stacks: list[Stack], tags: list[Mapping[str, str]]
-) -> tuple[dict[ModuleCall, set[str]], dict[ModuleCall, dict[str, str]]]:
-    """Per call: the op targets of its nodes and the tags all of its nodes share."""
-    ops: dict[ModuleCall, set[str]] = {}
-    common: dict[ModuleCall, dict[str, str]] = {}
-    for node in graph.nodes:
-        node_tags = tags[node.index]
-        for call in stacks[node.index]:
-            ops.setdefault(call, set()).add(node.target)
-            shared = common.get(call)
-            if shared is None:
-                common[call] = dict(node_tags)
-            elif shared:
-                for key in [k for k, v in shared.items() if node_tags.get(k) != v]:
-                    del shared[key]
-    return ops, common
+from rewrite.compile import Rule, Subjects
 
 
-def decide_calls(
-    graph: Graph,
-    calls: list[ModuleCall],
-    stacks: list[Stack],
-    tags: list[Mapping[str, str]],
-    rules: tuple[Rule, ...],
-    hits: Counter,
-) -> dict[ModuleCall, Rule]:
-    """The group rule of every call that becomes a group (flat and unmatched calls left out)."""
-    if not rules:
-        return {}
-    needs_contents = any(
-        uses(r.selector, ast.OpSelector) or uses(r.selector, ast.TagSelector) for r in rules
-    )
-    ops: dict[ModuleCall, set[str]] = {}
-    common: dict[ModuleCall, dict[str, str]] = {}
-    if needs_contents:
-        ops, common = _call_contents(graph, stacks, tags)
+def decide_calls(subjects: Subjects, rules: Sequence[Rule], hits: Counter) -> list[Rule | None]:
+    """Per call id: the group rule that makes it a group, or None (flat or unmatched)."""
+    winner = np.full(subjects.size, -1, dtype=np.int64)
     ranked = sorted(rules, key=lambda r: (r.priority, r.order), reverse=True)
-    chosen: dict[ModuleCall, Rule] = {}
-    for call in calls:
-        facts = Facts((call.path,), (call.cls,), ops.get(call, ()), common.get(call, {}))
-        winner = None
-        for rule in ranked:
-            if rule.predicate(facts):
-                hits[rule.order] += 1
-                if winner is None:
-                    winner = rule
-        if winner is not None and winner.kind == "group":
-            chosen[call] = winner
+    for rank, rule in enumerate(ranked):
+        matched = rule.mask(subjects)
+        count = int(matched.sum())
+        hits[rule.order] += count
+        if count:
+            winner[matched & (winner < 0)] = rank
+    chosen: list[Rule | None] = [None] * subjects.size
+    for call, rank in enumerate(winner.tolist()):
+        if rank >= 0 and ranked[rank].kind == "group":
+            chosen[call] = ranked[rank]
     return chosen

@@ -1,56 +1,102 @@
 """Where nodes without a module stack go: with their users.
 
-A node with an unknown stack (no ``nn_module_stack``, e.g. ``get_attr`` constants, or nodes an
-optimizer made) takes the longest common prefix of its users' stacks, so a constant used by
-one block is recomputed inside that block's function, and one used by several blocks stays
-in their common parent. A node whose users are all unknown too is resolved after them
-(reverse topological order); a node with no users goes to its producers' common prefix, or
-the top level. Graph inputs and outputs always stay at the top level.
+A node whose stack is unknown (no ``nn_module_stack``: ``get_attr`` constants, nodes a pass or
+an optimizer made) takes the longest common prefix of its users' stacks. So a constant used by
+one block goes inside that block (and is recomputed in its function), one used by several
+blocks stays in their common parent, and one read by the graph output stays at the top level.
+Users whose own stack is unknown are placed first (reverse topological order). A node with no
+placed user (dead code) takes the common prefix of its producers' stacks, or the top level.
+Graph inputs and outputs always stay at the top level.
+
+The work is per unknown node; known nodes only cost an array copy.
 """
 
 from __future__ import annotations
 
-from rewrite.ir import Graph, Stack
+import numpy as np
+from attrs import frozen
+
+from rewrite.grouping.stacks import StackTable
+from rewrite.ir import Columns
+
+_UNPLACED = -1
 
 
-def common_prefix(a: Stack, b: Stack) -> Stack:
-    if a is b:
-        return a
+def common_prefix(a, b):
+    """The longest common prefix of two stacks (kept for callers of the old API)."""
     n = min(len(a), len(b))
     i = 0
-    while i < n and a[i] is b[i]:
+    while i < n and (a[i] is b[i] or a[i] == b[i]):
         i += 1
     return a if i == len(a) else a[:i]
 
 
-def place_nodes(graph: Graph, users: list[list[int]]) -> list[Stack]:
-    """The effective stack of every node."""
-    nodes = graph.nodes
-    stacks: list[Stack | None] = [n.stack for n in nodes]
-    empty: Stack = ()
-    for node in nodes:
-        if node.is_io:
-            stacks[node.index] = empty
-    for i in range(len(nodes) - 1, -1, -1):
-        if stacks[i] is not None:
-            continue
-        found: Stack | None = None
-        for u in users[i]:
-            s = stacks[u]
-            if s is None:
+@frozen
+class Placement:
+    """Where every node goes, and an order of the nodes that keeps placed nodes together."""
+
+    stack: np.ndarray
+    """The effective stack id of every node (ids of the table; never unknown)."""
+    position: np.ndarray | None
+    """A topological order (position per node) in which each placed node sits right before
+    its first user; None when no node was placed (the graph order)."""
+
+
+def place_nodes(columns: Columns, table: StackTable) -> Placement:
+    """Place the nodes whose stack is unknown (see the module docstring)."""
+    sid = table.canon[columns.stack_id]
+    sid[columns.is_io] = table.empty
+    unknown = np.flatnonzero(table.is_unknown()[sid])
+    if unknown.size == 0:
+        return Placement(sid, None)
+
+    producer, consumer = columns.edges()
+    mark = np.zeros(columns.size, dtype=bool)
+    mark[unknown] = True
+    picked = mark[producer]
+    by_producer = np.argsort(producer[picked], kind="stable")
+    user_of = consumer[picked][by_producer]
+    sorted_producer = producer[picked][by_producer]
+    low = np.searchsorted(sorted_producer, unknown, side="left")
+    high = np.searchsorted(sorted_producer, unknown, side="right")
+
+    placed = sid.tolist()
+    for i in unknown.tolist():
+        placed[i] = _UNPLACED
+    anchor: dict[int, int] = {}  # unknown node -> index of the first known node it feeds
+    is_io = columns.is_io
+    empty = table.empty
+    for k in range(unknown.size - 1, -1, -1):
+        found = _UNPLACED
+        users = user_of[low[k]:high[k]].tolist()
+        node = int(unknown[k])
+        anchor[node] = min((anchor.get(u, u) for u in users), default=node)
+        for u in users:
+            s = placed[u]
+            if s == _UNPLACED:
                 continue
-            if nodes[u].is_io:
+            if is_io[u]:
                 found = empty
                 break
-            found = s if found is None else common_prefix(found, s)
-            if not found:
+            found = s if found == _UNPLACED else table.common_prefix(found, s)
+            if found == empty:
                 break
-        stacks[i] = found
-    for i, s in enumerate(stacks):
-        if s is None:  # dead code: go with producers
-            found = None
-            for p in nodes[i].inputs:
-                ps = stacks[p] or empty
-                found = ps if found is None else common_prefix(found, ps)
-            stacks[i] = found or empty
-    return stacks  # type: ignore[return-value]
+        placed[int(unknown[k])] = found
+
+    start, inputs = columns.input_start, columns.input_index
+    for i in unknown.tolist():
+        if placed[i] != _UNPLACED:
+            continue
+        found = _UNPLACED  # dead code: go with the producers
+        for p in inputs[start[i]:start[i + 1]].tolist():
+            s = placed[p] if placed[p] != _UNPLACED else empty
+            found = s if found == _UNPLACED else table.common_prefix(found, s)
+        placed[i] = empty if found == _UNPLACED else found
+    # each unknown node moves to just before the first known node it feeds (ties: graph
+    # order); a producer always stays before its users, so this is a topological order
+    key = np.arange(columns.size, dtype=np.int64) * 2 + 1
+    moved = np.fromiter(anchor.keys(), dtype=np.int64, count=len(anchor))
+    key[moved] = np.fromiter(anchor.values(), dtype=np.int64, count=len(anchor)) * 2
+    position = np.empty(columns.size, dtype=np.int64)
+    position[np.argsort(key, kind="stable")] = np.arange(columns.size, dtype=np.int64)
+    return Placement(np.asarray(placed, dtype=np.int64), position)

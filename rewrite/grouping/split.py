@@ -1,23 +1,34 @@
 """The split action: one top-level component per value of a tag.
 
-Components are ordered as the rule lists them, or by first appearance in the graph. Nodes
-without the tag go with their users (else their producers), like nodes without a stack; graph
-inputs and outputs stay at the top level. Data must flow from earlier components to later
-ones: with an explicit order a contradiction is an error naming the nodes. Without an order,
-when a value's region appears twice with another in between (A, B, A) so that one component per
-value would form a cycle, each contiguous run becomes its own component: ``A``, ``B``, ``A_1``
-(``split_by_tags`` fails there).
+``split by KEY`` cuts the graph into components, one per value of tag ``KEY`` (tags from
+``annotate``, ``node.tag`` or tag rules), named after the value:
+
+* order: as the rule lists the values (``order "encode", "decode"``), else by first
+  appearance in the graph (topological order);
+* nodes without the tag go with their users (the earliest component among them), else with
+  their producers (the latest), like nodes without a stack; graph inputs and outputs stay at
+  the top level;
+* data must flow from earlier components to later ones. With an explicit order, a node that
+  reads from a later component is an error naming both nodes. Without an order, when a
+  value's region comes back after another (A, B, A) so that one component per value would
+  form a cycle, each contiguous run becomes its own component: ``A``, ``B``, ``A_1``
+  (``split_by_tags`` fails there);
+* with an explicit order, a tagged node whose value the order does not list is an error.
+
+Module groups nest inside components: a module call cut by the split becomes one group per
+component it has nodes in.
 """
 
 from __future__ import annotations
 
-from typing import Mapping
+from typing import Mapping, Sequence
 
+import numpy as np
 from attrs import frozen
 
 from rewrite.compile import Split
 from rewrite.errors import GroupingError
-from rewrite.ir import Graph
+from rewrite.ir import Columns, Graph
 
 
 @frozen
@@ -26,62 +37,87 @@ class Component:
     value: str
 
 
-def _place_untagged(graph: Graph, users: list[list[int]], raw: list[int | None]) -> list[int | None]:
-    nodes = graph.nodes
-    for i in range(len(nodes) - 1, -1, -1):
-        if raw[i] is None and not nodes[i].is_io:
-            candidates = [raw[u] for u in users[i] if raw[u] is not None and not nodes[u].is_io]
-            if candidates:
-                raw[i] = min(candidates)
-    for node in nodes:
-        if raw[node.index] is None and not node.is_io:
-            candidates = [raw[p] for p in node.inputs if raw[p] is not None]
-            if candidates:
-                raw[node.index] = max(candidates)
-    return raw
+def _users(columns: Columns) -> tuple[np.ndarray, np.ndarray]:
+    """Users of every node as CSR: ``users[start[i]:start[i + 1]]``."""
+    producer, consumer = columns.edges()
+    order = np.argsort(producer, kind="stable")
+    start = np.zeros(columns.size + 1, dtype=np.int64)
+    np.cumsum(np.bincount(producer, minlength=columns.size), out=start[1:])
+    return start, consumer[order]
 
 
-def _backward_edge(graph: Graph, comp: list[int | None]) -> tuple[int, int] | None:
-    for node in graph.nodes:
-        c = comp[node.index]
-        if c is None:
-            continue
-        for p in node.inputs:
-            cp = comp[p]
-            if cp is not None and cp > c:
-                return p, node.index
-    return None
+def _place_untagged(columns: Columns, comp: np.ndarray) -> np.ndarray:
+    """Untagged nodes join their earliest user's component, else their latest producer's."""
+    is_io = columns.is_io
+    todo = np.flatnonzero((comp < 0) & ~is_io)
+    if todo.size == 0:
+        return comp
+    start, users = _users(columns)
+    out = comp.tolist()
+    io = is_io.tolist()
+    for i in todo[::-1].tolist():
+        best = -1
+        for u in users[start[i]:start[i + 1]].tolist():
+            c = out[u]
+            if c >= 0 and not io[u] and (best < 0 or c < best):
+                best = c
+        out[i] = best
+    in_start, inputs = columns.input_start, columns.input_index
+    for i in todo.tolist():
+        if out[i] < 0:
+            best = -1
+            for p in inputs[in_start[i]:in_start[i + 1]].tolist():
+                if out[p] > best:
+                    best = out[p]
+            out[i] = best
+    return np.asarray(out, dtype=np.int64)
+
+
+def _backward_edge(columns: Columns, comp: np.ndarray) -> tuple[int, int] | None:
+    producer, consumer = columns.edges()
+    cp, cc = comp[producer], comp[consumer]
+    bad = np.flatnonzero((cp >= 0) & (cc >= 0) & (cp > cc))
+    if bad.size == 0:
+        return None
+    return int(producer[bad[0]]), int(consumer[bad[0]])
 
 
 def split_components(
-    graph: Graph, tags: list[Mapping[str, str]], users: list[list[int]], split: Split
-) -> tuple[list[Component], list[int | None]]:
-    """The components in order and, per node, its component index (None: top level)."""
+    graph: Graph, tags_id: np.ndarray, tag_sets: Sequence[Mapping[str, str]], split: Split
+) -> tuple[list[Component], np.ndarray]:
+    """The components in order and, per node, its component index (-1: top level)."""
+    columns = graph.columns
     key = split.key
-    values: list[str] = list(split.order)
-    index = {v: i for i, v in enumerate(values)}
-    raw: list[int | None] = [None] * len(graph.nodes)
-    for node in graph.nodes:
-        if node.is_io:
-            continue
-        value = tags[node.index].get(key)
-        if value is None:
-            continue
-        if value not in index:
-            if split.order:
-                raise GroupingError(
-                    f"node {node.name} has {key} = {value!r}, which the split order does not list "
-                    f"({', '.join(map(repr, split.order))})",
-                    rule=split.origin,
-                    nodes=(node.name,),
-                )
-            index[value] = len(values)
-            values.append(value)
-        raw[node.index] = index[value]
-    if not values:
+    set_values = [t.get(key) for t in tag_sets]
+    names = sorted({v for v in set_values if v is not None})
+    value_of_set = np.array([-1 if v is None else names.index(v) for v in set_values],
+                            dtype=np.int64)
+    value = value_of_set[tags_id] if len(tag_sets) else np.full(columns.size, -1)
+    value[columns.is_io] = -1
+    tagged = np.flatnonzero(value >= 0)
+    if tagged.size == 0:
         raise GroupingError(f"no node has the tag {key!r} to split by", rule=split.origin)
-    comp = _place_untagged(graph, users, list(raw))
-    bad = _backward_edge(graph, comp)
+    if split.order:
+        unlisted = [i for i, v in enumerate(names) if v not in split.order]
+        if unlisted:
+            node = graph.nodes[int(np.flatnonzero(np.isin(value, unlisted))[0])]
+            raise GroupingError(
+                f"node {node.name} has {key} = {names[int(value[node.index])]!r}, which the "
+                f"split order does not list ({', '.join(map(repr, split.order))})",
+                rule=split.origin,
+                nodes=(node.name,),
+            )
+        values = list(split.order)
+    else:
+        first = {}
+        for v in value[tagged].tolist():
+            if v not in first:
+                first[v] = len(first)
+        values = [names[v] for v in first]
+    rank = np.array([values.index(n) if n in values else -1 for n in names], dtype=np.int64)
+    comp = np.where(value >= 0, rank[np.maximum(value, 0)], -1)
+    comp = _place_untagged(columns, comp)
+    bad = _backward_edge(columns, comp)
     if bad is None:
         return [Component(v, v) for v in values], comp
     if split.order:
@@ -93,28 +129,23 @@ def split_components(
             rule=split.origin,
             nodes=(producer.name, consumer.name),
         )
-    return _split_runs(graph, tags, users, key)
+    return _split_runs(columns, value, names)
 
 
-def _split_runs(
-    graph: Graph, tags: list[Mapping[str, str]], users: list[list[int]], key: str
-) -> tuple[list[Component], list[int | None]]:
+def _split_runs(columns: Columns, value: np.ndarray, names: list[str]
+                ) -> tuple[list[Component], np.ndarray]:
     """One component per contiguous run of a value, in topological order."""
     components: list[Component] = []
     seen: dict[str, int] = {}
-    raw: list[int | None] = [None] * len(graph.nodes)
-    current: str | None = None
-    for node in graph.nodes:
-        if node.is_io:
-            continue
-        value = tags[node.index].get(key)
-        if value is None:
-            continue
-        if value != current:
-            n = seen.get(value, 0)
-            seen[value] = n + 1
-            components.append(Component(value if n == 0 else f"{value}_{n}", value))
-            current = value
-        raw[node.index] = len(components) - 1
-    comp = _place_untagged(graph, users, raw)
-    return components, comp
+    comp = np.full(columns.size, -1, dtype=np.int64)
+    current = -1
+    for i in np.flatnonzero(value >= 0).tolist():
+        v = int(value[i])
+        if v != current:
+            name = names[v]
+            n = seen.get(name, 0)
+            seen[name] = n + 1
+            components.append(Component(name if n == 0 else f"{name}_{n}", name))
+            current = v
+        comp[i] = len(components) - 1
+    return components, _place_untagged(columns, comp)

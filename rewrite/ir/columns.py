@@ -46,6 +46,10 @@ class Columns:
     input_start: np.ndarray = field(repr=False)
     """Node ``i`` reads ``input_index[input_start[i]:input_start[i + 1]]``."""
     input_index: np.ndarray = field(repr=False)
+    stack_calls: tuple[tuple[int, ...] | None, ...] | None = field(default=None, repr=False)
+    """Optional: each stack as indices into ``Graph.calls`` (``None`` for the unknown stack)."""
+    stack_parent: np.ndarray | None = field(default=None, repr=False)
+    """Optional: per stack, the id of the stack without its last call (-1: none known)."""
 
     @property
     def size(self) -> int:
@@ -88,6 +92,31 @@ class Interner:
         return len(self.values)
 
 
+class StackInterner:
+    """Distinct stacks numbered as they come, each with its call ids and parent stack id."""
+
+    __slots__ = ("stacks", "calls", "parents", "_ids")
+
+    def __init__(self) -> None:
+        self.stacks: list = []
+        self.calls: list[tuple[int, ...] | None] = []
+        self.parents: list[int] = []
+        self._ids: dict[tuple[int, ...] | None, int] = {}
+
+    def id(self, calls: tuple[int, ...] | None, stack, parent: int = -1) -> int:
+        """The id of the stack whose call ids are ``calls`` (added with ``stack`` if new)."""
+        found = self._ids.get(calls)
+        if found is None:
+            found = self._ids[calls] = len(self.stacks)
+            self.stacks.append(stack)
+            self.calls.append(calls)
+            self.parents.append(parent)
+        return found
+
+    def get(self, calls: tuple[int, ...] | None) -> int | None:
+        return self._ids.get(calls)
+
+
 def tags_key(tags: Mapping[str, str]) -> tuple:
     """A hashable key of a tag set (order-insensitive)."""
     return tuple(sorted(tags.items()))
@@ -121,12 +150,16 @@ def build_columns(
     stacks: Sequence, stack_id: Sequence[int], targets: Sequence[str], target_id: Sequence[int],
     tag_sets: Sequence[Mapping[str, str]], tags_id: Sequence[int], is_io: Sequence[bool],
     input_start: Sequence[int], input_index: Sequence[int],
+    stack_calls: Sequence[tuple[int, ...] | None] | None = None,
+    stack_parent: Sequence[int] | None = None,
 ) -> Columns:
     """Freeze the lists a frontend collected into :class:`Columns`."""
     return Columns(
         tuple(stacks), _array(stack_id), tuple(targets), _array(target_id), tuple(tag_sets),
         _array(tags_id), _array(is_io, bool), _array(input_start, np.int64),
         _array(input_index, np.int64),
+        tuple(stack_calls) if stack_calls is not None else None,
+        _array(stack_parent, np.int64) if stack_parent is not None else None,
     )
 
 

@@ -107,6 +107,16 @@ def _syntax_diagnostic(e: lark.UnexpectedInput, source: Source) -> Diagnostic:
     if isinstance(e, lark.UnexpectedToken):
         token: Token = e.token
         expected = set(e.expected) | set(getattr(e, "accepts", set()) or set())
+        if expected and expected <= {"EQ", "NE"} and str(token) == "=":
+            return Diagnostic(
+                "error", "a tag test compares with '==' (or '!='); a single '=' sets a tag in a "
+                "tag rule", span, "did you mean '=='?",
+            )
+        if expected == {"STRING"} and str(token) == "=":
+            return Diagnostic(
+                "error", "a tag rule sets a tag with a single '='", span,
+                'write key = "value" (== is for tag tests in selectors)',
+            )
         if expected and expected <= {"EQ", "NE"}:
             # `NAME` followed by something other than ==/!=: almost always a misspelt keyword
             end = len(source.text) if token.type == "$END" else e.pos_in_stream
@@ -226,7 +236,8 @@ class _ToAst(Transformer):
         fields: dict = {}
         for kind, value, span in options:
             if kind in fields:
-                raise RuleError([Diagnostic("error", f"'{kind}' given twice in one rule", span)])
+                keyword = {"name": "as"}.get(kind, kind)
+                raise RuleError([Diagnostic("error", f"'{keyword}' given twice in one rule", span)])
             fields[kind] = value
             if kind in ("name", "domain"):
                 fields[f"{kind}_span"] = span
@@ -255,11 +266,11 @@ class _ToAst(Transformer):
 
     @v_args(meta=True)
     def assignment(self, meta, items):
-        return ast.Assignment(str(items[0]), self._text(items[1]), self._span(meta))
+        return ast.Assignment(self._text(items[0]), self._text(items[1]), self._span(meta))
 
     @v_args(meta=True)
     def split_rule(self, meta, items):
-        key = str(items[0])
+        key = self._text(items[0])
         order = tuple(self._text(t) for t in items[1:])
         seen = set()
         for token, value in zip(items[1:], order):
@@ -297,15 +308,17 @@ class _ToAst(Transformer):
 
     @v_args(meta=True)
     def tag_equals(self, meta, items):
-        return ast.TagSelector(str(items[0]), self._text(items[1]), False, self._span(meta))
+        key, _, value = items  # the == token is kept: EQ is a named terminal
+        return ast.TagSelector(self._text(key), self._text(value), False, self._span(meta))
 
     @v_args(meta=True)
     def tag_not_equals(self, meta, items):
-        return ast.TagSelector(str(items[0]), self._text(items[1]), True, self._span(meta))
+        key, _, value = items
+        return ast.TagSelector(self._text(key), self._text(value), True, self._span(meta))
 
     @v_args(meta=True)
     def tag_present(self, meta, items):
-        return ast.TagSelector(str(items[0]), None, False, self._span(meta))
+        return ast.TagSelector(self._text(items[0]), None, False, self._span(meta))
 
     @v_args(meta=True)
     def any_selector(self, meta, items):

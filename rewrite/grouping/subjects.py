@@ -1,0 +1,153 @@
+"""What selectors are asked about, answered for all subjects at once (numpy bool arrays).
+
+* :class:`CallSubjects`: one subject per module call (group and flat rules);
+* :class:`NodeSubjects`: one subject per distinct (stack, target, tags) of the nodes (tag
+  rules); nodes sharing all three get the same answers.
+
+Both implement :class:`rewrite.compile.selectors.Subjects` with work proportional to the
+number of distinct calls, stacks, classes, targets and tag sets, plus a few array passes.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from rewrite.compile.patterns import ClassGlob, Glob, OpGlob
+from rewrite.grouping.stacks import StackTable
+
+
+class _CallColumns:
+    """Per-call answers over a :class:`StackTable` (its cached per-call columns)."""
+
+    def __init__(self, table: StackTable) -> None:
+        self.table = table
+        self.size = len(table.calls)
+
+    def path_mask(self, glob: Glob) -> np.ndarray:
+        if glob.matches_all:
+            return np.ones(self.size, dtype=bool)
+        return np.array(glob.test_all(self.table.paths), dtype=bool)
+
+    def key_mask(self, path: Glob, index: Glob) -> np.ndarray:
+        texts, ids = self.table.indices
+        return self.path_mask(path) & np.array(index.test_all(texts), dtype=bool)[ids]
+
+    def class_mask(self, glob: ClassGlob) -> np.ndarray:
+        classes, class_id = self.table.class_ids
+        per_class = np.array([glob(c) for c in classes], dtype=bool)
+        return per_class[class_id]
+
+    def calls_of(self, stacks: np.ndarray) -> np.ndarray:
+        """The call ids in the given stacks (with repeats)."""
+        stack_start, stack_calls = self.table.csr
+        start = stack_start[stacks]
+        length = stack_start[stacks + 1] - start
+        total = int(length.sum())
+        if total == 0:
+            return np.zeros(0, dtype=np.int64)
+        offsets = np.repeat(start - np.cumsum(length) + length, length)
+        return stack_calls[offsets + np.arange(total)]
+
+
+def _target_mask(glob: OpGlob, targets: Sequence[str], present: np.ndarray) -> np.ndarray:
+    """Per target id: matches ``glob`` (only the ``present`` ids are asked)."""
+    out = np.zeros(len(targets), dtype=bool)
+    ids = present.tolist()
+    out[ids] = [glob(targets[t]) for t in ids]
+    return out
+
+
+def _tag_test(tag_sets: Sequence[Mapping[str, str]], key: str, value: str | None) -> np.ndarray:
+    """Per tag set: has ``key`` (``value`` None) or ``key == value``."""
+    if value is None:
+        return np.fromiter((key in t for t in tag_sets), dtype=bool, count=len(tag_sets))
+    return np.fromiter((t.get(key) == value for t in tag_sets), dtype=bool, count=len(tag_sets))
+
+
+class CallSubjects:
+    """Module calls as subjects, given the nodes' final stacks, targets and tags."""
+
+    def __init__(self, table: StackTable, sid: np.ndarray, inside: np.ndarray,
+                 target_id: np.ndarray, targets: Sequence[str], tags_id: np.ndarray,
+                 tag_sets: Sequence[Mapping[str, str]]) -> None:
+        self._cols = _CallColumns(table)
+        self.size = self._cols.size
+        self._sid = sid
+        self._inside = inside
+        """Bool per node: counts for the calls of its stack (not a graph input/output)."""
+        self._target_id, self._targets = target_id, targets
+        self._tags_id, self._tag_sets = tags_id, tag_sets
+        self._present: np.ndarray | None = None
+
+    def path_mask(self, glob: Glob) -> np.ndarray:
+        return self._cols.path_mask(glob)
+
+    def key_mask(self, path: Glob, index: Glob) -> np.ndarray:
+        return self._cols.key_mask(path, index)
+
+    def class_mask(self, glob: ClassGlob) -> np.ndarray:
+        return self._cols.class_mask(glob)
+
+    def _calls_with(self, node_mask: np.ndarray) -> np.ndarray:
+        """Per call: some node inside it is set in ``node_mask``."""
+        stacks = np.unique(self._sid[node_mask & self._inside])
+        out = np.zeros(self.size, dtype=bool)
+        out[self._cols.calls_of(stacks)] = True
+        return out
+
+    def op_mask(self, glob: OpGlob) -> np.ndarray:
+        if self._present is None:
+            self._present = np.unique(self._target_id[self._inside])
+        per_target = _target_mask(glob, self._targets, self._present)
+        return self._calls_with(per_target[self._target_id])
+
+    def tag_mask(self, key: str, value: str | None) -> np.ndarray:
+        ok = _tag_test(self._tag_sets, key, value)[self._tags_id]
+        return ~self._calls_with(~ok)
+
+
+class NodeSubjects:
+    """Distinct (stack, target, tags) of the nodes as subjects; tags can be updated."""
+
+    def __init__(self, table: StackTable, stack: np.ndarray, target: np.ndarray,
+                 targets: Sequence[str], tags: np.ndarray, tag_sets: list[Mapping[str, str]]):
+        self._cols = _CallColumns(table)
+        self.size = len(stack)
+        self.stack, self.target, self.tags = stack, target, tags
+        self._targets = targets
+        self.tag_sets = tag_sets
+        """Grows as tag rules make new tag sets; ``tags`` indexes it."""
+        self._call_memo: dict[tuple, np.ndarray] = {}
+
+    def _any_call(self, key: tuple, call_mask) -> np.ndarray:
+        per_stack = self._call_memo.get(key)
+        if per_stack is None:
+            per_stack = self._call_memo[key] = _any_per_stack(self._cols, call_mask())
+        return per_stack[self.stack]
+
+    def path_mask(self, glob: Glob) -> np.ndarray:
+        return self._any_call(("path", glob.pattern), lambda: self._cols.path_mask(glob))
+
+    def key_mask(self, path: Glob, index: Glob) -> np.ndarray:
+        return self._any_call(("key", path.pattern, index.pattern),
+                              lambda: self._cols.key_mask(path, index))
+
+    def class_mask(self, glob: ClassGlob) -> np.ndarray:
+        return self._any_call(("class", glob.pattern), lambda: self._cols.class_mask(glob))
+
+    def op_mask(self, glob: OpGlob) -> np.ndarray:
+        per_target = _target_mask(glob, self._targets, np.unique(self.target))
+        return per_target[self.target]
+
+    def tag_mask(self, key: str, value: str | None) -> np.ndarray:
+        return _tag_test(self.tag_sets, key, value)[self.tags]
+
+
+def _any_per_stack(cols: _CallColumns, call_mask: np.ndarray) -> np.ndarray:
+    """Per stack id: some call of the stack is set in ``call_mask``."""
+    stack_start, stack_calls = cols.table.csr
+    hits = np.zeros(len(stack_calls) + 1, dtype=np.int64)
+    np.cumsum(call_mask[stack_calls], out=hits[1:])
+    return hits[stack_start[1:]] - hits[stack_start[:-1]] > 0
