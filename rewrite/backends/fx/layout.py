@@ -60,7 +60,7 @@ def natural_layout(h: Hierarchy) -> tuple[list[str | None], list[str | None]]:
     namespace: list[str | None] = [None] * len(h)
     location[0], namespace[0] = "", ""
     for gid in range(len(h)):  # pre-order: parents first
-        taken: set[str] = set()
+        taken = _Taken()
         for child in h.children[gid]:
             group = h.groups[child]
             if group.kind == "component":
@@ -68,19 +68,31 @@ def natural_layout(h: Hierarchy) -> tuple[list[str | None], list[str | None]]:
                 continue
             ns = namespace[gid]
             name = _under(h.prefix[child], ns) if ns is not None else None
-            if name and name not in taken and not _crosses(name, taken):
+            if name and taken.free(name):
                 taken.add(name)
                 location[child] = name
                 namespace[child] = h.prefix[child]
     return location, namespace
 
 
-def _crosses(name: str, taken: set[str]) -> bool:
-    """``name`` would need a submodule where another name puts a leaf, or vice versa."""
-    for other in taken:
-        if other.startswith(name + ".") or name.startswith(other + "."):
-            return True
-    return False
+class _Taken:
+    """Dotted names in use under one parent, and the containers they pass through."""
+
+    def __init__(self) -> None:
+        self.names: set[str] = set()
+        self.containers: set[str] = set()
+
+    def free(self, name: str) -> bool:
+        """Not taken, not a container of a taken name, and not inside a taken name."""
+        if name in self.names or name in self.containers:
+            return False
+        parts = name.split(".")
+        return not any(".".join(parts[:i]) in self.names for i in range(1, len(parts)))
+
+    def add(self, name: str) -> None:
+        self.names.add(name)
+        parts = name.split(".")
+        self.containers.update(".".join(parts[:i]) for i in range(1, len(parts)))
 
 
 def finish_layout(
