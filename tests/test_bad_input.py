@@ -464,3 +464,21 @@ def test_missing_include_is_a_rules_error_at_the_include(run_cli, tmp_path):
     assert r.code == 1
     assert r.err.splitlines()[0] == (
         f"{rules}:2:1: error: cannot include 'nowhere.rules': no such rules file")
+
+
+def test_rules_file_with_bom_and_crlf(run_cli, tmp_path):
+    """Saved by a Windows editor: a UTF-8 byte-order mark and CRLF line ends are fine."""
+    rules = tmp_path / "windows.rules"
+    rules.write_bytes(b"\xef\xbb\xbfgroup class *GPT2Block\r\nflat class *Dropout\r\n")
+    r = run_cli("check", rules)
+    assert (r.code, r.err) == (0, ""), r
+    bad = tmp_path / "bad.rules"
+    bad.write_bytes(b"\xef\xbb\xbfgroup class *GPT2Block\r\ngroup clas *X\r\n")
+    r = run_cli("check", bad)
+    assert r.code == 1
+    assert r.err.splitlines()[:3] == [
+        f"{bad}:2:7: error: unknown selector 'clas'; a selector is path, class, op, a tag test "
+        '(key == "value", key != "value", has key), any, not, or (...)',
+        "    group clas *X",
+        "          ^",
+    ]

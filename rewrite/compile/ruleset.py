@@ -163,7 +163,7 @@ def _display(path: Path) -> str:
 def _read(path: Path, span: Span | None = None) -> str:
     """The text of a rules file; errors point at ``span`` (the ``include``) when given."""
     try:
-        return path.read_text(encoding="utf-8")
+        return path.read_text(encoding="utf-8-sig")  # a BOM (Windows editors) is not text
     except UnicodeDecodeError:
         raise RuleError([Diagnostic("error", f"{path}: not a UTF-8 text file", span)]) from None
     except OSError as e:
