@@ -249,3 +249,12 @@ def test_apply_python(run_cli, gpt2_pt2, tmp_path):
     text = out.read_text()
     assert "class GPT2Block" in text or "GPT2Block" in text
     assert sorted(p.name for p in tmp_path.iterdir()) == ["gpt2.py"]
+
+
+def test_system_errors_are_input_errors(run_cli, gpt2_pt2, monkeypatch):
+    def refuse(*args, **kwargs):
+        raise PermissionError(13, "Permission denied", "/models/weights.bin")
+
+    monkeypatch.setattr(rewrite, "apply", refuse)
+    r = run_cli("explain", GPT2_RULES, gpt2_pt2)
+    assert (r.code, r.err) == (2, "/models/weights.bin: Permission denied\n")

@@ -21,8 +21,10 @@ COMMANDS = {"check": cmd_check, "explain": cmd_explain, "apply": cmd_apply}
 
 
 def _os_error(e: OSError) -> str:
-    where = e.filename if e.filename is not None else "rewrite"
-    return f"{where}: {e.strerror or e}"
+    """``path: reason``, like the other input errors."""
+    if e.filename is None:
+        return f"rewrite: {e.strerror or e}"
+    return f"{e.filename}: {e.strerror or e}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -46,8 +48,11 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # `rewrite explain ... | head`
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141
-    except OSError as e:  # the system refused something: a file, memory, a device
-        io.error(f"error: {_os_error(e)}")
+    except OSError as e:  # the system refused something: a file, a device, disk space
+        io.error(_os_error(e))
+        return EXIT_INPUT
+    except MemoryError:
+        io.error("rewrite: out of memory (the model is too large for this machine)")
         return EXIT_INPUT
     except Exception as e:  # a bug in rewrite, not a user mistake
         if args.verbose:
