@@ -14,8 +14,9 @@
    Target: rewrite apply <= 1.15x plain.
 3. onnxruntime latency of the grouped model vs the flat one (CPU, 1 thread, default graph
    optimizations), ``--ort-runs`` runs per side interleaved in rounds of 10 after a warm-up;
-   the outputs must agree. Target: grouped <= 1.05x flat. Also the node counts of the graphs
-   onnxruntime actually runs (it inlines functions before optimizing).
+   the outputs must agree. Target: grouped <= 1.05x flat. Also the graphs onnxruntime actually
+   runs (it inlines functions before optimizing): node counts, and whether they are identical
+   up to value names (then any latency difference is measurement noise).
 
 Medians everywhere; prints a table of times and ratios.
 """
@@ -82,10 +83,35 @@ def time_plain(pt2: Path, out: Path) -> tuple[float, float]:
     return time.perf_counter() - start, export
 
 
+def canonical_graph(path: Path) -> tuple:
+    """A graph up to value names: ops, attributes, initializer contents, and the data flow."""
+    import hashlib
+
+    import onnx
+    from onnx import numpy_helper
+
+    graph = onnx.load(str(path)).graph
+    ids = {value.name: f"input{k}" for k, value in enumerate(graph.input)}
+    for tensor in graph.initializer:
+        data = numpy_helper.to_array(tensor)
+        ids[tensor.name] = hashlib.blake2b(
+            repr((tensor.data_type, tuple(tensor.dims))).encode() + data.tobytes(),
+            digest_size=12).hexdigest()
+    nodes = []
+    for node in graph.node:
+        inputs = tuple(ids.get(name, "?") if name else "" for name in node.input)
+        for name in node.output:
+            ids[name] = f"v{len(ids)}"
+        attrs = tuple(sorted((a.name, a.SerializeToString()) for a in node.attribute))
+        nodes.append((node.domain, node.op_type, inputs, attrs))
+    return tuple(nodes), tuple(ids[o.name] for o in graph.output)
+
+
 def ort_latency(grouped: Path, flat: Path, ids: np.ndarray, runs: int
-                ) -> tuple[float, float, int, int]:
-    """Median seconds per run of each model (interleaved in rounds of 10 runs), and the node
-    counts of the graphs onnxruntime runs after inlining functions and optimizing."""
+                ) -> tuple[float, float, int, int, bool]:
+    """Median seconds per run of each model (interleaved in rounds of 10 runs), the node
+    counts of the graphs onnxruntime runs after inlining functions and optimizing, and
+    whether those two graphs are the same up to names."""
     import onnx
     import onnxruntime as ort
 
@@ -118,8 +144,10 @@ def ort_latency(grouped: Path, flat: Path, ids: np.ndarray, runs: int
                 start = time.perf_counter()
                 s.run(None, feeds[name])
                 times[name].append(time.perf_counter() - start)
+    same = canonical_graph(grouped.with_suffix(".ort-optimized.onnx")) == canonical_graph(
+        flat.with_suffix(".ort-optimized.onnx"))
     return (statistics.median(times["grouped"]), statistics.median(times["flat"]),
-            optimized[grouped], optimized[flat])
+            optimized[grouped], optimized[flat], same)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -140,7 +168,8 @@ def main(argv: list[str] | None = None) -> int:
     OUT.mkdir(parents=True, exist_ok=True)
     with console.status(f"building a {args.blocks}-block GPT-2 .pt2"):
         pt2, ids = build(args.blocks, args.seq)
-    grouped_path, flat_path = OUT / f"gpt2-{args.blocks}.grouped.onnx", OUT / f"gpt2-{args.blocks}.flat.onnx"
+    grouped_path = OUT / f"gpt2-{args.blocks}.grouped.onnx"
+    flat_path = OUT / f"gpt2-{args.blocks}.flat.onnx"
 
     with console.status("warm-up (first export in a process loads the torchlib registry)"):
         time_plain(pt2, flat_path)
@@ -164,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     nodes_flat = len(ir.load(str(flat_path)).graph)
 
     with console.status(f"onnxruntime: {args.ort_runs} runs per model"):
-        lat_grouped, lat_flat, ort_grouped, ort_flat = ort_latency(
+        lat_grouped, lat_flat, ort_grouped, ort_flat, same = ort_latency(
             grouped_path, flat_path, ids, args.ort_runs)
 
     apply_t, plain_t, export_t = (statistics.median(v) for v in (applies, plains, exports))
@@ -187,7 +216,8 @@ def main(argv: list[str] | None = None) -> int:
                   f"{lat_grouped / lat_flat:.3f}x", verdict(lat_grouped / lat_flat, 1.05))
     console.print(table)
     console.print(f"graphs onnxruntime runs after inlining and optimizing: grouped {ort_grouped} "
-                  f"nodes, flat {ort_flat} nodes")
+                  f"nodes, flat {ort_flat} nodes; identical up to value names: "
+                  + ("yes" if same else "[red]no[/red]"))
     console.print(f"runs: apply {', '.join(f'{t:.2f}' for t in applies)}; "
                   f"plain {', '.join(f'{t:.2f}' for t in plains)}")
     return 0

@@ -14,14 +14,11 @@ from rewrite.errors import GroupingError, InputError
 from tests import models
 from tests.onnx_fixtures import (  # noqa: F401  (fixtures)
     GPT2_RULES,
-    MODULARIZE,
     assert_matches_eager,
     callees,
     checked_proto,
     function_names,
     gpt2_lowered,
-    run_onnx,
-    shared_lowered,
     top_calls,
 )
 

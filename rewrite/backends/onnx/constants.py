@@ -28,7 +28,10 @@ from attrs import frozen
 from rewrite.backends.onnx.options import OnnxOptions
 from rewrite.backends.onnx.structure import Keyer
 
-WEIGHT_MARKS = ("pkg.torch.export.graph_signature.InputSpec.kind", "pkg.torch.onnx.original_node_name")
+WEIGHT_MARKS = (
+    "pkg.torch.export.graph_signature.InputSpec.kind",
+    "pkg.torch.onnx.original_node_name",
+)
 SIGNATURE_KEY = "pkg.torch.export.ExportedProgram.graph_signature"
 FOLDED_FROM = "pkg.onnxscript.optimizer.folded_from"
 _TARGET = re.compile(r"target='([^']*)'")

@@ -24,11 +24,13 @@ class OnnxOptions:
       scale) get separate functions (``Name``, ``Name_1``).
     * ``"input"``: a function input like a weight, so such modules share one function.
 
-    Parameters and buffers are always function inputs.
+    Parameters and buffers are always function inputs, and so are larger constants (a causal
+    mask): onnxruntime inlines functions, and a constant embedded in a function called 48
+    times would become 48 copies, where one shared initializer serves every call.
     """
 
     constants: str = field(default="embed", validator=validators.in_(CONSTANT_POLICIES))
-    constant_limit: int = field(default=1024, validator=validators.ge(0))
+    constant_limit: int = field(default=64, validator=validators.ge(0))
     recompute: bool = True
     """Recompute small shared computations per group (see ``remat``) so dedup survives CSE."""
     optimize: bool = True

@@ -24,9 +24,9 @@ from rewrite.backends.onnx import naming
 from rewrite.backends.onnx.boundary import boundary, detach, owners, rewire, substitute
 from rewrite.backends.onnx.constants import ConstantPolicy, Embedded, weight_names
 from rewrite.backends.onnx.membership import Membership
-from rewrite.backends.onnx.remat import recompute_shared
 from rewrite.backends.onnx.opsets import fix_opsets
 from rewrite.backends.onnx.options import OnnxOptions
+from rewrite.backends.onnx.remat import recompute_shared
 from rewrite.backends.onnx.structure import Key, Keyer
 from rewrite.grouping import Group, GroupTree
 
@@ -57,7 +57,8 @@ class _Outliner:
         self.on_group = on_group
         weights = weight_names(model)
         self.members = Membership.from_tree(tree)
-        self.recomputed = recompute_shared(self.graph, self.members, weights) if options.recompute else 0
+        self.recomputed = (recompute_shared(self.graph, self.members, weights)
+                           if options.recompute else 0)
         self.position = self.members.position
         self.owner = owners(self.graph)
         self.keyer = Keyer()
@@ -143,6 +144,7 @@ class _Outliner:
                        args: list[ir.Value], embedded: dict[ir.Value, Embedded],
                        outputs: list[ir.Value]) -> ir.Function:
         internal = {v.name for node in members for v in node.outputs}
+        internal.update(constant.name for constant in embedded.values())
         names = naming.input_names(args, group, internal)
         params = [ir.Value(name=n, type=v.type, shape=v.shape) for n, v in zip(names, args)]
         mapping: dict[ir.Value, ir.Value] = dict(zip(args, params))

@@ -104,7 +104,8 @@ class _Recomputer:
             replaced = self.copies.get((producer, target)) if producer is not None else None
             inputs.append(value if replaced is None else replaced.outputs[value.index()])
         outputs = [ir.Value(type=v.type, shape=v.shape) for v in node.outputs]
-        attrs = [ir.Attr(a.name, a.type, a.value, a.ref_attr_name) for a in node.attributes.values()]
+        attrs = [ir.Attr(a.name, a.type, a.value, a.ref_attr_name)
+                 for a in node.attributes.values()]
         props = dict(node.metadata_props)
         props["pkg.rewrite.recomputed_from"] = node.name or ""
         clone = ir.Node(node.domain, node.op_type, inputs, attrs, overload=node.overload,

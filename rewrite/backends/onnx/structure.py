@@ -65,7 +65,9 @@ class Keyer:
         return (kind.name, value if isinstance(value, (int, str, bytes)) else repr(value))
 
     def node(self, node: ir.Node, refs: Refs, depth: int = 0) -> Key:
-        inputs = tuple(None if v is None else refs.get(id(v), ("outer", v.name)) for v in node.inputs)
+        inputs = tuple(
+            None if v is None else refs.get(id(v), ("outer", v.name)) for v in node.inputs
+        )
         attrs = tuple(
             sorted((name, self.attribute(a, refs, depth)) for name, a in node.attributes.items())
         )
@@ -79,7 +81,9 @@ class Keyer:
             local[id(value)] = ("sub", depth, "in", k)
         inits = []
         for value in graph.initializers.values():
-            key = ("sub", depth, "init", self.tensor(value.const_value) if value.const_value is not None else value.name)
+            content = value.const_value
+            digest = self.tensor(content) if content is not None else value.name
+            key = ("sub", depth, "init", digest)
             local[id(value)] = key
             inits.append(key)
         nodes = []
@@ -142,7 +146,9 @@ class Keyer:
                     parts.append(f"{labels[producer]}:{value.index()}")
                 else:
                     const = constant_key(value)
-                    parts.append(repr(const) if const is not None else f"in:{value.type}:{value.shape}")
+                    parts.append(
+                        repr(const) if const is not None else f"in:{value.type}:{value.shape}"
+                    )
             for name, attr in sorted(node.attributes.items()):
                 parts.append(f"{name}={self.attribute(attr, {}, 0)!r}")
             labels[node] = hashlib.blake2b("|".join(parts).encode(), digest_size=12).hexdigest()
