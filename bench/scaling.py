@@ -78,36 +78,42 @@ def _cpu(fn: Callable[[], object]) -> tuple[float, object]:
     return time.process_time() - start, out
 
 
-def measure(size: int, repeats: int, rule_sets: dict[str, RuleSet]) -> dict:
-    """All timings for one graph size (seconds, medians)."""
-    start = time.perf_counter()
-    fx_graph = synthetic_graph(size)
-    built = time.perf_counter() - start
-    nodes = len(fx_graph.nodes)
-    times: dict[str, list[float]] = {"bare_fx": [], "ir": [], "bare_ir": []}
-    times.update({name: [] for name in rule_sets})
-    graph = None
-    for _ in range(repeats):
-        times["bare_fx"].append(_cpu(lambda: bare_fx_pass(fx_graph))[0])
-        graph = None  # free the previous IR outside the timing
-        gc.collect()
-        elapsed, graph = _cpu(lambda: from_fx_graph(fx_graph))
-        times["ir"].append(elapsed)
-    assert graph is not None
-    materialize = _cpu(graph.nodes.materialize)[0] if hasattr(graph.nodes, "materialize") else 0
-    edges = bare_ir_pass(graph)
-    for _ in range(repeats):
-        times["bare_ir"].append(_cpu(lambda: bare_ir_pass(graph))[0])
-        for name, rules in rule_sets.items():
+def measure(sizes: list[int], repeats: int, rule_sets: dict[str, RuleSet]) -> list[dict]:
+    """All timings per graph size (seconds, medians). Every repeat goes over every size, so
+    the load of a shared machine hits all sizes alike."""
+    graphs, rows = [], []
+    for size in sizes:
+        print(f"building a {size}-node graph...", file=sys.stderr, flush=True)
+        start = time.perf_counter()
+        graphs.append(synthetic_graph(size))
+        rows.append({"built": time.perf_counter() - start, "nodes": len(graphs[-1].nodes)})
+    keys = ["bare_fx", "ir", "bare_ir", *rule_sets]
+    times = [{k: [] for k in keys} for _ in sizes]
+    irs: list[Graph | None] = [None] * len(sizes)
+    for repeat in range(repeats):
+        print(f"repeat {repeat + 1} of {repeats}...", file=sys.stderr, flush=True)
+        for k, fx_graph in enumerate(graphs):
+            times[k]["bare_fx"].append(_cpu(lambda: bare_fx_pass(fx_graph))[0])
+            irs[k] = None  # free the previous IR outside the timing
             gc.collect()
-            times[name].append(_cpu(lambda: group_graph(rules, graph))[0])
-    tree = {name: group_graph(rules, graph) for name, rules in rule_sets.items()}
-    return {
-        "nodes": nodes, "edges": edges, "calls": len(graph.calls), "built": built,
-        "materialize": materialize,
-        "groups": {name: sum(1 for _ in t.groups()) for name, t in tree.items()},
-        **{k: statistics.median(v) for k, v in times.items()},
-    }
+            elapsed, graph = _cpu(lambda: from_fx_graph(fx_graph))
+            irs[k] = graph
+            times[k]["ir"].append(elapsed)
+            if repeat == 0:
+                rows[k]["materialize"] = _cpu(graph.nodes.materialize)[0]
+            else:
+                graph.nodes.materialize()
+            times[k]["bare_ir"].append(_cpu(lambda: bare_ir_pass(graph))[0])
+            for name, rules in rule_sets.items():
+                gc.collect()
+                times[k][name].append(_cpu(lambda: group_graph(rules, graph))[0])
+    for row, graph, timing in zip(rows, irs, times):
+        assert graph is not None
+        row.update(edges=bare_ir_pass(graph), calls=len(graph.calls))
+        row["groups"] = {name: sum(1 for _ in group_graph(rules, graph).groups())
+                         for name, rules in rule_sets.items()}
+        row.update({k: statistics.median(v) for k, v in timing.items()})
+    return rows
 
 
 def _us(seconds: float, nodes: int) -> str:
@@ -155,10 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rules", nargs="+", choices=list(RULE_SETS), default=list(RULE_SETS))
     args = parser.parse_args(argv)
     rule_sets = {name: RULE_SETS[name]() for name in args.rules}
-    results = []
-    for size in args.sizes:
-        print(f"measuring {size} nodes...", file=sys.stderr, flush=True)
-        results.append(measure(size, args.repeats, rule_sets))
+    results = measure(sorted(args.sizes), args.repeats, rule_sets)
     print(report(results, list(rule_sets)))
     return 0
 

@@ -53,6 +53,7 @@ class _Builder:
         self.stack: list[tuple[str, tuple[str, str]]] = [(ROOT_KEY, ("", _cls("Model")))]
         self.custom: dict[str, str] | None = None
         self.calls: dict[str, int] = {}
+        self.count = 0
 
     def enter(self, path: str, cls: str) -> None:
         n = self.calls.get(path, 0)
@@ -63,8 +64,16 @@ class _Builder:
     def leave(self) -> None:
         self.stack.pop()
 
+    def _node(self, target, args) -> torch.fx.Node:
+        # named up front and args set afterwards: Graph.call_function's naming and argument
+        # checks are most of the cost of building a million nodes
+        self.count += 1
+        node = self.graph.create_node("call_function", target, name=f"{target._opname}_{self.count}")
+        node.args = args
+        return node
+
     def op(self, target, *args) -> torch.fx.Node:
-        node = self.graph.call_function(target, args)
+        node = self._node(target, args)
         node.meta["nn_module_stack"] = dict(self.stack)  # a copy per node, as export does
         if self.custom is not None:
             node.meta["custom"] = dict(self.custom)
@@ -72,7 +81,7 @@ class _Builder:
 
     def bare(self, target, *args) -> torch.fx.Node:
         """A node without any metadata (what a graph pass leaves)."""
-        return self.graph.call_function(target, args)
+        return self._node(target, args)
 
     def module(self, path: str, cls: str, body, *args):
         self.enter(path, cls)

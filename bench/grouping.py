@@ -1,0 +1,106 @@
+"""Grouping vs ``torch.export.unflatten`` on GPT-2 exports of growing depth.
+
+    .venv/bin/python -m bench.grouping                  # 12, 24, 48 blocks (~2 min)
+    .venv/bin/python -m bench.grouping --blocks 48 --repeats 7
+
+For each depth, one random-weight GPT-2 (``transformers``, ``return_dict=False``) is exported
+once; then, on that same program and in the same run, interleaved and repeated (each repeat
+goes over every depth):
+
+* **rewrite**: read the program into the IR, match ``rules/gpt2.rules`` and build the group tree
+  (``rewrite.apply``: frontend + grouping; no lowering);
+* **unflatten**: ``torch.export.unflatten(program)``, which rebuilds the module hierarchy.
+
+Both produce the module structure of the export. Medians of the repeats, in CPU time of
+this process (``time.process_time``: other processes on a shared machine do not count; the
+collector runs between repeats, not inside them); the table gives time per node and the ratio
+(target: rewrite at least 20x faster, and its time per node flat as the graph grows).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import statistics
+import sys
+import time
+import warnings
+
+import torch
+
+import rewrite
+from tests import models
+
+
+def export_gpt2(blocks: int) -> torch.export.ExportedProgram:
+    return models.export(models.gpt2(n_layer=blocks))
+
+
+def _timed(fn) -> float:
+    gc.collect()
+    start = time.process_time()
+    fn()
+    return time.process_time() - start
+
+
+def measure(programs: dict[int, torch.export.ExportedProgram], rules, repeats: int
+            ) -> list[tuple[int, dict]]:
+    """Medians per depth; every repeat times every depth, so machine load hits all alike."""
+    ours: dict[int, list[float]] = {b: [] for b in programs}
+    theirs: dict[int, list[float]] = {b: [] for b in programs}
+    for _ in range(repeats):
+        for blocks, program in programs.items():
+            ours[blocks].append(_timed(lambda: rewrite.apply(rules, program)))
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                theirs[blocks].append(_timed(lambda: torch.export.unflatten(program)))
+    rows = []
+    for blocks, program in programs.items():
+        result = rewrite.apply(rules, program)
+        rows.append((blocks, {
+            "nodes": len(result.tree.graph.nodes),
+            "groups": sum(1 for _ in result.tree.groups()),
+            "rewrite": statistics.median(ours[blocks]),
+            "unflatten": statistics.median(theirs[blocks]),
+        }))
+    return rows
+
+
+def report(rows: list[tuple[int, dict]]) -> str:
+    lines = [
+        f"{'blocks':>6} {'nodes':>6} {'groups':>6} | {'rewrite ms':>10} {'us/node':>8} | "
+        f"{'unflatten ms':>12} {'us/node':>8} | {'speedup':>7}",
+    ]
+    lines.append("-" * len(lines[0]))
+    for blocks, r in rows:
+        n = r["nodes"]
+        lines.append(
+            f"{blocks:>6} {n:>6} {r['groups']:>6} | {r['rewrite'] * 1e3:>10.2f} "
+            f"{r['rewrite'] / n * 1e6:>8.2f} | {r['unflatten'] * 1e3:>12.1f} "
+            f"{r['unflatten'] / n * 1e6:>8.1f} | {r['unflatten'] / r['rewrite']:>6.1f}x"
+        )
+    if len(rows) > 1:
+        (_, a), (_, b) = rows[0], rows[-1]
+        growth = (b["rewrite"] / b["nodes"]) / (a["rewrite"] / a["nodes"])
+        lines.append(f"rewrite time per node, {a['nodes']} -> {b['nodes']} nodes: {growth:.2f}x")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--blocks", type=int, nargs="+", default=[12, 24, 48])
+    parser.add_argument("--repeats", type=int, default=7)
+    args = parser.parse_args(argv)
+    rules = rewrite.load_rules("gpt2")
+    programs = {}
+    for blocks in args.blocks:
+        print(f"exporting a {blocks}-block GPT-2...", file=sys.stderr, flush=True)
+        programs[blocks] = export_gpt2(blocks)
+    rows = measure(programs, rules, args.repeats)
+    print("GPT-2 exports, rules/gpt2.rules; median CPU time of interleaved repeats")
+    print(report(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
