@@ -10,8 +10,26 @@ Module calls come from the metadata ``torch.onnx`` writes on every node it trans
 ``pkg.torch.onnx.name_scopes`` (``['', 'h.0', 'h.0.attn', <fx node name>]``) and
 ``pkg.torch.onnx.class_hierarchy`` (``[<root class>, <classes>..., <aten target>]``). A node's
 target is that aten target when known (so ``op`` rules read the same as on a ``.pt2``), else
-``domain::OpType``. Nodes without that metadata (made by the optimizer, constants) get
-``stack=None``: grouping places them with their users.
+``domain::OpType``.
+
+Nodes without metadata. torch.onnx's optimizer makes nodes that carry none (the ``Split`` of
+a fused QKV projection, folded constants), and its CSE keeps the metadata of the first of the
+nodes it merges, so a later block may read a value "of" block 0. The policy, stage by stage:
+
+* here: ``stack=None`` (also for torch's one-item ``[<fx node name>]`` form);
+* grouping (:mod:`rewrite.grouping.placement`): *with their users*, in the innermost module
+  call that holds all of them; at the top level when a graph output reads them; dead nodes
+  with their producers;
+* outlining: small non-weight constants (initializers the export made, ``Constant`` outputs)
+  become a ``Constant`` inside every function that reads them
+  (:mod:`rewrite.backends.onnx.constants`), and a cheap node one block computes and another
+  reads is recomputed in the reader (:mod:`rewrite.backends.onnx.remat`). So functions stay
+  valid and identical blocks still share one function.
+
+Known limit: a node without metadata between two nodes of one group that also has a user
+outside it (say a residual ``Add`` whose metadata was stripped) goes outside with its users,
+so data would leave the group and come back: grouping reports a ``GroupingError`` naming the
+group. torch.onnx's own exports do not have such nodes.
 
 Repeated calls. The metadata has no ``@N``: two calls of a shared module look alike. Policy
 (:func:`rewrite.frontends.calls.split_runs`): a module path's nodes that form separate
