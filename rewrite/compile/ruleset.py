@@ -1,9 +1,20 @@
 """Compile parsed rules (with their includes) into a :class:`RuleSet`.
 
-Precedence, for group and flat rules on one module call: the matching rule with the highest
-``priority`` wins; on equal priority the rule written *last* wins (an included file comes
-before the statements after its ``include``, so a file can override what it includes). Tag
-rules apply in file order, later ones overwriting the same key. One ``split`` per rule set.
+Includes are spliced in where they stand: ``Rule.order`` numbers the rules of the whole set
+in reading order (an included file's rules come before the statements after its
+``include``). Resolution: relative to the including file's folder (or ``base`` for text),
+then the shipped library; cycles and missing files are errors at the ``include``.
+
+Precedence (documented for users in ``docs/rules.md``):
+
+* group and flat rules, per module call: the matching rule with the highest ``priority``
+  wins; on equal priority the rule with the highest ``order`` (written last) wins;
+* tag rules run in order of (``priority``, ``order``): later ones see earlier tags and
+  overwrite the same key;
+* one ``split`` per rule set.
+
+Each rule carries its selector twice: ``predicate`` over one :class:`Facts` (the reference)
+and ``mask`` over many subjects at once (what grouping uses).
 """
 
 from __future__ import annotations

@@ -22,15 +22,6 @@ from rewrite.ir import Columns
 _UNPLACED = -1
 
 
-def common_prefix(a, b):
-    """The longest common prefix of two stacks (kept for callers of the old API)."""
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and (a[i] is b[i] or a[i] == b[i]):
-        i += 1
-    return a if i == len(a) else a[:i]
-
-
 @frozen
 class Placement:
     """Where every node goes, and an order of the nodes that keeps placed nodes together."""

@@ -1,4 +1,15 @@
-"""The graph IR: frozen records that frontends fill and matchers only read."""
+"""The graph IR: frozen records that frontends fill and matchers only read.
+
+* :class:`ModuleCall` -- one call of one module (path, qualified class, call index);
+* :class:`Node` -- one operation: inputs as node indices, its stack of calls, its tags;
+* :class:`Graph` -- the nodes in topological order and every distinct call.
+
+A graph also has :attr:`Graph.columns` (:mod:`rewrite.ir.columns`): the same facts as flat
+integer arrays over distinct stacks, targets and tag sets, which whole-graph passes such as
+grouping use instead of the records. Frontends may fill the columns as they read and hand
+over ``nodes`` as a :class:`~rewrite.ir.nodes.LazyNodes` (records built on first access);
+a graph made of a plain tuple of nodes gets its columns derived on first use.
+"""
 
 from __future__ import annotations
 
@@ -86,9 +97,9 @@ class Graph:
         return self._columns  # type: ignore[return-value]
 
     def users(self) -> list[list[int]]:
-        """For each node, the indices of the nodes that read it."""
-        users: list[list[int]] = [[] for _ in self.nodes]
-        for node in self.nodes:
-            for i in node.inputs:
-                users[i].append(node.index)
+        """For each node, the indices of the nodes that read it (in graph order)."""
+        producer, consumer = self.columns.edges()
+        users: list[list[int]] = [[] for _ in range(self.columns.size)]
+        for p, c in zip(producer.tolist(), consumer.tolist()):
+            users[p].append(c)
         return users
