@@ -87,6 +87,10 @@ def measure(sizes: list[int], repeats: int, rule_sets: dict[str, RuleSet]) -> li
         start = time.perf_counter()
         graphs.append(synthetic_graph(size))
         rows.append({"built": time.perf_counter() - start, "nodes": len(graphs[-1].nodes)})
+    # the FX graphs live to the end: keep the collector from scanning their millions of
+    # objects again and again (between timings; rewrite pauses it inside its own passes)
+    gc.collect()
+    gc.freeze()
     keys = ["bare_fx", "ir", "bare_ir", *rule_sets]
     times = [{k: [] for k in keys} for _ in sizes]
     irs: list[Graph | None] = [None] * len(sizes)

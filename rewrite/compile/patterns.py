@@ -114,7 +114,7 @@ def glob_regex(pattern: str) -> re.Pattern[str]:
 class Glob:
     """A compiled pattern with a memo of the strings it was asked about."""
 
-    __slots__ = ("pattern", "_regex", "_memo", "matches_all")
+    __slots__ = ("pattern", "_regex", "_memo", "matches_all", "literal")
 
     def __init__(self, pattern: str):
         self.pattern = pattern
@@ -122,6 +122,8 @@ class Glob:
         self._memo: dict[str, bool] = {}
         self.matches_all = len(pattern) >= 2 and set(pattern) == {"*"}
         """``**``: true for every text."""
+        self.literal = not any(c in "*?[]" for c in pattern)
+        """No wildcard: matches exactly the text ``pattern`` (see the subclasses)."""
 
     def __call__(self, text: str) -> bool:
         hit = self._memo.get(text)

@@ -51,7 +51,6 @@ class _Grouping:
         self.table = StackTable(self.columns, graph.calls)
         self.components: list[Component] = []
         self.chosen: list[Rule | None] = []
-        self._ids: dict[Path, str] = {(): ""}
 
     def run(self) -> GroupTree:
         columns, table, rules = self.columns, self.table, self.rules
@@ -91,6 +90,7 @@ class _Grouping:
     def _paths(self, sid: np.ndarray, comp: np.ndarray | None) -> tuple[np.ndarray, _Paths]:
         """Per node the id of its path of groups, and the table of paths."""
         table = self.table
+        # one more entry, False, for call id -1 (the "last call" of an empty stack)
         grouped = np.array([r is not None for r in self.chosen] + [False], dtype=bool)
         paths = _Paths()
         stack_pid = _stack_paths(table, grouped, paths)

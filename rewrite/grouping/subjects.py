@@ -28,6 +28,8 @@ class _CallColumns:
     def path_mask(self, glob: Glob) -> np.ndarray:
         if glob.matches_all:
             return np.ones(self.size, dtype=bool)
+        if glob.literal:  # one vectorized comparison instead of a match per call
+            return self.table.path_array == glob.pattern
         return np.array(glob.test_all(self.table.paths), dtype=bool)
 
     def key_mask(self, path: Glob, index: Glob) -> np.ndarray:
