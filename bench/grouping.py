@@ -36,6 +36,12 @@ def export_gpt2(blocks: int) -> torch.export.ExportedProgram:
     return models.export(models.gpt2(n_layer=blocks))
 
 
+def _progress(message: str) -> None:
+    """Progress on a terminal only (reports that capture the output stay clean)."""
+    if sys.stderr.isatty():
+        print(message, file=sys.stderr, flush=True)
+
+
 def _timed(fn) -> float:
     gc.collect()
     start = time.process_time()
@@ -94,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     rules = rewrite.load_rules("gpt2")
     programs = {}
     for blocks in args.blocks:
-        print(f"exporting a {blocks}-block GPT-2...", file=sys.stderr, flush=True)
+        _progress(f"exporting a {blocks}-block GPT-2...")
         programs[blocks] = export_gpt2(blocks)
     rows = measure(programs, rules, args.repeats)
     print("GPT-2 exports, rules/gpt2.rules; median CPU time of interleaved repeats")

@@ -72,6 +72,12 @@ def bare_ir_pass(graph: Graph) -> int:
     return edges
 
 
+def _progress(message: str) -> None:
+    """Progress on a terminal only (reports that capture the output stay clean)."""
+    if sys.stderr.isatty():
+        print(message, file=sys.stderr, flush=True)
+
+
 def _cpu(fn: Callable[[], object]) -> tuple[float, object]:
     start = time.process_time()
     out = fn()
@@ -83,7 +89,7 @@ def measure(sizes: list[int], repeats: int, rule_sets: dict[str, RuleSet]) -> li
     the load of a shared machine hits all sizes alike."""
     graphs, rows = [], []
     for size in sizes:
-        print(f"building a {size}-node graph...", file=sys.stderr, flush=True)
+        _progress(f"building a {size}-node graph...")
         start = time.perf_counter()
         graphs.append(synthetic_graph(size))
         rows.append({"built": time.perf_counter() - start, "nodes": len(graphs[-1].nodes)})
@@ -95,7 +101,7 @@ def measure(sizes: list[int], repeats: int, rule_sets: dict[str, RuleSet]) -> li
     times = [{k: [] for k in keys} for _ in sizes]
     irs: list[Graph | None] = [None] * len(sizes)
     for repeat in range(repeats):
-        print(f"repeat {repeat + 1} of {repeats}...", file=sys.stderr, flush=True)
+        _progress(f"repeat {repeat + 1} of {repeats}...")
         for k, fx_graph in enumerate(graphs):
             times[k]["bare_fx"].append(_cpu(lambda: bare_fx_pass(fx_graph))[0])
             irs[k] = None  # free the previous IR outside the timing
