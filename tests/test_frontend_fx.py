@@ -90,6 +90,9 @@ def test_columns_agree_with_the_nodes(shared_program):
                      ) == node.inputs
         stack_calls = columns.stack_calls[columns.stack_id[i]]
         assert stack_calls is None or tuple(graph.calls[k] for k in stack_calls) == node.stack
+    users = graph.users()
+    for node in graph.nodes:
+        assert [graph.nodes[u].source for u in users[node.index]] == list(node.source.users)
 
 
 def test_unlifted_module_reads_like_the_program(shared_program):
