@@ -365,3 +365,18 @@ def test_path_and_model_give_the_same_groups(gpt2_optimized):
     case = gpt2_optimized
     by_model = rewrite.apply(case.spec.rules, ir.load(str(case.path)))
     assert by_model.explain()["groups"] == case.result.explain()["groups"]
+
+
+def test_a_file_result_is_outlined_without_a_copy_then_read_again(gpt2_optimized):
+    # the model apply loaded from a path is rewrite's own: the first lowering outlines it as
+    # it is; a second lowering of the same result reads the file again
+    case = gpt2_optimized
+    result = rewrite.apply(case.spec.rules, case.path)
+    first = result.to_onnx()
+    assert first is result.tree.graph.source
+    second = result.to_onnx()
+    assert second is not first
+    for model in (first, second):
+        checked_proto(model)
+        assert top_calls(model) == top_calls(case.lowering.model)
+    assert_equals_flat(case, second)

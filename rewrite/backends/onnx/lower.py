@@ -2,12 +2,15 @@
 
 * ``.pt2`` / ExportedProgram: torch.onnx lowers the ops (one decomposition, its default
   optimizer), :mod:`remap` groups its nodes with the same rules, :mod:`outline` outlines.
-* ``.onnx`` / onnx_ir.Model: the grouped model is cloned (the input is never changed) and
-  outlined with the tree ``apply`` made.
+* ``.onnx`` / onnx_ir.Model: outlined with the tree ``apply`` made. A model the caller
+  gave is cloned first (the input is never changed); one ``apply`` loaded from a path belongs
+  to rewrite alone, so the first lowering outlines it as it is (no copy), and later lowerings
+  of the same result read the file again.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -58,6 +61,25 @@ def _clone_tree(tree: GroupTree) -> tuple[ir.Model, GroupTree]:
     return model, attrs.evolve(tree, graph=graph)
 
 
+_OUTLINED = "rewrite.outlined"
+"""``Model.meta`` key: this model loaded from a path has been outlined in place."""
+
+
+def _onnx_model(result: "Result") -> tuple[ir.Model, GroupTree]:
+    """The ONNX model to outline in place, and its tree (see the module docstring)."""
+    tree = result.tree
+    if not isinstance(result.model, (str, Path)):
+        return _clone_tree(tree)
+    model: ir.Model = tree.graph.source
+    if model.meta.get(_OUTLINED):
+        from rewrite.api import apply
+
+        tree = apply(result.rules, result.model).tree
+        model = tree.graph.source
+    model.meta[_OUTLINED] = True
+    return model, tree
+
+
 def lower(result: "Result", options: OnnxOptions | None = None,
           progress: Progress | None = None) -> Lowering:
     """Lower ``result`` (see the module docstring)."""
@@ -67,7 +89,7 @@ def lower(result: "Result", options: OnnxOptions | None = None,
     source = tree.graph.source
     warnings: list[Diagnostic] = []
     if tree.graph.kind == "onnx":
-        model, onnx_tree = _clone_tree(tree)
+        model, onnx_tree = _onnx_model(result)
     elif isinstance(source, torch.export.ExportedProgram):
         with progress.step(f"torch.onnx.export ({_count(tree.graph)} FX nodes)"):
             exported = export_program(source, optimize=options.optimize)
