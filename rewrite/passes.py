@@ -37,9 +37,10 @@ class RewritePass(onnx_ir.passes.PassBase):
 
     ``in_place=True`` (default) outlines the given model and returns it; ``in_place=False``
     returns an outlined copy and leaves the input unchanged. ``constants``,
-    ``constant_limit`` and ``recompute`` are the :class:`OnnxOptions` of the ONNX backend.
-    ``PassResult.modified`` is True when at least one group became a function call (or
-    outlining dropped nodes left unused).
+    ``constant_limit`` and ``recompute`` are the :class:`OnnxOptions` of the ONNX backend
+    (None: its default). ``PassResult.modified`` is True when at least one group became a
+    function call (or outlining dropped nodes left unused). Inside an
+    ``onnx_ir.passes.PassManager`` errors come wrapped in ``PassError`` (``__cause__``).
     """
 
     def __init__(
@@ -47,13 +48,14 @@ class RewritePass(onnx_ir.passes.PassBase):
         rules: RuleSet | str | Path,
         *,
         in_place: bool = True,
-        constants: str = "embed",
-        constant_limit: int = 1024,
-        recompute: bool = True,
+        constants: str | None = None,
+        constant_limit: int | None = None,
+        recompute: bool | None = None,
     ) -> None:
         self.rules = rules if isinstance(rules, RuleSet) else load_rules(rules)
-        self.options = OnnxOptions(constants=constants, constant_limit=constant_limit,
-                                   recompute=recompute)
+        given = {"constants": constants, "constant_limit": constant_limit,
+                 "recompute": recompute}
+        self.options = OnnxOptions(**{k: v for k, v in given.items() if v is not None})
         self._in_place = in_place
 
     @property

@@ -166,3 +166,17 @@ def test_not_an_onnx_ir_model_is_an_input_error(pipeline):
 def test_bad_option_is_refused():
     with pytest.raises(ValueError):
         rewrite.RewritePass(GPT2_RULES, constants="inline")
+
+
+def test_defaults_are_the_backends():
+    from rewrite.backends.onnx import OnnxOptions
+
+    assert rewrite.RewritePass(GPT2_RULES).options == OnnxOptions()
+
+
+def test_in_a_pass_manager_errors_come_wrapped(pipeline):
+    rules = rewrite.parse_rules('group class *GPT2Block domain "ai.onnx"')
+    manager = ir.passes.PassManager([rewrite.RewritePass(rules)])
+    with pytest.raises(ir.passes.PassError) as caught:
+        manager(_copy(pipeline.flat))
+    assert isinstance(caught.value.__cause__, GroupingError)
