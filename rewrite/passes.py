@@ -40,7 +40,8 @@ class RewritePass(onnx_ir.passes.PassBase):
     ``constant_limit`` and ``recompute`` are the :class:`OnnxOptions` of the ONNX backend
     (None: its default). ``PassResult.modified`` is True when at least one group became a
     function call (or outlining dropped nodes left unused). Inside an
-    ``onnx_ir.passes.PassManager`` errors come wrapped in ``PassError`` (``__cause__``).
+    ``onnx_ir.passes.PassManager`` errors come wrapped in ``PassError`` (the
+    :class:`rewrite.RewriteError` is at the end of the ``__cause__`` chain).
     """
 
     def __init__(

@@ -179,4 +179,9 @@ def test_in_a_pass_manager_errors_come_wrapped(pipeline):
     manager = ir.passes.PassManager([rewrite.RewritePass(rules)])
     with pytest.raises(ir.passes.PassError) as caught:
         manager(_copy(pipeline.flat))
-    assert isinstance(caught.value.__cause__, GroupingError)
+    causes = []
+    error: BaseException | None = caught.value
+    while error is not None:
+        causes.append(error)
+        error = error.__cause__
+    assert isinstance(causes[-1], GroupingError)
