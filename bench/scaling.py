@@ -6,7 +6,8 @@
 Graphs come from :mod:`bench.synthetic` (transformer-shaped ``torch.fx`` graphs with
 ``nn_module_stack``, shared-module calls, stackless nodes and tags; no ``torch.export``).
 For each size, all measured in the same run, CPU time (``time.process_time``, robust to other
-processes on the machine), median of ``--repeats`` interleaved runs:
+processes on the machine), median of interleaved runs (``--repeats`` for the largest size,
+more for smaller ones, up to 10x, so each size gets about as much measuring):
 
 * **bare FX pass**: one Python loop over the FX graph's nodes and their input nodes;
 * **IR build**: :func:`rewrite.frontends.fx.from_fx_graph` (target: within 10x of the bare
@@ -100,9 +101,13 @@ def measure(sizes: list[int], repeats: int, rule_sets: dict[str, RuleSet]) -> li
     keys = ["bare_fx", "ir", "bare_ir", *rule_sets]
     times = [{k: [] for k in keys} for _ in sizes]
     irs: list[Graph | None] = [None] * len(sizes)
-    for repeat in range(repeats):
-        _progress(f"repeat {repeat + 1} of {repeats}...")
+    # small graphs take milliseconds: repeat them more (about as much work as the largest)
+    counts = [min(max(repeats, repeats * max(sizes) // size), 10 * repeats) for size in sizes]
+    for repeat in range(max(counts)):
+        _progress(f"round {repeat + 1} of {max(counts)}...")
         for k, fx_graph in enumerate(graphs):
+            if repeat >= counts[k]:
+                continue
             times[k]["bare_fx"].append(_cpu(lambda: bare_fx_pass(fx_graph))[0])
             irs[k] = None  # free the previous IR outside the timing
             gc.collect()
@@ -136,7 +141,8 @@ def report(results: list[dict], rule_names: list[str]) -> str:
             f" {'nodes':>7} | {'bare IR':>7}")
     for name in rule_names:
         head += f" | {name[:11]:>11} {'ratio':>6} {'groups':>7}"
-    lines += ["time per node in microseconds (CPU, median); ratio = time / bare pass", head,
+    lines += ["time per node in microseconds (CPU time, median); ratio = time / bare pass",
+              head,
               "-" * len(head)]
     for r in results:
         n = r["nodes"]

@@ -105,11 +105,6 @@ class StackTable:
         return self._cached("paths", lambda: [c.path for c in self.calls])
 
     @property
-    def path_array(self) -> np.ndarray:
-        """The paths as a numpy string array (for vectorized comparisons)."""
-        return self._cached("path_array", lambda: np.array(self.paths, dtype=str))
-
-    @property
     def indices(self) -> tuple[list[str], np.ndarray]:
         """Distinct call indices as text, and per call the position of its index."""
         def make():

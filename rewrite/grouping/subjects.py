@@ -28,8 +28,9 @@ class _CallColumns:
     def path_mask(self, glob: Glob) -> np.ndarray:
         if glob.matches_all:
             return np.ones(self.size, dtype=bool)
-        if glob.literal:  # one vectorized comparison instead of a match per call
-            return self.table.path_array == glob.pattern
+        if glob.literal:  # a string comparison per call instead of a regex match
+            paths = self.table.paths
+            return np.fromiter(map(glob.pattern.__eq__, paths), dtype=bool, count=len(paths))
         return np.array(glob.test_all(self.table.paths), dtype=bool)
 
     def key_mask(self, path: Glob, index: Glob) -> np.ndarray:
