@@ -7,7 +7,7 @@ Graphs come from :mod:`bench.synthetic` (transformer-shaped ``torch.fx`` graphs 
 ``nn_module_stack``, shared-module calls, stackless nodes and tags; no ``torch.export``).
 For each size, all measured in the same run, CPU time (``time.process_time``, robust to other
 processes on the machine), median of interleaved runs (``--repeats`` for the largest size,
-more for smaller ones, up to 10x, so each size gets about as much measuring):
+more for smaller ones, up to 5x; the bare passes 5 times per round):
 
 * **bare FX pass**: one Python loop over the FX graph's nodes and their input nodes;
 * **IR build**: :func:`rewrite.frontends.fx.from_fx_graph` (target: within 10x of the bare
@@ -53,6 +53,11 @@ RULE_SETS: dict[str, Callable[[], RuleSet]] = {
     ),
     "split": lambda: parse_rules('split by stage\ngroup class *Block', "split.rules"),
 }
+
+
+BARE_PASSES = 5
+"""Bare passes are cheap and their time is the denominator of every ratio: each round runs
+them several times (all runs count towards the median)."""
 
 
 def bare_fx_pass(graph: torch.fx.Graph) -> int:
@@ -102,13 +107,14 @@ def measure(sizes: list[int], repeats: int, rule_sets: dict[str, RuleSet]) -> li
     times = [{k: [] for k in keys} for _ in sizes]
     irs: list[Graph | None] = [None] * len(sizes)
     # small graphs take milliseconds: repeat them more (about as much work as the largest)
-    counts = [min(max(repeats, repeats * max(sizes) // size), 10 * repeats) for size in sizes]
+    counts = [min(max(repeats, repeats * max(sizes) // size), 5 * repeats) for size in sizes]
     for repeat in range(max(counts)):
         _progress(f"round {repeat + 1} of {max(counts)}...")
         for k, fx_graph in enumerate(graphs):
             if repeat >= counts[k]:
                 continue
-            times[k]["bare_fx"].append(_cpu(lambda: bare_fx_pass(fx_graph))[0])
+            times[k]["bare_fx"].extend(_cpu(lambda: bare_fx_pass(fx_graph))[0]
+                                       for _ in range(BARE_PASSES))
             irs[k] = None  # free the previous IR outside the timing
             gc.collect()
             elapsed, graph = _cpu(lambda: from_fx_graph(fx_graph))
@@ -118,7 +124,8 @@ def measure(sizes: list[int], repeats: int, rule_sets: dict[str, RuleSet]) -> li
                 rows[k]["materialize"] = _cpu(graph.nodes.materialize)[0]
             else:
                 graph.nodes.materialize()
-            times[k]["bare_ir"].append(_cpu(lambda: bare_ir_pass(graph))[0])
+            times[k]["bare_ir"].extend(_cpu(lambda: bare_ir_pass(graph))[0]
+                                       for _ in range(BARE_PASSES))
             for name, rules in rule_sets.items():
                 gc.collect()
                 times[k][name].append(_cpu(lambda: group_graph(rules, graph))[0])
