@@ -162,10 +162,10 @@ class _Grouping:
         np.cumsum(np.bincount(pid, minlength=size), out=bounds[1:])
         bounds = bounds.tolist()
         count, first = spans.count.tolist(), spans.first.tolist()
-        children: list[list[int]] = [[] for _ in range(size)]
+        children: dict[int, list[int]] = {}
         for k, parent in enumerate(paths.parent):
             if parent >= 0 and count[k]:
-                children[parent].append(k)
+                children.setdefault(parent, []).append(k)
         segments = [p[-1] if p else 0 for p in paths.paths]
         calls, chosen, render = self.table.calls, self.chosen, Renderer()
         split, components = self.rules.split, self.components
@@ -173,7 +173,7 @@ class _Grouping:
         for k in sorted(range(1, size), key=lambda k: -len(paths.paths[k])):
             if not count[k]:
                 continue
-            kids_ids = children[k]
+            kids_ids = children.get(k, ())
             if len(kids_ids) > 1:
                 kids_ids.sort(key=lambda g: (0, -segments[g]) if segments[g] < 0 else (1, first[g]))
             kids = tuple([made[g] for g in kids_ids])
@@ -188,7 +188,7 @@ class _Grouping:
                 component = components[-1 - segment]
                 made[k] = Group(names[k], "component", None, split, component.name,
                                 SPLIT_DOMAIN, kids, own, count[k], tag_value=component.value)
-        top = children[0]
+        top = children.get(0, [])
         top.sort(key=lambda g: (0, -segments[g]) if segments[g] < 0 else (1, first[g]))
         kids = tuple([made[g] for g in top])
         own = tuple(order[bounds[0]:bounds[1]])
@@ -242,17 +242,18 @@ class _Paths:
         self.paths: list[Path] = [()]
         self.parent: list[int] = [-1]
         self._ids: dict[Path, int] = {(): 0}
-        self._child: dict[tuple[int, int], int] = {}
+        self._child: dict[int, int] = {}
 
     def child(self, pid: int, segment: int) -> int:
-        """The id of path ``pid`` extended by ``segment``."""
-        found = self._child.get((pid, segment))
+        """The id of path ``pid`` extended by call ``segment`` (>= 0)."""
+        key = pid << 32 | segment  # an int key: no tuple for the collector to scan
+        found = self._child.get(key)
         if found is None:
             path = self.paths[pid] + (segment,)
             found = self._ids.get(path)
             if found is None:
                 found = self._add(path, pid)
-            self._child[(pid, segment)] = found
+            self._child[key] = found
         return found
 
     def intern(self, path: Path) -> int:
