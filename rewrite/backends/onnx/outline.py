@@ -65,6 +65,10 @@ class _Outliner:
         self.constants = ConstantPolicy(options, self.keyer, weights)
         self.names = naming.FunctionNames((f.domain, f.name) for f in model.functions.values())
         self.registry: dict[Key, ir.Function] = {}
+        # key of a body with its members in graph order -> (function, how to reorder members,
+        # args and outputs into that function's canonical order); see _reuse
+        self.reused: dict[Key, tuple[ir.Function, list[int], list[int], list[int]]] = {}
+        self.holders = set(self.owner.values())
         self.function_of: dict[str, tuple[str, str, str] | None] = {}
         self.made: list[ir.Function] = []
 
@@ -91,19 +95,47 @@ class _Outliner:
             return []
         member_set = set(members)
         first = min(self.position[m] for m in members)
-        members = self.keyer.canonical_order(members, self.position, self._constant_key)
+        members.sort(key=self.position.__getitem__)
+        # Fast path for repeated blocks: a body equal to an earlier one *in graph order* has
+        # the same canonical order (same labels and ranks), so reuse that group's function
+        # and permutations instead of canonicalizing again. Not for nodes holding subgraphs
+        # (their labels read captured values by name).
+        raw_key = None
+        if self.holders.isdisjoint(members):
+            raw_inputs, raw_outputs = boundary(members, member_set, self.owner)
+            if raw_outputs:
+                raw_args, raw_embedded = self._split(raw_inputs)
+                raw_key = self.keyer.body(
+                    (group.domain, group.function_name), members, raw_args,
+                    {v: e.key for v, e in raw_embedded.items()}, raw_outputs,
+                )
+                hit = self.reused.get(raw_key)
+                if hit is not None:
+                    function, member_order, arg_order, output_order = hit
+                    members = [members[i] for i in member_order]
+                    args = [raw_args[i] for i in arg_order]
+                    outputs = [raw_outputs[i] for i in output_order]
+                    call = self._call(group, chain, function.name, args, outputs, members)
+                    rewire(self.graph, outputs, list(call.outputs), member_set, self.owner)
+                    for node in members:
+                        detach(node)
+                    self.graph.remove(members)
+                    self.function_of[group.id] = function.identifier()
+                    self.position[call] = first
+                    return [call]
+        by_position = members
+        rank = {node: i for i, node in enumerate(by_position)}
+        members = self.keyer.canonical_order(by_position, rank, self._constant_key)
         inputs, outputs = boundary(members, member_set, self.owner)
         if not outputs:  # nothing it computes is used: leave it flat (dead code)
             self.function_of[group.id] = None
             return members
-        args: list[ir.Value] = []
-        embedded: dict[ir.Value, Embedded] = {}
-        for value in inputs:
-            found = self.constants.embedded(value)
-            if found is None:
-                args.append(value)
-            else:
-                embedded[value] = found
+        args, embedded = self._split(inputs)
+        if raw_key is not None:
+            arg_index = {v: i for i, v in enumerate(raw_args)}
+            output_index = {v: i for i, v in enumerate(raw_outputs)}
+            raw_order = ([rank[n] for n in members], [arg_index[v] for v in args],
+                         [output_index[v] for v in outputs])
         key = self.keyer.body(
             (group.domain, group.function_name), members, args,
             {v: e.key for v, e in embedded.items()}, outputs,
@@ -122,9 +154,23 @@ class _Outliner:
             for node in members:
                 detach(node)
             self.graph.remove(members)
+        if raw_key is not None:
+            self.reused[raw_key] = (function, *raw_order)
         self.function_of[group.id] = function.identifier()
         self.position[call] = first
         return [call]
+
+    def _split(self, inputs: list[ir.Value]) -> tuple[list[ir.Value], dict[ir.Value, Embedded]]:
+        """``inputs`` -> (function arguments, embedded constants)."""
+        args: list[ir.Value] = []
+        embedded: dict[ir.Value, Embedded] = {}
+        for value in inputs:
+            found = self.constants.embedded(value)
+            if found is None:
+                args.append(value)
+            else:
+                embedded[value] = found
+        return args, embedded
 
     def _constant_key(self, value: ir.Value) -> Key | None:
         found = self.constants.embedded(value)
