@@ -45,7 +45,7 @@ from __future__ import annotations
 import ast
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Iterator, Mapping
+from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Mapping
 
 from attrs import field, frozen
 
@@ -108,11 +108,39 @@ def read_scopes(node: "ir.Node") -> tuple[list[str], list[str]] | None:
     return [str(s) for s in scopes], [str(c) for c in classes]
 
 
+_GRAPH_KINDS: tuple = ()
+
+
+def _graph_kinds() -> tuple:
+    global _GRAPH_KINDS
+    if not _GRAPH_KINDS:
+        import onnx_ir as ir
+
+        _GRAPH_KINDS = (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS)
+    return _GRAPH_KINDS
+
+
+def attribute_values(node: "ir.Node") -> Iterable["ir.Attr"]:
+    """``node.attributes.values()``, read from the underlying dict when there is one (the
+    mapping view of ``onnx_ir``'s ``UserDict`` is several times slower; most callers are hot)."""
+    attrs = node.attributes
+    return getattr(attrs, "data", attrs).values()
+
+
+def holds_graphs(node: "ir.Node") -> bool:
+    """Whether an attribute of ``node`` may hold a graph (cheap; most nodes hold none)."""
+    attrs = node.attributes
+    if not attrs:
+        return False
+    kinds = _GRAPH_KINDS or _graph_kinds()
+    return any(attr.type in kinds for attr in getattr(attrs, "data", attrs).values())
+
+
 def subgraph_captures(node: "ir.Node") -> Iterator["ir.Value"]:
     """Outer-scope values read by the nodes of ``node``'s subgraphs (recursively)."""
     import onnx_ir as ir
 
-    for attr in node.attributes.values():
+    for attr in attribute_values(node):
         if attr.type == ir.AttributeType.GRAPH:
             graphs = [attr.as_graph()]
         elif attr.type == ir.AttributeType.GRAPHS:
@@ -216,7 +244,7 @@ def _input_indices(node: "ir.Node", index_of: dict[int, int]) -> tuple[int, ...]
             i = index_of.get(id(value))
             if i is not None:
                 found[i] = None
-    if node.attributes:
+    if holds_graphs(node):
         for value in subgraph_captures(node):
             i = index_of.get(id(value))
             if i is not None:

@@ -10,12 +10,12 @@ from typing import Collection, Iterator, Mapping
 
 import onnx_ir as ir
 
-from rewrite.frontends.onnx import subgraph_captures
+from rewrite.frontends.onnx import attribute_values, holds_graphs, subgraph_captures
 
 
 def subgraphs(node: ir.Node) -> Iterator[ir.Graph]:
     """The graphs held by ``node``'s attributes (not recursive)."""
-    for attr in node.attributes.values():
+    for attr in attribute_values(node):
         if attr.is_ref():
             continue
         if attr.type == ir.AttributeType.GRAPH:
@@ -36,7 +36,7 @@ def owners(graph: ir.Graph) -> dict[ir.Node, ir.Node]:
     """For every node inside a subgraph, the main-graph node that holds it."""
     owner: dict[ir.Node, ir.Node] = {}
     for node in graph:
-        if node.attributes:
+        if holds_graphs(node):
             for inner in inner_nodes(node):
                 owner[inner] = node
     return owner
@@ -53,7 +53,7 @@ def boundary(
         for value in node.inputs:
             if value is not None and value.producer() not in member_set:
                 inputs[value] = None
-        if node.attributes:
+        if holds_graphs(node):
             for value in subgraph_captures(node):
                 if value.producer() not in member_set:
                     inputs[value] = None
@@ -89,7 +89,7 @@ def substitute(node: ir.Node, mapping: Mapping[ir.Value, ir.Value]) -> None:
     for i, value in enumerate(node.inputs):
         if value is not None and value in mapping:
             node.replace_input_with(i, mapping[value])
-    if node.attributes:
+    if holds_graphs(node):
         for inner in inner_nodes(node):
             for i, value in enumerate(inner.inputs):
                 if value is not None and value in mapping:
@@ -100,7 +100,7 @@ def detach(node: ir.Node) -> None:
     """Drop every input of ``node`` and its inner nodes, so no value lists them as users."""
     for i in range(len(node.inputs)):
         node.replace_input_with(i, None)
-    if node.attributes:
+    if holds_graphs(node):
         for inner in inner_nodes(node):
             for i in range(len(inner.inputs)):
                 inner.replace_input_with(i, None)

@@ -22,6 +22,8 @@ from typing import Callable, Hashable, Mapping
 
 import onnx_ir as ir
 
+from rewrite.frontends.onnx import holds_graphs
+
 Key = Hashable
 Refs = Mapping[int, Key]
 """``id(value)`` -> how the body refers to it."""
@@ -157,7 +159,7 @@ class Keyer:
 
 def _read_values(node: ir.Node):
     yield from (v for v in node.inputs if v is not None)
-    if node.attributes:
+    if holds_graphs(node):
         from rewrite.frontends.onnx import subgraph_captures
 
         yield from subgraph_captures(node)
