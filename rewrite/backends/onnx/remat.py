@@ -24,6 +24,7 @@ import onnx_ir as ir
 from rewrite.backends.onnx.boundary import detach, owners
 from rewrite.backends.onnx.constants import is_weight
 from rewrite.backends.onnx.membership import Membership
+from rewrite.frontends.onnx import holds_graphs
 
 LIMIT = 8
 """Most nodes copied for one shared value."""
@@ -31,7 +32,6 @@ LIMIT = 8
 NONDETERMINISTIC = {"RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike",
                     "Multinomial", "Bernoulli", "Dropout"}
 
-_GRAPH_ATTRS = (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS)
 
 Path = tuple[str, ...]
 
@@ -90,7 +90,7 @@ class _Recomputer:
         return (node.domain in ("", "com.microsoft")
                 and node.op_type not in NONDETERMINISTIC
                 and node.graph is self.graph and node in self.members.group_of
-                and not any(a.type in _GRAPH_ATTRS for a in node.attributes.values()))
+                and not holds_graphs(node))
 
     def copy(self, node: ir.Node, target: Path, before: ir.Node, rank: int) -> ir.Node:
         """A copy of ``node`` in group ``target``, reading earlier copies where made."""
