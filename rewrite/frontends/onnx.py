@@ -130,10 +130,11 @@ def attribute_values(node: "ir.Node") -> Iterable["ir.Attr"]:
 def holds_graphs(node: "ir.Node") -> bool:
     """Whether an attribute of ``node`` may hold a graph (cheap; most nodes hold none)."""
     attrs = node.attributes
+    attrs = getattr(attrs, "data", attrs)
     if not attrs:
         return False
     kinds = _GRAPH_KINDS or _graph_kinds()
-    return any(attr.type in kinds for attr in getattr(attrs, "data", attrs).values())
+    return any(attr.type in kinds for attr in attrs.values())
 
 
 def subgraph_captures(node: "ir.Node") -> Iterator["ir.Value"]:
@@ -169,13 +170,24 @@ class _MetadataReader:
 
     def __init__(self) -> None:
         self._stacks: dict[tuple, Stack] = {}
+        self._by_text: dict[tuple, NodeFacts | None] = {}
         self.root_class: str | None = None
 
     def facts(self, node: "ir.Node") -> NodeFacts:
+        # many nodes share their metadata texts (a block's nodes, repeated blocks): parse once
+        props = node.metadata_props
+        text = (props.get(NAME_SCOPES), props.get(CLASS_HIERARCHY))
+        if text in self._by_text:
+            found = self._by_text[text]
+        else:
+            found = self._by_text[text] = self._parse(node)
+        return found if found is not None else NodeFacts(None, onnx_target(node))
+
+    def _parse(self, node: "ir.Node") -> NodeFacts | None:
         scopes = read_scopes(node)
         if scopes is None or scopes[0][0] != "" or len(scopes[0]) < 2:
             # no metadata, or torch's "no nn_module_stack" form [node name]
-            return NodeFacts(None, onnx_target(node))
+            return None
         names, classes = scopes
         if self.root_class is None:
             self.root_class = classes[0]
