@@ -28,6 +28,7 @@ from rewrite.backends.onnx.opsets import fix_opsets
 from rewrite.backends.onnx.options import OnnxOptions
 from rewrite.backends.onnx.remat import recompute_shared
 from rewrite.backends.onnx.structure import Key, Keyer
+from rewrite.frontends.onnx import holds_graphs
 from rewrite.grouping import Group, GroupTree
 
 
@@ -117,9 +118,7 @@ class _Outliner:
                     outputs = [raw_outputs[i] for i in output_order]
                     call = self._call(group, chain, function.name, args, outputs, members)
                     rewire(self.graph, outputs, list(call.outputs), member_set, self.owner)
-                    for node in members:
-                        detach(node)
-                    self.graph.remove(members)
+                    self._drop(members, member_set)
                     self.function_of[group.id] = function.identifier()
                     self.position[call] = first
                     return [call]
@@ -151,14 +150,25 @@ class _Outliner:
             function = self._make_function(group, name, members, args, embedded, outputs)
             self.registry[key] = function
         else:
-            for node in members:
-                detach(node)
-            self.graph.remove(members)
+            self._drop(members, member_set)
         if raw_key is not None:
             self.reused[raw_key] = (function, *raw_order)
         self.function_of[group.id] = function.identifier()
         self.position[call] = first
         return [call]
+
+    def _drop(self, members: list[ir.Node], member_set: set[ir.Node]) -> None:
+        """Remove the members of a group whose function exists. Only inputs made outside
+        need detaching: values made inside leave with their producers (readers outside
+        were rewired to the call)."""
+        for node in members:
+            if holds_graphs(node):
+                detach(node)
+                continue
+            for i, value in enumerate(node.inputs):
+                if value is not None and value.producer() not in member_set:
+                    node.replace_input_with(i, None)
+        self.graph.remove(members)
 
     def _split(self, inputs: list[ir.Value]) -> tuple[list[ir.Value], dict[ir.Value, Embedded]]:
         """``inputs`` -> (function arguments, embedded constants)."""
