@@ -25,6 +25,9 @@ import onnx_ir as ir
 from rewrite.frontends.onnx import holds_graphs
 
 Key = Hashable
+_KIND_NAMES = {kind: kind.name for kind in ir.AttributeType}
+_SCALARS = (ir.AttributeType.INT, ir.AttributeType.STRING)
+_LISTS = (ir.AttributeType.INTS, ir.AttributeType.STRINGS)
 Refs = Mapping[int, Key]
 """``id(value)`` -> how the body refers to it."""
 
@@ -50,6 +53,11 @@ class Keyer:
             return ("ref", attr.ref_attr_name)
         kind = attr.type
         value = attr.value
+        if kind in _SCALARS:  # the common kinds first (same keys as the last line)
+            return (_KIND_NAMES[kind],
+                    value if isinstance(value, (int, str, bytes)) else repr(value))
+        if kind in _LISTS:
+            return (_KIND_NAMES[kind], tuple(value))
         if kind == ir.AttributeType.FLOAT:
             return ("f", float(value).hex())
         if kind == ir.AttributeType.FLOATS:
@@ -70,9 +78,11 @@ class Keyer:
         inputs = tuple(
             None if v is None else refs.get(id(v), ("outer", v.name)) for v in node.inputs
         )
+        attributes = node.attributes
+        attributes = getattr(attributes, "data", attributes)  # the UserDict's dict: faster
         attrs = tuple(
-            sorted((name, self.attribute(a, refs, depth)) for name, a in node.attributes.items())
-        )
+            sorted((name, self.attribute(a, refs, depth)) for name, a in attributes.items())
+        ) if attributes else ()
         return (node.domain, node.op_type, node.overload, len(node.outputs), inputs, attrs)
 
     def graph(self, graph: ir.Graph, outer: Refs, depth: int) -> Key:
