@@ -11,6 +11,8 @@
    * plain: ``torch.export.load`` + ``torch.onnx.export(program, dynamo=True)`` (defaults,
      optimize=True) + ``save``: the same work without grouping. The time of the export call
      alone is shown too.
+   Also, with the program already in memory (no load, nothing written),
+   ``rewrite.apply(rules, program).to_onnx()`` vs ``torch.onnx.export(program)``.
    Target: rewrite apply <= 1.15x plain. Wall time and the process's CPU time are both shown:
    on a machine shared with other work, wall time swings with their load; CPU time does not.
 3. onnxruntime latency of the grouped model vs the flat one (CPU, 1 thread, default graph
@@ -112,6 +114,32 @@ def canonical_graph(path: Path) -> tuple:
     return tuple(nodes), tuple(ids[o.name] for o in graph.output)
 
 
+def time_in_memory(program, rules, api_first: bool) -> tuple[float, float]:
+    """Wall seconds of ``rewrite.apply(rules, program).to_onnx()`` and of
+    ``torch.onnx.export(program)``, the program already in memory, nothing written."""
+    import torch
+
+    import rewrite
+    from rewrite.backends.onnx.export import _quiet_exporter
+
+    def api() -> float:
+        start = time.perf_counter()
+        rewrite.apply(rules, program).to_onnx()
+        return time.perf_counter() - start
+
+    def plain() -> float:
+        start = time.perf_counter()
+        with contextlib.redirect_stdout(io.StringIO()), _quiet_exporter():
+            torch.onnx.export(program, dynamo=True, verbose=False)
+        return time.perf_counter() - start
+
+    if api_first:
+        first = api()
+        return first, plain()
+    second = plain()
+    return api(), second
+
+
 def ort_latency(grouped: Path, flat: Path, ids: np.ndarray, runs: int) -> dict:
     """Latency of grouped vs flat, and of flat vs a second session of flat (the noise floor).
 
@@ -185,7 +213,13 @@ def main(argv: list[str] | None = None) -> int:
 
     with console.status("warm-up (first export in a process loads the torchlib registry)"):
         time_plain(pt2, flat_path)
-    applies, plains, exports, apply_cpu, plain_cpu = [], [], [], [], []
+    import torch
+
+    import rewrite
+
+    program = torch.export.load(str(pt2))
+    rules = rewrite.load_rules(RULES)
+    applies, plains, exports, apply_cpu, plain_cpu, apis, plain_exports = ([] for _ in range(7))
     for round_ in range(args.repeats):
         order = ("plain", "apply") if round_ % 2 == 0 else ("apply", "plain")
         for side in order:
@@ -199,6 +233,10 @@ def main(argv: list[str] | None = None) -> int:
                     plains.append(wall)
                     plain_cpu.append(cpu)
                     exports.append(export)
+        with console.status(f"round {round_ + 1}/{args.repeats}: in memory"):
+            api, export_only = time_in_memory(program, rules, api_first=round_ % 2 == 1)
+        apis.append(api)
+        plain_exports.append(export_only)
         console.print(f"round {round_ + 1}: rewrite apply {applies[-1]:.2f}s "
                       f"(CPU {apply_cpu[-1]:.2f}s), plain {plains[-1]:.2f}s (CPU "
                       f"{plain_cpu[-1]:.2f}s, export alone {exports[-1]:.2f}s)")
@@ -215,8 +253,9 @@ def main(argv: list[str] | None = None) -> int:
     ort_grouped, ort_flat = latency["nodes"]
     same = latency["same"]
 
-    apply_t, plain_t, export_t, apply_c, plain_c = (
-        statistics.median(v) for v in (applies, plains, exports, apply_cpu, plain_cpu))
+    apply_t, plain_t, export_t, apply_c, plain_c, api_t, plain_api_t = (
+        statistics.median(v)
+        for v in (applies, plains, exports, apply_cpu, plain_cpu, apis, plain_exports))
     table = Table(title=f"GPT-2, {args.blocks} blocks (width 64, seq {args.seq}): "
                   f"{nodes_flat} flat ONNX nodes -> {len(grouped.functions)} functions, "
                   f"GPT2Block x{blocks[0].instances}")
@@ -234,6 +273,9 @@ def main(argv: list[str] | None = None) -> int:
                   verdict(apply_c / plain_c, 1.15))
     table.add_row("rewrite apply vs the torch.onnx.export call alone (median s)",
                   f"{apply_t:.2f}", f"{export_t:.2f}", f"{apply_t / export_t:.3f}x", "")
+    table.add_row("API, program in memory: apply().to_onnx() vs torch.onnx.export (median s)",
+                  f"{api_t:.2f}", f"{plain_api_t:.2f}", f"{api_t / plain_api_t:.3f}x",
+                  verdict(api_t / plain_api_t, 1.15))
     table.add_row("onnxruntime latency, grouped vs flat (median ms; median of paired ratios)",
                   f"{lat_grouped * 1e3:.3f}", f"{lat_flat * 1e3:.3f}", f"{lat_ratio:.3f}x",
                   verdict(lat_ratio, 1.05))
