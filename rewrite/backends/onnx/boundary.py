@@ -53,7 +53,7 @@ def boundary(
         for value in node.inputs:
             if value is not None and value.producer() not in member_set:
                 inputs[value] = None
-        if holds_graphs(node):
+        if owner and holds_graphs(node):  # no owners: no subgraph holds a node to read with
             for value in subgraph_captures(node):
                 if value.producer() not in member_set:
                     inputs[value] = None

@@ -28,7 +28,6 @@ from rewrite.backends.onnx.opsets import fix_opsets
 from rewrite.backends.onnx.options import OnnxOptions
 from rewrite.backends.onnx.remat import recompute_shared
 from rewrite.backends.onnx.structure import Key, Keyer
-from rewrite.frontends.onnx import holds_graphs
 from rewrite.grouping import Group, GroupTree
 
 
@@ -58,10 +57,11 @@ class _Outliner:
         self.on_group = on_group
         weights = weight_names(model)
         self.members = Membership.from_tree(tree)
-        self.recomputed = (recompute_shared(self.graph, self.members, weights)
+        # remat copies and removes only nodes without subgraphs: the owners stay the same
+        self.owner = owners(self.graph)
+        self.recomputed = (recompute_shared(self.graph, self.members, weights, self.owner)
                            if options.recompute else 0)
         self.position = self.members.position
-        self.owner = owners(self.graph)
         self.keyer = Keyer()
         self.constants = ConstantPolicy(options, self.keyer, weights)
         self.names = naming.FunctionNames((f.domain, f.name) for f in model.functions.values())
@@ -162,7 +162,7 @@ class _Outliner:
         need detaching: values made inside leave with their producers (readers outside
         were rewired to the call)."""
         for node in members:
-            if holds_graphs(node):
+            if node in self.holders:  # its subgraphs hold nodes
                 detach(node)
                 continue
             for i, value in enumerate(node.inputs):

@@ -17,6 +17,7 @@ then get separate functions).
 
 from __future__ import annotations
 
+import functools
 from typing import Mapping
 
 import onnx_ir as ir
@@ -36,6 +37,7 @@ NONDETERMINISTIC = {"RandomNormal", "RandomNormalLike", "RandomUniform", "Random
 Path = tuple[str, ...]
 
 
+@functools.lru_cache(maxsize=4096)  # a few paths, asked once per use that crosses groups
 def _path(group: str) -> Path:
     return tuple(group.split("/")) if group else ()
 
@@ -45,11 +47,12 @@ def _within(path: Path, prefix: Path) -> bool:
 
 
 class _Recomputer:
-    def __init__(self, graph: ir.Graph, members: Membership, weights: set[str]) -> None:
+    def __init__(self, graph: ir.Graph, members: Membership, weights: set[str],
+                 owner: Mapping[ir.Node, ir.Node] | None = None) -> None:
         self.graph = graph
         self.members = members
         self.weights = weights
-        self.owner: Mapping[ir.Node, ir.Node] = owners(graph)
+        self.owner: Mapping[ir.Node, ir.Node] = owners(graph) if owner is None else owner
         self.copies: dict[tuple[ir.Node, Path], ir.Node] = {}
         self.count = 0
 
@@ -118,14 +121,18 @@ class _Recomputer:
         return clone
 
     def run(self) -> int:
+        group_of = self.members.group_of
         for node in list(self.graph):
-            if node.graph is not self.graph or node not in self.members.group_of:
+            if node.graph is not self.graph or node not in group_of:
                 continue
-            home = self.where(node)
+            group = group_of[node]
+            home = _path(group)
             if not home:
                 continue
             for value in node.outputs:
                 for use in value.uses():
+                    if group_of.get(self.owner.get(use.node, use.node)) == group:
+                        continue  # read in its own group (the common case)
                     self._maybe_recompute(node, home, value, use)
         return self.count
 
@@ -157,6 +164,9 @@ class _Recomputer:
             self.members.discard(original)
 
 
-def recompute_shared(graph: ir.Graph, members: Membership, weights: set[str]) -> int:
-    """Apply the policy in the module docstring; returns the number of nodes copied."""
-    return _Recomputer(graph, members, weights).run()
+def recompute_shared(graph: ir.Graph, members: Membership, weights: set[str],
+                     owner: Mapping[ir.Node, ir.Node] | None = None) -> int:
+    """Apply the policy in the module docstring; returns the number of nodes copied.
+    ``owner`` is ``owners(graph)`` when the caller has it (copies hold no subgraphs, so it
+    stays valid)."""
+    return _Recomputer(graph, members, weights, owner).run()
