@@ -75,9 +75,14 @@ class Keyer:
         return (kind.name, value if isinstance(value, (int, str, bytes)) else repr(value))
 
     def node(self, node: ir.Node, refs: Refs, depth: int = 0) -> Key:
-        inputs = tuple(
-            None if v is None else refs.get(id(v), ("outer", v.name)) for v in node.inputs
-        )
+        get = refs.get
+        inputs = []
+        for v in node.inputs:
+            if v is None:
+                inputs.append(None)
+            else:  # keys are non-empty tuples; the default only when missing (cheaper)
+                inputs.append(get(id(v)) or ("outer", v.name))
+        inputs = tuple(inputs)
         attributes = node.attributes
         attributes = getattr(attributes, "data", attributes)  # the UserDict's dict: faster
         attrs = tuple(
