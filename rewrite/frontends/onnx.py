@@ -134,7 +134,10 @@ def holds_graphs(node: "ir.Node") -> bool:
     if not attrs:
         return False
     kinds = _GRAPH_KINDS or _graph_kinds()
-    return any(attr.type in kinds for attr in attrs.values())
+    for attr in attrs.values():
+        if attr.type in kinds:
+            return True
+    return False
 
 
 def subgraph_captures(node: "ir.Node") -> Iterator["ir.Value"]:
@@ -203,7 +206,8 @@ def _metadata_facts(nodes: list["ir.Node"]) -> tuple[list[NodeFacts], str | None
     reader = _MetadataReader()
     raw = [reader.facts(node) for node in nodes]
     stacks = split_runs([f.stack for f in raw])
-    return [NodeFacts(s, f.target) for s, f in zip(stacks, raw)], reader.root_class
+    return ([f if s is f.stack else NodeFacts(s, f.target) for s, f in zip(stacks, raw)],
+            reader.root_class)
 
 
 def from_onnx_model(
@@ -234,9 +238,11 @@ def from_onnx_model(
         all_facts, found_root = _metadata_facts(onnx_nodes)
         root_class = root_class or found_root
     calls: dict[ModuleCall, None] = {}
+    seen_stacks: set[int] = set()  # most nodes share their stack object: add its calls once
     for onnx_node, facts in zip(onnx_nodes, all_facts):
         inputs = _input_indices(onnx_node, index_of)
-        if facts.stack:
+        if facts.stack and id(facts.stack) not in seen_stacks:
+            seen_stacks.add(id(facts.stack))
             calls.update(dict.fromkeys(facts.stack))
         add(
             Node(len(nodes), onnx_node.name or "", "onnx", facts.target, inputs, facts.stack,
