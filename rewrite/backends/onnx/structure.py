@@ -85,9 +85,15 @@ class Keyer:
         inputs = tuple(inputs)
         attributes = node.attributes
         attributes = getattr(attributes, "data", attributes)  # the UserDict's dict: faster
-        attrs = tuple(
-            sorted((name, self.attribute(a, refs, depth)) for name, a in attributes.items())
-        ) if attributes else ()
+        if not attributes:
+            attrs: tuple = ()
+        elif len(attributes) == 1:
+            ((name, a),) = attributes.items()
+            attrs = ((name, self.attribute(a, refs, depth)),)
+        else:
+            attrs = tuple(sorted(
+                (name, self.attribute(a, refs, depth)) for name, a in attributes.items()
+            ))
         return (node.domain, node.op_type, node.overload, len(node.outputs), inputs, attrs)
 
     def graph(self, graph: ir.Graph, outer: Refs, depth: int) -> Key:
