@@ -76,13 +76,9 @@ class Keyer:
 
     def node(self, node: ir.Node, refs: Refs, depth: int = 0) -> Key:
         get = refs.get
-        inputs = []
-        for v in node.inputs:
-            if v is None:
-                inputs.append(None)
-            else:  # keys are non-empty tuples; the default only when missing (cheaper)
-                inputs.append(get(id(v)) or ("outer", v.name))
-        inputs = tuple(inputs)
+        # keys are non-empty tuples: build the default only when missing (cheaper)
+        inputs = tuple([None if v is None else (get(id(v)) or ("outer", v.name))
+                        for v in node.inputs])
         attributes = node.attributes
         attributes = getattr(attributes, "data", attributes)  # the UserDict's dict: faster
         if not attributes:
