@@ -22,15 +22,18 @@ def used_domains(nodes: Iterable[ir.Node]) -> set[str]:
 
 
 def fix_opsets(model: ir.Model, functions: Iterable[ir.Function]) -> None:
-    """Give each new function the imports its body needs and the model every domain used."""
+    """Give each new function the imports its body needs and the model every domain used.
+
+    Domains are added in sorted order, so the output does not depend on set iteration order
+    (``PYTHONHASHSEED``)."""
     model_opsets = model.opset_imports
     function_domains = {f.domain for f in model.functions.values()}
-    for domain in function_domains:
+    for domain in sorted(function_domains):
         model_opsets.setdefault(domain, FUNCTION_DOMAIN_VERSION)
-    for domain in used_domains(model.graph):
+    for domain in sorted(used_domains(model.graph)):
         model_opsets.setdefault(domain, FUNCTION_DOMAIN_VERSION)
     for function in functions:
-        for domain in used_domains(function):
+        for domain in sorted(used_domains(function)):
             version = model_opsets.get(domain)
             if version is None:
                 version = FUNCTION_DOMAIN_VERSION
