@@ -8,7 +8,6 @@ from typing import TYPE_CHECKING, Any
 from attrs import field, frozen
 
 from rewrite.compile import RuleSet, load_rules, parse_rules
-from rewrite.frontends import load_graph
 from rewrite.grouping import GroupTree, group_graph
 
 if TYPE_CHECKING:
@@ -57,6 +56,8 @@ def _as_ruleset(rules: RuleSet | str | Path) -> RuleSet:
 def apply(rules: RuleSet | str | Path, model: Any) -> Result:
     """Group ``model`` (ExportedProgram, GraphModule, onnx_ir.Model, or a path) by ``rules``."""
     ruleset = _as_ruleset(rules)
+    from rewrite.frontends import load_graph  # imports torch: only when a model is read
+
     graph = load_graph(model)
     return Result(ruleset, group_graph(ruleset, graph), model)
 

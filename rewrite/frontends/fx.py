@@ -30,13 +30,12 @@ once) and the garbage collector paused.
 
 from __future__ import annotations
 
-import contextlib
-import gc
-from typing import Any, Iterator, Mapping
+from typing import Any, Mapping
 
 import numpy as np
 import torch
 
+from rewrite._gc import gc_paused
 from rewrite.frontends.calls import distinct_calls, split_runs
 from rewrite.ir import Graph, ModuleCall, Node, Stack
 from rewrite.ir.columns import EMPTY_TAGS, Interner, StackInterner, TagSets, build_columns
@@ -46,19 +45,6 @@ EMPTY_STACK_KEY = "_empty_nn_module_stack_from_metadata_hook"
 _IO_OPS = frozenset(("placeholder", "output"))
 _ROOT_LEVEL_OPS = frozenset(("call_function", "call_method", "call_module"))
 _EMPTY: Stack = ()
-
-
-@contextlib.contextmanager
-def gc_paused() -> Iterator[None]:
-    """Pause the cyclic garbage collector (building millions of small objects triggers it
-    again and again for nothing: they are all still alive)."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
 
 
 def class_name(cls: Any) -> str:

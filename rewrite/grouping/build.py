@@ -21,7 +21,7 @@ import numpy as np
 from rewrite.compile import Rule, RuleSet
 from rewrite.compile.templates import Renderer
 from rewrite.errors import Diagnostic, GroupingError
-from rewrite.frontends.fx import gc_paused
+from rewrite._gc import gc_paused
 from rewrite.grouping.decide import decide_calls
 from rewrite.grouping.placement import place_nodes
 from rewrite.grouping.split import Component, split_components

@@ -8,12 +8,11 @@ distinct body once (:mod:`compile`).
 
 from __future__ import annotations
 
-import contextlib
-import gc
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING
 
 import torch
 
+from rewrite._gc import gc_paused
 from rewrite.backends.fx.build import build_modules
 from rewrite.backends.fx.compile import compile_tree
 from rewrite.backends.fx.flow import Flow, plan_flow
@@ -42,21 +41,9 @@ def _reserved(h: Hierarchy, layout: Layout, flow: Flow, source: FxSource) -> lis
     return reserved
 
 
-@contextlib.contextmanager
-def _gc_paused() -> Iterator[None]:
-    """Everything built here stays alive: collecting while building only costs time."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
-
-
 def to_fx(result: "Result") -> torch.fx.GraphModule:
     """Lower ``result``'s groups to nested GraphModules (see the package docstring)."""
-    with _gc_paused():
+    with gc_paused():
         return _lower(result)
 
 
