@@ -36,6 +36,33 @@ def shared_program(shared_model):
 
 
 @pytest.fixture(scope="session")
+def shared_pt2(shared_program, tmp_path_factory):
+    path = tmp_path_factory.mktemp("shared") / "shared.pt2"
+    torch.export.save(shared_program, str(path))
+    return path
+
+
+@pytest.fixture(scope="session")
+def llama_model():
+    return models.llama()
+
+
+@pytest.fixture(scope="session")
+def llama_program(llama_model):
+    return models.export(llama_model)
+
+
+@pytest.fixture(scope="session")
+def bert_model():
+    return models.bert()
+
+
+@pytest.fixture(scope="session")
+def bert_program(bert_model):
+    return models.export(bert_model)
+
+
+@pytest.fixture(scope="session")
 def staged_model():
     return models.staged()
 
@@ -43,6 +70,13 @@ def staged_model():
 @pytest.fixture(scope="session")
 def staged_program(staged_model):
     return models.export(staged_model, preserve_meta=True)
+
+
+@pytest.fixture(scope="session")
+def staged_pt2(staged_program, tmp_path_factory):
+    path = tmp_path_factory.mktemp("staged") / "staged.pt2"
+    torch.export.save(staged_program, str(path))
+    return path
 
 
 # --- CLI -------------------------------------------------------------------------------------

@@ -18,8 +18,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 import rewrite
-from rewrite.backends.onnx import Lowering, OnnxOptions, lower, summarize
-from tests import models
+from rewrite.backends.onnx import lower, summarize
 
 ROOT = Path(__file__).resolve().parents[1]
 GPT2_RULES = ROOT / "rules" / "gpt2.rules"
@@ -93,12 +92,6 @@ def runs(model: ir.Model) -> dict[str, int]:
     return {fid[1]: s.instances for fid, s in summarize(model).items()}
 
 
-def lowered(rules, triple, **options) -> tuple[rewrite.Result, Lowering]:
-    program = models.export(triple)
-    result = rewrite.apply(rules, program)
-    return result, lower(result, OnnxOptions(**options))
-
-
 @pytest.fixture(scope="session")
 def gpt2_lowered(gpt2_program):
     result = rewrite.apply(GPT2_RULES, gpt2_program)
@@ -106,23 +99,15 @@ def gpt2_lowered(gpt2_program):
 
 
 @pytest.fixture(scope="session")
-def llama_model():
-    return models.llama()
+def llama_lowered(llama_program):
+    result = rewrite.apply(LLAMA_RULES, llama_program)
+    return result, lower(result)
 
 
 @pytest.fixture(scope="session")
-def llama_lowered(llama_model):
-    return lowered(LLAMA_RULES, llama_model)
-
-
-@pytest.fixture(scope="session")
-def bert_model():
-    return models.bert()
-
-
-@pytest.fixture(scope="session")
-def bert_lowered(bert_model):
-    return lowered(BERT_RULES, bert_model)
+def bert_lowered(bert_program):
+    result = rewrite.apply(BERT_RULES, bert_program)
+    return result, lower(result)
 
 
 @pytest.fixture(scope="session")

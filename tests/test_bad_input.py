@@ -354,13 +354,6 @@ def test_flattening_the_other_way_resolves_the_cycle(run_cli, tmp_path, interlea
     assert run_cli("explain", rules, interleaved_pt2).code == 0
 
 
-@pytest.fixture(scope="module")
-def staged_pt2(staged_program, tmp_path_factory):
-    path = tmp_path_factory.mktemp("staged") / "staged.pt2"
-    torch.export.save(staged_program, str(path))
-    return path
-
-
 def test_split_order_against_the_data_flow(run_cli, tmp_path, staged_pt2):
     rules = tmp_path / "split.rules"
     rules.write_text('include "gpt2.rules"\nsplit by stage order "decode", "encode"\n')

@@ -7,24 +7,9 @@ from importlib import resources
 from pathlib import Path
 
 import pytest
-import torch
 
 SHIPPED = sorted(p.name for p in resources.files("rewrite.library").iterdir()
                  if p.name.endswith(".rules"))
-
-
-@pytest.fixture(scope="module")
-def shared_pt2(shared_program, tmp_path_factory):
-    path = tmp_path_factory.mktemp("shared") / "shared.pt2"
-    torch.export.save(shared_program, str(path))
-    return path
-
-
-@pytest.fixture(scope="module")
-def staged_pt2(staged_program, tmp_path_factory):
-    path = tmp_path_factory.mktemp("staged") / "staged.pt2"
-    torch.export.save(staged_program, str(path))
-    return path
 
 
 def explain_json(run_cli, rules: Path, model: Path) -> dict:

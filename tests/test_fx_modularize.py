@@ -41,26 +41,6 @@ def group_modules(root: torch.nn.Module) -> dict[str, LoweredModule]:
     }
 
 
-@pytest.fixture(scope="module")
-def llama_model():
-    return models.llama()
-
-
-@pytest.fixture(scope="module")
-def llama_program(llama_model):
-    return models.export(llama_model)
-
-
-@pytest.fixture(scope="module")
-def bert_model():
-    return models.bert()
-
-
-@pytest.fixture(scope="module")
-def bert_program(bert_model):
-    return models.export(bert_model)
-
-
 @pytest.mark.parametrize("name", ["gpt2", "llama", "bert"])
 def test_transformers_models_match_eager(name, request):
     model, args, kwargs = request.getfixturevalue(f"{name}_model")

@@ -16,13 +16,11 @@ from rewrite.backends.onnx.naming import GROUP_KEY, NAMESPACE_KEY, RULE_KEY
 from tests.onnx_fixtures import (  # noqa: F401  (fixtures)
     assert_matches_eager,
     bert_lowered,
-    bert_model,
     callees,
     checked_proto,
     function_names,
     gpt2_lowered,
     llama_lowered,
-    llama_model,
     runs,
     shared_lowered,
     top_calls,

@@ -10,7 +10,6 @@ from __future__ import annotations
 import pytest
 
 import rewrite
-from tests import models
 
 
 def shape(group: rewrite.Group) -> tuple:
@@ -25,16 +24,6 @@ def tree_shape(result: rewrite.Result) -> list[tuple]:
 
 def origins(result: rewrite.Result) -> set[str]:
     return {g.origin.split("/")[-1] for g in result.tree.groups()}
-
-
-@pytest.fixture(scope="module")
-def llama_program():
-    return models.export(models.llama())
-
-
-@pytest.fixture(scope="module")
-def bert_program():
-    return models.export(models.bert())
 
 
 def llama_layer(i: int) -> tuple:
