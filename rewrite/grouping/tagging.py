@@ -19,7 +19,7 @@ import numpy as np
 from rewrite.compile import Rule
 from rewrite.grouping.stacks import StackTable
 from rewrite.grouping.subjects import NodeSubjects
-from rewrite.ir.columns import TagSets
+from rewrite.ir.columns import TagSets, tags_key
 
 
 class TagTable(TagSets):
@@ -30,20 +30,16 @@ class TagTable(TagSets):
         self.values = []
         self._ids = {}
         for tags in initial:
-            self._ids.setdefault(_key(tags), len(self.values))
+            self._ids.setdefault(tags_key(tags), len(self.values))
             self.values.append(tags)
 
     def id(self, tags: Mapping[str, str]) -> int:
-        key = _key(tags)
+        key = tags_key(tags)
         found = self._ids.get(key)
         if found is None:
             found = self._ids[key] = len(self.values)
             self.values.append(MappingProxyType(dict(key)))
         return found
-
-
-def _key(tags: Mapping[str, str]) -> tuple:
-    return tuple(sorted(tags.items()))
 
 
 def apply_tag_rules(
