@@ -16,6 +16,8 @@ import functools
 import re
 from typing import Sequence
 
+import numpy as np
+
 _MAX_RANGE = 100_000
 
 
@@ -75,6 +77,24 @@ def _same_length_range(a: str, b: str) -> list[str]:
 @functools.lru_cache(maxsize=None)
 def glob_regex(pattern: str) -> re.Pattern[str]:
     """The anchored regex of a dotted glob; raises :class:`PatternError`."""
+    return _compile(_glob_body(pattern, r"[^.]") + r"\Z", pattern)
+
+
+@functools.lru_cache(maxsize=None)
+def _lines_regex(pattern: str) -> re.Pattern[str]:
+    """The regex of a dotted glob matching whole lines of a newline-joined text."""
+    return _compile(r"(?m)^(?:" + _glob_body(pattern, r"[^.\n]") + r")$", pattern)
+
+
+def _compile(regex: str, pattern: str) -> re.Pattern[str]:
+    try:
+        return re.compile(regex)
+    except re.error as e:  # e.g. a reversed character range [z-a]
+        raise PatternError(f"{e.msg} in {pattern!r}") from None
+
+
+def _glob_body(pattern: str, segment_char: str) -> str:
+    """The regex of a glob, unanchored; ``segment_char`` is what ``*`` and ``?`` match."""
     out = []
     i, n = 0, len(pattern)
     while i < n:
@@ -89,10 +109,10 @@ def glob_regex(pattern: str) -> re.Pattern[str]:
             out.append(".*")
             i += 2
         elif c == "*":
-            out.append(r"[^.]*")
+            out.append(segment_char + "*")
             i += 1
         elif c == "?":
-            out.append(r"[^.]")
+            out.append(segment_char)
             i += 1
         elif c == "[":
             end = pattern.find("]", i)
@@ -105,10 +125,34 @@ def glob_regex(pattern: str) -> re.Pattern[str]:
         else:
             out.append(re.escape(c))
             i += 1
-    try:
-        return re.compile("".join(out) + r"\Z")
-    except re.error as e:  # e.g. a reversed character range [z-a]
-        raise PatternError(f"{e.msg} in {pattern!r}") from None
+    return "".join(out)
+
+
+class TextColumn:
+    """Many texts (module paths) to match patterns against, all at once: joined into one
+    string, so one regex scan in C answers a pattern for every text."""
+
+    __slots__ = ("texts", "_joined", "_starts")
+
+    def __init__(self, texts: Sequence[str]) -> None:
+        self.texts = texts
+        self._joined: str | None = None
+        self._starts: np.ndarray | None = None
+
+    def _layout(self) -> tuple[str, np.ndarray] | None:
+        """The joined text and where each text starts; None if a text has a newline."""
+        if self._joined is None:
+            self._joined = "\n".join(self.texts)
+            if self._joined.count("\n") != max(len(self.texts) - 1, 0):
+                return None
+            step = np.fromiter(map(len, self.texts), dtype=np.int64, count=len(self.texts)) + 1
+            self._starts = np.cumsum(step) - step
+        if self._starts is None:
+            return None
+        return self._joined, self._starts
+
+    def __len__(self) -> int:
+        return len(self.texts)
 
 
 class Glob:
@@ -130,6 +174,22 @@ class Glob:
         if hit is None:
             hit = self._memo[text] = self._regex.match(text) is not None
         return hit
+
+    def mask(self, column: TextColumn) -> np.ndarray:
+        """Whether each text of ``column`` matches, as a bool array (no memo)."""
+        if self.matches_all:
+            return np.ones(len(column), dtype=bool)
+        if self.literal:  # one string comparison per text
+            return np.fromiter(map(self.pattern.__eq__, column.texts), dtype=bool,
+                               count=len(column))
+        layout = column._layout()
+        if layout is None:
+            return np.array(self.test_all(column.texts), dtype=bool)
+        joined, starts = layout
+        out = np.zeros(len(column), dtype=bool)
+        hits = [m.start() for m in _lines_regex(self.pattern).finditer(joined)]
+        out[np.searchsorted(starts, np.asarray(hits, dtype=np.int64), side="right") - 1] = True
+        return out
 
     def test_all(self, texts: Sequence[str]) -> list[bool]:
         """Whether each text matches, without the memo (for texts that rarely repeat)."""

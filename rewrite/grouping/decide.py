@@ -19,22 +19,35 @@ from collections import Counter
 from typing import Sequence
 
 import numpy as np
+from attrs import field, frozen
 
 from rewrite.compile import Rule, Subjects
 
 
-def decide_calls(subjects: Subjects, rules: Sequence[Rule], hits: Counter) -> list[Rule | None]:
-    """Per call id: the group rule that makes it a group, or None (flat or unmatched)."""
+@frozen
+class Decisions:
+    """The winning rule of every call, as ranks into :attr:`ranked` (-1: no rule matched)."""
+
+    ranked: tuple[Rule, ...]
+    """The group and flat rules, strongest first."""
+    winner: np.ndarray = field(repr=False)
+    grouped: np.ndarray = field(repr=False)
+    """Bool per call: its winner is a ``group`` rule."""
+
+    def rule_of(self, call: int) -> Rule | None:
+        """The group rule that makes call ``call`` a group, or None."""
+        return self.ranked[int(self.winner[call])] if self.grouped[call] else None
+
+
+def decide_calls(subjects: Subjects, rules: Sequence[Rule], hits: Counter) -> Decisions:
+    """The winning rule of every call; counts matched calls per rule in ``hits``."""
     winner = np.full(subjects.size, -1, dtype=np.int64)
-    ranked = sorted(rules, key=lambda r: (r.priority, r.order), reverse=True)
+    ranked = tuple(sorted(rules, key=lambda r: (r.priority, r.order), reverse=True))
     for rank, rule in enumerate(ranked):
         matched = rule.mask(subjects)
-        count = int(matched.sum())
+        count = int(np.count_nonzero(matched))
         hits[rule.order] += count
         if count:
             winner[matched & (winner < 0)] = rank
-    chosen: list[Rule | None] = [None] * subjects.size
-    for call, rank in enumerate(winner.tolist()):
-        if rank >= 0 and ranked[rank].kind == "group":
-            chosen[call] = ranked[rank]
-    return chosen
+    is_group = np.array([r.kind == "group" for r in ranked] + [False], dtype=bool)
+    return Decisions(ranked, winner, is_group[winner])

@@ -8,7 +8,8 @@ Users whose own stack is unknown are placed first (reverse topological order). A
 placed user (dead code) takes the common prefix of its producers' stacks, or the top level.
 Graph inputs and outputs always stay at the top level.
 
-The work is per unknown node; known nodes only cost an array copy.
+Unknown nodes whose users are all known and in one stack (the common case) are placed in one
+array pass; the others one by one, users first.
 """
 
 from __future__ import annotations
@@ -37,31 +38,64 @@ def place_nodes(columns: Columns, table: StackTable) -> Placement:
     """Place the nodes whose stack is unknown (see the module docstring)."""
     sid = table.canon[columns.stack_id]
     sid[columns.is_io] = table.empty
-    unknown = np.flatnonzero(table.is_unknown()[sid])
+    is_unknown = table.is_unknown()[sid]
+    unknown = np.flatnonzero(is_unknown)
     if unknown.size == 0:
         return Placement(sid, None)
 
+    # the users of each unknown node, grouped by node: user_of[low[k]:high[k]]
     producer, consumer = columns.edges()
-    mark = np.zeros(columns.size, dtype=bool)
-    mark[unknown] = True
-    picked = mark[producer]
+    picked = is_unknown[producer]
     by_producer = np.argsort(producer[picked], kind="stable")
     user_of = consumer[picked][by_producer]
     sorted_producer = producer[picked][by_producer]
     low = np.searchsorted(sorted_producer, unknown, side="left")
     high = np.searchsorted(sorted_producer, unknown, side="right")
+    has_users = high > low
 
+    # the common case in one pass: every user is placed already, none is a graph output,
+    # and all of them sit in the same stack -> that stack
+    user_stack = np.where(is_unknown[user_of] | columns.is_io[user_of], -1, sid[user_of])
+    starts = low[has_users]
+    lowest = np.full(unknown.size, -1, dtype=np.int64)
+    highest = np.full(unknown.size, -2, dtype=np.int64)
+    first_user = unknown.copy()
+    if starts.size:
+        lowest[has_users] = np.minimum.reduceat(user_stack, starts)
+        highest[has_users] = np.maximum.reduceat(user_stack, starts)
+        first_user[has_users] = np.minimum.reduceat(user_of, starts)
+    simple = (lowest >= 0) & (lowest == highest)
+    sid[unknown[simple]] = lowest[simple]
+    anchor = np.arange(columns.size, dtype=np.int64)  # the first known node each one feeds
+    anchor[unknown[simple]] = first_user[simple]
+
+    rest = np.flatnonzero(~simple)
+    if rest.size:
+        _place_rest(columns, table, sid, unknown, rest, user_of, low, high, anchor)
+    # each unknown node moves to just before the first known node it feeds (ties: graph
+    # order); a producer always stays before its users, so this is a topological order
+    key = np.arange(columns.size, dtype=np.int64) * 2 + 1
+    key[unknown] = anchor[unknown] * 2
+    position = np.empty(columns.size, dtype=np.int64)
+    position[np.argsort(key, kind="stable")] = np.arange(columns.size, dtype=np.int64)
+    return Placement(sid, position)
+
+
+def _place_rest(columns: Columns, table: StackTable, sid: np.ndarray, unknown: np.ndarray,
+                rest: np.ndarray, user_of: np.ndarray, low: np.ndarray, high: np.ndarray,
+                anchor: np.ndarray) -> None:
+    """Place the other unknown nodes one by one, users first (updates ``sid``, ``anchor``)."""
     placed = sid.tolist()
-    for i in unknown.tolist():
+    nodes = unknown[rest].tolist()
+    for i in nodes:
         placed[i] = _UNPLACED
-    anchor: dict[int, int] = {}  # unknown node -> index of the first known node it feeds
+    anchors = anchor.tolist()
     is_io = columns.is_io
     empty = table.empty
-    for k in range(unknown.size - 1, -1, -1):
+    for k, node in zip(reversed(rest.tolist()), reversed(nodes)):
         found = _UNPLACED
         users = user_of[low[k]:high[k]].tolist()
-        node = int(unknown[k])
-        anchor[node] = min((anchor.get(u, u) for u in users), default=node)
+        anchors[node] = min((anchors[u] for u in users), default=node)
         for u in users:
             s = placed[u]
             if s == _UNPLACED:
@@ -72,10 +106,10 @@ def place_nodes(columns: Columns, table: StackTable) -> Placement:
             found = s if found == _UNPLACED else table.common_prefix(found, s)
             if found == empty:
                 break
-        placed[int(unknown[k])] = found
+        placed[node] = found
 
     start, inputs = columns.input_start, columns.input_index
-    for i in unknown.tolist():
+    for i in nodes:
         if placed[i] != _UNPLACED:
             continue
         found = _UNPLACED  # dead code: go with the producers
@@ -83,11 +117,6 @@ def place_nodes(columns: Columns, table: StackTable) -> Placement:
             s = placed[p] if placed[p] != _UNPLACED else empty
             found = s if found == _UNPLACED else table.common_prefix(found, s)
         placed[i] = empty if found == _UNPLACED else found
-    # each unknown node moves to just before the first known node it feeds (ties: graph
-    # order); a producer always stays before its users, so this is a topological order
-    key = np.arange(columns.size, dtype=np.int64) * 2 + 1
-    moved = np.fromiter(anchor.keys(), dtype=np.int64, count=len(anchor))
-    key[moved] = np.fromiter(anchor.values(), dtype=np.int64, count=len(anchor)) * 2
-    position = np.empty(columns.size, dtype=np.int64)
-    position[np.argsort(key, kind="stable")] = np.arange(columns.size, dtype=np.int64)
-    return Placement(np.asarray(placed, dtype=np.int64), position)
+    done = np.asarray(nodes, dtype=np.int64)
+    sid[done] = np.asarray(placed, dtype=np.int64)[done]
+    anchor[done] = np.asarray(anchors, dtype=np.int64)[done]

@@ -1,14 +1,15 @@
-"""The distinct module stacks of a graph, as tuples of call ids, with memoized prefixes.
+"""The distinct module stacks of a graph as a tree of stack ids, with per-call columns.
 
 Grouping works on stack ids: every per-node question (where does this node go, which groups
-hold it) is answered once per distinct stack and then looked up for each node by id. The
-table also keeps, for questions asked about every call (selectors), the calls' paths and
-classes and the stack -> calls relation as flat arrays.
+hold it) is answered once per distinct stack and then looked up for each node by id. Stacks
+form a tree: each known stack but the empty one is its *parent* stack (one call shorter) plus
+its *last* call. Questions about all the calls of a stack (does any call of it match? which
+calls hold a node?) are answered level by level over that tree, as numpy array passes. The
+table also keeps, for selectors, the calls' paths, indices and classes as flat columns.
 """
 
 from __future__ import annotations
 
-from itertools import chain
 from typing import Sequence
 
 import numpy as np
@@ -17,21 +18,28 @@ from rewrite.ir import Columns, ModuleCall, Stack
 
 
 class StackTable:
-    """Stacks by id (``None``: unknown), each as a tuple of indices into :attr:`calls`."""
+    """Stacks by id (``None``: unknown), each as a tuple of indices into :attr:`calls`.
+
+    ``parent``, ``last`` and ``depth`` (arrays per stack id; -1 for none) describe the tree;
+    they cover the stacks present when :meth:`tree` is first called (after placement, which
+    may add common prefixes).
+    """
 
     def __init__(self, columns: Columns, calls: Sequence[ModuleCall]) -> None:
         self.calls: list[ModuleCall] = list(calls)
         self._call_id: dict[ModuleCall, int] | None = None
         self._prefix: dict[tuple[int, int], int] = {}
         self._by_ids: dict[tuple[int, ...] | None, int] | None = None
+        self._parent_given = False
         if columns.stack_calls is not None:  # the frontend numbered the calls already
             self.ids: list[tuple[int, ...] | None] = list(columns.stack_calls)
             self.canon = np.arange(len(self.ids), dtype=np.int64)
             parents = columns.stack_parent
-            self.parent: list[int] = parents.tolist() if parents is not None else [-1] * len(
-                self.ids)
+            self._parent_given = parents is not None
+            self.parent_list: list[int] = (parents.tolist() if parents is not None
+                                           else [-1] * len(self.ids))
         else:
-            self.ids, self.parent = [], []
+            self.ids, self.parent_list = [], []
             self.canon = np.asarray([self.add(self._to_ids(s)) for s in columns.stacks],
                                     dtype=np.int64)
         try:
@@ -39,6 +47,7 @@ class StackTable:
         except ValueError:
             self.empty = self.add(())
         self._columns: dict[str, object] = {}
+        self._tree: tuple[np.ndarray, np.ndarray, np.ndarray, list[np.ndarray]] | None = None
 
     def _to_ids(self, stack: Stack | None) -> tuple[int, ...] | None:
         if stack is None:
@@ -64,16 +73,20 @@ class StackTable:
         if found is None:
             found = self._by_ids[ids] = len(self.ids)
             self.ids.append(ids)
-            self.parent.append(-1)
+            self.parent_list.append(-1)
+            self._tree = None
         return found
 
     def __len__(self) -> int:
         return len(self.ids)
 
     def is_unknown(self) -> np.ndarray:
-        """Bool per stack id: the stack is unknown."""
+        """Bool per stack id: the stack is unknown (one id at most)."""
         out = np.zeros(len(self.ids), dtype=bool)
-        out[[i for i, s in enumerate(self.ids) if s is None]] = True
+        try:
+            out[self.ids.index(None)] = True
+        except ValueError:
+            pass
         return out
 
     def common_prefix(self, a: int, b: int) -> int:
@@ -92,6 +105,60 @@ class StackTable:
             found = self._prefix[key] = self.add(x[:i])
         return found
 
+    # --- the tree of stacks -------------------------------------------------------------------
+
+    def tree(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[np.ndarray]]:
+        """``(parent, last, depth, levels)``: per stack id its parent stack and last call
+        (-1: none), its number of calls (-1: unknown), and the stack ids of each depth
+        ``1, 2, ...`` (every known non-empty stack's parent is in the table)."""
+        if self._tree is None:
+            self._tree = self._make_tree()
+        return self._tree
+
+    def _make_tree(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[np.ndarray]]:
+        ids = self.ids
+        depth = np.fromiter((-1 if s is None else len(s) for s in ids), dtype=np.int64,
+                            count=len(ids))
+        last = np.fromiter((s[-1] if s else -1 for s in ids), dtype=np.int64, count=len(ids))
+        parent = np.asarray(self.parent_list, dtype=np.int64)
+        # a given parent must have exactly one call less; else (or if none was given) find it
+        ok = (parent >= 0) & (depth > 0)
+        ok[ok] = depth[parent[ok]] == depth[ok] - 1
+        missing = np.flatnonzero(~ok & (depth > 0))
+        if missing.size:
+            for s in missing.tolist():
+                stack = ids[s]
+                assert stack is not None
+                self.parent_list[s] = self.add(stack[:-1])
+            if len(self.ids) > len(depth):  # added prefixes: they may lack parents too
+                return self._make_tree()
+            parent = np.asarray(self.parent_list, dtype=np.int64)
+        parent[depth <= 0] = -1
+        order = np.argsort(depth, kind="stable")
+        bounds = np.searchsorted(depth[order], np.arange(1, int(depth.max(initial=0)) + 2))
+        levels = [order[bounds[d]:bounds[d + 1]] for d in range(len(bounds) - 1)]
+        return parent, last, depth, levels
+
+    def any_call(self, call_mask: np.ndarray) -> np.ndarray:
+        """Per stack id: some call of the stack is set in ``call_mask`` (per call id)."""
+        parent, last, _, levels = self.tree()
+        out = np.zeros(len(parent), dtype=bool)
+        for level in levels:
+            out[level] = out[parent[level]] | call_mask[last[level]]
+        return out
+
+    def calls_in(self, stack_mask: np.ndarray) -> np.ndarray:
+        """Per call id: the call is in some stack set in ``stack_mask`` (per stack id)."""
+        parent, last, _, levels = self.tree()
+        marked = np.zeros(len(parent), dtype=bool)
+        marked[:len(stack_mask)] = stack_mask
+        out = np.zeros(len(self.calls), dtype=bool)
+        for level in reversed(levels):
+            hit = level[marked[level]]
+            out[last[hit]] = True
+            marked[parent[hit]] = True
+        return out
+
     # --- per-call columns for selectors (built on first use) ---------------------------------
 
     def _cached(self, name: str, make):
@@ -108,31 +175,19 @@ class StackTable:
     def indices(self) -> tuple[list[str], np.ndarray]:
         """Distinct call indices as text, and per call the position of its index."""
         def make():
-            raw = [c.index for c in self.calls]
-            index = {n: i for i, n in enumerate(dict.fromkeys(raw))}
-            return [str(n) for n in index], np.fromiter(map(index.__getitem__, raw),
-                                                        dtype=np.int64, count=len(raw))
+            raw = np.fromiter((c.index for c in self.calls), dtype=np.int64,
+                              count=len(self.calls))
+            distinct, inverse = np.unique(raw, return_inverse=True)
+            return [str(n) for n in distinct.tolist()], inverse.reshape(-1)
         return self._cached("indices", make)
 
     @property
     def class_ids(self) -> tuple[list[str], np.ndarray]:
         """Distinct qualified class names, and per call the index of its class."""
         def make():
-            names = [c.cls for c in self.calls]
-            index = {name: i for i, name in enumerate(dict.fromkeys(names))}
-            return list(index), np.fromiter(map(index.__getitem__, names), dtype=np.int64,
-                                            count=len(names))
+            index: dict[str, int] = {}
+            setdefault = index.setdefault
+            ids = np.fromiter((setdefault(c.cls, len(index)) for c in self.calls),
+                              dtype=np.int64, count=len(self.calls))
+            return list(index), ids
         return self._cached("classes", make)
-
-    @property
-    def csr(self) -> tuple[np.ndarray, np.ndarray]:
-        """``(start, calls)``: stack ``s`` holds ``calls[start[s]:start[s + 1]]``."""
-        def make():
-            lengths = np.fromiter((0 if s is None else len(s) for s in self.ids),
-                                  dtype=np.int64, count=len(self.ids))
-            start = np.zeros(len(self.ids) + 1, dtype=np.int64)
-            np.cumsum(lengths, out=start[1:])
-            flat = np.fromiter(chain.from_iterable(s for s in self.ids if s is not None),
-                               dtype=np.int64, count=int(start[-1]))
-            return start, flat
-        return self._cached("csr", make)

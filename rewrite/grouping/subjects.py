@@ -1,11 +1,11 @@
 """What selectors are asked about, answered for all subjects at once (numpy bool arrays).
 
 * :class:`CallSubjects`: one subject per module call (group and flat rules);
-* :class:`NodeSubjects`: one subject per distinct (stack, target, tags) of the nodes (tag
-  rules); nodes sharing all three get the same answers.
+* :class:`NodeSubjects`: one subject per node (tag rules).
 
-Both implement :class:`rewrite.compile.selectors.Subjects` with work proportional to the
-number of distinct calls, stacks, classes, targets and tag sets, plus a few array passes.
+Both implement :class:`rewrite.compile.selectors.Subjects`: Python work per distinct class,
+target and tag set, one regex scan over all call paths per path pattern, and array passes
+over the calls, the tree of stacks (:class:`StackTable`) and the nodes.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from rewrite.compile.patterns import ClassGlob, Glob, OpGlob
+from rewrite.compile.patterns import ClassGlob, Glob, OpGlob, TextColumn
 from rewrite.grouping.stacks import StackTable
 
 
@@ -24,14 +24,18 @@ class _CallColumns:
     def __init__(self, table: StackTable) -> None:
         self.table = table
         self.size = len(table.calls)
+        self._paths: TextColumn | None = None
+
+    @property
+    def paths(self) -> TextColumn:
+        if self._paths is None:
+            self._paths = TextColumn(self.table.paths)
+        return self._paths
 
     def path_mask(self, glob: Glob) -> np.ndarray:
         if glob.matches_all:
             return np.ones(self.size, dtype=bool)
-        if glob.literal:  # a string comparison per call instead of a regex match
-            paths = self.table.paths
-            return np.fromiter(map(glob.pattern.__eq__, paths), dtype=bool, count=len(paths))
-        return np.array(glob.test_all(self.table.paths), dtype=bool)
+        return glob.mask(self.paths)
 
     def key_mask(self, path: Glob, index: Glob) -> np.ndarray:
         texts, ids = self.table.indices
@@ -42,16 +46,10 @@ class _CallColumns:
         per_class = np.array([glob(c) for c in classes], dtype=bool)
         return per_class[class_id]
 
-    def calls_of(self, stacks: np.ndarray) -> np.ndarray:
-        """The call ids in the given stacks (with repeats)."""
-        stack_start, stack_calls = self.table.csr
-        start = stack_start[stacks]
-        length = stack_start[stacks + 1] - start
-        total = int(length.sum())
-        if total == 0:
-            return np.zeros(0, dtype=np.int64)
-        offsets = np.repeat(start - np.cumsum(length) + length, length)
-        return stack_calls[offsets + np.arange(total)]
+
+def _present(ids: np.ndarray, size: int) -> np.ndarray:
+    """The distinct values of ``ids`` (ids below ``size``), sorted."""
+    return np.flatnonzero(np.bincount(ids, minlength=size))
 
 
 def _target_mask(glob: OpGlob, targets: Sequence[str], present: np.ndarray) -> np.ndarray:
@@ -95,14 +93,13 @@ class CallSubjects:
 
     def _calls_with(self, node_mask: np.ndarray) -> np.ndarray:
         """Per call: some node inside it is set in ``node_mask``."""
-        stacks = np.unique(self._sid[node_mask & self._inside])
-        out = np.zeros(self.size, dtype=bool)
-        out[self._cols.calls_of(stacks)] = True
-        return out
+        stacks = np.zeros(len(self._cols.table), dtype=bool)
+        stacks[self._sid[node_mask & self._inside]] = True
+        return self._cols.table.calls_in(stacks)
 
     def op_mask(self, glob: OpGlob) -> np.ndarray:
         if self._present is None:
-            self._present = np.unique(self._target_id[self._inside])
+            self._present = _present(self._target_id[self._inside], len(self._targets))
         per_target = _target_mask(glob, self._targets, self._present)
         return self._calls_with(per_target[self._target_id])
 
@@ -112,7 +109,7 @@ class CallSubjects:
 
 
 class NodeSubjects:
-    """Distinct (stack, target, tags) of the nodes as subjects; tags can be updated."""
+    """Nodes as subjects (by their stack, target and tag set ids); tags can be updated."""
 
     def __init__(self, table: StackTable, stack: np.ndarray, target: np.ndarray,
                  targets: Sequence[str], tags: np.ndarray, tag_sets: list[Mapping[str, str]]):
@@ -123,6 +120,7 @@ class NodeSubjects:
         self.tag_sets = tag_sets
         """Grows as tag rules make new tag sets; ``tags`` indexes it."""
         self._call_memo: dict[tuple, np.ndarray] = {}
+        self._present: np.ndarray | None = None
 
     def _any_call(self, key: tuple, call_mask) -> np.ndarray:
         per_stack = self._call_memo.get(key)
@@ -141,7 +139,9 @@ class NodeSubjects:
         return self._any_call(("class", glob.pattern), lambda: self._cols.class_mask(glob))
 
     def op_mask(self, glob: OpGlob) -> np.ndarray:
-        per_target = _target_mask(glob, self._targets, np.unique(self.target))
+        if self._present is None:
+            self._present = _present(self.target, len(self._targets))
+        per_target = _target_mask(glob, self._targets, self._present)
         return per_target[self.target]
 
     def tag_mask(self, key: str, value: str | None) -> np.ndarray:
@@ -150,7 +150,4 @@ class NodeSubjects:
 
 def _any_per_stack(cols: _CallColumns, call_mask: np.ndarray) -> np.ndarray:
     """Per stack id: some call of the stack is set in ``call_mask``."""
-    stack_start, stack_calls = cols.table.csr
-    hits = np.zeros(len(stack_calls) + 1, dtype=np.int64)
-    np.cumsum(call_mask[stack_calls], out=hits[1:])
-    return hits[stack_start[1:]] - hits[stack_start[:-1]] > 0
+    return cols.table.any_call(call_mask)

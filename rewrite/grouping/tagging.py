@@ -5,7 +5,8 @@ order of ``priority`` then file order: a later rule sees the tags earlier ones s
 two rules set the same key on a node the one that runs last wins (higher priority, then the
 rule written later). Graph inputs and outputs are never tagged.
 
-A rule is evaluated once per distinct (stack, target, tags) of the nodes, not per node.
+A rule is evaluated for all nodes at once (numpy masks, see :class:`NodeSubjects`); new tag
+sets are made once per distinct old set.
 """
 
 from __future__ import annotations
@@ -51,30 +52,25 @@ def apply_tag_rules(
     if not rules:
         return tags_id
     inside = np.flatnonzero(~is_io)
-    t_size = max(len(targets), 1)
-    g_size = max(len(tag_table.values), 1)
-    code = (sid[inside] * t_size + target_id[inside]) * g_size + tags_id[inside]
-    unique, inverse, counts = np.unique(code, return_inverse=True, return_counts=True)
-    subjects = NodeSubjects(
-        table, unique // (t_size * g_size), (unique // g_size) % t_size, targets,
-        unique % g_size, tag_table.values,
-    )
+    subjects = NodeSubjects(table, sid[inside], target_id[inside], targets, tags_id[inside],
+                            tag_table.values)
     for rule in sorted(rules, key=lambda r: (r.priority, r.order)):
         matched = rule.mask(subjects)
-        hits[rule.order] += int(counts[matched].sum())
-        if not matched.any():
+        count = int(np.count_nonzero(matched))
+        hits[rule.order] += count
+        if not count:
             continue
-        updated: dict[int, int] = {}
+        # the new tag set of each old one, made once per distinct old set
+        old = subjects.tags[matched]
+        distinct = np.flatnonzero(np.bincount(old, minlength=len(tag_table.values)))
+        new_of = np.arange(len(tag_table.values), dtype=np.int64)
+        for k in distinct.tolist():
+            merged = dict(tag_table.values[k])
+            merged.update(rule.assignments)
+            new_of[k] = tag_table.id(merged)
         new_tags = subjects.tags.copy()
-        for k in np.flatnonzero(matched).tolist():
-            old = int(new_tags[k])
-            new = updated.get(old)
-            if new is None:
-                merged = dict(tag_table.values[old])
-                merged.update(rule.assignments)
-                new = updated[old] = tag_table.id(merged)
-            new_tags[k] = new
+        new_tags[matched] = new_of[old]
         subjects.tags = new_tags
     out = tags_id.copy()
-    out[inside] = subjects.tags[inverse.reshape(-1)]
+    out[inside] = subjects.tags
     return out

@@ -1,13 +1,27 @@
-"""The result of grouping: a tree of groups over the nodes of one graph."""
+"""The result of grouping: a tree of groups over the nodes of one graph.
+
+Grouping decides everything as columns (:class:`GroupTable`: per group its parent, what it
+stands for, its size; per node the group that holds it). The :class:`Group` records, their
+ids and the per-node views (:attr:`GroupTree.owner`, :attr:`GroupTree.tags`) are built from
+the columns on first use, once, like the graph's ``Node`` records: a caller that only needs
+the decisions does not pay for a million small objects.
+"""
 
 from __future__ import annotations
 
-from typing import Iterator
+from typing import Iterator, Mapping, Sequence
 
+import numpy as np
 from attrs import field, frozen
 
 from rewrite.compile import Rule, Split
+from rewrite.compile.templates import Renderer
+from rewrite.grouping.decide import Decisions
+from rewrite.grouping.split import Component
 from rewrite.ir import Graph, ModuleCall
+
+SPLIT_DOMAIN = "pkg.rewrite"
+"""The domain of split components' functions."""
 
 
 @frozen
@@ -59,17 +73,93 @@ class Group:
 
 
 @frozen
+class Segments:
+    """What the last segment of a group's path stands for: a module call (id >= 0) or a
+    split component (``-1 - k`` for component ``k``)."""
+
+    calls: Sequence[ModuleCall] = field(repr=False)
+    decisions: Decisions = field(repr=False)
+    components: tuple[Component, ...] = ()
+    split: Split | None = None
+
+    def key(self, segment: int) -> str:
+        if segment >= 0:
+            return self.calls[segment].key
+        return self.components[-1 - segment].name
+
+    def rule(self, segment: int) -> Rule | Split | None:
+        if segment >= 0:
+            return self.decisions.rule_of(segment)
+        return self.split
+
+
+@frozen(eq=False)
+class GroupTable:
+    """Every group of a tree as columns. Group 0 is the root; parents have smaller ids."""
+
+    parent: np.ndarray
+    """Per group, its parent group (-1 for the root)."""
+    segment: np.ndarray
+    """Per group, its last path segment (see :class:`Segments`; unused for the root)."""
+    depth: np.ndarray
+    """Per group, its nesting depth (0 for the root)."""
+    count: np.ndarray
+    """Per group, the number of nodes in it and its descendants (0: an empty path)."""
+    first: np.ndarray
+    """Per group, the position of its first node in a topological order."""
+
+    def __len__(self) -> int:
+        return len(self.parent)
+
+    def path(self, group: int) -> tuple[int, ...]:
+        """The segments from the root down to ``group``."""
+        out = []
+        while group > 0:
+            out.append(int(self.segment[group]))
+            group = int(self.parent[group])
+        return tuple(reversed(out))
+
+
+@frozen(eq=False)
 class GroupTree:
     """Groups of one graph plus what a backend needs to lower them."""
 
     graph: Graph = field(repr=False)
-    root: Group
-    owner: tuple[str, ...] = field(repr=False)
-    """For each node, the id of the innermost group that holds it (``""`` for the root)."""
-    tags: tuple[dict[str, str], ...] = field(repr=False)
-    """For each node, its tags after tag rules."""
+    table: GroupTable = field(repr=False)
+    segments: Segments = field(repr=False)
+    group_of: np.ndarray = field(repr=False)
+    """For each node, the id (in :attr:`table`) of the innermost group that holds it."""
+    tags_id: np.ndarray = field(repr=False)
+    """For each node, the index of its tags (after tag rules) in :attr:`tag_sets`."""
+    tag_sets: tuple[Mapping[str, str], ...] = field(repr=False)
     warnings: tuple = ()
     """Diagnostics such as rules that matched nothing."""
+    _made: dict = field(factory=dict, init=False, repr=False)
+
+    @property
+    def root(self) -> Group:
+        """The root group (the records are built on first use)."""
+        if "root" not in self._made:
+            self._made["root"] = self._build()
+        return self._made["root"]
+
+    @property
+    def owner(self) -> tuple[str, ...]:
+        """For each node, the id of the innermost group that holds it (``""``: the root)."""
+        if "owner" not in self._made:
+            names = np.empty(len(self.table), dtype=object)
+            names[:] = self._ids()
+            self._made["owner"] = tuple(names[self.group_of].tolist())
+        return self._made["owner"]
+
+    @property
+    def tags(self) -> tuple[Mapping[str, str], ...]:
+        """For each node, its tags after tag rules."""
+        if "tags" not in self._made:
+            sets = np.empty(len(self.tag_sets), dtype=object)
+            sets[:] = list(self.tag_sets)
+            self._made["tags"] = tuple(sets[self.tags_id].tolist())
+        return self._made["tags"]
 
     def groups(self) -> Iterator[Group]:
         """Every group but the root, parents before children."""
@@ -81,3 +171,65 @@ class GroupTree:
             if group.id == group_id:
                 return group
         return None
+
+    def _ids(self) -> list[str]:
+        """Per group id: the ``/``-joined keys of its path (``""`` for the root)."""
+        if "ids" not in self._made:
+            key = self.segments.key
+            names = [""] * len(self.table)
+            for k, (parent, segment) in enumerate(zip(self.table.parent.tolist(),
+                                                      self.table.segment.tolist())):
+                if k:
+                    above = names[parent]
+                    names[k] = f"{above}/{key(segment)}" if above else key(segment)
+            self._made["ids"] = names
+        return self._made["ids"]
+
+    def _build(self) -> Group:
+        """The records: children in order of their first node (split components in their
+        order), each group's direct nodes in graph order. Bottom-up, one pass."""
+        table, names = self.table, self._ids()
+        size = len(table)
+        order = np.argsort(self.group_of, kind="stable").tolist()
+        bounds = np.zeros(size + 1, dtype=np.int64)
+        np.cumsum(np.bincount(self.group_of, minlength=size), out=bounds[1:])
+        bounds = bounds.tolist()
+        count, first = table.count.tolist(), table.first.tolist()
+        segments = table.segment.tolist()
+        children: dict[int, list[int]] = {}
+        for k, parent in enumerate(table.parent.tolist()):
+            if k and count[k]:
+                children.setdefault(parent, []).append(k)
+
+        def rank(g: int) -> tuple[int, int]:
+            return (0, -segments[g]) if segments[g] < 0 else (1, first[g])
+
+        calls, split, components = self.segments.calls, self.segments.split, \
+            self.segments.components
+        rule_of, render = self.segments.decisions.rule_of, Renderer()
+        made: list[Group | None] = [None] * size
+        for k in np.argsort(-table.depth, kind="stable").tolist():
+            if not k or not count[k]:
+                continue
+            kids_ids = children.get(k, ())
+            if len(kids_ids) > 1:
+                kids_ids.sort(key=rank)
+            kids = tuple([made[g] for g in kids_ids])
+            own = tuple(order[bounds[k]:bounds[k + 1]])
+            segment = segments[k]
+            if segment >= 0:
+                call, rule = calls[segment], rule_of(segment)
+                assert rule is not None
+                made[k] = Group(names[k], "module", call, rule,
+                                render(rule.name_template, call),
+                                render(rule.domain_template, call), kids, own, count[k])
+            else:
+                component = components[-1 - segment]
+                made[k] = Group(names[k], "component", None, split, component.name,
+                                SPLIT_DOMAIN, kids, own, count[k], tag_value=component.value)
+        top = children.get(0, [])
+        top.sort(key=rank)
+        kids = tuple([made[g] for g in top])
+        own = tuple(order[bounds[0]:bounds[1]])
+        return Group("", "root", None, None, self.graph.root_class or "main", "", kids, own,
+                     len(own) + sum(kid.size for kid in kids))

@@ -16,12 +16,15 @@ leaves the window between its first and last node).
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 from attrs import frozen
 
 from rewrite.ir import Columns
+
+if TYPE_CHECKING:
+    from rewrite.grouping.tree import GroupTable
 
 Path = tuple[int, ...]
 
@@ -74,12 +77,13 @@ def group_spans(pid: np.ndarray, parent: np.ndarray, depth: np.ndarray,
     return Spans(count, first, last, position)
 
 
-def find_cycle(columns: Columns, pid: np.ndarray, paths: Sequence[Path], spans: Spans
+def find_cycle(columns: Columns, pid: np.ndarray, groups: "GroupTable", spans: Spans
                ) -> Cycle | None:
     """The first cycle found between the members of some group, or None."""
     scattered = spans.scattered().tolist()
     if not scattered:
         return None
+    paths = [groups.path(k) for k in range(len(groups))]  # only on this slow path
     by_parent: dict[Path, list[int]] = {}
     for p in scattered:
         by_parent.setdefault(paths[p][:-1], []).append(p)
