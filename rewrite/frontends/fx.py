@@ -30,6 +30,8 @@ once) and the garbage collector paused.
 
 from __future__ import annotations
 
+from itertools import chain
+from operator import ne
 from typing import Any, Mapping
 
 import numpy as np
@@ -82,72 +84,74 @@ def _call_index(key: str) -> int:
 class _StackReader:
     """Parses ``nn_module_stack`` dicts into interned stacks, once per distinct tuple of keys.
 
-    ``read`` returns the id of the stack in :attr:`table`; equal stacks share one id and one
-    tuple, every call is one :class:`ModuleCall` object, numbered in order of first
-    appearance (outer calls first), and each stack is also known by its call numbers.
+    :meth:`read_all` gives each distinct tuple of keys the id of its stack; equal stacks
+    share one id and one tuple, every call is one :class:`ModuleCall` object, numbered in
+    order of first appearance (outer calls first), and each stack is also known by its call
+    numbers (:attr:`calls`) and its parent stack (:attr:`parents`). The reader is its own
+    stack table (``stacks``, ``calls``, ``parents``, as :class:`StackInterner`).
     """
 
     def __init__(self) -> None:
-        self.table = StackInterner()
-        self._ids: dict[tuple, int] = {}
-        self._entries: dict[Any, tuple[Any, ModuleCall | None]] = {}
+        self.stacks: list[Stack | None] = [(), None]
+        self.calls: list[tuple[int, ...] | None] = [(), None]
+        self.parents: list[int] = [-1, -1]
+        self._by_calls: dict[tuple[int, ...] | None, int] = {(): 0, None: 1}
+        self.empty, self.unknown = 0, 1
+        self._ids: dict[tuple, int] = {}  # tuple of keys -> stack id
         self._classes: dict[Any, str] = {}
-        self._calls: dict[tuple[str, str, int], ModuleCall] = {}
-        self._number: dict[int, int] = {}  # id(call) -> its index in calls
+        self._calls: dict[tuple[str, str, int], tuple[ModuleCall, int]] = {}
         self.root_class: str | None = None
         self.saw_root = False
         self.legacy = False
         """Whether some entry had the ``{path: cls}`` form (no call indices)."""
-        self.empty = self.table.id((), ())
-        self.unknown = self.table.id(None, None)
 
     @property
-    def calls(self) -> tuple[ModuleCall, ...]:
+    def module_calls(self) -> tuple[ModuleCall, ...]:
         """Every call, in order of first appearance (outer calls before inner ones)."""
-        return tuple(self._calls.values())
+        return tuple(call for call, _ in self._calls.values())
 
-    def read(self, raw: Mapping, keys: tuple | None = None) -> int:
-        """The stack id of one ``nn_module_stack`` (``keys``: ``tuple(raw)`` if known)."""
-        keys = tuple(raw) if keys is None else keys
-        found = self._ids.get(keys)
-        if found is None:
-            found = self._read_new(raw, keys)
-        return found
+    def read_all(self, distinct: Mapping[tuple, Mapping]) -> dict[tuple, int]:
+        """The stack id of each tuple of keys (``distinct``: keys -> a meta dict whose
+        ``nn_module_stack`` has these keys), numbered in the order of ``distinct``."""
+        ids = self._ids
+        read_new = self._read_new
+        for keys, meta in distinct.items():
+            if keys not in ids:  # else: parsed already, as the parent of another stack
+                read_new(meta[_STACK], keys)
+        return ids
 
     def _read_new(self, raw: Mapping, keys: tuple) -> int:
         """Parse the stack of ``keys`` from the stack of ``keys[:-1]`` (memoized too).
 
         Hot: one call per distinct stack of the graph, so it is written flat."""
         ids = self._ids
-        parent = self.unknown
         if len(keys) > 1:
             parent = ids.get(keys[:-1])
             if parent is None:
                 parent = self._read_new(raw, keys[:-1])
+        else:
+            parent = 1  # unknown
         last = keys[-1]
         if last == EMPTY_STACK_KEY:
             ids[keys] = parent
             return parent
-        value = raw[last]
-        known = self._entries.get(last)
-        if known is not None and (known[0] is value or known[0] == value):
-            call = known[1]
-        else:
-            call = self._entry(last, value)
-            self._entries[last] = (value, call)
+        call, number, new = self._entry(last, raw[last])
         if call is None:  # the root entry
-            found = parent if parent != self.unknown else self.empty
+            found = parent if parent != 1 else 0
         else:
-            table = self.table
-            above_calls = table.calls[parent]
+            above_calls = self.calls[parent]
             if above_calls is None:
-                above_calls, above, parent = (), (), self.empty
+                above_calls, above, parent = (), (), 0
             else:
-                above = table.stacks[parent]
-            call_ids = above_calls + (self._number[id(call)],)
-            found = table.get(call_ids)
+                above = self.stacks[parent]
+            call_ids = above_calls + (number,)
+            # a new call is in no stack yet; a known one (another spelling) may be
+            found = None if new else self._by_calls.get(call_ids)
             if found is None:
-                found = table.id(call_ids, above + (call,), parent)
+                found = self._by_calls[call_ids] = len(self.stacks)
+                self.stacks.append(above + (call,))
+                self.calls.append(call_ids)
+                self.parents.append(parent)
         ids[keys] = found
         return found
 
@@ -160,7 +164,8 @@ class _StackReader:
             name = self._classes[cls] = class_name(cls)
         return name
 
-    def _entry(self, key: Any, value: Any) -> ModuleCall | None:
+    def _entry(self, key: Any, value: Any) -> tuple[ModuleCall | None, int, bool]:
+        """The call of one entry, its number and whether it is new (None: the root entry)."""
         if type(value) is tuple and len(value) == 2:
             path, cls = value
             if type(path) is not str:
@@ -172,16 +177,19 @@ class _StackReader:
             self.saw_root = True
             if self.root_class is None:
                 self.root_class = self._class(cls)
-            return None
-        key = key if type(key) is str else str(key)
+            return None, -1, False
+        if type(key) is not str:
+            key = str(key)
         at = key.rfind("@")
         index = int(key[at + 1:]) if at >= 0 and key[at + 1:].isdigit() else 0
         cls_name = self._class(cls)
-        call = self._calls.get((path, cls_name, index))
-        if call is None:  # two keys may name one call (another tracer's spelling)
-            call = self._calls[(path, cls_name, index)] = ModuleCall(path, cls_name, index)
-            self._number[id(call)] = len(self._number)
-        return call
+        known = self._calls.get((path, cls_name, index))
+        if known is not None:  # two keys may name one call (another tracer's spelling)
+            return known[0], known[1], False
+        call = ModuleCall(path, cls_name, index)
+        number = len(self._calls)
+        self._calls[(path, cls_name, index)] = (call, number)
+        return call, number, True
 
 
 def from_fx_graph(
@@ -200,59 +208,56 @@ def from_fx_graph(
         return _read(graph, source, root_class, split_calls)
 
 
-_IO = object()  # the stack key of graph inputs and outputs
+_STACK = "nn_module_stack"
 
 
 def _read(graph: torch.fx.Graph, source: Any, root_class: str | None,
           split_calls: bool | None) -> Graph:
-    # One column at a time: comprehensions and C-level dict/map calls per node, Python
-    # work only per distinct stack, target and tag set.
+    # One column at a time: comprehensions and C-level map calls per node, Python work only
+    # per distinct stack, target, tag set (per run of equal ones) and graph input.
     fx_nodes = list(graph.nodes)
     size = len(fx_nodes)
-    index_of = dict(zip(fx_nodes, range(size)))
     ops = [n.op for n in fx_nodes]
     metas = [n.meta for n in fx_nodes]
-    is_io = [op in _IO_OPS for op in ops]
+    is_io = list(map(_IO_OPS.__contains__, ops))
+    io = np.fromiter(is_io, dtype=bool, count=size)
 
     reader = _StackReader()
-    empty_id, unknown = reader.empty, reader.unknown
-    raws = [_IO if io else m.get("nn_module_stack") for m, io in zip(metas, is_io)]
-    keys = [r if r is _IO else tuple(r) if r else None for r in raws]
-    ids: dict[Any, int] = {_IO: empty_id, None: unknown}
-    for key, raw in dict(zip(keys, raws)).items():  # first appearance order
-        if key not in ids:
-            ids[key] = reader.read(raw, key)
+    # graph inputs and outputs are at the top level whatever their metadata says: not read
+    keys = [tuple(r) if not x and (r := m.get(_STACK)) else None
+            for m, x in zip(metas, is_io)]
+    distinct = dict(zip(keys, metas))  # first appearance order
+    distinct.pop(None, None)
+    ids = reader.read_all(distinct)
+    ids[None] = reader.unknown  # type: ignore[index]
     stack_id = np.fromiter(map(ids.__getitem__, keys), dtype=np.int32, count=size)
-    del raws, keys
+    stack_id[io] = reader.empty
+    del keys, distinct, ids
 
     targets = Interner()
     target_id = _target_ids(fx_nodes, targets)
     tag_sets = TagSets()
     tags_id = _tag_ids(fx_nodes, metas, tag_sets)
-    lookup = index_of.__getitem__
-    inputs = [_input_nodes(n) for n in fx_nodes] if size and not hasattr(
-        fx_nodes[0], "_input_nodes") else [n._input_nodes for n in fx_nodes]
-    flat = [lookup(x) for ins in inputs for x in ins]
-    start = np.zeros(size + 1, dtype=np.int64)
-    np.cumsum(list(map(len, inputs)), out=start[1:])
-    del index_of, metas, inputs
+    start, flat = _edges(fx_nodes)
+    del metas
 
-    table = reader.table
+    table: Any = reader
     if not reader.saw_root and len(table.stacks) > 2:
         # symbolic_trace: a node traced in the root module's forward carries no stack
         root_ops = _ROOT_LEVEL_OPS
         at_root = np.fromiter((op in root_ops for op in ops), dtype=bool, count=size)
-        stack_id = np.where(at_root & (stack_id == unknown), empty_id, stack_id).astype(np.int32)
+        stack_id = np.where(at_root & (stack_id == reader.unknown), reader.empty,
+                            stack_id).astype(np.int32)
     if reader.legacy if split_calls is None else split_calls:
-        split = split_runs([None if io else table.stacks[k]
-                            for io, k in zip(is_io, stack_id.tolist())])
+        split = split_runs([None if x else table.stacks[k]
+                            for x, k in zip(is_io, stack_id.tolist())])
         calls = distinct_calls(split)
         table, stack_id = _renumber(calls, split, is_io)
     else:
-        calls = reader.calls
+        calls = reader.module_calls
 
     columns = build_columns(table.stacks, stack_id, targets.values, target_id, tag_sets.values,
-                            tags_id, is_io, start, flat, table.calls, table.parents)
+                            tags_id, io, start, flat, table.calls, table.parents)
     nodes = _lazy_nodes(fx_nodes, ops, targets.values, target_id, table.stacks, stack_id,
                         tag_sets.values, tags_id, is_io, flat, start)
     return Graph(nodes, calls, "fx", root_class or reader.root_class, source,
@@ -280,30 +285,49 @@ def _renumber(calls: tuple[ModuleCall, ...], stacks: list[Stack | None], is_io: 
     return table, out
 
 
-def _target_ids(fx_nodes: list[torch.fx.Node], targets: Interner) -> list[int]:
-    """Per node, the id of its target's text."""
+def _target_ids(fx_nodes: list[torch.fx.Node], targets: Interner) -> np.ndarray:
+    """Per node, the id of its target's text (each target object read once, known by its
+    identity: op overloads hash in Python)."""
     raw = [n.target for n in fx_nodes]
-    try:
-        ids = {t: targets.id(_target_text(t)) for t in dict.fromkeys(raw)}
-    except TypeError:  # an unhashable target: one at a time
-        return [targets.id(_target_text(t)) for t in raw]
-    return list(map(ids.__getitem__, raw))
+    idents = list(map(id, raw))
+    text_id = {i: targets.id(_target_text(t)) for i, t in dict(zip(idents, raw)).items()}
+    return np.fromiter(map(text_id.__getitem__, idents), dtype=np.int32, count=len(raw))
 
 
-def _tag_ids(fx_nodes: list[torch.fx.Node], metas: list[dict], tag_sets: TagSets) -> list[int]:
-    """Per node, the id of its tag set (``meta["custom"]`` and ``node.tag``)."""
+def _tag_ids(fx_nodes: list[torch.fx.Node], metas: list[dict], tag_sets: TagSets
+             ) -> np.ndarray:
+    """Per node, the id of its tag set (``meta["custom"]`` and ``node.tag``).
+
+    Neighbours usually carry equal tags: the tags are read once per run of equal ones."""
+    size = len(fx_nodes)
     customs = [m.get("custom") for m in metas]
     tags = [getattr(n, "tag", None) for n in fx_nodes]
-    no_tag = all(t is None for t in tags)
-    if not any(customs) and no_tag:
-        return [0] * len(fx_nodes)
+    no_tag = tags.count(None) == size
+    if no_tag and not any(customs):
+        return np.zeros(size, dtype=np.int32)
     try:
-        keys = [(tuple(c.items()) if type(c) is dict and c else None, t)
-                for c, t in zip(customs, tags)]
-        ids = {k: tag_sets.id(_tags(dict(k[0] or ()), k[1])) for k in dict.fromkeys(keys)}
-        return list(map(ids.__getitem__, keys))
-    except TypeError:  # unhashable tag values: one node at a time
-        return [tag_sets.id(_tags(c, t)) for c, t in zip(customs, tags)]
+        change = np.fromiter(map(ne, customs[1:], customs), dtype=bool, count=size - 1)
+        if not no_tag:
+            change |= np.fromiter(map(ne, tags[1:], tags), dtype=bool, count=size - 1)
+    except Exception:  # values that do not compare (tensors...): one node at a time
+        return np.array([tag_sets.id(_tags(c, t)) for c, t in zip(customs, tags)],
+                        dtype=np.int32).reshape(size)
+    starts = np.flatnonzero(change) + 1
+    starts = np.concatenate(([0], starts)) if size else starts
+    known: dict[Any, int] = {}
+    run_ids = []
+    for i in starts.tolist():
+        custom, tag = customs[i], tags[i]
+        try:
+            key = (tuple(custom.items()) if type(custom) is dict else None, tag)
+            found = known.get(key)
+            if found is None:
+                found = known[key] = tag_sets.id(_tags(custom, tag))
+        except TypeError:  # unhashable values
+            found = tag_sets.id(_tags(custom, tag))
+        run_ids.append(found)
+    lengths = np.diff(starts, append=size)
+    return np.repeat(np.array(run_ids, dtype=np.int32), lengths)
 
 
 def _tags(custom: Any, tag: Any) -> dict[str, str]:
@@ -317,6 +341,30 @@ def _tags(custom: Any, tag: Any) -> dict[str, str]:
     return tags
 
 
+def _edges(fx_nodes: list[torch.fx.Node]) -> tuple[np.ndarray, np.ndarray]:
+    """The input edges as CSR arrays: node ``i`` reads ``flat[start[i]:start[i + 1]]``.
+
+    Inputs are found by identity in a sorted array of the nodes' ids (no dict of the
+    nodes: a million-entry hash table is slower to build and to probe than a sort)."""
+    size = len(fx_nodes)
+    if size and not hasattr(fx_nodes[0], "_input_nodes"):  # pragma: no cover - other torch
+        inputs: list = [n.all_input_nodes for n in fx_nodes]
+    else:
+        inputs = [n._input_nodes for n in fx_nodes]
+    start = np.zeros(size + 1, dtype=np.int64)
+    np.cumsum(np.fromiter(map(len, inputs), dtype=np.int64, count=size), out=start[1:])
+    total = int(start[-1])
+    node_ids = np.fromiter(map(id, fx_nodes), dtype=np.uint64, count=size)
+    order = np.argsort(node_ids, kind="stable")  # nodes are mostly allocated in order
+    sorted_ids = node_ids[order]
+    wanted = np.fromiter(map(id, chain.from_iterable(inputs)), dtype=np.uint64, count=total)
+    at = np.searchsorted(sorted_ids, wanted)
+    if total and (int(at.max()) >= size or not np.array_equal(sorted_ids[at], wanted)):
+        bad = next(x for ins in inputs for x in ins if x not in set(fx_nodes))
+        raise KeyError(f"node {bad} is an input of this graph but not one of its nodes")
+    return start, order[at]
+
+
 def _lazy_nodes(fx_nodes, ops, target_text, target_id, table, stack_id, tag_values, tags_id,
                 is_io, flat, start: np.ndarray) -> LazyNodes:
     """``Graph.nodes``: each :class:`Node` built from the columns on first access."""
@@ -324,36 +372,29 @@ def _lazy_nodes(fx_nodes, ops, target_text, target_id, table, stack_id, tag_valu
 
     def columns() -> list[list]:
         if not lists:
-            lists.extend(np.asarray(c).tolist() for c in (target_id, stack_id, tags_id, start))
+            lists.extend(np.asarray(c).tolist()
+                         for c in (target_id, stack_id, tags_id, start, flat))
         return lists
 
     def make(i: int) -> Node:
-        targets, stacks, tags, bounds = columns()
+        targets, stacks, tags, bounds, inputs = columns()
         fx_node = fx_nodes[i]
         return Node(i, fx_node.name, ops[i], target_text[targets[i]],
-                    tuple(flat[bounds[i]:bounds[i + 1]]), table[stacks[i]],
+                    tuple(inputs[bounds[i]:bounds[i + 1]]), table[stacks[i]],
                     tag_values[tags[i]], is_io[i], fx_node)
 
     def make_all() -> list[Node]:
-        targets, stacks, tags, bounds = columns()
+        targets, stacks, tags, bounds, inputs = columns()
         with gc_paused():
             return [
-                Node(i, n.name, op, target_text[t], tuple(flat[a:b]), table[k], tag_values[g],
-                     io, n)
+                Node(i, n.name, op, target_text[t], tuple(inputs[a:b]), table[k],
+                     tag_values[g], io, n)
                 for i, (n, op, t, k, g, io, a, b) in enumerate(
                     zip(fx_nodes, ops, targets, stacks, tags, is_io, bounds, bounds[1:])
                 )
             ]
 
     return LazyNodes(len(fx_nodes), make, make_all)
-
-
-def _input_nodes(node: torch.fx.Node):
-    """The distinct nodes ``node`` reads, in order (``all_input_nodes`` without the copy)."""
-    try:
-        return node._input_nodes
-    except AttributeError:  # pragma: no cover - other torch versions
-        return node.all_input_nodes
 
 
 def from_graph_module(gm: torch.fx.GraphModule, *, source: Any = None,
