@@ -4,7 +4,10 @@ IR layout: one ``placeholder`` node per graph input, one ``get_attr`` node per i
 (both I/O, kept at the top level), one ``onnx`` node per main-graph node in graph order, and
 one ``output`` node. A node's inputs include the outer values its subgraphs (``If``/``Loop``
 bodies) capture. ``Node.source`` is the ``onnx_ir.Node`` (the ``onnx_ir.Value`` for inputs and
-initializers); ``Graph.source`` is the ``onnx_ir.Model``.
+initializers); ``Graph.source`` is the ``onnx_ir.Model``. The frontend fills the graph's
+:class:`~rewrite.ir.columns.Columns` as it reads (metadata parsed once per module, not per
+node; the collector paused) and hands over ``Graph.nodes`` as a
+:class:`~rewrite.ir.nodes.LazyNodes`: the ``Node`` records are built only when asked for.
 
 Module calls come from the metadata ``torch.onnx`` writes on every node it translated:
 ``pkg.torch.onnx.name_scopes`` (``['', 'h.0', 'h.0.attn', <fx node name>]``) and
@@ -49,9 +52,12 @@ from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Mapping
 
 from attrs import field, frozen
 
+from rewrite._gc import gc_paused
 from rewrite.errors import InputError
-from rewrite.frontends.calls import split_runs
+from rewrite.frontends.calls import distinct_calls, split_runs
 from rewrite.ir import Graph, ModuleCall, Node, Stack
+from rewrite.ir.columns import Columns, Interner, StackInterner, TagSets, build_columns
+from rewrite.ir.nodes import LazyNodes
 
 if TYPE_CHECKING:
     import onnx_ir as ir
@@ -78,6 +84,8 @@ def onnx_target(node: "ir.Node") -> str:
     return f"{node.domain or 'ai.onnx'}::{node.op_type}"
 
 
+_UNSEEN = object()
+
 _PLAIN_LIST = re.compile(r"\[(?:'[^'\\]*'(?:, '[^'\\]*')*)?\]")
 
 
@@ -92,20 +100,27 @@ def _parse_list(text: str) -> object:
 def read_scopes(node: "ir.Node") -> tuple[list[str], list[str]] | None:
     """``(name_scopes, class_hierarchy)`` from a node's metadata, None when absent/unusable."""
     props = node.metadata_props
-    scopes_text = props.get(NAME_SCOPES)
-    classes_text = props.get(CLASS_HIERARCHY)
-    if not scopes_text or not classes_text:
+    return _scopes(_string_list(props.get(NAME_SCOPES)),
+                   _string_list(props.get(CLASS_HIERARCHY)))
+
+
+def _string_list(text: str | None) -> list[str] | None:
+    """The list of strings ``text`` spells, None when absent or not a list."""
+    if not text:
         return None
     try:
-        scopes = _parse_list(scopes_text)
-        classes = _parse_list(classes_text)
+        parsed = _parse_list(text)
     except (ValueError, SyntaxError, MemoryError, RecursionError):
         return None
-    if not isinstance(scopes, list) or not isinstance(classes, list):
+    return [str(s) for s in parsed] if isinstance(parsed, list) else None
+
+
+def _scopes(names: list[str] | None, classes: list[str] | None
+            ) -> tuple[list[str], list[str]] | None:
+    """``(names, classes)`` when both are present, of one non-zero length."""
+    if names is None or classes is None or len(names) != len(classes) or not names:
         return None
-    if len(scopes) != len(classes) or not scopes:
-        return None
-    return [str(s) for s in scopes], [str(c) for c in classes]
+    return names, classes
 
 
 _GRAPH_KINDS: tuple = ()
@@ -168,26 +183,65 @@ def _graph_captures(graph: "ir.Graph") -> Iterator["ir.Value"]:
         local.update(id(v) for v in inner.outputs)
 
 
-class _MetadataReader:
-    """Raw stacks (every call index 0) from ``name_scopes``/``class_hierarchy``, interned."""
+def _scopes_key(text: str | None) -> str | tuple[str] | None:
+    """What a node's stack depends on in its ``name_scopes`` text: the text up to its last
+    name, as ``(head,)``, when that name is plain (``['', 'h.0', 'addmm']`` -> ``("['', 'h.0",)``:
+    one module's nodes share it); else the whole text."""
+    if text is None or '"' in text or "\\" in text or not text.endswith("']"):
+        return text
+    cut = text.rfind("', '")
+    if cut < 0 or "'" in text[cut + 4:-2]:
+        return text
+    return (text[:cut],)
 
-    def __init__(self) -> None:
+
+class _MetadataReader:
+    """Raw stacks (every call index 0) and target ids from ``name_scopes``/``class_hierarchy``,
+    parsed once per distinct pair of texts without the node's own name (a module's nodes and
+    repeated blocks share them)."""
+
+    def __init__(self, targets: Interner) -> None:
+        self._targets = targets
         self._stacks: dict[tuple, Stack] = {}
-        self._by_text: dict[tuple, NodeFacts | None] = {}
+        self._by_text: dict[tuple, tuple[Stack, int] | None] = {}
+        self._by_op: dict[tuple[str, str], int] = {}
+        self._lists: dict[str, list[str] | None] = {}
         self.root_class: str | None = None
 
-    def facts(self, node: "ir.Node") -> NodeFacts:
-        # many nodes share their metadata texts (a block's nodes, repeated blocks): parse once
-        props = node.metadata_props
-        text = (props.get(NAME_SCOPES), props.get(CLASS_HIERARCHY))
-        if text in self._by_text:
-            found = self._by_text[text]
-        else:
-            found = self._by_text[text] = self._parse(node)
-        return found if found is not None else NodeFacts(None, onnx_target(node))
+    def read(self, nodes: list["ir.Node"]) -> tuple[list[Stack | None], list[int]]:
+        """Per node, its raw stack (None: unknown) and target id."""
+        stacks: list[Stack | None] = []
+        target_ids: list[int] = []
+        by_text = self._by_text
+        for node in nodes:
+            props = node.metadata_props
+            key = (_scopes_key(props.get(NAME_SCOPES)), props.get(CLASS_HIERARCHY))
+            found = by_text.get(key, _UNSEEN)
+            if found is _UNSEEN:
+                found = by_text[key] = self._parse(*key)
+            if found is None:
+                stacks.append(None)
+                target_ids.append(self._op_target(node))
+            else:
+                stacks.append(found[0])
+                target_ids.append(found[1])
+        return stacks, target_ids
 
-    def _parse(self, node: "ir.Node") -> NodeFacts | None:
-        scopes = read_scopes(node)
+    def _op_target(self, node: "ir.Node") -> int:
+        op = (node.domain, node.op_type)
+        found = self._by_op.get(op)
+        if found is None:
+            found = self._by_op[op] = self._targets.id(onnx_target(node))
+        return found
+
+    def _parse(self, scopes_key: str | tuple[str] | None,
+               classes_text: str | None) -> tuple[Stack, int] | None:
+        if isinstance(scopes_key, tuple):  # the names but the last, which the stack ignores
+            names = self._list(scopes_key[0] + "']")
+            names = names + [""] if names is not None else None
+        else:
+            names = self._list(scopes_key)
+        scopes = _scopes(names, self._list(classes_text))
         if scopes is None or scopes[0][0] != "" or len(scopes[0]) < 2:
             # no metadata, or torch's "no nn_module_stack" form [node name]
             return None
@@ -198,76 +252,149 @@ class _MetadataReader:
         stack = self._stacks.get(key)
         if stack is None:
             stack = self._stacks[key] = tuple(ModuleCall(p, c) for p, c in zip(*key))
-        return NodeFacts(stack, classes[-1])
+        return stack, self._targets.id(classes[-1])
 
-
-def _metadata_facts(nodes: list["ir.Node"]) -> tuple[list[NodeFacts], str | None]:
-    """Facts from metadata, with repeated calls split into contiguous runs."""
-    reader = _MetadataReader()
-    raw = [reader.facts(node) for node in nodes]
-    stacks = split_runs([f.stack for f in raw])
-    return ([f if s is f.stack else NodeFacts(s, f.target) for s, f in zip(stacks, raw)],
-            reader.root_class)
+    def _list(self, text: str | None) -> list[str] | None:
+        """``_string_list(text)``, once per text (shared: do not change it)."""
+        if text is None:
+            return None
+        found = self._lists.get(text, _UNSEEN)
+        if found is _UNSEEN:
+            found = self._lists[text] = _string_list(text)
+        return found  # type: ignore[return-value]
 
 
 def from_onnx_model(
     model: "ir.Model", *, resolve: Resolver | None = None, root_class: str | None = None
 ) -> Graph:
     """Build the IR of ``model``'s main graph (see the module docstring)."""
+    with gc_paused():
+        return _read(model, resolve, root_class)
+
+
+_INPUT, _INITIALIZER, _OUTPUT = 0, 1, 2
+"""Target ids of the I/O nodes (the first texts interned)."""
+
+
+def _read(model: "ir.Model", resolve: Resolver | None, root_class: str | None) -> Graph:
     graph = model.graph
-    index_of: dict[int, int] = {}
-    nodes: list[Node] = []
-
-    def add(node: Node, values) -> None:
-        nodes.append(node)
-        for value in values:
-            index_of[id(value)] = node.index
-
-    for value in graph.inputs:
-        add(Node(len(nodes), value.name or "", "placeholder", "input", (), (), is_io=True,
-                 source=value), (value,))
-    for value in graph.initializers.values():
-        if id(value) not in index_of:
-            add(Node(len(nodes), value.name or "", "get_attr", "initializer", (), (), is_io=True,
-                     source=value), (value,))
-
+    inputs = list(graph.inputs)
+    io_values = inputs + [v for v in graph.initializers.values() if v not in set(inputs)]
     onnx_nodes = list(graph)
-    if resolve is not None:
-        all_facts = [resolve(n) or NodeFacts(None, onnx_target(n)) for n in onnx_nodes]
+    first, count = len(io_values), len(onnx_nodes)
+
+    targets = Interner(("input", "initializer", "output"))
+    tag_sets = TagSets()
+    if resolve is None:
+        reader = _MetadataReader(targets)
+        raw, target_ids = reader.read(onnx_nodes)
+        stacks = split_runs(raw)
+        tag_ids: list[int] = [0] * count
+        root_class = root_class or reader.root_class
     else:
-        all_facts, found_root = _metadata_facts(onnx_nodes)
-        root_class = root_class or found_root
-    calls: dict[ModuleCall, None] = {}
-    seen_stacks: set[int] = set()  # most nodes share their stack object: add its calls once
-    for onnx_node, facts in zip(onnx_nodes, all_facts):
-        inputs = _input_indices(onnx_node, index_of)
-        if facts.stack and id(facts.stack) not in seen_stacks:
-            seen_stacks.add(id(facts.stack))
-            calls.update(dict.fromkeys(facts.stack))
-        add(
-            Node(len(nodes), onnx_node.name or "", "onnx", facts.target, inputs, facts.stack,
-                 dict(facts.tags), source=onnx_node),
-            onnx_node.outputs,
-        )
-    outputs = tuple(dict.fromkeys(index_of[id(v)] for v in graph.outputs if id(v) in index_of))
-    nodes.append(Node(len(nodes), "output", "output", "output", outputs, (), is_io=True,
-                      source=None))
-    return Graph(tuple(nodes), tuple(calls), "onnx", root_class, model)
+        facts = [resolve(n) or NodeFacts(None, onnx_target(n)) for n in onnx_nodes]
+        stacks = [f.stack for f in facts]
+        target_ids = [targets.id(f.target) for f in facts]
+        tag_ids = [tag_sets.id(f.tags) for f in facts]
+    calls = distinct_calls(stacks)
+    table = StackInterner()
+    empty = table.id((), ())
+    table.id(None, None)
+    stack_ids = _stack_ids(stacks, calls, table)
+
+    index_of: dict["ir.Value", int] = dict(zip(io_values, range(first)))
+    start, flat = _edges(onnx_nodes, index_of, first)
+    outputs = list(dict.fromkeys(index_of[v] for v in graph.outputs if v in index_of))
+    flat.extend(outputs)
+    start.append(len(flat))
+
+    io = [True] * first + [False] * count + [True]
+    columns = build_columns(
+        table.stacks, [empty] * first + stack_ids + [empty], targets.values,
+        [_INPUT] * len(inputs) + [_INITIALIZER] * (first - len(inputs)) + target_ids + [_OUTPUT],
+        tag_sets.values, [0] * first + tag_ids + [0], io, start, flat, table.calls,
+        table.parents,
+    )
+    layout = _Layout(io_values, len(inputs), onnx_nodes, columns, flat)
+    return Graph(LazyNodes(first + count + 1, layout.node), calls, "onnx", root_class, model,
+                 columns=columns)
 
 
-def _input_indices(node: "ir.Node", index_of: dict[int, int]) -> tuple[int, ...]:
-    found: dict[int, None] = {}
-    for value in node.inputs:
-        if value is not None:
-            i = index_of.get(id(value))
-            if i is not None:
-                found[i] = None
-    if holds_graphs(node):
-        for value in subgraph_captures(node):
-            i = index_of.get(id(value))
-            if i is not None:
-                found[i] = None
-    return tuple(found)
+def _stack_ids(stacks: list[Stack | None], calls: tuple[ModuleCall, ...],
+               table: StackInterner) -> list[int]:
+    """Per node, the id of its stack in ``table`` (calls numbered as in ``calls``); the work
+    is per change of stack object (consecutive nodes share one)."""
+    number = {call: i for i, call in enumerate(calls)}
+
+    def intern(stack: Stack | None) -> int:
+        if stack is None:
+            return table.get(None)  # type: ignore[return-value]
+        ids = tuple([number[call] for call in stack])
+        found = table.get(ids)
+        if found is None:
+            parent = intern(stack[:-1]) if len(stack) > 1 else table.get(())
+            found = table.id(ids, stack, parent)  # type: ignore[arg-type]
+        return found
+
+    out: list[int] = []
+    last: object = _UNSEEN
+    last_id = -1
+    for stack in stacks:
+        if stack is not last:
+            last, last_id = stack, intern(stack)
+        out.append(last_id)
+    return out
+
+
+def _edges(onnx_nodes: list["ir.Node"], index_of: dict["ir.Value", int],
+           first: int) -> tuple[list[int], list[int]]:
+    """CSR input edges of the I/O nodes (none) and the ONNX nodes; fills ``index_of``."""
+    start = [0] * (first + 1)
+    flat: list[int] = []
+    get = index_of.get
+    kinds = _GRAPH_KINDS or _graph_kinds()
+    for i, node in enumerate(onnx_nodes, first):
+        row = dict.fromkeys(map(get, node.inputs))
+        attributes = node.attributes
+        for attr in getattr(attributes, "data", attributes).values():  # holds_graphs, inlined
+            if attr.type in kinds:
+                row.update(dict.fromkeys(map(get, subgraph_captures(node))))
+                break
+        row.pop(None, None)
+        flat.extend(row)
+        start.append(len(flat))
+        for value in node.outputs:
+            index_of[value] = i
+    return start, flat
+
+
+@frozen
+class _Layout:
+    """What :class:`Node` records are made of (see the module docstring for the layout)."""
+
+    io_values: list["ir.Value"]
+    inputs: int
+    onnx_nodes: list["ir.Node"]
+    columns: Columns
+    flat: list[int]
+
+    def node(self, i: int) -> Node:
+        """The record of node ``i``."""
+        columns = self.columns
+        first = len(self.io_values)
+        if i < first:
+            value = self.io_values[i]
+            op, target = ("placeholder", "input") if i < self.inputs else ("get_attr",
+                                                                            "initializer")
+            return Node(i, value.name or "", op, target, (), (), is_io=True, source=value)
+        begin, end = columns.input_start[i:i + 2].tolist()
+        inputs = tuple(self.flat[begin:end])
+        if i == first + len(self.onnx_nodes):
+            return Node(i, "output", "output", "output", inputs, (), is_io=True, source=None)
+        onnx_node = self.onnx_nodes[i - first]
+        return Node(i, onnx_node.name or "", "onnx", columns.targets[columns.target_id[i]],
+                    inputs, columns.stacks[columns.stack_id[i]],
+                    columns.tag_sets[columns.tags_id[i]], source=onnx_node)
 
 
 def load_onnx_model(path: str | Path) -> "ir.Model":

@@ -11,9 +11,8 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-import attrs
 import onnx_ir as ir
 import torch
 from attrs import frozen
@@ -37,28 +36,10 @@ class Lowering:
 
     model: ir.Model
     tree: GroupTree
-    """The groups over the ONNX graph that was outlined."""
+    """The groups over the ONNX graph that was outlined (for a model the caller gave: over
+    that model's graph, of which the outlined one is a copy)."""
     outlined: Outlined
     warnings: tuple[Diagnostic, ...] = ()
-
-
-def _clone_tree(tree: GroupTree) -> tuple[ir.Model, GroupTree]:
-    """A copy of the tree's ONNX model, and the tree pointing at the copy's nodes."""
-    source: ir.Model = tree.graph.source
-    model = source.clone()
-    node_map: dict[int, Any] = {id(a): b for a, b in zip(source.graph, model.graph)}
-    values = {v.name: v for v in model.graph.inputs}
-    values.update(model.graph.initializers)
-    nodes = []
-    for node in tree.graph.nodes:
-        if node.op == "onnx":
-            nodes.append(attrs.evolve(node, source=node_map[id(node.source)]))
-        elif node.source is not None:
-            nodes.append(attrs.evolve(node, source=values.get(node.source.name)))
-        else:
-            nodes.append(node)
-    graph = attrs.evolve(tree.graph, nodes=tuple(nodes), source=model)
-    return model, attrs.evolve(tree, graph=graph)
 
 
 _OUTLINED = "rewrite.outlined"
@@ -69,7 +50,8 @@ def _onnx_model(result: "Result") -> tuple[ir.Model, GroupTree]:
     """The ONNX model to outline in place, and its tree (see the module docstring)."""
     tree = result.tree
     if not isinstance(result.model, (str, Path)):
-        return _clone_tree(tree)
+        # outlining reads the copy's main-graph nodes in order, as the tree's ONNX nodes
+        return tree.graph.source.clone(), tree
     model: ir.Model = tree.graph.source
     if model.meta.get(_OUTLINED):
         from rewrite.api import apply

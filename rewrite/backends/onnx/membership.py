@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+import numpy as np
 import onnx_ir as ir
 from attrs import define, field
 
@@ -23,11 +24,21 @@ class Membership:
     position: dict[ir.Node, Position] = field(factory=dict)
 
     @classmethod
-    def from_tree(cls, tree: GroupTree) -> "Membership":
-        members = cls()
-        for node in tree.graph.nodes:
-            if node.op == "onnx":
-                members.add(node.source, tree.owner[node.index], (node.index, 0, 0))
+    def from_tree(cls, tree: GroupTree, graph: ir.Graph) -> "Membership":
+        """Members as ``tree`` says; ``graph`` is the main graph the tree was built on, or a
+        clone of it (its nodes, in order, are the tree's non-I/O nodes)."""
+        nodes = list(graph)
+        indices = np.flatnonzero(~tree.graph.columns.is_io).tolist()
+        if len(indices) != len(nodes):
+            raise ValueError(f"the group tree has {len(indices)} ONNX nodes, the graph "
+                             f"{len(nodes)}: it was built on another graph")
+        owner = tree.owner
+        groups = [owner[i] for i in indices]
+        members = cls(group_of=dict(zip(nodes, groups)),
+                      position=dict(zip(nodes, [(i, 0, 0) for i in indices])))
+        by_group = members.nodes
+        for node, group in zip(nodes, groups):
+            by_group[group].append(node)
         return members
 
     def add(self, node: ir.Node, group: str, position: Position) -> None:

@@ -56,7 +56,7 @@ class _Outliner:
         self.tree = tree
         self.on_group = on_group
         weights = weight_names(model)
-        self.members = Membership.from_tree(tree)
+        self.members = Membership.from_tree(tree, self.graph)
         # remat copies and removes only nodes without subgraphs: the owners stay the same
         self.owner = owners(self.graph)
         self.recomputed = (recompute_shared(self.graph, self.members, weights, self.owner)
