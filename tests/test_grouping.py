@@ -351,3 +351,75 @@ def test_engine_matches_the_reference(graph, text):
     assert [dict(t) for t in tree.tags] == tags
     assert [f"{w.span.source.name}:{w.span.line}" for w in tree.warnings] == warnings
     check_tree_invariants(tree)
+
+
+def reference_components(graph):
+    """Per node, the name of its split component ('' for the top level), by the documented
+    policy (split.py), one node at a time."""
+    nodes = graph.nodes
+    users = [[] for _ in nodes]
+    for n in nodes:
+        for i in n.inputs:
+            users[i].append(n.index)
+    value = [None if n.is_io else n.tags.get("stage") for n in nodes]
+
+    def place(comp):
+        for i in range(len(nodes) - 1, -1, -1):
+            if comp[i] < 0 and not nodes[i].is_io:
+                found = [comp[u] for u in users[i] if comp[u] >= 0 and not nodes[u].is_io]
+                comp[i] = min(found, default=-1)
+        for n in nodes:
+            if comp[n.index] < 0 and not n.is_io:
+                comp[n.index] = max((comp[p] for p in n.inputs), default=-1)
+        return comp
+
+    order = list(dict.fromkeys(v for v in value if v is not None))
+    names = order
+    comp = place([order.index(v) if v is not None else -1 for v in value])
+    if any(comp[p] > comp[n.index] >= 0 for n in nodes for p in n.inputs if comp[p] >= 0):
+        names, comp, seen, current = [], [-1] * len(nodes), {}, None
+        for i, v in enumerate(value):
+            if v is None:
+                continue
+            if v != current:
+                k = seen.get(v, 0)
+                seen[v] = k + 1
+                names.append(v if k == 0 else f"{v}_{k}")
+                current = v
+            comp[i] = len(names) - 1
+        comp = place(comp)
+    return ["" if c < 0 else names[c] for c in comp]
+
+
+@st.composite
+def staged_graphs(draw):
+    """Graphs whose stages mostly run a, b, c in order, with untagged nodes feeding several
+    stages and sometimes a stage that comes back (runs)."""
+    g = GraphBuilder()
+    made = [g.input()]
+    size = draw(st.integers(2, 16))
+    for k in range(size):
+        stage = "abc"[3 * k // size]
+        tags = draw(st.sampled_from([None, None, {"stage": stage}, {"stage": "a"}]))
+        stack = draw(st.sampled_from([(BLOCKS[0],), (BLOCKS[1],), ()]))
+        inputs = draw(st.lists(st.sampled_from(made), min_size=1, max_size=3))
+        made.append(g.op(f"n{k}", "aten.add.Tensor", inputs, stack, tags))
+    g.output(draw(st.lists(st.sampled_from(made[1:]), min_size=1, max_size=2)))
+    return g.graph()
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.one_of(graphs(), staged_graphs()),
+       st.sampled_from(["split by stage", "split by stage\ngroup class *Block"]))
+def test_split_components_match_the_reference(graph, text):
+    if not any(n.tags.get("stage") for n in graph.nodes):
+        return
+    try:
+        tree = group_graph(rewrite.parse_rules(text, "r.rules"), graph)
+    except rewrite.GroupingError as e:
+        assert "cannot be outlined" in str(e)  # a module group cut into a cycle
+        return
+    top = [owner.split("/", 1)[0] for owner in tree.owner]
+    expected = reference_components(graph)
+    assert [t if t in {g.key for g in tree.root.children if g.kind == "component"} else ""
+            for t in top] == expected

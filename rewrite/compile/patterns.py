@@ -130,26 +130,56 @@ def _glob_body(pattern: str, segment_char: str) -> str:
 
 class TextColumn:
     """Many texts (module paths) to match patterns against, all at once: joined into one
-    string, so one regex scan in C answers a pattern for every text."""
+    string, one line per text, so that a single scan in C answers a pattern for all."""
 
-    __slots__ = ("texts", "_joined", "_starts")
+    __slots__ = ("texts", "_layout")
 
     def __init__(self, texts: Sequence[str]) -> None:
         self.texts = texts
-        self._joined: str | None = None
-        self._starts: np.ndarray | None = None
+        self._layout: tuple[str, np.ndarray] | None | bool = False
 
-    def _layout(self) -> tuple[str, np.ndarray] | None:
-        """The joined text and where each text starts; None if a text has a newline."""
-        if self._joined is None:
-            self._joined = "\n".join(self.texts)
-            if self._joined.count("\n") != max(len(self.texts) - 1, 0):
-                return None
-            step = np.fromiter(map(len, self.texts), dtype=np.int64, count=len(self.texts)) + 1
-            self._starts = np.cumsum(step) - step
-        if self._starts is None:
+    def layout(self) -> tuple[str, np.ndarray] | None:
+        """``"\\n" + texts joined by "\\n" + "\\n"`` and where each text starts in it;
+        None if some text has a newline of its own."""
+        if self._layout is False:
+            joined = "\n" + "\n".join(self.texts) + "\n"
+            if joined.count("\n") != len(self.texts) + 1:
+                self._layout = None
+            else:
+                step = np.fromiter(map(len, self.texts), dtype=np.int64,
+                                   count=len(self.texts)) + 1
+                self._layout = joined, np.cumsum(step) - step + 1
+        return self._layout  # type: ignore[return-value]
+
+    def equal(self, text: str) -> np.ndarray:
+        """Whether each text equals ``text``."""
+        layout = self.layout()
+        if layout is None or "\n" in text:
+            return np.fromiter(map(text.__eq__, self.texts), dtype=bool, count=len(self))
+        joined, starts = layout
+        needle, hits, at = f"\n{text}\n", [], joined.find(f"\n{text}\n")
+        while at >= 0:
+            hits.append(at + 1)
+            at = joined.find(needle, at + 1)
+        return self._mark(hits, starts)
+
+    def search(self, regex: re.Pattern[str]) -> np.ndarray | None:
+        """Whether each text is a whole-line match of a ``(?m)^...$`` regex; None if the
+        texts cannot be joined."""
+        layout = self.layout()
+        if layout is None:
             return None
-        return self._joined, self._starts
+        joined, starts = layout
+        return self._mark([m.start() for m in regex.finditer(joined)], starts)
+
+    def _mark(self, hits: list[int], starts: np.ndarray) -> np.ndarray:
+        out = np.zeros(len(self), dtype=bool)
+        if hits:
+            at = np.asarray(hits, dtype=np.int64)
+            k = np.searchsorted(starts, at, side="right") - 1
+            ok = (k >= 0) & (starts[np.maximum(k, 0)] == at)  # not the empty sentinel lines
+            out[k[ok]] = True
+        return out
 
     def __len__(self) -> int:
         return len(self.texts)
@@ -179,17 +209,10 @@ class Glob:
         """Whether each text of ``column`` matches, as a bool array (no memo)."""
         if self.matches_all:
             return np.ones(len(column), dtype=bool)
-        if self.literal:  # one string comparison per text
-            return np.fromiter(map(self.pattern.__eq__, column.texts), dtype=bool,
-                               count=len(column))
-        layout = column._layout()
-        if layout is None:
-            return np.array(self.test_all(column.texts), dtype=bool)
-        joined, starts = layout
-        out = np.zeros(len(column), dtype=bool)
-        hits = [m.start() for m in _lines_regex(self.pattern).finditer(joined)]
-        out[np.searchsorted(starts, np.asarray(hits, dtype=np.int64), side="right") - 1] = True
-        return out
+        if self.literal:
+            return column.equal(self.pattern)
+        found = column.search(_lines_regex(self.pattern))
+        return found if found is not None else np.array(self.test_all(column.texts), dtype=bool)
 
     def test_all(self, texts: Sequence[str]) -> list[bool]:
         """Whether each text matches, without the memo (for texts that rarely repeat)."""

@@ -52,10 +52,30 @@ def _place_untagged(columns: Columns, comp: np.ndarray) -> np.ndarray:
     todo = np.flatnonzero((comp < 0) & ~is_io)
     if todo.size == 0:
         return comp
+    comp = comp.copy()
+    # the common case in one pass: every user has a component already -> the earliest
+    producer, consumer = columns.edges()
+    mark = np.zeros(columns.size, dtype=bool)
+    mark[todo] = True
+    picked = mark[producer]
+    by_producer = np.argsort(producer[picked], kind="stable")
+    user_of = consumer[picked][by_producer]
+    low = np.searchsorted(producer[picked][by_producer], todo, side="left")
+    high = np.searchsorted(producer[picked][by_producer], todo, side="right")
+    has_users = high > low
+    settled = np.zeros(todo.size, dtype=bool)
+    if has_users.any():  # the users of consecutive todo nodes are contiguous in user_of
+        user_comp = np.where(is_io[user_of], -1, comp[user_of])
+        lowest = np.minimum.reduceat(user_comp, low[has_users])
+        settled[has_users] = lowest >= 0
+        comp[todo[settled]] = lowest[settled[has_users]]
     start, users = _users(columns)
+    rest = todo[~settled]
+    if rest.size == 0:
+        return comp
     out = comp.tolist()
     io = is_io.tolist()
-    for i in todo[::-1].tolist():
+    for i in rest[::-1].tolist():
         best = -1
         for u in users[start[i]:start[i + 1]].tolist():
             c = out[u]
@@ -63,7 +83,7 @@ def _place_untagged(columns: Columns, comp: np.ndarray) -> np.ndarray:
                 best = c
         out[i] = best
     in_start, inputs = columns.input_start, columns.input_index
-    for i in todo.tolist():
+    for i in rest.tolist():
         if out[i] < 0:
             best = -1
             for p in inputs[in_start[i]:in_start[i + 1]].tolist():

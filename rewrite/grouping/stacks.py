@@ -15,6 +15,7 @@ from typing import Sequence
 import numpy as np
 
 from rewrite.ir import Columns, ModuleCall, Stack
+from rewrite.ir.columns import CallColumns, call_columns_of
 
 
 class StackTable:
@@ -30,12 +31,14 @@ class StackTable:
         self._call_id: dict[ModuleCall, int] | None = None
         self._prefix: dict[tuple[int, int], int] = {}
         self._by_ids: dict[tuple[int, ...] | None, int] | None = None
-        self._parent_given = False
+        self._given: Columns | None = None
         if columns.stack_calls is not None:  # the frontend numbered the calls already
             self.ids: list[tuple[int, ...] | None] = list(columns.stack_calls)
             self.canon = np.arange(len(self.ids), dtype=np.int64)
             parents = columns.stack_parent
-            self._parent_given = parents is not None
+            if (parents is not None and columns.stack_last is not None
+                    and columns.stack_depth is not None):
+                self._given = columns  # the whole tree of stacks, as arrays
             self.parent_list: list[int] = (parents.tolist() if parents is not None
                                            else [-1] * len(self.ids))
         else:
@@ -47,6 +50,7 @@ class StackTable:
         except ValueError:
             self.empty = self.add(())
         self._columns: dict[str, object] = {}
+        self._call_columns = columns.call_columns
         self._tree: tuple[np.ndarray, np.ndarray, np.ndarray, list[np.ndarray]] | None = None
 
     def _to_ids(self, stack: Stack | None) -> tuple[int, ...] | None:
@@ -116,16 +120,23 @@ class StackTable:
         return self._tree
 
     def _make_tree(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[np.ndarray]]:
-        ids = self.ids
-        depth = np.fromiter((-1 if s is None else len(s) for s in ids), dtype=np.int64,
-                            count=len(ids))
-        last = np.fromiter((s[-1] if s else -1 for s in ids), dtype=np.int64, count=len(ids))
-        parent = np.asarray(self.parent_list, dtype=np.int64)
+        ids, given = self.ids, self._given
+        if given is not None and len(given.stack_calls or ()) == len(ids):
+            assert given.stack_depth is not None and given.stack_last is not None
+            depth, last = given.stack_depth, given.stack_last
+            parent = np.array(given.stack_parent, dtype=np.int64)
+        else:
+            depth = np.fromiter((-1 if s is None else len(s) for s in ids), dtype=np.int64,
+                                count=len(ids))
+            last = np.fromiter((s[-1] if s else -1 for s in ids), dtype=np.int64,
+                               count=len(ids))
+            parent = np.asarray(self.parent_list, dtype=np.int64)
         # a given parent must have exactly one call less; else (or if none was given) find it
         ok = (parent >= 0) & (depth > 0)
         ok[ok] = depth[parent[ok]] == depth[ok] - 1
         missing = np.flatnonzero(~ok & (depth > 0))
         if missing.size:
+            self._given = None
             for s in missing.tolist():
                 stack = ids[s]
                 assert stack is not None
@@ -159,35 +170,31 @@ class StackTable:
             marked[parent[hit]] = True
         return out
 
-    # --- per-call columns for selectors (built on first use) ---------------------------------
-
-    def _cached(self, name: str, make):
-        found = self._columns.get(name)
-        if found is None:
-            found = self._columns[name] = make()
-        return found
+    # --- per-call columns for selectors ------------------------------------------------------
 
     @property
-    def paths(self) -> list[str]:
-        return self._cached("paths", lambda: [c.path for c in self.calls])
+    def call_columns(self) -> CallColumns:
+        """The calls as columns (the frontend's, or derived from :attr:`calls`)."""
+        if self._call_columns is None or len(self._call_columns) != len(self.calls):
+            self._call_columns = call_columns_of(self.calls)
+        return self._call_columns
+
+    @property
+    def paths(self) -> Sequence[str]:
+        return self.call_columns.paths
 
     @property
     def indices(self) -> tuple[list[str], np.ndarray]:
         """Distinct call indices as text, and per call the position of its index."""
-        def make():
-            raw = np.fromiter((c.index for c in self.calls), dtype=np.int64,
-                              count=len(self.calls))
-            distinct, inverse = np.unique(raw, return_inverse=True)
-            return [str(n) for n in distinct.tolist()], inverse.reshape(-1)
-        return self._cached("indices", make)
+        found = self._columns.get("indices")
+        if found is None:
+            distinct, inverse = np.unique(self.call_columns.index, return_inverse=True)
+            found = self._columns["indices"] = ([str(n) for n in distinct.tolist()],
+                                                inverse.reshape(-1))
+        return found  # type: ignore[return-value]
 
     @property
-    def class_ids(self) -> tuple[list[str], np.ndarray]:
+    def class_ids(self) -> tuple[Sequence[str], np.ndarray]:
         """Distinct qualified class names, and per call the index of its class."""
-        def make():
-            index: dict[str, int] = {}
-            setdefault = index.setdefault
-            ids = np.fromiter((setdefault(c.cls, len(index)) for c in self.calls),
-                              dtype=np.int64, count=len(self.calls))
-            return list(index), ids
-        return self._cached("classes", make)
+        columns = self.call_columns
+        return columns.classes, columns.class_id

@@ -16,7 +16,7 @@ import numpy as np
 from attrs import field, frozen
 
 if TYPE_CHECKING:
-    from rewrite.ir.model import Node, Stack
+    from rewrite.ir.model import ModuleCall, Node, Stack
 
 EMPTY_TAGS: Mapping[str, str] = MappingProxyType({})
 """The tag set of an untagged node (shared, read-only)."""
@@ -50,6 +50,12 @@ class Columns:
     """Optional: each stack as indices into ``Graph.calls`` (``None`` for the unknown stack)."""
     stack_parent: np.ndarray | None = field(default=None, repr=False)
     """Optional: per stack, the id of the stack without its last call (-1: none known)."""
+    stack_last: np.ndarray | None = field(default=None, repr=False)
+    """Optional, with ``stack_calls``: per stack, its last call id (-1: empty or unknown)."""
+    stack_depth: np.ndarray | None = field(default=None, repr=False)
+    """Optional, with ``stack_calls``: per stack, its number of calls (-1: unknown)."""
+    call_columns: "CallColumns | None" = field(default=None, repr=False)
+    """Optional: the graph's calls (``Graph.calls``) as columns."""
 
     @property
     def size(self) -> int:
@@ -92,15 +98,63 @@ class Interner:
         return len(self.values)
 
 
-class StackInterner:
-    """Distinct stacks numbered as they come, each with its call ids and parent stack id."""
+@frozen
+class CallColumns:
+    """The module calls of a graph (``Graph.calls``) as columns, for selectors that ask
+    about every call at once."""
 
-    __slots__ = ("stacks", "calls", "parents", "_ids")
+    paths: tuple[str, ...] = field(repr=False)
+    classes: tuple[str, ...] = field(repr=False)
+    """Distinct qualified class names; ``class_id[c]`` indexes it."""
+    class_id: np.ndarray = field(repr=False)
+    index: np.ndarray = field(repr=False)
+    """Per call, its call index (``N`` of ``path@N``)."""
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+
+class CallColumnsBuilder:
+    """Collects :class:`CallColumns` as a frontend meets the calls, in call id order."""
+
+    __slots__ = ("paths", "classes", "class_id", "index")
+
+    def __init__(self) -> None:
+        self.paths: list[str] = []
+        self.classes = Interner()
+        self.class_id: list[int] = []
+        self.index: list[int] = []
+
+    def add(self, path: str, cls: str, index: int) -> None:
+        self.paths.append(path)
+        self.class_id.append(self.classes.id(cls))
+        self.index.append(index)
+
+    def build(self) -> CallColumns:
+        return CallColumns(tuple(self.paths), tuple(self.classes.values),
+                           _array(self.class_id, np.int64), _array(self.index, np.int64))
+
+
+def call_columns_of(calls: Sequence["ModuleCall"]) -> CallColumns:
+    """Call columns derived from the calls (for frontends that did not collect them)."""
+    builder = CallColumnsBuilder()
+    for call in calls:
+        builder.add(call.path, call.cls, call.index)
+    return builder.build()
+
+
+class StackInterner:
+    """Distinct stacks numbered as they come, each with its call ids, parent stack id, last
+    call id and depth (the number of calls; -1 for the unknown stack)."""
+
+    __slots__ = ("stacks", "calls", "parents", "lasts", "depths", "_ids")
 
     def __init__(self) -> None:
         self.stacks: list = []
         self.calls: list[tuple[int, ...] | None] = []
         self.parents: list[int] = []
+        self.lasts: list[int] = []
+        self.depths: list[int] = []
         self._ids: dict[tuple[int, ...] | None, int] = {}
 
     def id(self, calls: tuple[int, ...] | None, stack, parent: int = -1) -> int:
@@ -111,6 +165,8 @@ class StackInterner:
             self.stacks.append(stack)
             self.calls.append(calls)
             self.parents.append(parent)
+            self.lasts.append(calls[-1] if calls else -1)
+            self.depths.append(-1 if calls is None else len(calls))
         return found
 
     def get(self, calls: tuple[int, ...] | None) -> int | None:
@@ -151,15 +207,20 @@ def build_columns(
     tag_sets: Sequence[Mapping[str, str]], tags_id: Sequence[int], is_io: Sequence[bool],
     input_start: Sequence[int], input_index: Sequence[int],
     stack_calls: Sequence[tuple[int, ...] | None] | None = None,
-    stack_parent: Sequence[int] | None = None,
+    stack_parent: Sequence[int] | None = None, *,
+    stack_last: Sequence[int] | None = None, stack_depth: Sequence[int] | None = None,
+    call_columns: CallColumns | None = None,
 ) -> Columns:
     """Freeze the lists a frontend collected into :class:`Columns`."""
+    def optional(values: Sequence[int] | None) -> np.ndarray | None:
+        return _array(values, np.int64) if values is not None else None
+
     return Columns(
         tuple(stacks), _array(stack_id), tuple(targets), _array(target_id), tuple(tag_sets),
         _array(tags_id), _array(is_io, bool), _array(input_start, np.int64),
         _array(input_index, np.int64),
         tuple(stack_calls) if stack_calls is not None else None,
-        _array(stack_parent, np.int64) if stack_parent is not None else None,
+        optional(stack_parent), optional(stack_last), optional(stack_depth), call_columns,
     )
 
 
