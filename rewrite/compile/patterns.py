@@ -132,11 +132,12 @@ class TextColumn:
     """Many texts (module paths) to match patterns against, all at once: joined into one
     string, one line per text, so that a single scan in C answers a pattern for all."""
 
-    __slots__ = ("texts", "_layout")
+    __slots__ = ("texts", "_layout", "_hashes")
 
     def __init__(self, texts: Sequence[str]) -> None:
         self.texts = texts
         self._layout: tuple[str, np.ndarray] | None | bool = False
+        self._hashes: np.ndarray | None = None
 
     def layout(self) -> tuple[str, np.ndarray] | None:
         """``"\\n" + texts joined by "\\n" + "\\n"`` and where each text starts in it;
@@ -152,16 +153,14 @@ class TextColumn:
         return self._layout  # type: ignore[return-value]
 
     def equal(self, text: str) -> np.ndarray:
-        """Whether each text equals ``text``."""
-        layout = self.layout()
-        if layout is None or "\n" in text:
-            return np.fromiter(map(text.__eq__, self.texts), dtype=bool, count=len(self))
-        joined, starts = layout
-        needle, hits, at = f"\n{text}\n", [], joined.find(f"\n{text}\n")
-        while at >= 0:
-            hits.append(at + 1)
-            at = joined.find(needle, at + 1)
-        return self._mark(hits, starts)
+        """Whether each text equals ``text`` (by hash, then the few candidates by value)."""
+        if self._hashes is None:
+            self._hashes = np.fromiter(map(hash, self.texts), dtype=np.int64, count=len(self))
+        out = self._hashes == hash(text)
+        texts = self.texts
+        for k in np.flatnonzero(out).tolist():
+            out[k] = texts[k] == text
+        return out
 
     def search(self, regex: re.Pattern[str]) -> np.ndarray | None:
         """Whether each text is a whole-line match of a ``(?m)^...$`` regex; None if the

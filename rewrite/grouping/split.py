@@ -37,15 +37,6 @@ class Component:
     value: str
 
 
-def _users(columns: Columns) -> tuple[np.ndarray, np.ndarray]:
-    """Users of every node as CSR: ``users[start[i]:start[i + 1]]``."""
-    producer, consumer = columns.edges()
-    order = np.argsort(producer, kind="stable")
-    start = np.zeros(columns.size + 1, dtype=np.int64)
-    np.cumsum(np.bincount(producer, minlength=columns.size), out=start[1:])
-    return start, consumer[order]
-
-
 def _place_untagged(columns: Columns, comp: np.ndarray) -> np.ndarray:
     """Untagged nodes join their earliest user's component, else their latest producer's."""
     is_io = columns.is_io
@@ -69,21 +60,20 @@ def _place_untagged(columns: Columns, comp: np.ndarray) -> np.ndarray:
         lowest = np.minimum.reduceat(user_comp, low[has_users])
         settled[has_users] = lowest >= 0
         comp[todo[settled]] = lowest[settled[has_users]]
-    start, users = _users(columns)
-    rest = todo[~settled]
+    rest = np.flatnonzero(~settled)
     if rest.size == 0:
         return comp
     out = comp.tolist()
     io = is_io.tolist()
-    for i in rest[::-1].tolist():
-        best = -1
-        for u in users[start[i]:start[i + 1]].tolist():
+    for k in rest[::-1].tolist():
+        i, best = int(todo[k]), -1
+        for u in user_of[low[k]:high[k]].tolist():
             c = out[u]
             if c >= 0 and not io[u] and (best < 0 or c < best):
                 best = c
         out[i] = best
     in_start, inputs = columns.input_start, columns.input_index
-    for i in rest.tolist():
+    for i in todo[rest].tolist():
         if out[i] < 0:
             best = -1
             for p in inputs[in_start[i]:in_start[i + 1]].tolist():
@@ -129,11 +119,8 @@ def split_components(
             )
         values = list(split.order)
     else:
-        first = {}
-        for v in value[tagged].tolist():
-            if v not in first:
-                first[v] = len(first)
-        values = [names[v] for v in first]
+        first = [int(np.argmax(value == v)) for v in range(len(names))]  # few values
+        values = [names[v] for v in sorted(range(len(names)), key=first.__getitem__)]
     rank = np.array([values.index(n) if n in values else -1 for n in names], dtype=np.int64)
     comp = np.where(value >= 0, rank[np.maximum(value, 0)], -1)
     comp = _place_untagged(columns, comp)
@@ -155,17 +142,18 @@ def split_components(
 def _split_runs(columns: Columns, value: np.ndarray, names: list[str]
                 ) -> tuple[list[Component], np.ndarray]:
     """One component per contiguous run of a value, in topological order."""
+    tagged = np.flatnonzero(value >= 0)
+    values = value[tagged]
+    starts = np.flatnonzero(np.r_[True, values[1:] != values[:-1]])
     components: list[Component] = []
     seen: dict[str, int] = {}
+    for v in values[starts].tolist():
+        name = names[v]
+        n = seen.get(name, 0)
+        seen[name] = n + 1
+        components.append(Component(name if n == 0 else f"{name}_{n}", name))
     comp = np.full(columns.size, -1, dtype=np.int64)
-    current = -1
-    for i in np.flatnonzero(value >= 0).tolist():
-        v = int(value[i])
-        if v != current:
-            name = names[v]
-            n = seen.get(name, 0)
-            seen[name] = n + 1
-            components.append(Component(name if n == 0 else f"{name}_{n}", name))
-            current = v
-        comp[i] = len(components) - 1
+    run = np.zeros(len(values), dtype=np.int64)
+    run[starts[1:]] = 1
+    comp[tagged] = np.cumsum(run)
     return components, _place_untagged(columns, comp)

@@ -38,8 +38,11 @@ class _CallColumns:
         return glob.mask(self.paths)
 
     def key_mask(self, path: Glob, index: Glob) -> np.ndarray:
+        mask = self.path_mask(path)
+        if index.pattern in ("*", "**"):  # an index has no dot: any index
+            return mask
         texts, ids = self.table.indices
-        return self.path_mask(path) & np.array(index.test_all(texts), dtype=bool)[ids]
+        return mask & np.array(index.test_all(texts), dtype=bool)[ids]
 
     def class_mask(self, glob: ClassGlob) -> np.ndarray:
         classes, class_id = self.table.class_ids

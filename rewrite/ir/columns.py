@@ -56,16 +56,22 @@ class Columns:
     """Optional, with ``stack_calls``: per stack, its number of calls (-1: unknown)."""
     call_columns: "CallColumns | None" = field(default=None, repr=False)
     """Optional: the graph's calls (``Graph.calls``) as columns."""
+    _edges: tuple[np.ndarray, np.ndarray] | None = field(default=None, init=False, eq=False,
+                                                         repr=False)
 
     @property
     def size(self) -> int:
         return len(self.stack_id)
 
     def edges(self) -> tuple[np.ndarray, np.ndarray]:
-        """``(producer, consumer)`` arrays, one entry per input edge."""
-        counts = np.diff(self.input_start)
-        consumer = np.repeat(np.arange(self.size, dtype=np.int64), counts)
-        return self.input_index.astype(np.int64, copy=False), consumer
+        """``(producer, consumer)`` arrays, one entry per input edge (made once, read-only)."""
+        if self._edges is None:
+            counts = np.diff(self.input_start)
+            consumer = np.repeat(np.arange(self.size, dtype=np.int64), counts)
+            consumer.flags.writeable = False
+            object.__setattr__(self, "_edges",
+                               (self.input_index.astype(np.int64, copy=False), consumer))
+        return self._edges  # type: ignore[return-value]
 
 
 class Interner:
@@ -215,13 +221,15 @@ def build_columns(
     def optional(values: Sequence[int] | None) -> np.ndarray | None:
         return _array(values, np.int64) if values is not None else None
 
-    return Columns(
+    columns = Columns(
         tuple(stacks), _array(stack_id), tuple(targets), _array(target_id), tuple(tag_sets),
         _array(tags_id), _array(is_io, bool), _array(input_start, np.int64),
         _array(input_index, np.int64),
         tuple(stack_calls) if stack_calls is not None else None,
         optional(stack_parent), optional(stack_last), optional(stack_depth), call_columns,
     )
+    columns.edges()  # part of the IR: every whole-graph pass reads them
+    return columns
 
 
 def columns_of(nodes: Sequence["Node"]) -> Columns:
