@@ -7,7 +7,8 @@
 * ``remap``: group torch.onnx's nodes with the same rules (exact module calls from the FX
   program the exporter translated);
 * ``outline``: groups -> functions (``boundary``: a group's inputs/outputs; ``structure``:
-  body keys for dedup; ``constants``: the constant policy; ``naming``; ``opsets``);
+  body keys for dedup; ``repeats``: repeated blocks matched node by node; ``constants``: the
+  constant policy; ``remat``: shared cheap nodes recomputed; ``naming``; ``opsets``);
 * ``lower``: the pipeline; ``save``: writing; ``summary``: the function tree; ``progress``.
 """
 

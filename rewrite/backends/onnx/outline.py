@@ -27,6 +27,7 @@ from rewrite.backends.onnx.membership import Membership
 from rewrite.backends.onnx.opsets import fix_opsets
 from rewrite.backends.onnx.options import OnnxOptions
 from rewrite.backends.onnx.remat import recompute_shared
+from rewrite.backends.onnx.repeats import Reference, Repeats
 from rewrite.backends.onnx.structure import Key, Keyer
 from rewrite.grouping import Group, GroupTree
 
@@ -66,9 +67,7 @@ class _Outliner:
         self.constants = ConstantPolicy(options, self.keyer, weights)
         self.names = naming.FunctionNames((f.domain, f.name) for f in model.functions.values())
         self.registry: dict[Key, ir.Function] = {}
-        # key of a body with its members in graph order -> (function, how to reorder members,
-        # args and outputs into that function's canonical order); see _reuse
-        self.reused: dict[Key, tuple[ir.Function, list[int], list[int], list[int]]] = {}
+        self.repeats = Repeats(self.keyer)
         self.holders = set(self.owner.values())
         self.function_of: dict[str, tuple[str, str, str] | None] = {}
         self.made: list[ir.Function] = []
@@ -97,31 +96,24 @@ class _Outliner:
         member_set = set(members)
         first = min(self.position[m] for m in members)
         members.sort(key=self.position.__getitem__)
-        # Fast path for repeated blocks: a body equal to an earlier one *in graph order* has
-        # the same canonical order (same labels and ranks), so reuse that group's function
-        # and permutations instead of canonicalizing again. Not for nodes holding subgraphs
-        # (their labels read captured values by name).
-        raw_key = None
+        # Repeated blocks reuse an earlier body's function and orders (see ``repeats``); not
+        # for nodes holding subgraphs (canonical labels read captured values by name).
+        identity = (group.domain, group.function_name)
+        body = None
         if self.holders.isdisjoint(members):
             raw_inputs, raw_outputs = boundary(members, member_set, self.owner)
             if raw_outputs:
                 raw_args, raw_embedded = self._split(raw_inputs)
-                raw_key = self.keyer.body(
-                    (group.domain, group.function_name), members, raw_args,
-                    {v: e.key for v, e in raw_embedded.items()}, raw_outputs,
-                )
-                hit = self.reused.get(raw_key)
+                constants = {v: e.key for v, e in raw_embedded.items()}
+                hit = self.repeats.find(identity, members, raw_args, constants, raw_outputs)
                 if hit is not None:
-                    function, member_order, arg_order, output_order = hit
-                    members = [members[i] for i in member_order]
-                    args = [raw_args[i] for i in arg_order]
-                    outputs = [raw_outputs[i] for i in output_order]
-                    call = self._call(group, chain, function.name, args, outputs, members)
-                    rewire(self.graph, outputs, list(call.outputs), member_set, self.owner)
-                    self._drop(members, member_set)
-                    self.function_of[group.id] = function.identifier()
-                    self.position[call] = first
-                    return [call]
+                    members = [members[i] for i in hit.member_order]
+                    args = [raw_args[i] for i in hit.arg_order]
+                    outputs = [raw_outputs[i] for i in hit.output_order]
+                    return [self._reuse(group, chain, hit.function, args, outputs, members,
+                                        member_set, first)]
+                body = self.repeats.snapshot(identity, members, raw_args, constants,
+                                             raw_outputs)
         by_position = members
         rank = {node: i for i, node in enumerate(by_position)}
         members = self.keyer.canonical_order(by_position, rank, self._constant_key)
@@ -130,32 +122,37 @@ class _Outliner:
             self.function_of[group.id] = None
             return members
         args, embedded = self._split(inputs)
-        if raw_key is not None:
+        key = self.keyer.body(identity, members, args, {v: e.key for v, e in embedded.items()},
+                              outputs)
+        function = self.registry.get(key)
+        if function is not None:
+            call = self._reuse(group, chain, function, args, outputs, members, member_set, first)
+        else:
+            name = self.names.new(group.domain, group.function_name)
+            call = self._call(group, chain, name, args, outputs, members)
+            rewire(self.graph, outputs, list(call.outputs), member_set, self.owner)
+            function = self.registry[key] = self._make_function(group, name, members, args,
+                                                                embedded, outputs)
+            self.function_of[group.id] = function.identifier()
+            self.position[call] = first
+        if body is not None:
             arg_index = {v: i for i, v in enumerate(raw_args)}
             output_index = {v: i for i, v in enumerate(raw_outputs)}
-            raw_order = ([rank[n] for n in members], [arg_index[v] for v in args],
-                         [output_index[v] for v in outputs])
-        key = self.keyer.body(
-            (group.domain, group.function_name), members, args,
-            {v: e.key for v, e in embedded.items()}, outputs,
-        )
-        function = self.registry.get(key)
-        if function is None:
-            name = self.names.new(group.domain, group.function_name)
-        else:
-            name = function.name
-        call = self._call(group, chain, name, args, outputs, members)
+            self.repeats.add(Reference(body, function, [rank[n] for n in members],
+                                       [arg_index[v] for v in args],
+                                       [output_index[v] for v in outputs]))
+        return [call]
+
+    def _reuse(self, group: Group, chain: list[Group], function: ir.Function,
+               args: list[ir.Value], outputs: list[ir.Value], members: list[ir.Node],
+               member_set: set[ir.Node], first: tuple) -> ir.Node:
+        """Replace ``members`` (in ``function``'s order) by a call of ``function``."""
+        call = self._call(group, chain, function.name, args, outputs, members)
         rewire(self.graph, outputs, list(call.outputs), member_set, self.owner)
-        if function is None:
-            function = self._make_function(group, name, members, args, embedded, outputs)
-            self.registry[key] = function
-        else:
-            self._drop(members, member_set)
-        if raw_key is not None:
-            self.reused[raw_key] = (function, *raw_order)
+        self._drop(members, member_set)
         self.function_of[group.id] = function.identifier()
         self.position[call] = first
-        return [call]
+        return call
 
     def _drop(self, members: list[ir.Node], member_set: set[ir.Node]) -> None:
         """Remove the members of a group whose function exists. Only inputs made outside
