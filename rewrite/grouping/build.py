@@ -123,21 +123,33 @@ def _split_groups(parent: np.ndarray, segment: np.ndarray, depth: np.ndarray,
     under it (a module group cut by the split becomes one group per component)."""
     size = len(parent)
     key = (comp + 1) * size + group_of  # (component + 1, group); component -1: the top level
-    used, inverse = np.unique(key, return_inverse=True)
-    keys = used
+    space = (int(comp.max(initial=-1)) + 2) * size
+    if space <= 4 * len(key) + 1024:  # small key space: presence by counting, no sort
+        present = np.bincount(key, minlength=space) > 0
+        present[0] = True
+    else:
+        present = None
+    keys = np.flatnonzero(present) if present is not None else np.union1d(np.unique(key), 0)
     while True:  # add every ancestor: (c, parent group), up to (c, root), then the root
         c, g = np.divmod(keys, size)
         up = np.where(g > 0, c * size + parent[g], 0)
-        grown = np.union1d(keys, up)
-        if len(grown) == len(keys):
-            break
-        keys = grown
+        if present is not None:
+            missing = up[~present[up]]
+            if missing.size == 0:
+                break
+            present[missing] = True
+            keys = np.flatnonzero(present)
+        else:
+            grown = np.union1d(keys, up)
+            if len(grown) == len(keys):
+                break
+            keys = grown
     c, g = np.divmod(keys, size)  # sorted by (c, g): parents come first
     at = np.searchsorted(keys, np.where(g > 0, c * size + parent[g], 0))
     new_parent = np.where(keys == 0, -1, at)
     new_segment = np.where(g > 0, segment[g], -c)
     new_depth = depth[g] + (c > 0)
-    return new_parent, new_segment, new_depth, np.searchsorted(keys, used)[inverse.reshape(-1)]
+    return new_parent, new_segment, new_depth, np.searchsorted(keys, key)
 
 
 def _warnings(rules: RuleSet, hits: Counter) -> list[Diagnostic]:
