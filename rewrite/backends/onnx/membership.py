@@ -22,23 +22,41 @@ class Membership:
     nodes: dict[str, list[ir.Node]] = field(factory=lambda: defaultdict(list))
     group_of: dict[ir.Node, str] = field(factory=dict)
     position: dict[ir.Node, Position] = field(factory=dict)
+    leaving: list[ir.Node] = field(factory=list)
+    """Nodes with a value read by a node of another group (or of the top level), in graph
+    order, as the tree's edges say; empty for nodes at the top level."""
 
     @classmethod
     def from_tree(cls, tree: GroupTree, graph: ir.Graph) -> "Membership":
         """Members as ``tree`` says; ``graph`` is the main graph the tree was built on, or a
         clone of it (its nodes, in order, are the tree's non-I/O nodes)."""
         nodes = list(graph)
-        indices = np.flatnonzero(~tree.graph.columns.is_io).tolist()
+        columns = tree.graph.columns
+        is_io = columns.is_io
+        indices = np.flatnonzero(~is_io)
         if len(indices) != len(nodes):
             raise ValueError(f"the group tree has {len(indices)} ONNX nodes, the graph "
                              f"{len(nodes)}: it was built on another graph")
-        owner = tree.owner
-        groups = [owner[i] for i in indices]
-        members = cls(group_of=dict(zip(nodes, groups)),
-                      position=dict(zip(nodes, [(i, 0, 0) for i in indices])))
-        by_group = members.nodes
-        for node, group in zip(nodes, groups):
-            by_group[group].append(node)
+        slot = np.full(len(is_io), -1, dtype=np.int64)  # tree node index -> index in nodes
+        slot[indices] = np.arange(len(nodes))
+        number = np.zeros(len(is_io), dtype=np.int32)  # tree node index -> group (0: top)
+        members = cls(group_of=dict.fromkeys(nodes, ""),
+                      position=dict(zip(nodes, [(i, 0, 0) for i in indices.tolist()])))
+        for k, group in enumerate(tree.groups(), 1):
+            if not group.nodes:
+                continue
+            at = np.asarray(group.nodes, dtype=np.int64)
+            number[at] = k
+            direct = [nodes[j] for j in slot[at].tolist()]
+            members.nodes[group.id] = direct
+            members.group_of.update(dict.fromkeys(direct, group.id))
+        top = slot[(number == 0) & ~is_io].tolist()
+        if top:
+            members.nodes[""] = [nodes[j] for j in top]
+        producer, consumer = columns.edges()
+        home = number[producer]
+        crossing = (home != 0) & (home != number[consumer]) & ~is_io[consumer]
+        members.leaving = [nodes[j] for j in slot[np.unique(producer[crossing])].tolist()]
         return members
 
     def add(self, node: ir.Node, group: str, position: Position) -> None:

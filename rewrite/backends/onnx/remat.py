@@ -9,7 +9,8 @@ are deterministic, that *cone* is copied into the reading group. The cone stops 
 outside the original's branch (the child of the groups' common ancestor that holds it): graph
 inputs, initializers, nodes of the common ancestor or of a sibling group (``cos`` from a
 rotary-embedding group). The reader already depends on those through the original, so reading
-them directly adds no cycle. The copy goes at the same depth as the original
+them directly adds no cycle. Only the nodes the group tree shows read in another group are
+looked at (:attr:`Membership.leaving`). The copy goes at the same depth as the original
 (``h.0/h.0.attn`` -> ``h.1/h.1.attn``). Originals left without readers are removed. A
 heavier shared node stays a value passed between the two functions (valid, but the two groups
 then get separate functions).
@@ -122,7 +123,7 @@ class _Recomputer:
 
     def run(self) -> int:
         group_of = self.members.group_of
-        for node in list(self.graph):
+        for node in list(self.members.leaving):
             if node.graph is not self.graph or node not in group_of:
                 continue
             group = group_of[node]
