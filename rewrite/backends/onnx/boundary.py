@@ -12,6 +12,8 @@ import onnx_ir as ir
 
 from rewrite.frontends.onnx import attribute_values, holds_graphs, subgraph_captures
 
+_GRAPH_KINDS = (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS)
+
 
 def subgraphs(node: ir.Node) -> Iterator[ir.Graph]:
     """The graphs held by ``node``'s attributes (not recursive)."""
@@ -36,9 +38,11 @@ def owners(graph: ir.Graph) -> dict[ir.Node, ir.Node]:
     """For every node inside a subgraph, the main-graph node that holds it."""
     owner: dict[ir.Node, ir.Node] = {}
     for node in graph:
-        if holds_graphs(node):
-            for inner in inner_nodes(node):
-                owner[inner] = node
+        attributes = node.attributes
+        for attr in getattr(attributes, "data", attributes).values():  # holds_graphs, inlined
+            if attr.type in _GRAPH_KINDS:
+                owner.update(dict.fromkeys(inner_nodes(node), node))
+                break
     return owner
 
 
@@ -59,10 +63,14 @@ def boundary(
                     inputs[value] = None
     for node in members:
         for value in node.outputs:
-            if value.is_graph_output() or any(
-                owner.get(use.node, use.node) not in member_set for use in value.uses()
-            ):
+            if value.is_graph_output():
                 outputs.append(value)
+                continue
+            for use in value.uses():
+                user = use.node
+                if (owner.get(user, user) if owner else user) not in member_set:
+                    outputs.append(value)
+                    break
     return list(inputs), outputs
 
 
