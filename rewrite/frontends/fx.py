@@ -40,7 +40,7 @@ import torch
 from rewrite._gc import gc_paused
 from rewrite.frontends.calls import distinct_calls, split_runs
 from rewrite.ir import Graph, ModuleCall, Node, Stack
-from rewrite.ir.columns import EMPTY_TAGS, Interner, StackInterner, TagSets, build_columns
+from rewrite.ir.columns import EMPTY_TAGS, StackInterner, TagSets, build_columns
 from rewrite.ir.nodes import LazyNodes
 
 EMPTY_STACK_KEY = "_empty_nn_module_stack_from_metadata_hook"
@@ -97,7 +97,7 @@ class _StackReader:
         self.parents: list[int] = [-1, -1]
         self._by_calls: dict[tuple[int, ...] | None, int] = {(): 0, None: 1}
         self.empty, self.unknown = 0, 1
-        self._ids: dict[tuple, int] = {}  # tuple of keys -> stack id
+        self._ids: dict[tuple, int] = {(): 1}  # tuple of keys -> stack id
         self._classes: dict[Any, str] = {}
         self._calls: dict[tuple[str, str, int], tuple[ModuleCall, int]] = {}
         self.root_class: str | None = None
@@ -112,25 +112,61 @@ class _StackReader:
 
     def read_all(self, distinct: Mapping[tuple, Mapping]) -> dict[tuple, int]:
         """The stack id of each tuple of keys (``distinct``: keys -> a meta dict whose
-        ``nn_module_stack`` has these keys), numbered in the order of ``distinct``."""
+        ``nn_module_stack`` has these keys), numbered in the order of ``distinct``.
+
+        Hot: one iteration per distinct stack. The usual case, a new call in the
+        ``torch.export`` form (``key: (path, cls)``) inside an already known stack, is
+        written out here; everything else goes through :meth:`_read_new`."""
         ids = self._ids
-        read_new = self._read_new
+        get_id = ids.get
+        stacks, calls_of, parents, by_calls = self.stacks, self.calls, self.parents, self._by_calls
+        classes, known_calls = self._classes, self._calls
         for keys, meta in distinct.items():
-            if keys not in ids:  # else: parsed already, as the parent of another stack
-                read_new(meta[_STACK], keys)
+            if keys in ids:  # parsed already, as the parent of another stack
+                continue
+            raw = meta[_STACK]
+            parent = get_id(keys[:-1])
+            last = keys[-1]
+            value = raw[last]
+            if (parent is None or type(value) is not tuple or len(value) != 2
+                    or type(last) is not str or last == EMPTY_STACK_KEY):
+                self._read_new(raw, keys)
+                continue
+            path, cls = value
+            try:
+                cls_name = classes.get(cls)
+            except TypeError:  # unhashable
+                cls_name = None
+            if type(path) is not str or not path or cls_name is None:
+                self._read_new(raw, keys)
+                continue
+            at = last.rfind("@")
+            index = int(last[at + 1:]) if at >= 0 and last[at + 1:].isdigit() else 0
+            ident = (path, cls_name, index)
+            if ident in known_calls:  # another spelling of a known call
+                self._read_new(raw, keys)
+                continue
+            call = ModuleCall(path, cls_name, index)
+            number = len(known_calls)
+            known_calls[ident] = (call, number)
+            above_calls = calls_of[parent]
+            if above_calls is None:
+                above_calls, above, parent = (), (), 0
+            else:
+                above = stacks[parent]
+            call_ids = above_calls + (number,)
+            found = ids[keys] = by_calls[call_ids] = len(stacks)
+            stacks.append(above + (call,))
+            calls_of.append(call_ids)
+            parents.append(parent)
         return ids
 
     def _read_new(self, raw: Mapping, keys: tuple) -> int:
-        """Parse the stack of ``keys`` from the stack of ``keys[:-1]`` (memoized too).
-
-        Hot: one call per distinct stack of the graph, so it is written flat."""
+        """Parse the stack of ``keys`` from the stack of ``keys[:-1]`` (memoized too)."""
         ids = self._ids
-        if len(keys) > 1:
-            parent = ids.get(keys[:-1])
-            if parent is None:
-                parent = self._read_new(raw, keys[:-1])
-        else:
-            parent = 1  # unknown
+        parent = ids.get(keys[:-1])  # () is the unknown stack
+        if parent is None:
+            parent = self._read_new(raw, keys[:-1])
         last = keys[-1]
         if last == EMPTY_STACK_KEY:
             ids[keys] = parent
@@ -226,16 +262,21 @@ def _read(graph: torch.fx.Graph, source: Any, root_class: str | None,
     # graph inputs and outputs are at the top level whatever their metadata says: not read
     keys = [tuple(r) if not x and (r := m.get(_STACK)) else None
             for m, x in zip(metas, is_io)]
-    distinct = dict(zip(keys, metas))  # first appearance order
+    # neighbours mostly share their stack: look keys up once per run of equal ones
+    change = np.fromiter(map(ne, keys[1:], keys), dtype=bool, count=max(size - 1, 0))
+    starts = _run_starts(change, size)
+    run_keys = list(map(keys.__getitem__, starts.tolist()))
+    del keys
+    distinct = dict(zip(run_keys, map(metas.__getitem__, starts.tolist())))  # first seen order
     distinct.pop(None, None)
     ids = reader.read_all(distinct)
     ids[None] = reader.unknown  # type: ignore[index]
-    stack_id = np.fromiter(map(ids.__getitem__, keys), dtype=np.int32, count=size)
+    stack_id = _repeat_runs(np.fromiter(map(ids.__getitem__, run_keys), dtype=np.int32,
+                                        count=len(run_keys)), starts, size)
     stack_id[io] = reader.empty
-    del keys, distinct, ids
+    del run_keys, distinct, ids
 
-    targets = Interner()
-    target_id = _target_ids(fx_nodes, targets)
+    targets, target_id = _target_ids(fx_nodes)
     tag_sets = TagSets()
     tags_id = _tag_ids(fx_nodes, metas, tag_sets)
     start, flat = _edges(fx_nodes)
@@ -256,9 +297,9 @@ def _read(graph: torch.fx.Graph, source: Any, root_class: str | None,
     else:
         calls = reader.module_calls
 
-    columns = build_columns(table.stacks, stack_id, targets.values, target_id, tag_sets.values,
+    columns = build_columns(table.stacks, stack_id, targets, target_id, tag_sets.values,
                             tags_id, io, start, flat, table.calls, table.parents)
-    nodes = _lazy_nodes(fx_nodes, ops, targets.values, target_id, table.stacks, stack_id,
+    nodes = _lazy_nodes(fx_nodes, ops, targets, target_id, table.stacks, stack_id,
                         tag_sets.values, tags_id, is_io, flat, start)
     return Graph(nodes, calls, "fx", root_class or reader.root_class, source,
                  columns=columns)
@@ -285,13 +326,19 @@ def _renumber(calls: tuple[ModuleCall, ...], stacks: list[Stack | None], is_io: 
     return table, out
 
 
-def _target_ids(fx_nodes: list[torch.fx.Node], targets: Interner) -> np.ndarray:
-    """Per node, the id of its target's text (each target object read once, known by its
-    identity: op overloads hash in Python)."""
+def _target_ids(fx_nodes: list[torch.fx.Node]) -> tuple[list[str], np.ndarray]:
+    """The distinct target texts (in order of first appearance) and each node's index in
+    them. Each target object is read once, known by its identity (op overloads hash in
+    Python); placeholders' targets are their names, already text."""
     raw = [n.target for n in fx_nodes]
     idents = list(map(id, raw))
-    text_id = {i: targets.id(_target_text(t)) for i, t in dict(zip(idents, raw)).items()}
-    return np.fromiter(map(text_id.__getitem__, idents), dtype=np.int32, count=len(raw))
+    objects = dict(zip(idents, raw))
+    texts = [t if type(t) is str else _target_text(t) for t in objects.values()]
+    numbers: dict[str, int] = {}
+    object_text = dict(zip(objects, [numbers.setdefault(t, len(numbers)) for t in texts]))
+    target_id = np.fromiter(map(object_text.__getitem__, idents), dtype=np.int32,
+                            count=len(raw))
+    return list(numbers), target_id
 
 
 def _tag_ids(fx_nodes: list[torch.fx.Node], metas: list[dict], tag_sets: TagSets
@@ -312,8 +359,7 @@ def _tag_ids(fx_nodes: list[torch.fx.Node], metas: list[dict], tag_sets: TagSets
     except Exception:  # values that do not compare (tensors...): one node at a time
         return np.array([tag_sets.id(_tags(c, t)) for c, t in zip(customs, tags)],
                         dtype=np.int32).reshape(size)
-    starts = np.flatnonzero(change) + 1
-    starts = np.concatenate(([0], starts)) if size else starts
+    starts = _run_starts(change, size)
     known: dict[Any, int] = {}
     run_ids = []
     for i in starts.tolist():
@@ -326,8 +372,22 @@ def _tag_ids(fx_nodes: list[torch.fx.Node], metas: list[dict], tag_sets: TagSets
         except TypeError:  # unhashable values
             found = tag_sets.id(_tags(custom, tag))
         run_ids.append(found)
-    lengths = np.diff(starts, append=size)
-    return np.repeat(np.array(run_ids, dtype=np.int32), lengths)
+    return _repeat_runs(np.array(run_ids, dtype=np.int32), starts, size)
+
+
+def _run_starts(change: np.ndarray, size: int) -> np.ndarray:
+    """The first index of each run of ``size`` items; ``change[i]``: item ``i + 1`` differs
+    from item ``i``."""
+    if not size:
+        return np.zeros(0, dtype=np.int64)
+    starts = np.flatnonzero(change)
+    starts += 1
+    return np.concatenate((np.zeros(1, dtype=starts.dtype), starts))
+
+
+def _repeat_runs(run_values: np.ndarray, starts: np.ndarray, size: int) -> np.ndarray:
+    """Per item, the value of its run."""
+    return np.repeat(run_values, np.diff(starts, append=size))
 
 
 def _tags(custom: Any, tag: Any) -> dict[str, str]:
@@ -367,7 +427,12 @@ def _edges(fx_nodes: list[torch.fx.Node]) -> tuple[np.ndarray, np.ndarray]:
 
 def _lazy_nodes(fx_nodes, ops, target_text, target_id, table, stack_id, tag_values, tags_id,
                 is_io, flat, start: np.ndarray) -> LazyNodes:
-    """``Graph.nodes``: each :class:`Node` built from the columns on first access."""
+    """``Graph.nodes``: each :class:`Node` built from the columns on first access.
+
+    The FX nodes are kept in an object array: the cyclic garbage collector does not scan
+    arrays, and a list of a million nodes would be scanned at every collection of the
+    generation it is in (the graph keeps the nodes alive anyway)."""
+    fx_nodes = np.fromiter(fx_nodes, dtype=object, count=len(fx_nodes))
     lists: list[list] = []
 
     def columns() -> list[list]:
