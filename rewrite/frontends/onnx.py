@@ -56,7 +56,8 @@ from rewrite._gc import gc_paused
 from rewrite.errors import InputError
 from rewrite.frontends.calls import distinct_calls, split_runs
 from rewrite.ir import Graph, ModuleCall, Node, Stack
-from rewrite.ir.columns import Columns, Interner, StackInterner, TagSets, build_columns
+from rewrite.ir.columns import (Columns, Interner, StackInterner, TagSets, build_columns,
+                                call_columns_of)
 from rewrite.ir.nodes import LazyNodes
 
 if TYPE_CHECKING:
@@ -313,7 +314,8 @@ def _read(model: "ir.Model", resolve: Resolver | None, root_class: str | None) -
         table.stacks, [empty] * first + stack_ids + [empty], targets.values,
         [_INPUT] * len(inputs) + [_INITIALIZER] * (first - len(inputs)) + target_ids + [_OUTPUT],
         tag_sets.values, [0] * first + tag_ids + [0], io, start, flat, table.calls,
-        table.parents,
+        table.parents, stack_last=table.lasts, stack_depth=table.depths,
+        call_columns=call_columns_of(calls),
     )
     layout = _Layout(io_values, len(inputs), onnx_nodes, columns, flat)
     return Graph(LazyNodes(first + count + 1, layout.node), calls, "onnx", root_class, model,
