@@ -31,7 +31,7 @@ once) and the garbage collector paused.
 from __future__ import annotations
 
 from itertools import chain
-from operator import ne
+from operator import itemgetter, ne
 from typing import Any, Mapping
 
 import numpy as np
@@ -40,10 +40,12 @@ import torch
 from rewrite._gc import gc_paused
 from rewrite.frontends.calls import distinct_calls, split_runs
 from rewrite.ir import Graph, ModuleCall, Node, Stack
-from rewrite.ir.columns import EMPTY_TAGS, StackInterner, TagSets, build_columns
+from rewrite.ir.columns import (EMPTY_TAGS, CallColumns, StackInterner, TagSets, build_columns,
+                                call_columns_of)
 from rewrite.ir.nodes import LazyNodes
 
 EMPTY_STACK_KEY = "_empty_nn_module_stack_from_metadata_hook"
+_STACK = "nn_module_stack"
 _IO_OPS = frozenset(("placeholder", "output"))
 _ROOT_LEVEL_OPS = frozenset(("call_function", "call_method", "call_module"))
 _EMPTY: Stack = ()
@@ -62,6 +64,11 @@ def class_name(cls: Any) -> str:
 def target_name(node: torch.fx.Node) -> str:
     """A stable string for a node's target: ``aten.mm.default``, ``_operator.getitem``."""
     return _target_text(node.target)
+
+
+def _readonly(array: np.ndarray) -> np.ndarray:
+    array.flags.writeable = False
+    return array
 
 
 def _target_text(target: Any) -> str:
@@ -108,65 +115,86 @@ class _StackReader:
     @property
     def module_calls(self) -> tuple[ModuleCall, ...]:
         """Every call, in order of first appearance (outer calls before inner ones)."""
-        return tuple(call for call, _ in self._calls.values())
+        return tuple(map(itemgetter(0), self._calls.values()))
+
+    @property
+    def lasts(self) -> np.ndarray:
+        """Per stack, the number of its last call (-1: empty or unknown)."""
+        out = np.fromiter(map(itemgetter(-1), self.calls[2:]), dtype=np.int64,
+                          count=len(self.calls) - 2)
+        return np.concatenate((np.array([-1, -1], dtype=np.int64), out))
+
+    @property
+    def depths(self) -> np.ndarray:
+        """Per stack, its number of calls (-1: unknown)."""
+        out = np.fromiter(map(len, self.calls[2:]), dtype=np.int64, count=len(self.calls) - 2)
+        return np.concatenate((np.array([0, -1], dtype=np.int64), out))
+
+    def call_columns(self) -> CallColumns:
+        """The calls (:attr:`module_calls`) as columns."""
+        paths, classes, index = zip(*self._calls) if self._calls else ((), (), ())
+        names = {name: i for i, name in enumerate(dict.fromkeys(classes))}
+        class_id = np.fromiter(map(names.__getitem__, classes), dtype=np.int64,
+                               count=len(classes))
+        return CallColumns(paths, tuple(names), _readonly(class_id),
+                           _readonly(np.array(index, dtype=np.int64)))
 
     def read_all(self, distinct: Mapping[tuple, Mapping]) -> dict[tuple, int]:
         """The stack id of each tuple of keys (``distinct``: keys -> a meta dict whose
-        ``nn_module_stack`` has these keys), numbered in the order of ``distinct``.
-
-        Hot: one iteration per distinct stack. The usual case, a new call in the
-        ``torch.export`` form (``key: (path, cls)``) inside an already known stack, is
-        written out here; everything else goes through :meth:`_read_new`."""
+        ``nn_module_stack`` has these keys), numbered in the order of ``distinct``."""
         ids = self._ids
-        get_id = ids.get
-        stacks, calls_of, parents, by_calls = self.stacks, self.calls, self.parents, self._by_calls
-        classes, known_calls = self._classes, self._calls
+        read = self._read
         for keys, meta in distinct.items():
-            if keys in ids:  # parsed already, as the parent of another stack
-                continue
-            raw = meta[_STACK]
-            parent = get_id(keys[:-1])
-            last = keys[-1]
-            value = raw[last]
-            if (parent is None or type(value) is not tuple or len(value) != 2
-                    or type(last) is not str or last == EMPTY_STACK_KEY):
-                self._read_new(raw, keys)
-                continue
-            path, cls = value
-            try:
-                cls_name = classes.get(cls)
-            except TypeError:  # unhashable
-                cls_name = None
-            if type(path) is not str or not path or cls_name is None:
-                self._read_new(raw, keys)
-                continue
-            at = last.rfind("@")
-            index = int(last[at + 1:]) if at >= 0 and last[at + 1:].isdigit() else 0
-            ident = (path, cls_name, index)
-            if ident in known_calls:  # another spelling of a known call
-                self._read_new(raw, keys)
-                continue
-            call = ModuleCall(path, cls_name, index)
-            number = len(known_calls)
-            known_calls[ident] = (call, number)
-            above_calls = calls_of[parent]
-            if above_calls is None:
-                above_calls, above, parent = (), (), 0
-            else:
-                above = stacks[parent]
-            call_ids = above_calls + (number,)
-            found = ids[keys] = by_calls[call_ids] = len(stacks)
-            stacks.append(above + (call,))
-            calls_of.append(call_ids)
-            parents.append(parent)
+            if keys not in ids:  # else: parsed already, as the parent of another stack
+                read(meta[_STACK], keys)
         return ids
 
-    def _read_new(self, raw: Mapping, keys: tuple) -> int:
-        """Parse the stack of ``keys`` from the stack of ``keys[:-1]`` (memoized too)."""
+    def _read(self, raw: Mapping, keys: tuple) -> int:
+        """Parse the stack of ``keys`` from the stack of ``keys[:-1]`` (memoized too).
+
+        Hot: one call per distinct stack. The usual case, a new call in the
+        ``torch.export`` form (``key: (path, cls)``), is written out here; everything else
+        goes through :meth:`_read_entry`."""
         ids = self._ids
         parent = ids.get(keys[:-1])  # () is the unknown stack
         if parent is None:
-            parent = self._read_new(raw, keys[:-1])
+            parent = self._read(raw, keys[:-1])
+        last = keys[-1]
+        value = raw[last]
+        if type(value) is not tuple or len(value) != 2 or type(last) is not str:
+            return self._read_entry(raw, keys, parent)
+        path, cls = value
+        try:
+            cls_name = self._classes.get(cls)
+        except TypeError:  # unhashable
+            cls_name = None
+        if type(path) is not str or not path or cls_name is None or last == EMPTY_STACK_KEY:
+            return self._read_entry(raw, keys, parent)
+        at = last.rfind("@")
+        index = int(last[at + 1:]) if at >= 0 and last[at + 1:].isdigit() else 0
+        ident = (path, cls_name, index)
+        known_calls = self._calls
+        if ident in known_calls:  # another spelling of a known call
+            return self._read_entry(raw, keys, parent)
+        call = ModuleCall(path, cls_name, index)
+        number = len(known_calls)
+        known_calls[ident] = (call, number)
+        stacks = self.stacks
+        above_calls = self.calls[parent]
+        if above_calls is None:
+            above_calls, above, parent = (), (), 0
+        else:
+            above = stacks[parent]
+        call_ids = above_calls + (number,)
+        found = ids[keys] = self._by_calls[call_ids] = len(stacks)
+        stacks.append(above + (call,))
+        self.calls.append(call_ids)
+        self.parents.append(parent)
+        return found
+
+    def _read_entry(self, raw: Mapping, keys: tuple, parent: int) -> int:
+        """The stack of ``keys`` (any form), given the id of the stack of ``keys[:-1]``."""
+        ids = self._ids
         last = keys[-1]
         if last == EMPTY_STACK_KEY:
             ids[keys] = parent
@@ -244,9 +272,6 @@ def from_fx_graph(
         return _read(graph, source, root_class, split_calls)
 
 
-_STACK = "nn_module_stack"
-
-
 def _read(graph: torch.fx.Graph, source: Any, root_class: str | None,
           split_calls: bool | None) -> Graph:
     # One column at a time: comprehensions and C-level map calls per node, Python work only
@@ -286,7 +311,7 @@ def _read(graph: torch.fx.Graph, source: Any, root_class: str | None,
     if not reader.saw_root and len(table.stacks) > 2:
         # symbolic_trace: a node traced in the root module's forward carries no stack
         root_ops = _ROOT_LEVEL_OPS
-        at_root = np.fromiter((op in root_ops for op in ops), dtype=bool, count=size)
+        at_root = np.fromiter(map(root_ops.__contains__, ops), dtype=bool, count=size)
         stack_id = np.where(at_root & (stack_id == reader.unknown), reader.empty,
                             stack_id).astype(np.int32)
     if reader.legacy if split_calls is None else split_calls:
@@ -294,11 +319,15 @@ def _read(graph: torch.fx.Graph, source: Any, root_class: str | None,
                             for x, k in zip(is_io, stack_id.tolist())])
         calls = distinct_calls(split)
         table, stack_id = _renumber(calls, split, is_io)
+        call_columns = call_columns_of(calls)
     else:
         calls = reader.module_calls
+        call_columns = reader.call_columns()
 
     columns = build_columns(table.stacks, stack_id, targets, target_id, tag_sets.values,
-                            tags_id, io, start, flat, table.calls, table.parents)
+                            tags_id, io, start, flat, table.calls, table.parents,
+                            stack_last=table.lasts, stack_depth=table.depths,
+                            call_columns=call_columns)
     nodes = _lazy_nodes(fx_nodes, ops, targets, target_id, table.stacks, stack_id,
                         tag_sets.values, tags_id, is_io, flat, start)
     return Graph(nodes, calls, "fx", root_class or reader.root_class, source,
