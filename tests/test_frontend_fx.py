@@ -95,6 +95,97 @@ def test_columns_agree_with_the_nodes(shared_program):
         assert [graph.nodes[u].source for u in users[node.index]] == list(node.source.users)
 
 
+def check_columns(graph) -> None:
+    """The columns, the stack tree and the call columns say what the records say."""
+    from rewrite.ir.columns import call_columns_of
+
+    columns, nodes = graph.columns, graph.nodes.materialize()
+    for node in nodes:
+        i = node.index
+        assert columns.stacks[columns.stack_id[i]] == node.stack
+        assert columns.targets[columns.target_id[i]] == node.target
+        assert dict(columns.tag_sets[columns.tags_id[i]]) == dict(node.tags)
+        assert bool(columns.is_io[i]) == node.is_io
+        assert tuple(columns.input_index[columns.input_start[i]:columns.input_start[i + 1]]
+                     ) == node.inputs
+    for k, ids in enumerate(columns.stack_calls):
+        assert columns.stack_depth[k] == (-1 if ids is None else len(ids))
+        assert columns.stack_last[k] == (ids[-1] if ids else -1)
+        parent = columns.stack_parent[k]
+        assert parent == -1 or columns.stack_calls[parent] == ids[:-1]
+        if ids is not None:
+            assert tuple(graph.calls[c] for c in ids) == columns.stacks[k]
+    expected = call_columns_of(graph.calls)
+    got = columns.call_columns
+    assert got.paths == expected.paths and got.classes == expected.classes
+    assert got.class_id.tolist() == expected.class_id.tolist()
+    assert got.index.tolist() == expected.index.tolist()
+
+
+def test_stack_tree_and_call_columns(shared_program, gpt2_program):
+    check_columns(from_exported_program(shared_program))
+    check_columns(from_exported_program(gpt2_program))
+    check_columns(from_graph_module(legacy(torch.fx.symbolic_trace(models.SharedApart()))))
+
+
+def test_synthetic_graph_with_odd_metadata():
+    """Stackless nodes, the empty-stack marker, unhashable and private tags, node.tag, empty
+    dicts: read node by node as the columns say (runs of equal neighbours are read once)."""
+    from bench.synthetic import synthetic_graph
+
+    from rewrite.frontends.fx import EMPTY_STACK_KEY, from_fx_graph
+
+    fx_graph = synthetic_graph(600)
+    for i, node in enumerate(fx_graph.nodes):
+        if i % 7 == 0:
+            node.meta["custom"] = {"_torch": 1, "k": i % 3}
+        if i % 11 == 0:
+            node.meta["custom"] = {"a": [i % 2]}  # unhashable
+        if i % 13 == 0:
+            node.meta.pop("nn_module_stack", None)
+        if i % 17 == 0 and "nn_module_stack" in node.meta:
+            node.meta["nn_module_stack"] = dict(node.meta["nn_module_stack"],
+                                                **{EMPTY_STACK_KEY: ("", None)})
+        if i % 19 == 0:
+            node.tag = f"t{i % 2}"
+        if i % 23 == 0:
+            node.meta["nn_module_stack"] = {}
+    graph = from_fx_graph(fx_graph)
+    check_columns(graph)
+    nodes = by_name(graph)
+    for i, fx_node in enumerate(fx_graph.nodes):
+        node = nodes[fx_node.name]
+        custom = fx_node.meta.get("custom") or {}
+        tags = {k: str(v) for k, v in custom.items() if not k.startswith("_")}
+        if getattr(fx_node, "tag", None) is not None:
+            tags.setdefault("tag", fx_node.tag)
+        assert dict(node.tags) == tags
+        if node.is_io:
+            assert node.stack == ()
+        elif not fx_node.meta.get("nn_module_stack"):
+            assert node.stack is None
+        else:
+            paths = [path for key, (path, _) in fx_node.meta["nn_module_stack"].items()
+                     if path and key != EMPTY_STACK_KEY]
+            assert [c.path for c in node.stack] == paths
+
+
+def test_empty_graph_and_foreign_inputs():
+    from rewrite.frontends.fx import from_fx_graph
+
+    graph = from_fx_graph(torch.fx.Graph())
+    assert len(graph.nodes) == 0 and graph.columns.size == 0 and graph.calls == ()
+    other = torch.fx.Graph()
+    foreign = other.placeholder("y")
+    fx_graph = torch.fx.Graph()
+    x = fx_graph.placeholder("x")
+    fx_graph.output((x,))
+    out = next(n for n in fx_graph.nodes if n.op == "output")
+    out._input_nodes[foreign] = None  # what a broken pass could leave
+    with pytest.raises(KeyError):
+        from_fx_graph(fx_graph)
+
+
 def test_unlifted_module_reads_like_the_program(shared_program):
     graph = from_graph_module(shared_program.module())
     assert keys(graph) == keys(from_exported_program(shared_program))

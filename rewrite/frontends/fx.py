@@ -30,7 +30,7 @@ once) and the garbage collector paused.
 
 from __future__ import annotations
 
-from itertools import chain
+from itertools import chain, islice
 from operator import itemgetter, ne
 from typing import Any, Mapping
 
@@ -288,7 +288,8 @@ def _read(graph: torch.fx.Graph, source: Any, root_class: str | None,
     keys = [tuple(r) if not x and (r := m.get(_STACK)) else None
             for m, x in zip(metas, is_io)]
     # neighbours mostly share their stack: look keys up once per run of equal ones
-    change = np.fromiter(map(ne, keys[1:], keys), dtype=bool, count=max(size - 1, 0))
+    change = np.fromiter(map(ne, islice(keys, 1, None), keys), dtype=bool,
+                         count=max(size - 1, 0))
     starts = _run_starts(change, size)
     run_keys = list(map(keys.__getitem__, starts.tolist()))
     del keys
@@ -449,7 +450,8 @@ def _edges(fx_nodes: list[torch.fx.Node]) -> tuple[np.ndarray, np.ndarray]:
     wanted = np.fromiter(map(id, chain.from_iterable(inputs)), dtype=np.uint64, count=total)
     at = np.searchsorted(sorted_ids, wanted)
     if total and (int(at.max()) >= size or not np.array_equal(sorted_ids[at], wanted)):
-        bad = next(x for ins in inputs for x in ins if x not in set(fx_nodes))
+        members = set(fx_nodes)
+        bad = next(x for ins in inputs for x in ins if x not in members)
         raise KeyError(f"node {bad} is an input of this graph but not one of its nodes")
     return start, order[at]
 
