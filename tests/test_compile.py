@@ -270,3 +270,22 @@ def test_load_rules_by_library_name():
     assert rewrite.load_rules("gpt2").files[0].endswith("gpt2.rules")
     with pytest.raises(rewrite.RuleError, match="no such rules file"):
         rewrite.load_rules("no-such-library-file")
+
+
+# --- matching many texts at once --------------------------------------------------------------
+
+PATH_PARTS = ["h", "0", "10", "attn", "mlp", "rope", "x"]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.lists(st.sampled_from(PATH_PARTS), min_size=1, max_size=4).map(".".join),
+                max_size=12),
+       st.sampled_from(["h", "h.*", "h.**", "**.attn", "*", "h.[0-9].**", "?", "**.x",
+                        "h.[1,10].*", "rope", "h.0.attn", "*.*", "h.?.*"]))
+def test_matching_a_column_of_paths_agrees_with_one_at_a_time(paths, pattern):
+    from rewrite.compile.patterns import Glob, TextColumn
+
+    glob = Glob(pattern)
+    expected = [glob(p) for p in paths]
+    assert glob.mask(TextColumn(paths)).tolist() == expected
+    assert glob.mask(TextColumn(tuple(paths))).tolist() == expected

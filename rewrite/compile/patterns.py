@@ -132,12 +132,11 @@ class TextColumn:
     """Many texts (module paths) to match patterns against, all at once: joined into one
     string, one line per text, so that a single scan in C answers a pattern for all."""
 
-    __slots__ = ("texts", "_layout", "_hashes")
+    __slots__ = ("texts", "_layout")
 
     def __init__(self, texts: Sequence[str]) -> None:
         self.texts = texts
         self._layout: tuple[str, np.ndarray] | None | bool = False
-        self._hashes: np.ndarray | None = None
 
     def layout(self) -> tuple[str, np.ndarray] | None:
         """``"\\n" + texts joined by "\\n" + "\\n"`` and where each text starts in it;
@@ -153,14 +152,15 @@ class TextColumn:
         return self._layout  # type: ignore[return-value]
 
     def equal(self, text: str) -> np.ndarray:
-        """Whether each text equals ``text`` (by hash, then the few candidates by value)."""
-        if self._hashes is None:
-            self._hashes = np.fromiter(map(hash, self.texts), dtype=np.int64, count=len(self))
-        out = self._hashes == hash(text)
-        texts = self.texts
-        for k in np.flatnonzero(out).tolist():
-            out[k] = texts[k] == text
-        return out
+        """Whether each text equals ``text`` (the list's own search, in C)."""
+        out = np.zeros(len(self), dtype=bool)
+        texts, at = self.texts, -1
+        try:
+            while True:
+                at = texts.index(text, at + 1)  # type: ignore[call-arg]
+                out[at] = True
+        except ValueError:
+            return out
 
     def search(self, regex: re.Pattern[str]) -> np.ndarray | None:
         """Whether each text is a whole-line match of a ``(?m)^...$`` regex; None if the

@@ -78,16 +78,17 @@ def _stack_groups(table: StackTable, grouped: np.ndarray
     is the root) and per stack id the innermost group holding its nodes.
 
     Level by level down the tree of stacks: a stack's group is its parent stack's, or, if its
-    last call is grouped, the group of that call under it (one per distinct pair).
+    last call is grouped, the group of that call under it: one group per distinct (parent
+    group, call). A call normally ends one stack only, so that is one new group per grouped
+    call of the level; otherwise the pairs are looked up one by one.
     """
     stack_parent, last, _, levels = table.tree()
-    calls = max(len(grouped), 1)
     stack_group = np.zeros(len(stack_parent), dtype=np.int64)
-    parent = [np.full(1, -1, dtype=np.int64)]
-    segment = [np.zeros(1, dtype=np.int64)]
-    depth = np.zeros(1, dtype=np.int64)
-    known = np.zeros(0, dtype=np.int64)  # (parent group, call) pairs made so far, sorted
-    known_id = np.zeros(0, dtype=np.int64)
+    parent: list[np.ndarray] = [np.full(1, -1, dtype=np.int64)]
+    segment: list[np.ndarray] = [np.zeros(1, dtype=np.int64)]
+    group_of_call = np.full(len(grouped), -1, dtype=np.int64)
+    stamp = np.zeros(len(grouped), dtype=np.int64)
+    pairs: dict[tuple[int, int], int] | None = None  # for the uncommon case
     size = 1
     for level in levels:
         base = stack_group[stack_parent[level]]
@@ -96,24 +97,46 @@ def _stack_groups(table: StackTable, grouped: np.ndarray
         stack_group[level] = base
         if not is_group.any():
             continue
-        pairs = base[is_group] * calls + call[is_group]
-        unique, inverse = np.unique(pairs, return_inverse=True)
-        ids = np.empty(len(unique), dtype=np.int64)
-        at = np.minimum(np.searchsorted(known, unique), max(len(known) - 1, 0))
-        old = (known[at] == unique) if len(known) else np.zeros(len(unique), dtype=bool)
-        ids[old] = known_id[at[old]]
-        new = unique[~old]
-        ids[~old] = np.arange(size, size + len(new), dtype=np.int64)
-        size += len(new)
-        above = new // calls
-        parent.append(above)
-        segment.append(new % calls)
-        depth = np.concatenate([depth, depth[above] + 1])
-        stack_group[level[is_group]] = ids[inverse.reshape(-1)]
-        merged = np.concatenate([known, new])
-        by_pair = np.argsort(merged, kind="stable")
-        known, known_id = merged[by_pair], np.concatenate([known_id, ids[~old]])[by_pair]
-    return np.concatenate(parent), np.concatenate(segment), depth, stack_group
+        calls, bases = call[is_group], base[is_group]
+        order = np.arange(len(calls), dtype=np.int64)
+        stamp[calls] = order
+        if pairs is None and (stamp[calls] == order).all() and (group_of_call[calls] < 0).all():
+            ids = order + size
+            parent.append(bases)
+            segment.append(calls)
+            size += len(calls)
+        else:
+            if pairs is None:
+                pairs = dict(zip(zip(np.concatenate(parent).tolist(),
+                                     np.concatenate(segment).tolist()), range(size)))
+            made: list[tuple[int, int]] = []
+            ids = np.empty(len(calls), dtype=np.int64)
+            for k, pair in enumerate(zip(bases.tolist(), calls.tolist())):
+                found = pairs.get(pair)
+                if found is None:
+                    found = pairs[pair] = size + len(made)
+                    made.append(pair)
+                ids[k] = found
+            if made:
+                parent.append(np.array([b for b, _ in made], dtype=np.int64))
+                segment.append(np.array([c for _, c in made], dtype=np.int64))
+                size += len(made)
+        group_of_call[calls] = ids
+        stack_group[level[is_group]] = ids
+    parents, segments = np.concatenate(parent), np.concatenate(segment)
+    return parents, segments, _depths(parents), stack_group
+
+
+def _depths(parent: np.ndarray) -> np.ndarray:
+    """Per group, its depth (parents have smaller ids): by pointer jumping."""
+    depth = np.zeros(len(parent), dtype=np.int64)
+    above = parent.copy()
+    while True:
+        has = above >= 0
+        if not has.any():
+            return depth
+        depth[has] += 1
+        above[has] = parent[above[has]]
 
 
 def _split_groups(parent: np.ndarray, segment: np.ndarray, depth: np.ndarray,
