@@ -44,13 +44,7 @@ def place_nodes(columns: Columns, table: StackTable) -> Placement:
         return Placement(sid, None)
 
     # the users of each unknown node, grouped by node: user_of[low[k]:high[k]]
-    producer, consumer = columns.edges()
-    picked = is_unknown[producer]
-    by_producer = np.argsort(producer[picked], kind="stable")
-    user_of = consumer[picked][by_producer]
-    sorted_producer = producer[picked][by_producer]
-    low = np.searchsorted(sorted_producer, unknown, side="left")
-    high = np.searchsorted(sorted_producer, unknown, side="right")
+    user_of, low, high = columns.users_of(unknown)
     has_users = high > low
 
     # the common case in one pass: every user is placed already, none is a graph output,
@@ -117,6 +111,5 @@ def _place_rest(columns: Columns, table: StackTable, sid: np.ndarray, unknown: n
             s = placed[p] if placed[p] != _UNPLACED else empty
             found = s if found == _UNPLACED else table.common_prefix(found, s)
         placed[i] = empty if found == _UNPLACED else found
-    done = np.asarray(nodes, dtype=np.int64)
-    sid[done] = np.asarray(placed, dtype=np.int64)[done]
-    anchor[done] = np.asarray(anchors, dtype=np.int64)[done]
+    sid[unknown[rest]] = [placed[i] for i in nodes]
+    anchor[unknown[rest]] = [anchors[i] for i in nodes]

@@ -45,17 +45,10 @@ def _place_untagged(columns: Columns, comp: np.ndarray) -> np.ndarray:
         return comp
     comp = comp.copy()
     # the common case in one pass: every user has a component already -> the earliest
-    producer, consumer = columns.edges()
-    mark = np.zeros(columns.size, dtype=bool)
-    mark[todo] = True
-    picked = mark[producer]
-    by_producer = np.argsort(producer[picked], kind="stable")
-    user_of = consumer[picked][by_producer]
-    low = np.searchsorted(producer[picked][by_producer], todo, side="left")
-    high = np.searchsorted(producer[picked][by_producer], todo, side="right")
+    user_of, low, high = columns.users_of(todo)
     has_users = high > low
     settled = np.zeros(todo.size, dtype=bool)
-    if has_users.any():  # the users of consecutive todo nodes are contiguous in user_of
+    if has_users.any():
         user_comp = np.where(is_io[user_of], -1, comp[user_of])
         lowest = np.minimum.reduceat(user_comp, low[has_users])
         settled[has_users] = lowest >= 0
@@ -65,22 +58,24 @@ def _place_untagged(columns: Columns, comp: np.ndarray) -> np.ndarray:
         return comp
     out = comp.tolist()
     io = is_io.tolist()
-    for k in rest[::-1].tolist():
-        i, best = int(todo[k]), -1
+    nodes = todo[rest].tolist()
+    for k, i in zip(reversed(rest.tolist()), reversed(nodes)):
+        best = -1
         for u in user_of[low[k]:high[k]].tolist():
             c = out[u]
             if c >= 0 and not io[u] and (best < 0 or c < best):
                 best = c
         out[i] = best
     in_start, inputs = columns.input_start, columns.input_index
-    for i in todo[rest].tolist():
+    for i in nodes:
         if out[i] < 0:
             best = -1
             for p in inputs[in_start[i]:in_start[i + 1]].tolist():
                 if out[p] > best:
                     best = out[p]
             out[i] = best
-    return np.asarray(out, dtype=np.int64)
+    comp[todo[rest]] = [out[i] for i in nodes]
+    return comp
 
 
 def _backward_edge(columns: Columns, comp: np.ndarray) -> tuple[int, int] | None:

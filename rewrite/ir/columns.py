@@ -73,6 +73,20 @@ class Columns:
                                (self.input_index.astype(np.int64, copy=False), consumer))
         return self._edges  # type: ignore[return-value]
 
+    def users_of(self, nodes: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(users, low, high)``: the users of ``nodes[k]`` (sorted, distinct node indices)
+        are ``users[low[k]:high[k]]``, in graph order; consecutive nodes' users are
+        contiguous, so ``np.ufunc.reduceat`` over ``low`` of the nodes with users works."""
+        producer, consumer = self.edges()
+        mark = np.zeros(self.size, dtype=bool)
+        mark[nodes] = True
+        picked = mark[producer]
+        by_producer = np.argsort(producer[picked], kind="stable")
+        users = consumer[picked][by_producer]
+        sorted_producer = producer[picked][by_producer]
+        return (users, np.searchsorted(sorted_producer, nodes, side="left"),
+                np.searchsorted(sorted_producer, nodes, side="right"))
+
 
 class Interner:
     """Gives each distinct hashable value a small id (first come, first numbered)."""
