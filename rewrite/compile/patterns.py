@@ -132,11 +132,12 @@ class TextColumn:
     """Many texts (module paths) to match patterns against, all at once: joined into one
     string, one line per text, so that a single scan in C answers a pattern for all."""
 
-    __slots__ = ("texts", "_layout")
+    __slots__ = ("texts", "_layout", "_objects")
 
     def __init__(self, texts: Sequence[str]) -> None:
         self.texts = texts
         self._layout: tuple[str, np.ndarray] | None | bool = False
+        self._objects: np.ndarray | None = None
 
     def layout(self) -> tuple[str, np.ndarray] | None:
         """``"\\n" + texts joined by "\\n" + "\\n"`` and where each text starts in it;
@@ -152,9 +153,16 @@ class TextColumn:
         return self._layout  # type: ignore[return-value]
 
     def equal(self, text: str) -> np.ndarray:
-        """Whether each text equals ``text`` (the list's own search, in C)."""
+        """Whether each text equals ``text`` (searches in C: the sequence's own for a few
+        hits, one numpy comparison of objects for many)."""
+        texts = self.texts
+        if texts.count(text) > 16:
+            if self._objects is None:
+                self._objects = np.empty(len(texts), dtype=object)
+                self._objects[:] = texts
+            return self._objects == text
         out = np.zeros(len(self), dtype=bool)
-        texts, at = self.texts, -1
+        at = -1
         try:
             while True:
                 at = texts.index(text, at + 1)  # type: ignore[call-arg]
