@@ -193,6 +193,14 @@ def test_no_module_stacks_works_with_a_warning(run_cli, plain_pt2):
     assert "(no groups)" in r.out
 
 
+def test_no_module_stacks_warns_from_the_library_too(plain_pt2):
+    result = rewrite.apply(rewrite.load_rules("modularize"), plain_pt2)
+    first = result.warnings[0]
+    assert first.severity == "warning" and first.span is None
+    assert first.message.startswith("no module structure: no node carries nn_module_stack")
+    assert result.explain()["warnings"][0]["message"] == first.message
+
+
 def test_no_module_stacks_apply(run_cli, plain_pt2, tmp_path):
     pytest.importorskip("rewrite.backends.onnx", reason="the ONNX backend has not landed")
     out = tmp_path / "plain.onnx"

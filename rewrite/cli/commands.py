@@ -12,6 +12,7 @@ from rewrite.cli.paths import check_model_path
 from rewrite.cli.render import Calls, FunctionUse, print_tree, summary_line
 from rewrite.cli.steps import Steps
 from rewrite.errors import InputError, RuleError
+from rewrite.grouping.build import NO_STRUCTURE
 from rewrite.outputs import check_output_path
 
 OUTPUT_SUFFIXES = (".onnx", ".py")
@@ -44,24 +45,12 @@ def _group(rules: rewrite.RuleSet, model: str, io: Consoles, steps: Steps) -> re
     with steps.step(f"reading {model} and grouping it"):
         result = rewrite.apply(rules, model)
     io.detail(summary_line(result.tree))
-    if not result.tree.graph.calls:
-        io.warning(_no_structure(model, result.tree.graph.kind))
     for warning in result.warnings:
-        io.warning(warning)
+        if warning.span is None and warning.message.startswith(NO_STRUCTURE):
+            io.warning(f"{model}: {warning.message}")  # about the model: name it
+        else:
+            io.warning(warning)
     return result
-
-
-def _no_structure(model: str, kind: str) -> str:
-    """The warning for a model without module calls (works, but nothing can be grouped)."""
-    if kind == "onnx":
-        missing = "torch.onnx module metadata (pkg.torch.onnx.name_scopes)"
-        keep = "export it with torch.onnx.export(..., dynamo=True) to keep it"
-    else:
-        missing = "nn_module_stack metadata"
-        keep = "export an nn.Module with torch.export.export to keep it"
-    return (f"{model}: no module structure: no node carries {missing}, so group and flat rules "
-            f"have nothing to match and the result stays flat (tag and split rules still "
-            f"apply); {keep}")
 
 
 def _onnx_calls(result: rewrite.Result, io: Consoles, steps: Steps) -> Calls:

@@ -69,7 +69,7 @@ def _group(rules: RuleSet, graph: Graph) -> GroupTree:
     if cycle is not None:
         _raise_cycle(graph, rules, segments, cycle)
     return GroupTree(graph, groups, segments, group_of, tags_id, tuple(tag_table.values),
-                     tuple(_warnings(rules, hits)))
+                     tuple(_warnings(rules, graph, hits)))
 
 
 def _stack_groups(table: StackTable, grouped: np.ndarray
@@ -175,8 +175,26 @@ def _split_groups(parent: np.ndarray, segment: np.ndarray, depth: np.ndarray,
     return new_parent, new_segment, new_depth, np.searchsorted(keys, key)
 
 
-def _warnings(rules: RuleSet, hits: Counter) -> list[Diagnostic]:
-    return [
+NO_STRUCTURE = "no module structure"
+"""How the warning about a model without module calls starts."""
+
+
+def no_structure(kind: str) -> Diagnostic:
+    """The warning for a model without module calls (it works, but stays flat)."""
+    if kind == "onnx":
+        missing = "torch.onnx module metadata (pkg.torch.onnx.name_scopes)"
+        keep = "export it with torch.onnx.export(..., dynamo=True) to keep it"
+    else:
+        missing = "nn_module_stack metadata"
+        keep = "export an nn.Module with torch.export.export to keep it"
+    return Diagnostic("warning", f"{NO_STRUCTURE}: no node carries {missing}, so group and flat "
+                      f"rules have nothing to match and the result stays flat (tag and split "
+                      f"rules still apply); {keep}")
+
+
+def _warnings(rules: RuleSet, graph: Graph, hits: Counter) -> list[Diagnostic]:
+    first = [no_structure(graph.kind)] if not graph.calls else []
+    return first + [
         Diagnostic("warning", f"{rule.kind} rule matches nothing in this model", rule.span)
         for rule in rules.rules
         if hits[rule.order] == 0
