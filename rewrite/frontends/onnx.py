@@ -409,7 +409,8 @@ def load_onnx_model(path: str | Path) -> "ir.Model":
     if path.is_dir():
         raise InputError(f"{path}: is a directory, expected a .onnx file")
     try:
-        return ir.load(str(path))
+        with gc_paused():  # every node, value and attribute is a new long-lived object
+            return ir.load(str(path))
     except Exception as e:  # protobuf and onnx_ir raise many types here; all mean unreadable
         reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise InputError(f"{path}: not a readable ONNX model ({reason})") from None

@@ -17,6 +17,7 @@ import onnx_ir as ir
 import torch
 from attrs import frozen
 
+from rewrite._gc import gc_paused
 from rewrite.backends.onnx.export import export_program
 from rewrite.backends.onnx.options import OnnxOptions
 from rewrite.backends.onnx.outline import Outlined, outline
@@ -51,7 +52,8 @@ def _onnx_model(result: "Result") -> tuple[ir.Model, GroupTree]:
     tree = result.tree
     if not isinstance(result.model, (str, Path)):
         # outlining reads the copy's main-graph nodes in order, as the tree's ONNX nodes
-        return tree.graph.source.clone(), tree
+        with gc_paused():
+            return tree.graph.source.clone(), tree
     model: ir.Model = tree.graph.source
     if model.meta.get(_OUTLINED):
         from rewrite.api import apply

@@ -20,6 +20,7 @@ import onnx_ir as ir
 import onnx_ir.passes.common
 from attrs import frozen
 
+from rewrite._gc import gc_paused
 from rewrite.backends.onnx import naming
 from rewrite.backends.onnx.boundary import boundary, detach, owners, rewire, substitute
 from rewrite.backends.onnx.constants import ConstantPolicy, Embedded, weight_names
@@ -221,4 +222,5 @@ class _Outliner:
 def outline(model: ir.Model, tree: GroupTree, options: OnnxOptions | None = None,
             on_group: Callable[[Group], None] | None = None) -> Outlined:
     """Outline every group of ``tree`` (built on ``model``'s main graph) in place."""
-    return _Outliner(model, tree, options or OnnxOptions(), on_group).run()
+    with gc_paused():  # many short-lived IR objects: collections would only slow it down
+        return _Outliner(model, tree, options or OnnxOptions(), on_group).run()
