@@ -106,7 +106,8 @@ class _StackReader:
         self.empty, self.unknown = 0, 1
         self._ids: dict[tuple, int] = {(): 1}  # tuple of keys -> stack id
         self._classes: dict[Any, str] = {}
-        self._calls: dict[tuple[str, str, int], tuple[ModuleCall, int]] = {}
+        self._calls: dict[tuple[str, str, int], int] = {}  # (path, class, index) -> number
+        self._call_list: list[ModuleCall] = []  # by number (no tuple per call to track)
         self.root_class: str | None = None
         self.saw_root = False
         self.legacy = False
@@ -115,7 +116,7 @@ class _StackReader:
     @property
     def module_calls(self) -> tuple[ModuleCall, ...]:
         """Every call, in order of first appearance (outer calls before inner ones)."""
-        return tuple(map(itemgetter(0), self._calls.values()))
+        return tuple(self._call_list)
 
     @property
     def lasts(self) -> np.ndarray:
@@ -177,8 +178,8 @@ class _StackReader:
         if ident in known_calls:  # another spelling of a known call
             return self._read_entry(raw, keys, parent)
         call = ModuleCall(path, cls_name, index)
-        number = len(known_calls)
-        known_calls[ident] = (call, number)
+        number = known_calls[ident] = len(known_calls)
+        self._call_list.append(call)
         stacks = self.stacks
         above_calls = self.calls[parent]
         if above_calls is None:
@@ -249,10 +250,10 @@ class _StackReader:
         cls_name = self._class(cls)
         known = self._calls.get((path, cls_name, index))
         if known is not None:  # two keys may name one call (another tracer's spelling)
-            return known[0], known[1], False
+            return self._call_list[known], known, False
         call = ModuleCall(path, cls_name, index)
-        number = len(self._calls)
-        self._calls[(path, cls_name, index)] = (call, number)
+        number = self._calls[(path, cls_name, index)] = len(self._calls)
+        self._call_list.append(call)
         return call, number, True
 
 
