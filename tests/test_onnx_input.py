@@ -28,6 +28,7 @@ from attrs import frozen
 
 import rewrite
 from rewrite.backends.onnx import Lowering, lower
+from rewrite.backends.onnx.clone import copy_model
 from rewrite.errors import GroupingError
 from rewrite.frontends.onnx import CLASS_HIERARCHY, NAME_SCOPES
 from tests import models
@@ -380,3 +381,27 @@ def test_a_file_result_is_outlined_without_a_copy_then_read_again(gpt2_optimized
         checked_proto(model)
         assert top_calls(model) == top_calls(case.lowering.model)
     assert_equals_flat(case, second)
+
+
+def _bytes(model: ir.Model) -> bytes:
+    return ir.to_proto(model).SerializeToString()
+
+
+def test_a_given_model_is_left_unchanged_and_outlined_like_its_file(case):
+    # the functional path outlines a copy: the input serializes as before, and the output
+    # is byte for byte what outlining the file's own model gives
+    model = ir.load(str(case.path))
+    before = _bytes(model)
+    out = rewrite.apply(case.spec.rules, model).to_onnx()
+    assert _bytes(model) == before
+    assert _bytes(out) == _bytes(rewrite.apply(case.spec.rules, case.path).to_onnx())
+
+
+def test_the_copy_to_outline_is_a_clone_sharing_tensors(case):
+    model = ir.load(str(case.path))
+    copy = copy_model(model)
+    assert _bytes(copy) == _bytes(model.clone()) == _bytes(model)
+    assert not {id(n) for n in copy.graph} & {id(n) for n in model.graph}
+    for name, value in model.graph.initializers.items():
+        assert copy.graph.initializers[name] is not value
+        assert copy.graph.initializers[name].const_value is value.const_value

@@ -9,7 +9,8 @@
 * ``outline``: groups -> functions (``boundary``: a group's inputs/outputs; ``structure``:
   body keys for dedup; ``repeats``: repeated blocks matched node by node; ``constants``: the
   constant policy; ``remat``: shared cheap nodes recomputed; ``naming``; ``opsets``);
-* ``lower``: the pipeline; ``save``: writing; ``summary``: the function tree; ``progress``.
+* ``lower``: the pipeline (``clone``: the copy a given model is outlined in); ``save``:
+  writing; ``summary``: the function tree; ``progress``.
 """
 
 from __future__ import annotations

@@ -3,9 +3,9 @@
 * ``.pt2`` / ExportedProgram: torch.onnx lowers the ops (one decomposition, its default
   optimizer), :mod:`remap` groups its nodes with the same rules, :mod:`outline` outlines.
 * ``.onnx`` / onnx_ir.Model: outlined with the tree ``apply`` made. A model the caller
-  gave is cloned first (the input is never changed); one ``apply`` loaded from a path belongs
-  to rewrite alone, so the first lowering outlines it as it is (no copy), and later lowerings
-  of the same result read the file again.
+  gave is copied first (:mod:`clone`; the input is never changed); one ``apply`` loaded from
+  a path belongs to rewrite alone, so the first lowering outlines it as it is (no copy), and
+  later lowerings of the same result read the file again.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import torch
 from attrs import frozen
 
 from rewrite._gc import gc_paused
+from rewrite.backends.onnx.clone import copy_model
 from rewrite.backends.onnx.export import export_program
 from rewrite.backends.onnx.options import OnnxOptions
 from rewrite.backends.onnx.outline import Outlined, outline
@@ -53,7 +54,7 @@ def _onnx_model(result: "Result") -> tuple[ir.Model, GroupTree]:
     if not isinstance(result.model, (str, Path)):
         # outlining reads the copy's main-graph nodes in order, as the tree's ONNX nodes
         with gc_paused():
-            return tree.graph.source.clone(), tree
+            return copy_model(tree.graph.source), tree
     model: ir.Model = tree.graph.source
     if model.meta.get(_OUTLINED):
         from rewrite.api import apply
