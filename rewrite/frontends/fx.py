@@ -31,7 +31,7 @@ once) and the garbage collector paused.
 from __future__ import annotations
 
 from itertools import chain, islice
-from operator import itemgetter, ne
+from operator import ne
 from typing import Any, Mapping
 
 import numpy as np
@@ -40,8 +40,8 @@ import torch
 from rewrite._gc import gc_paused
 from rewrite.frontends.calls import distinct_calls, split_runs
 from rewrite.ir import Graph, ModuleCall, Node, Stack
-from rewrite.ir.columns import (EMPTY_TAGS, CallColumns, StackInterner, TagSets, build_columns,
-                                call_columns_of)
+from rewrite.ir.columns import (EMPTY_TAGS, CallColumns, StackInterner, StackSequence, TagSets,
+                                build_columns, call_columns_of)
 from rewrite.ir.nodes import LazyNodes
 
 EMPTY_STACK_KEY = "_empty_nn_module_stack_from_metadata_hook"
@@ -95,19 +95,26 @@ class _StackReader:
     share one id and one tuple, every call is one :class:`ModuleCall` object, numbered in
     order of first appearance (outer calls first), and each stack is also known by its call
     numbers (:attr:`calls`) and its parent stack (:attr:`parents`). The reader is its own
-    stack table (``stacks``, ``calls``, ``parents``, as :class:`StackInterner`).
+    stack table (``stacks``, ``calls``, ``parents``, ``lasts``, ``depths``, as
+    :class:`StackInterner`), with the tuples made on demand.
     """
 
     def __init__(self) -> None:
-        self.stacks: list[Stack | None] = [(), None]
-        self.calls: list[tuple[int, ...] | None] = [(), None]
+        # the stacks as a tree: per stack its parent stack, last call number and depth; the
+        # tuples (stacks, calls) are made on demand (StackSequence)
         self.parents: list[int] = [-1, -1]
-        self._by_calls: dict[tuple[int, ...] | None, int] = {(): 0, None: 1}
+        self._lasts: list[int] = [-1, -1]
+        self._depths: list[int] = [0, -1]
+        self._by_pair: dict[int, int] | None = None  # (parent, last call) -> stack id
         self.empty, self.unknown = 0, 1
         self._ids: dict[tuple, int] = {(): 1}  # tuple of keys -> stack id
         self._classes: dict[Any, str] = {}
         self._calls: dict[tuple[str, str, int], int] = {}  # (path, class, index) -> number
         self._call_list: list[ModuleCall] = []  # by number (no tuple per call to track)
+        self.stacks = StackSequence(self.parents, self._lasts, self._depths, self._call_list)
+        """Per stack id, its tuple of calls (None: unknown), made on first access."""
+        self.calls = StackSequence(self.parents, self._lasts, self._depths)
+        """Per stack id, its tuple of call numbers, made on first access."""
         self.root_class: str | None = None
         self.saw_root = False
         self.legacy = False
@@ -119,17 +126,35 @@ class _StackReader:
         return tuple(self._call_list)
 
     @property
-    def lasts(self) -> np.ndarray:
+    def lasts(self) -> list[int]:
         """Per stack, the number of its last call (-1: empty or unknown)."""
-        out = np.fromiter(map(itemgetter(-1), self.calls[2:]), dtype=np.int64,
-                          count=len(self.calls) - 2)
-        return np.concatenate((np.array([-1, -1], dtype=np.int64), out))
+        return self._lasts
 
     @property
-    def depths(self) -> np.ndarray:
+    def depths(self) -> list[int]:
         """Per stack, its number of calls (-1: unknown)."""
-        out = np.fromiter(map(len, self.calls[2:]), dtype=np.int64, count=len(self.calls) - 2)
-        return np.concatenate((np.array([0, -1], dtype=np.int64), out))
+        return self._depths
+
+    def _add(self, parent: int, number: int) -> int:
+        """A new stack: stack ``parent`` plus call ``number``."""
+        if parent == self.unknown:
+            parent = self.empty
+        found = len(self.parents)
+        self.parents.append(parent)
+        self._lasts.append(number)
+        self._depths.append(self._depths[parent] + 1)
+        if self._by_pair is not None:
+            self._by_pair[parent << 32 | number] = found
+        return found
+
+    def _find(self, parent: int, number: int) -> int | None:
+        """The stack ``parent`` plus call ``number``, if there is one."""
+        if parent == self.unknown:
+            parent = self.empty
+        if self._by_pair is None:  # the uncommon case (another spelling of a call): index
+            self._by_pair = {p << 32 | c: k for k, (p, c) in
+                             enumerate(zip(self.parents, self._lasts)) if c >= 0}
+        return self._by_pair.get(parent << 32 | number)
 
     def call_columns(self) -> CallColumns:
         """The calls (:attr:`module_calls`) as columns."""
@@ -177,20 +202,9 @@ class _StackReader:
         known_calls = self._calls
         if ident in known_calls:  # another spelling of a known call
             return self._read_entry(raw, keys, parent)
-        call = ModuleCall(path, cls_name, index)
         number = known_calls[ident] = len(known_calls)
-        self._call_list.append(call)
-        stacks = self.stacks
-        above_calls = self.calls[parent]
-        if above_calls is None:
-            above_calls, above, parent = (), (), 0
-        else:
-            above = stacks[parent]
-        call_ids = above_calls + (number,)
-        found = ids[keys] = self._by_calls[call_ids] = len(stacks)
-        stacks.append(above + (call,))
-        self.calls.append(call_ids)
-        self.parents.append(parent)
+        self._call_list.append(ModuleCall(path, cls_name, index))
+        found = ids[keys] = self._add(parent, number)
         return found
 
     def _read_entry(self, raw: Mapping, keys: tuple, parent: int) -> int:
@@ -204,19 +218,10 @@ class _StackReader:
         if call is None:  # the root entry
             found = parent if parent != 1 else 0
         else:
-            above_calls = self.calls[parent]
-            if above_calls is None:
-                above_calls, above, parent = (), (), 0
-            else:
-                above = self.stacks[parent]
-            call_ids = above_calls + (number,)
             # a new call is in no stack yet; a known one (another spelling) may be
-            found = None if new else self._by_calls.get(call_ids)
+            found = None if new else self._find(parent, number)
             if found is None:
-                found = self._by_calls[call_ids] = len(self.stacks)
-                self.stacks.append(above + (call,))
-                self.calls.append(call_ids)
-                self.parents.append(parent)
+                found = self._add(parent, number)
         ids[keys] = found
         return found
 
@@ -483,8 +488,9 @@ def _lazy_nodes(fx_nodes, ops, target_text, target_id, table, stack_id, tag_valu
     def make_all() -> list[Node]:
         targets, stacks, tags, bounds, inputs = columns()
         with gc_paused():
+            every = list(table)  # each stack's tuple made once
             return [
-                Node(i, n.name, op, target_text[t], tuple(inputs[a:b]), table[k],
+                Node(i, n.name, op, target_text[t], tuple(inputs[a:b]), every[k],
                      tag_values[g], io, n)
                 for i, (n, op, t, k, g, io, a, b) in enumerate(
                     zip(fx_nodes, ops, targets, stacks, tags, is_io, bounds, bounds[1:])

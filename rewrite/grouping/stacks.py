@@ -32,23 +32,26 @@ class StackTable:
         self._prefix: dict[tuple[int, int], int] = {}
         self._by_ids: dict[tuple[int, ...] | None, int] | None = None
         self._given: Columns | None = None
+        self.parent_list: list[int] | None = None  # made when stacks are added
         if columns.stack_calls is not None:  # the frontend numbered the calls already
-            self.ids: list[tuple[int, ...] | None] = list(columns.stack_calls)
+            # (a sequence that may make its tuples on demand: read only when needed)
+            self.ids: Sequence[tuple[int, ...] | None] = columns.stack_calls
             self.canon = np.arange(len(self.ids), dtype=np.int64)
-            parents = columns.stack_parent
-            if (parents is not None and columns.stack_last is not None
+            if (columns.stack_parent is not None and columns.stack_last is not None
                     and columns.stack_depth is not None):
                 self._given = columns  # the whole tree of stacks, as arrays
-            self.parent_list: list[int] = (parents.tolist() if parents is not None
-                                           else [-1] * len(self.ids))
         else:
             self.ids, self.parent_list = [], []
             self.canon = np.asarray([self.add(self._to_ids(s)) for s in columns.stacks],
                                     dtype=np.int64)
-        try:
-            self.empty = self.ids.index(())
-        except ValueError:
-            self.empty = self.add(())
+        if self._given is not None and len(self._given.stack_depth) == len(self.ids):
+            empty = np.flatnonzero(self._given.stack_depth == 0)
+            self.empty = int(empty[0]) if empty.size else self.add(())
+        else:
+            try:
+                self.empty = list(self.ids).index(())
+            except ValueError:
+                self.empty = self.add(())
         self._columns: dict[str, object] = {}
         self._call_columns = columns.call_columns
         self._tree: tuple[np.ndarray, np.ndarray, np.ndarray, list[np.ndarray]] | None = None
@@ -75,20 +78,33 @@ class StackTable:
                 self._by_ids.setdefault(existing, k)
         found = self._by_ids.get(ids)
         if found is None:
+            parents = self._parents()
+            if not isinstance(self.ids, list):
+                self.ids = list(self.ids)
             found = self._by_ids[ids] = len(self.ids)
             self.ids.append(ids)
-            self.parent_list.append(-1)
+            parents.append(-1)
             self._tree = None
         return found
+
+    def _parents(self) -> list[int]:
+        """The parent of each stack as a list that can grow (-1: not known yet)."""
+        if self.parent_list is None:
+            given = self._given.stack_parent if self._given is not None else None
+            self.parent_list = given.tolist() if given is not None else [-1] * len(self.ids)
+        return self.parent_list
 
     def __len__(self) -> int:
         return len(self.ids)
 
     def is_unknown(self) -> np.ndarray:
         """Bool per stack id: the stack is unknown (one id at most)."""
+        given = self._given
+        if given is not None and len(given.stack_depth) == len(self.ids):
+            return given.stack_depth < 0
         out = np.zeros(len(self.ids), dtype=bool)
         try:
-            out[self.ids.index(None)] = True
+            out[list(self.ids).index(None)] = True
         except ValueError:
             pass
         return out
@@ -130,20 +146,21 @@ class StackTable:
                                 count=len(ids))
             last = np.fromiter((s[-1] if s else -1 for s in ids), dtype=np.int64,
                                count=len(ids))
-            parent = np.asarray(self.parent_list, dtype=np.int64)
+            parent = np.asarray(self._parents(), dtype=np.int64)
         # a given parent must have exactly one call less; else (or if none was given) find it
         ok = (parent >= 0) & (depth > 0)
         ok[ok] = depth[parent[ok]] == depth[ok] - 1
         missing = np.flatnonzero(~ok & (depth > 0))
         if missing.size:
+            parents = self._parents()
             self._given = None
             for s in missing.tolist():
                 stack = ids[s]
                 assert stack is not None
-                self.parent_list[s] = self.add(stack[:-1])
+                parents[s] = self.add(stack[:-1])
             if len(self.ids) > len(depth):  # added prefixes: they may lack parents too
                 return self._make_tree()
-            parent = np.asarray(self.parent_list, dtype=np.int64)
+            parent = np.asarray(self._parents(), dtype=np.int64)
         parent[depth <= 0] = -1
         order = np.argsort(depth, kind="stable")
         bounds = np.searchsorted(depth[order], np.arange(1, int(depth.max(initial=0)) + 2))

@@ -32,8 +32,9 @@ def _array(values: Sequence[int] | np.ndarray, dtype=np.int32) -> np.ndarray:
 class Columns:
     """Per-node ids into tables of distinct values, and the input edges."""
 
-    stacks: tuple["Stack | None", ...] = field(repr=False)
-    """Distinct module stacks (``None``: unknown); ``stack_id[i]`` indexes it."""
+    stacks: Sequence["Stack | None"] = field(repr=False)
+    """Distinct module stacks (``None``: unknown); ``stack_id[i]`` indexes it. A tuple, or a
+    :class:`StackSequence` that builds each stack's tuple on first access."""
     stack_id: np.ndarray = field(repr=False)
     targets: tuple[str, ...] = field(repr=False)
     """Distinct op targets; ``target_id[i]`` indexes it."""
@@ -46,7 +47,7 @@ class Columns:
     input_start: np.ndarray = field(repr=False)
     """Node ``i`` reads ``input_index[input_start[i]:input_start[i + 1]]``."""
     input_index: np.ndarray = field(repr=False)
-    stack_calls: tuple[tuple[int, ...] | None, ...] | None = field(default=None, repr=False)
+    stack_calls: Sequence[tuple[int, ...] | None] | None = field(default=None, repr=False)
     """Optional: each stack as indices into ``Graph.calls`` (``None`` for the unknown stack)."""
     stack_parent: np.ndarray | None = field(default=None, repr=False)
     """Optional: per stack, the id of the stack without its last call (-1: none known)."""
@@ -163,6 +164,56 @@ def call_columns_of(calls: Sequence["ModuleCall"]) -> CallColumns:
     return builder.build()
 
 
+class StackSequence(Sequence):
+    """Stacks given as a tree, each made a tuple on first access (then kept).
+
+    Stack ``k`` is stack ``parent[k]`` plus call ``last[k]``; ``depth[k]`` is its number of
+    calls (0: the empty stack, -1: unknown, ``None``). The items are call ids, or with
+    ``calls`` the calls themselves. The lists are read live: a frontend may append to them
+    while it reads a graph. A million-node graph has one distinct stack per few nodes, and
+    most are never looked at as tuples (grouping reads the tree as arrays): making them on
+    demand saves their time and the garbage collector's.
+    """
+
+    __slots__ = ("_parent", "_last", "_depth", "_calls", "_made")
+
+    def __init__(self, parent: Sequence[int], last: Sequence[int], depth: Sequence[int],
+                 calls: Sequence | None = None) -> None:
+        self._parent, self._last, self._depth, self._calls = parent, last, depth, calls
+        self._made: dict[int, tuple | None] = {}
+
+    def __len__(self) -> int:
+        return len(self._parent)
+
+    def __getitem__(self, k):  # type: ignore[override]
+        if isinstance(k, slice):
+            return tuple(self[i] for i in range(*k.indices(len(self))))
+        if k < 0:
+            k += len(self)
+        made = self._made
+        found = made.get(k, made)
+        if found is not made:
+            return found
+        depth = self._depth[k]
+        if depth <= 0:
+            found = made[k] = None if depth < 0 else ()
+            return found
+        chain = []  # up to the nearest stack made already (or the top)
+        at = k
+        while at not in made and self._depth[at] > 0:
+            chain.append(at)
+            at = self._parent[at]
+        above = made.get(at, ())
+        calls, last = self._calls, self._last
+        for at in reversed(chain):
+            call = last[at] if calls is None else calls[last[at]]
+            above = made[at] = (above or ()) + (call,)
+        return above
+
+    def __iter__(self):
+        return (self[k] for k in range(len(self)))
+
+
 class StackInterner:
     """Distinct stacks numbered as they come, each with its call ids, parent stack id, last
     call id and depth (the number of calls; -1 for the unknown stack)."""
@@ -235,11 +286,14 @@ def build_columns(
     def optional(values: Sequence[int] | None) -> np.ndarray | None:
         return _array(values, np.int64) if values is not None else None
 
+    def frozen(values: Sequence) -> Sequence:
+        return values if isinstance(values, StackSequence) else tuple(values)
+
     columns = Columns(
-        tuple(stacks), _array(stack_id), tuple(targets), _array(target_id), tuple(tag_sets),
+        frozen(stacks), _array(stack_id), tuple(targets), _array(target_id), tuple(tag_sets),
         _array(tags_id), _array(is_io, bool), _array(input_start, np.int64),
         _array(input_index, np.int64),
-        tuple(stack_calls) if stack_calls is not None else None,
+        frozen(stack_calls) if stack_calls is not None else None,
         optional(stack_parent), optional(stack_last), optional(stack_depth), call_columns,
     )
     columns.edges()  # part of the IR: every whole-graph pass reads them
