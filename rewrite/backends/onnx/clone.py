@@ -4,8 +4,8 @@ Outlining changes the main graph (nodes move into functions, values are rewired,
 initializers go), so its nodes and values are new objects; what it never changes is shared,
 as ``Model.clone`` shares it: tensors, and attributes that hold no graph. The copy equals
 ``Model.clone()`` (same nodes in the same order, same names, types, shapes, metadata) at
-about 85% of its cost (values built complete, not set field by field; no per-call error
-wrapping). A main graph with subgraphs (``If``/``Loop``) or device configurations is copied
+about 80% of its cost (values built complete, not set field by field; no empty metadata
+made on the input's nodes and values). A main graph with subgraphs (``If``/``Loop``) or device configurations is copied
 by ``Model.clone``. Most of what copying cost was the garbage collector: callers pause it.
 """
 
@@ -14,6 +14,9 @@ from __future__ import annotations
 import onnx_ir as ir
 
 from rewrite.frontends.onnx import attribute_values, holds_graphs
+
+Owner = ir.Value | ir.Node | ir.Graph
+"""What carries ``metadata_props`` and ``meta``."""
 
 
 def copy_model(model: ir.Model) -> ir.Model:
@@ -29,8 +32,8 @@ def copy_model(model: ir.Model) -> ir.Model:
     new_graph = ir.Graph(inputs, [values[v] for v in graph.outputs], nodes=nodes,
                          initializers=initializers, doc_string=graph.doc_string,
                          opset_imports=graph.opset_imports.copy(), name=graph.name)
-    if graph.metadata_props:
-        new_graph.metadata_props.update(graph.metadata_props)
+    if props := _props(graph):
+        new_graph.metadata_props.update(props)
     _copy_meta(graph, new_graph)
     return ir.Model(
         new_graph, ir_version=model.ir_version, producer_name=model.producer_name,
@@ -48,7 +51,7 @@ def _value(value: ir.Value, values: dict[ir.Value, ir.Value]) -> ir.Value:
     new = values[value] = ir.Value(
         name=value.name, type=value.type, shape=shape.copy() if shape is not None else None,
         doc_string=value.doc_string, const_value=value.const_value,
-        metadata_props=dict(value.metadata_props) if value.metadata_props else None,
+        metadata_props=_props(value),
     )
     _copy_meta(value, new)
     return new
@@ -61,15 +64,30 @@ def _node(node: ir.Node, values: dict[ir.Value, ir.Value]) -> ir.Node:
         [values[v] if v is not None else None for v in node.inputs],
         tuple(attribute_values(node)), overload=node.overload,
         outputs=[_value(v, values) for v in node.outputs], version=node.version,
-        name=node.name, doc_string=node.doc_string, metadata_props=dict(node.metadata_props),
+        name=node.name, doc_string=node.doc_string, metadata_props=_props(node),
     )
     _copy_meta(node, new)
     return new
 
 
-def _copy_meta(old: ir.Value | ir.Node | ir.Graph, new: ir.Value | ir.Node | ir.Graph) -> None:
+def _own(owner: Owner, slot: str, public: str):
+    """``owner.<public>`` without making an empty one on the input (the properties of
+    ``onnx_ir`` create it on first read: an object per node and value)."""
+    try:
+        return getattr(owner, slot)
+    except AttributeError:  # another onnx_ir layout: the property
+        return getattr(owner, public)
+
+
+def _props(owner: Owner) -> dict[str, str] | None:
+    """A copy of ``owner.metadata_props``; None when empty."""
+    props = _own(owner, "_metadata_props", "metadata_props")
+    return dict(props) if props else None
+
+
+def _copy_meta(old: Owner, new: Owner) -> None:
     """``new.meta`` as ``old.meta`` (values shared, invalidated keys kept invalid)."""
-    meta = old.meta
+    meta = _own(old, "_metadata", "meta")
     if meta:
         new.meta.update(meta)
         for key in getattr(meta, "_invalid_keys", ()):
