@@ -5,8 +5,9 @@ initializers go), so its nodes and values are new objects; what it never changes
 as ``Model.clone`` shares it: tensors, and attributes that hold no graph. The copy equals
 ``Model.clone()`` (same nodes in the same order, same names, types, shapes, metadata) at
 about 80% of its cost (values built complete, not set field by field; no empty metadata
-made on the input's nodes and values). A main graph with subgraphs (``If``/``Loop``) or device configurations is copied
-by ``Model.clone``. Most of what copying cost was the garbage collector: callers pause it.
+made on the input's nodes and values). A main graph with subgraphs (``If``/``Loop``) or
+device configurations is copied by ``Model.clone``. Most of what copying cost was the
+garbage collector: callers pause it.
 """
 
 from __future__ import annotations
