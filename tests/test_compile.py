@@ -290,3 +290,6 @@ def test_matching_a_column_of_paths_agrees_with_one_at_a_time(paths, pattern):
     expected = [glob(p) for p in paths]
     assert glob.mask(TextColumn(paths)).tolist() == expected
     assert glob.mask(TextColumn(tuple(paths))).tolist() == expected
+    distinct = {p: i for i, p in enumerate(dict.fromkeys(paths))}  # as frontends give them
+    ids = np.array([distinct[p] for p in paths], dtype=np.int64)
+    assert glob.mask(TextColumn(paths, ids, distinct)).tolist() == expected

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import functools
 import re
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 
@@ -130,12 +130,18 @@ def _glob_body(pattern: str, segment_char: str) -> str:
 
 class TextColumn:
     """Many texts (module paths) to match patterns against, all at once: joined into one
-    string, one line per text, so that a single scan in C answers a pattern for all."""
+    string, one line per text, so that a single scan in C answers a pattern for all.
 
-    __slots__ = ("texts", "_layout", "_objects")
+    With ``distinct`` (each distinct text and its id) and ``ids`` (per item, the id of its
+    text), the texts are only the distinct ones: equality is a dict lookup and an array
+    comparison, a pattern is matched once per distinct text."""
 
-    def __init__(self, texts: Sequence[str]) -> None:
-        self.texts = texts
+    __slots__ = ("texts", "_ids", "_distinct", "_layout", "_objects")
+
+    def __init__(self, texts: Sequence[str], ids: np.ndarray | None = None,
+                 distinct: Mapping[str, int] | None = None) -> None:
+        self._ids, self._distinct = ids, distinct
+        self.texts = tuple(distinct) if distinct is not None and ids is not None else texts
         self._layout: tuple[str, np.ndarray] | None | bool = False
         self._objects: np.ndarray | None = None
 
@@ -155,6 +161,9 @@ class TextColumn:
     def equal(self, text: str) -> np.ndarray:
         """Whether each text equals ``text`` (searches in C: the sequence's own for a few
         hits, one numpy comparison of objects for many)."""
+        if self._ids is not None and self._distinct is not None:
+            found = self._distinct.get(text)
+            return self._ids == found if found is not None else np.zeros(len(self), dtype=bool)
         texts = self.texts
         if texts.count(text) > 16:
             if self._objects is None:
@@ -177,10 +186,11 @@ class TextColumn:
         if layout is None:
             return None
         joined, starts = layout
-        return self._mark([m.start() for m in regex.finditer(joined)], starts)
+        found = self._mark([m.start() for m in regex.finditer(joined)], starts)
+        return found[self._ids] if self._ids is not None else found
 
     def _mark(self, hits: list[int], starts: np.ndarray) -> np.ndarray:
-        out = np.zeros(len(self), dtype=bool)
+        out = np.zeros(len(self.texts), dtype=bool)
         if hits:
             at = np.asarray(hits, dtype=np.int64)
             k = np.searchsorted(starts, at, side="right") - 1
@@ -189,7 +199,8 @@ class TextColumn:
         return out
 
     def __len__(self) -> int:
-        return len(self.texts)
+        """The number of items (texts, or ids with distinct texts)."""
+        return len(self._ids) if self._ids is not None else len(self.texts)
 
 
 class Glob:
@@ -219,7 +230,11 @@ class Glob:
         if self.literal:
             return column.equal(self.pattern)
         found = column.search(_lines_regex(self.pattern))
-        return found if found is not None else np.array(self.test_all(column.texts), dtype=bool)
+        if found is None:
+            found = np.array(self.test_all(column.texts), dtype=bool)
+            if column._ids is not None:
+                found = found[column._ids]
+        return found
 
     def test_all(self, texts: Sequence[str]) -> list[bool]:
         """Whether each text matches, without the memo (for texts that rarely repeat)."""

@@ -111,6 +111,8 @@ class _StackReader:
         self._classes: dict[Any, str] = {}
         self._calls: dict[tuple[str, str, int], int] = {}  # (path, class, index) -> number
         self._call_list: list[ModuleCall] = []  # by number (no tuple per call to track)
+        self._paths: dict[str, int] = {}  # distinct call paths, numbered
+        self._path_id: list[int] = []  # per call number
         self.stacks = StackSequence(self.parents, self._lasts, self._depths, self._call_list)
         """Per stack id, its tuple of calls (None: unknown), made on first access."""
         self.calls = StackSequence(self.parents, self._lasts, self._depths)
@@ -163,7 +165,8 @@ class _StackReader:
         class_id = np.fromiter(map(names.__getitem__, classes), dtype=np.int64,
                                count=len(classes))
         return CallColumns(paths, tuple(names), _readonly(class_id),
-                           _readonly(np.array(index, dtype=np.int64)))
+                           _readonly(np.array(index, dtype=np.int64)),
+                           _readonly(np.array(self._path_id, dtype=np.int64)), self._paths)
 
     def read_all(self, distinct: Mapping[tuple, Mapping]) -> dict[tuple, int]:
         """The stack id of each tuple of keys (``distinct``: keys -> a meta dict whose
@@ -204,6 +207,7 @@ class _StackReader:
             return self._read_entry(raw, keys, parent)
         number = known_calls[ident] = len(known_calls)
         self._call_list.append(ModuleCall(path, cls_name, index))
+        self._path_id.append(self._paths.setdefault(path, len(self._paths)))
         found = ids[keys] = self._add(parent, number)
         return found
 
@@ -259,6 +263,7 @@ class _StackReader:
         call = ModuleCall(path, cls_name, index)
         number = self._calls[(path, cls_name, index)] = len(self._calls)
         self._call_list.append(call)
+        self._path_id.append(self._paths.setdefault(path, len(self._paths)))
         return call, number, True
 
 

@@ -29,7 +29,8 @@ class _CallColumns:
     @property
     def paths(self) -> TextColumn:
         if self._paths is None:
-            self._paths = TextColumn(self.table.paths)
+            calls = self.table.call_columns
+            self._paths = TextColumn(calls.paths, calls.path_id, calls.distinct_paths)
         return self._paths
 
     def path_mask(self, glob: Glob) -> np.ndarray:
