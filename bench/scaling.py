@@ -7,7 +7,8 @@ Graphs come from :mod:`bench.synthetic` (transformer-shaped ``torch.fx`` graphs 
 ``nn_module_stack``, shared-module calls, stackless nodes and tags; no ``torch.export``).
 For each size, all measured in the same run, CPU time (``time.process_time``, robust to other
 processes on the machine), median of interleaved runs (``--repeats`` for the largest size,
-more for smaller ones, up to 5x; the bare passes 5 times per round):
+more for smaller ones, up to 5x; per round the bare passes 5 times and each grouping 3 times,
+back to back, so both meet warm caches):
 
 * **bare FX pass**: one Python loop over the FX graph's nodes and their input nodes;
 * **IR build**: :func:`rewrite.frontends.fx.from_fx_graph` (target: within 10x of the bare
@@ -59,7 +60,11 @@ RULE_SETS: dict[str, Callable[[], RuleSet]] = {
 
 BARE_PASSES = 5
 """Bare passes are cheap and their time is the denominator of every ratio: each round runs
-them several times (all runs count towards the median)."""
+them several times back to back (all runs count towards the median)."""
+
+GROUPING_RUNS = 3
+"""Grouping runs back to back too (after one collection of garbage per rule set), so that the
+grouping and the bare pass it is compared with meet the same (warm) caches."""
 
 
 def bare_fx_pass(graph: torch.fx.Graph) -> int:
@@ -130,8 +135,9 @@ def measure(sizes: list[int], repeats: int, rule_sets: dict[str, RuleSet]) -> li
                                        for _ in range(BARE_PASSES))
             for name, rules in rule_sets.items():
                 gc.collect()
-                elapsed, tree = _cpu(lambda: group_graph(rules, graph))
-                times[k][name].append(elapsed)
+                for _ in range(GROUPING_RUNS):
+                    elapsed, tree = _cpu(lambda: group_graph(rules, graph))
+                    times[k][name].append(elapsed)
                 if repeat == 0:  # the Group records, ids and owners, built on first read
                     rows[k].setdefault("records", {})[name] = _cpu(
                         lambda: (tree.root, tree.owner))[0]
