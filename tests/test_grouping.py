@@ -97,6 +97,26 @@ def test_placement_goes_with_users():
     check_tree_invariants(tree)
 
 
+def test_a_node_between_two_nodes_of_a_call_goes_into_it():
+    """A residual add without a stack, read in its block and by the next one: with its users
+    it would land at the top level, and data would leave block 0 and come back."""
+    b0, b1, inner = call("b.0"), call("b.1"), call("b.0.attn", "m.Attention")
+    g = GraphBuilder()
+    x = g.input()
+    n0 = g.op("n0", inputs=[x], stack=(b0, inner))
+    res = g.op("res", inputs=[x, n0], stack=None)     # users in b.0 and b.1
+    n1 = g.op("n1", inputs=[res], stack=(b0,))
+    n2 = g.op("n2", inputs=[res, n1], stack=(b1,))
+    out = g.op("out", inputs=[n2, res], stack=None)    # read by the output: top level
+    g.output([out, res])
+    graph = g.graph()
+    tree = group_graph(rewrite.parse_rules("group class *Block\ngroup class *Attention"), graph)
+    owner = {n.name: tree.owner[n.index] for n in graph.nodes}
+    assert owner == {"x": "", "n0": "b.0/b.0.attn", "res": "b.0", "n1": "b.0", "n2": "b.1",
+                     "out": "", "output": ""}
+    check_tree_invariants(tree)
+
+
 # --- groups that cannot be outlined ------------------------------------------------------------
 
 
@@ -196,6 +216,12 @@ def reference(rules, graph):
         for i in n.inputs:
             users[i].append(n.index)
     stacks = [() if n.is_io else n.stack for n in nodes]
+    above = {}  # per node without a stack: the stacks of its nearest producers with one
+    for n in nodes:
+        if stacks[n.index] is None:
+            above[n.index] = set()
+            for p in n.inputs:
+                above[n.index] |= above[p] if p in above else {stacks[p]}
     for i in range(len(nodes) - 1, -1, -1):
         if stacks[i] is None:
             found = None
@@ -204,6 +230,13 @@ def reference(rules, graph):
                     continue
                 s = () if nodes[u].is_io else stacks[u]
                 found = s if found is None else prefix(found, s)
+            # between a producer and a user of a deeper call: inside the deepest such call
+            for a in above[i]:
+                for u in users[i]:
+                    if stacks[u] is not None and not nodes[u].is_io:
+                        shared = prefix(a, stacks[u])
+                        if len(shared) > len(found):
+                            found = shared
             stacks[i] = found
     for n in nodes:
         if stacks[n.index] is None:

@@ -4,9 +4,13 @@ A node whose stack is unknown (no ``nn_module_stack``: ``get_attr`` constants, n
 an optimizer made) takes the longest common prefix of its users' stacks. So a constant used by
 one block goes inside that block (and is recomputed in its function), one used by several
 blocks stays in their common parent, and one read by the graph output stays at the top level.
-Users whose own stack is unknown are placed first (reverse topological order). A node with no
-placed user (dead code) takes the common prefix of its producers' stacks, or the top level.
-Graph inputs and outputs always stay at the top level.
+But a node that sits between two nodes of one call, a producer (or the nearest producer with
+a stack, through nodes without one) and a user in it (a residual ``Add`` whose metadata was
+stripped, read in its block and by the next), goes into the deepest such call: left outside,
+data would leave the call and come back. Users whose own stack is
+unknown are placed first (reverse topological order). A node with no placed user (dead code)
+takes the common prefix of its producers' stacks, or the top level. Graph inputs and outputs
+always stay at the top level.
 
 Unknown nodes whose users are all known and in one stack (the common case) are placed in one
 array pass; the others one by one, users first.
@@ -75,11 +79,38 @@ def place_nodes(columns: Columns, table: StackTable) -> Placement:
     return Placement(sid, position)
 
 
+_MOST_ANCESTORS = 8
+"""How many stacks of known ancestors a node without a stack remembers (enough for a chain of
+such nodes inside one call; a node fed by many calls is placed by its users anyway)."""
+
+
+def _known_ancestors(unknown: list[int], sid: list[int], start: np.ndarray,
+                     inputs: np.ndarray) -> dict[int, set[int]]:
+    """For each node without a stack (``unknown``, in graph order), the stacks of its nearest
+    producers that have one, looking through those without (a residual add fed by a view whose
+    metadata was stripped too)."""
+    above: dict[int, set[int]] = {}
+    for node in unknown:
+        found: set[int] = set()
+        for p in inputs[start[node]:start[node + 1]].tolist():
+            through = above.get(p)
+            if through is None:
+                found.add(sid[p])
+            else:
+                found |= through
+        if len(found) > _MOST_ANCESTORS:
+            found = set(sorted(found)[:_MOST_ANCESTORS])
+        above[node] = found
+    return above
+
+
 def _place_rest(columns: Columns, table: StackTable, sid: np.ndarray, unknown: np.ndarray,
                 rest: np.ndarray, user_of: np.ndarray, low: np.ndarray, high: np.ndarray,
                 anchor: np.ndarray) -> None:
     """Place the other unknown nodes one by one, users first (updates ``sid``, ``anchor``)."""
     placed = sid.tolist()
+    start, inputs = columns.input_start, columns.input_index
+    above = _known_ancestors(unknown.tolist(), placed, start, inputs)  # before any is placed
     nodes = unknown[rest].tolist()
     for i in nodes:
         placed[i] = _UNPLACED
@@ -90,19 +121,25 @@ def _place_rest(columns: Columns, table: StackTable, sid: np.ndarray, unknown: n
         found = _UNPLACED
         users = user_of[low[k]:high[k]].tolist()
         anchors[node] = min((anchors[u] for u in users), default=node)
+        inside: set[int] = set()  # the stacks of the users that are not graph outputs
         for u in users:
             s = placed[u]
             if s == _UNPLACED:
                 continue
             if is_io[u]:
                 found = empty
-                break
+                continue
+            inside.add(s)
             found = s if found == _UNPLACED else table.common_prefix(found, s)
-            if found == empty:
-                break
+        if inside:  # between a producer and a user of a deeper call: inside that call
+            deepest = table.depth_of(found)
+            for a in above[node]:
+                for s in inside:
+                    shared = table.common_prefix(a, s)
+                    if table.depth_of(shared) > deepest:
+                        found, deepest = shared, table.depth_of(shared)
         placed[node] = found
 
-    start, inputs = columns.input_start, columns.input_index
     for i in nodes:
         if placed[i] != _UNPLACED:
             continue

@@ -109,6 +109,11 @@ class StackTable:
             pass
         return out
 
+    def depth_of(self, stack: int) -> int:
+        """The number of calls of a known stack (-1 for the unknown one)."""
+        calls = self.ids[stack]
+        return -1 if calls is None else len(calls)
+
     def common_prefix(self, a: int, b: int) -> int:
         """The id of the longest common prefix of two known stacks."""
         if a == b:
