@@ -39,7 +39,7 @@ SUITE: dict[str, tuple[str, list[str], list[str]]] = {
     "fx": ("bench.fx_vs_unflatten", ["--repeats", "7"], ["--layers", "12", "--repeats", "3"]),
     "onnx_apply": ("bench.onnx_apply", ["--repeats", "3", "--ort-runs", "300"],
                    ["--blocks", "12", "--repeats", "1", "--ort-runs", "50"]),
-    "onnx_outline": ("bench.onnx_outline", ["--repeats", "3"], ["--blocks", "12", "48", "--compare", "12", "--repeats", "1"]),
+    "onnx_outline": ("bench.onnx_outline", ["--repeats", "5"], ["--blocks", "12", "48", "--compare", "12", "--repeats", "1"]),
     "scaling": ("bench.scaling", [], ["--sizes", "10000", "100000"]),
     "memory": ("bench.memory", [], ["--layers", "4", "--width", "512"]),
 }
