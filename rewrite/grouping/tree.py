@@ -204,9 +204,9 @@ class GroupTree:
         def rank(g: int) -> tuple[int, int]:
             return (0, -segments[g]) if segments[g] < 0 else (1, first[g])
 
-        calls, split, components = self.segments.calls, self.segments.split, \
-            self.segments.components
-        rule_of, render = self.segments.decisions.rule_of, Renderer()
+        segs = self.segments
+        calls, split, components = segs.calls, segs.split, segs.components
+        rule_of, render = segs.decisions.rule_of, Renderer()
         made: list[Group | None] = [None] * size
         for k in np.argsort(-table.depth, kind="stable").tolist():
             if not k or not count[k]:
