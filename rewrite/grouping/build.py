@@ -27,10 +27,11 @@ from rewrite.grouping.placement import place_nodes
 from rewrite.grouping.split import split_components
 from rewrite.grouping.stacks import StackTable
 from rewrite.grouping.subjects import CallSubjects
-from rewrite.grouping.tagging import TagTable, apply_tag_rules
+from rewrite.grouping.tagging import apply_tag_rules
 from rewrite.grouping.tree import GroupTable, GroupTree, Segments
 from rewrite.grouping.validate import Cycle, find_cycle, group_spans
 from rewrite.ir import Graph
+from rewrite.ir.columns import TagSets
 
 def group_graph(rules: RuleSet, graph: Graph) -> GroupTree:
     """Group ``graph`` by ``rules``; raises :class:`GroupingError` if it cannot be done."""
@@ -45,7 +46,7 @@ def _group(rules: RuleSet, graph: Graph) -> GroupTree:
     table.tree()  # placement may have added stacks; from here on the table is fixed
     sid = placement.stack
     hits: Counter = Counter()
-    tag_table = TagTable(columns.tag_sets)
+    tag_table = TagSets(columns.tag_sets)  # grows as tag rules add tags
     tags_id = apply_tag_rules(table, sid, columns.target_id, columns.targets,
                               columns.tags_id.astype(np.int64), tag_table, columns.is_io,
                               rules.tag_rules, hits)

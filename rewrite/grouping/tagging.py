@@ -12,40 +12,19 @@ sets are made once per distinct old set.
 from __future__ import annotations
 
 from collections import Counter
-from types import MappingProxyType
-from typing import Mapping, Sequence
+from typing import Sequence
 
 import numpy as np
 
 from rewrite.compile import Rule
 from rewrite.grouping.stacks import StackTable
 from rewrite.grouping.subjects import NodeSubjects
-from rewrite.ir.columns import TagSets, tags_key
-
-
-class TagTable(TagSets):
-    """Tag sets by id, starting from a graph's (ids kept), growing as rules add tags."""
-
-    def __init__(self, initial: Sequence[Mapping[str, str]]) -> None:
-        super().__init__()
-        self.values = []
-        self._ids = {}
-        for tags in initial:
-            self._ids.setdefault(tags_key(tags), len(self.values))
-            self.values.append(tags)
-
-    def id(self, tags: Mapping[str, str]) -> int:
-        key = tags_key(tags)
-        found = self._ids.get(key)
-        if found is None:
-            found = self._ids[key] = len(self.values)
-            self.values.append(MappingProxyType(dict(key)))
-        return found
+from rewrite.ir.columns import TagSets
 
 
 def apply_tag_rules(
     table: StackTable, sid: np.ndarray, target_id: np.ndarray, targets: Sequence[str],
-    tags_id: np.ndarray, tag_table: TagTable, is_io: np.ndarray, rules: Sequence[Rule],
+    tags_id: np.ndarray, tag_table: TagSets, is_io: np.ndarray, rules: Sequence[Rule],
     hits: Counter,
 ) -> np.ndarray:
     """Each node's tag set id after the tag rules; counts matched nodes per rule in ``hits``."""

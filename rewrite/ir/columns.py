@@ -261,22 +261,32 @@ def tags_key(tags: Mapping[str, str]) -> tuple:
 
 
 class TagSets:
-    """Interns tag sets by content, handing out shared read-only mappings."""
+    """Interns tag sets by content, handing out shared read-only mappings.
 
-    __slots__ = ("values", "_ids")
+    Starts empty but for the empty set (id 0), or from ``initial`` (a graph's tag sets, ids
+    kept: grouping grows them as tag rules add tags)."""
 
-    def __init__(self) -> None:
-        self.values: list[Mapping[str, str]] = [EMPTY_TAGS]
-        self._ids: dict[tuple, int] = {(): 0}
+    __slots__ = ("values", "_ids", "_empty")
+
+    def __init__(self, initial: Sequence[Mapping[str, str]] | None = None) -> None:
+        self.values: list[Mapping[str, str]] = [EMPTY_TAGS] if initial is None else []
+        self._ids: dict[tuple, int] = {(): 0} if initial is None else {}
+        for tags in initial or ():
+            self._ids.setdefault(tags_key(tags), len(self.values))
+            self.values.append(tags)
+        self._empty: int | None = self._ids.get(())
+        """The id of the empty set, if there is one yet (untagged nodes are most)."""
 
     def id(self, tags: Mapping[str, str]) -> int:
-        if not tags:
-            return 0
+        if not tags and self._empty is not None:
+            return self._empty
         key = tags_key(tags)
         found = self._ids.get(key)
         if found is None:
             found = self._ids[key] = len(self.values)
             self.values.append(MappingProxyType(dict(key)))
+            if not key:
+                self._empty = found
         return found
 
     def get(self, tags: Mapping[str, str]) -> Mapping[str, str]:
