@@ -129,21 +129,25 @@ def _glob_body(pattern: str, segment_char: str) -> str:
 
 
 class TextColumn:
-    """Many texts (module paths) to match patterns against, all at once: joined into one
-    string, one line per text, so that a single scan in C answers a pattern for all.
+    """Many texts (module paths) to match patterns against, all at once.
 
-    With ``distinct`` (each distinct text and its id) and ``ids`` (per item, the id of its
-    text), the texts are only the distinct ones: equality is a dict lookup and an array
-    comparison, a pattern is matched once per distinct text."""
+    Kept as the distinct texts (``distinct``: each text and its id, in id order) and per item
+    the id of its text (``ids``), as frontends number call paths; derived from ``texts`` when
+    not given. Equality is a dict lookup and an array comparison; a pattern is matched once
+    per distinct text, by a single scan in C over the distinct texts joined one per line."""
 
-    __slots__ = ("texts", "_ids", "_distinct", "_layout", "_objects")
+    __slots__ = ("texts", "_ids", "_distinct", "_layout")
 
     def __init__(self, texts: Sequence[str], ids: np.ndarray | None = None,
                  distinct: Mapping[str, int] | None = None) -> None:
+        if ids is None or distinct is None:
+            distinct = {}
+            ids = np.fromiter((distinct.setdefault(t, len(distinct)) for t in texts),
+                              dtype=np.int64, count=len(texts))
         self._ids, self._distinct = ids, distinct
-        self.texts = tuple(distinct) if distinct is not None and ids is not None else texts
+        self.texts = tuple(distinct)
+        """The distinct texts, by id."""
         self._layout: tuple[str, np.ndarray] | None | bool = False
-        self._objects: np.ndarray | None = None
 
     def layout(self) -> tuple[str, np.ndarray] | None:
         """``"\\n" + texts joined by "\\n" + "\\n"`` and where each text starts in it;
@@ -159,48 +163,33 @@ class TextColumn:
         return self._layout  # type: ignore[return-value]
 
     def equal(self, text: str) -> np.ndarray:
-        """Whether each text equals ``text`` (searches in C: the sequence's own for a few
-        hits, one numpy comparison of objects for many)."""
-        if self._ids is not None and self._distinct is not None:
-            found = self._distinct.get(text)
-            return self._ids == found if found is not None else np.zeros(len(self), dtype=bool)
-        texts = self.texts
-        if texts.count(text) > 16:
-            if self._objects is None:
-                self._objects = np.empty(len(texts), dtype=object)
-                self._objects[:] = texts
-            return self._objects == text
-        out = np.zeros(len(self), dtype=bool)
-        at = -1
-        try:
-            while True:
-                at = texts.index(text, at + 1)  # type: ignore[call-arg]
-                out[at] = True
-        except ValueError:
-            return out
+        """Whether each item equals ``text``."""
+        found = self._distinct.get(text)
+        return self._ids == found if found is not None else np.zeros(len(self), dtype=bool)
+
+    def per_text(self, matches: np.ndarray) -> np.ndarray:
+        """Per item, the answer ``matches`` gives for its text (one bool per distinct text)."""
+        return matches[self._ids]
 
     def search(self, regex: re.Pattern[str]) -> np.ndarray | None:
-        """Whether each text is a whole-line match of a ``(?m)^...$`` regex; None if the
+        """Whether each item is a whole-line match of a ``(?m)^...$`` regex; None if the
         texts cannot be joined."""
         layout = self.layout()
         if layout is None:
             return None
         joined, starts = layout
-        found = self._mark([m.start() for m in regex.finditer(joined)], starts)
-        return found[self._ids] if self._ids is not None else found
-
-    def _mark(self, hits: list[int], starts: np.ndarray) -> np.ndarray:
+        hits = [m.start() for m in regex.finditer(joined)]
         out = np.zeros(len(self.texts), dtype=bool)
         if hits:
             at = np.asarray(hits, dtype=np.int64)
             k = np.searchsorted(starts, at, side="right") - 1
             ok = (k >= 0) & (starts[np.maximum(k, 0)] == at)  # not the empty sentinel lines
             out[k[ok]] = True
-        return out
+        return self.per_text(out)
 
     def __len__(self) -> int:
-        """The number of items (texts, or ids with distinct texts)."""
-        return len(self._ids) if self._ids is not None else len(self.texts)
+        """The number of items."""
+        return len(self._ids)
 
 
 class Glob:
@@ -230,10 +219,8 @@ class Glob:
         if self.literal:
             return column.equal(self.pattern)
         found = column.search(_lines_regex(self.pattern))
-        if found is None:
-            found = np.array(self.test_all(column.texts), dtype=bool)
-            if column._ids is not None:
-                found = found[column._ids]
+        if found is None:  # a text with a newline: one at a time
+            found = column.per_text(np.array(self.test_all(column.texts), dtype=bool))
         return found
 
     def test_all(self, texts: Sequence[str]) -> list[bool]:
