@@ -79,16 +79,10 @@ def test_shared_module_calls_are_distinct(shared_program):
 
 def test_columns_agree_with_the_nodes(shared_program):
     graph = from_exported_program(shared_program)
+    check_columns(graph)
     columns = graph.columns
     for node in graph.nodes:
-        i = node.index
-        assert columns.stacks[columns.stack_id[i]] == node.stack
-        assert columns.targets[columns.target_id[i]] == node.target
-        assert dict(columns.tag_sets[columns.tags_id[i]]) == dict(node.tags)
-        assert bool(columns.is_io[i]) == node.is_io
-        assert tuple(columns.input_index[columns.input_start[i]:columns.input_start[i + 1]]
-                     ) == node.inputs
-        stack_calls = columns.stack_calls[columns.stack_id[i]]
+        stack_calls = columns.stack_calls[columns.stack_id[node.index]]
         assert stack_calls is None or tuple(graph.calls[k] for k in stack_calls) == node.stack
     users = graph.users()
     for node in graph.nodes:
