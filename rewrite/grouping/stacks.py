@@ -44,8 +44,9 @@ class StackTable:
             self.ids, self.parent_list = [], []
             self.canon = np.asarray([self.add(self._to_ids(s)) for s in columns.stacks],
                                     dtype=np.int64)
-        if self._given is not None and len(self._given.stack_depth) == len(self.ids):
-            empty = np.flatnonzero(self._given.stack_depth == 0)
+        given_depth = self._given_depth()
+        if given_depth is not None:
+            empty = np.flatnonzero(given_depth == 0)
             self.empty = int(empty[0]) if empty.size else self.add(())
         else:
             try:
@@ -97,11 +98,18 @@ class StackTable:
     def __len__(self) -> int:
         return len(self.ids)
 
+    def _given_depth(self) -> np.ndarray | None:
+        """The frontend's depth per stack, while its tree covers every stack of the table."""
+        given = self._given
+        if given is None or given.stack_depth is None or len(given.stack_depth) != len(self.ids):
+            return None
+        return given.stack_depth
+
     def is_unknown(self) -> np.ndarray:
         """Bool per stack id: the stack is unknown (one id at most)."""
-        given = self._given
-        if given is not None and len(given.stack_depth) == len(self.ids):
-            return given.stack_depth < 0
+        given_depth = self._given_depth()
+        if given_depth is not None:
+            return given_depth < 0
         out = np.zeros(len(self.ids), dtype=bool)
         try:
             out[list(self.ids).index(None)] = True
@@ -111,6 +119,9 @@ class StackTable:
 
     def depth_of(self, stack: int) -> int:
         """The number of calls of a known stack (-1 for the unknown one)."""
+        given_depth = self._given_depth()
+        if given_depth is not None:
+            return int(given_depth[stack])
         calls = self.ids[stack]
         return -1 if calls is None else len(calls)
 
@@ -141,10 +152,10 @@ class StackTable:
         return self._tree
 
     def _make_tree(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[np.ndarray]]:
-        ids, given = self.ids, self._given
-        if given is not None and len(given.stack_calls or ()) == len(ids):
-            assert given.stack_depth is not None and given.stack_last is not None
-            depth, last = given.stack_depth, given.stack_last
+        ids, given, given_depth = self.ids, self._given, self._given_depth()
+        if given is not None and given_depth is not None:
+            assert given.stack_last is not None
+            depth, last = given_depth, given.stack_last
             parent = np.array(given.stack_parent, dtype=np.int64)
         else:
             depth = np.fromiter((-1 if s is None else len(s) for s in ids), dtype=np.int64,
