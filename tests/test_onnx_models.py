@@ -55,10 +55,10 @@ def test_gpt2_groups_match_the_fx_tree(gpt2_lowered):
     result, lowering = gpt2_lowered
     fx_ids = {g.id: g.function_name for g in result.tree.groups()}
     onnx_ids = {g.id: g.function_name for g in lowering.tree.groups()}
-    assert onnx_ids.items() <= fx_ids.items()
-    # only wpe is gone: torch.onnx's optimizer folds the position embedding into a constant
-    assert set(fx_ids) - set(onnx_ids) == {"wpe"}
-    assert any("wpe" in w.message for w in lowering.warnings)
+    # every group survives: the export is optimized after outlining, so the position
+    # embedding (a Gather of constant positions) is not folded away before it is grouped
+    assert onnx_ids == fx_ids
+    assert lowering.outlined.function_of["wpe"] == ("pkg.torch", "Embedding_wpe", "")
     assert lowering.outlined.function_of["h.1"] == ("pkg.transformers", "GPT2Block", "")
 
 

@@ -14,6 +14,10 @@ Everything else was made by the export or its optimizer (shapes, scales, masks).
 Each function that reads such a value gets its own ``Constant`` node, so functions never
 depend on nodes hoisted or shared across blocks by the optimizer; the value is part of the
 function's structural key.
+
+Under the ``input`` policy, the small ``Constant`` nodes of the (unoptimized) export that sit
+inside groups are moved to the top level first (:func:`hoist_constants`), so they reach the
+functions as inputs like the initializers of an optimized export.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from typing import Hashable
 import onnx_ir as ir
 from attrs import frozen
 
+from rewrite.backends.onnx.membership import Membership
 from rewrite.backends.onnx.options import OnnxOptions
 from rewrite.backends.onnx.structure import Keyer
 
@@ -118,3 +123,19 @@ class ConstantPolicy:
             return None
         key = ("const", attr.name, self._keyer.attribute(attr, {}, 0))
         return Embedded(key, attr, value.name, value)
+
+
+def hoist_constants(members: Membership, options: OnnxOptions, keyer: Keyer) -> int:
+    """Under the ``input`` policy, move the small ``Constant`` nodes of groups to the top level
+    (their values become function inputs); returns how many moved."""
+    if options.constants != "input":
+        return 0
+    small = ConstantPolicy(OnnxOptions(constant_limit=options.constant_limit), keyer, set())
+    moved = [node for group, nodes in members.nodes.items() if group
+             for node in nodes if node.op_type == "Constant" and node.domain == ""
+             and small.embedded(node.outputs[0]) is not None]
+    for node in moved:
+        position = members.position[node]
+        members.discard(node)
+        members.add(node, "", position)
+    return len(moved)

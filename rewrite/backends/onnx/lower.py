@@ -1,7 +1,9 @@
 """From a :class:`Result` to an ``onnx_ir.Model`` with functions: the backend's pipeline.
 
-* ``.pt2`` / ExportedProgram: torch.onnx lowers the ops (one decomposition, its default
-  optimizer), :mod:`remap` groups its nodes with the same rules, :mod:`outline` outlines.
+* ``.pt2`` / ExportedProgram: torch.onnx lowers the ops (one decomposition, not optimized),
+  :mod:`remap` groups its nodes with the same rules, :mod:`outline` outlines, and
+  :mod:`optimize` runs onnxscript's optimizer once per distinct function body and over the
+  main graph (``OnnxOptions.optimize``).
 * ``.onnx`` / onnx_ir.Model: outlined with the tree ``apply`` made. A model the caller
   gave is copied first (:mod:`clone`; the input is never changed); one ``apply`` loaded from
   a path belongs to rewrite alone, so the first lowering outlines it as it is (no copy), and
@@ -20,6 +22,7 @@ from attrs import frozen
 from rewrite._gc import gc_paused
 from rewrite.backends.onnx.clone import copy_model
 from rewrite.backends.onnx.export import export_program
+from rewrite.backends.onnx.optimize import optimize
 from rewrite.backends.onnx.options import OnnxOptions
 from rewrite.backends.onnx.outline import Outlined, outline
 from rewrite.backends.onnx.progress import Progress
@@ -77,7 +80,7 @@ def lower(result: "Result", options: OnnxOptions | None = None,
         model, onnx_tree = _onnx_model(result)
     elif isinstance(source, torch.export.ExportedProgram):
         with progress.step(f"torch.onnx.export ({_count(tree.graph)} FX nodes)"):
-            exported = export_program(source, optimize=options.optimize)
+            exported = export_program(source, optimize=False)
         model = exported.model
         onnx_tree, warnings = regroup(result.rules, tree, model, exported.program)
     else:
@@ -95,7 +98,25 @@ def lower(result: "Result", options: OnnxOptions | None = None,
 
     with progress.step(f"outlining {total} groups into ONNX functions"):
         outlined = outline(model, onnx_tree, options, on_group)
+    if options.optimize and tree.graph.kind != "onnx":
+        with progress.step(f"optimizing {len(model.functions)} functions and the main graph"):
+            outlined = _optimized(model, onnx_tree, outlined)
     return Lowering(model, onnx_tree, outlined, tuple(warnings))
+
+
+def _optimized(model: ir.Model, tree: GroupTree, outlined: Outlined) -> Outlined:
+    """Optimize the outlined ``model``; ``outlined`` with merged functions replaced."""
+    groups = {group.id: group for group in tree.groups()}
+    identity = {fid: (groups[gid].domain, groups[gid].function_name)
+                for gid, fid in outlined.function_of.items() if fid is not None}
+    with gc_paused():
+        merged = optimize(model, identity)
+    if not merged:
+        return outlined
+    function_of = {gid: merged.get(fid, fid) if fid is not None else None
+                   for gid, fid in outlined.function_of.items()}
+    functions = tuple(fid for fid in outlined.functions if fid not in merged)
+    return Outlined(function_of, functions, outlined.recomputed)
 
 
 def _count(graph: Graph) -> int:

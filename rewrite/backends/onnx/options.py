@@ -34,7 +34,9 @@ class OnnxOptions:
     recompute: bool = True
     """Recompute small shared computations per group (see ``remat``) so dedup survives CSE."""
     optimize: bool = True
-    """Run torch.onnx's optimizer (the exporter's default) before outlining."""
+    """Optimize with torch.onnx's optimizer (onnxscript's), after outlining: once per distinct
+    function body and once over the main graph (``.pt2`` / ExportedProgram input; an ``.onnx``
+    input is outlined as it is). ``False`` gives the export's unoptimized ops."""
     external_data_threshold: int = field(default=EXTERNAL_DATA_THRESHOLD,
                                          validator=validators.ge(0))
     """``save_onnx`` writes weights to ``OUT.onnx.data`` when they exceed this many bytes."""

@@ -23,7 +23,12 @@ from attrs import frozen
 from rewrite._gc import gc_paused
 from rewrite.backends.onnx import naming
 from rewrite.backends.onnx.boundary import boundary, detach, owners, rewire, substitute
-from rewrite.backends.onnx.constants import ConstantPolicy, Embedded, weight_names
+from rewrite.backends.onnx.constants import (
+    ConstantPolicy,
+    Embedded,
+    hoist_constants,
+    weight_names,
+)
 from rewrite.backends.onnx.membership import Membership
 from rewrite.backends.onnx.opsets import fix_opsets
 from rewrite.backends.onnx.options import OnnxOptions
@@ -65,6 +70,7 @@ class _Outliner:
                            if options.recompute else 0)
         self.position = self.members.position
         self.keyer = Keyer()
+        hoist_constants(self.members, options, self.keyer)
         self.constants = ConstantPolicy(options, self.keyer, weights)
         self.names = naming.FunctionNames((f.domain, f.name) for f in model.functions.values())
         self.registry: dict[Key, ir.Function] = {}
