@@ -227,6 +227,57 @@ def two_factors():
     return TwoFactors().eval(), (torch.randn(2, 4),), {}
 
 
+class NoOp(torch.nn.Module):
+    """A Linear, then an operation that does nothing: ``* 1`` or ``+ 0`` by ``mode``. The
+    export differs between the modes; optimized, both are the Linear alone."""
+
+    def __init__(self, mode: str, width: int = 4):
+        super().__init__()
+        self.lin = torch.nn.Linear(width, width)
+        self.mode = mode
+
+    def forward(self, x):
+        y = self.lin(x)
+        return y * 1.0 if self.mode == "mul" else y + 0.0
+
+
+class TwoNoOps(torch.nn.Module):
+    def __init__(self, width: int = 4):
+        super().__init__()
+        self.a = NoOp("mul", width)
+        self.b = NoOp("add", width)
+
+    def forward(self, x):
+        return self.b(torch.relu(self.a(x)))
+
+
+def two_noops():
+    torch.manual_seed(0)
+    return TwoNoOps().eval(), (torch.randn(2, 4),), {}
+
+
+class Flatten(torch.nn.Module):
+    """Flattens all but the first dimension, times 2: its export depends on the input shape."""
+
+    def forward(self, x):
+        return x.flatten(1) * 2
+
+
+class TwoShapes(torch.nn.Module):
+    """One Flatten module called on inputs of two shapes."""
+
+    def __init__(self):
+        super().__init__()
+        self.flatten = Flatten()
+
+    def forward(self, x, y):
+        return self.flatten(x).sum(-1) + self.flatten(y).sum(-1)
+
+
+def two_shapes():
+    return TwoShapes().eval(), (torch.randn(2, 3, 4), torch.randn(2, 6, 5)), {}
+
+
 class SharedApart(torch.nn.Module):
     """A shared module called twice with another module's call in between."""
 

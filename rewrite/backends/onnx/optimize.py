@@ -1,26 +1,26 @@
 """Optimize an outlined model: every distinct function body once, and the main graph.
 
 torch.onnx's optimizer on the flat export works through every block, although outlining then
-keeps one of them. Here the export is not optimized; after outlining, onnxscript's optimizer
-(``optimize_ir(..., inline=False)``: constant and shape folding, its rewrite rules, unused
-nodes, constants lifted to initializers, initializer dedup, CSE, name fixes) runs once over the
-main graph and once over each function. Values inside a body keep the shapes and types of the
-export (outlining moves the nodes and their values, and a function input copies the type and
-shape of the value it stands for), so shape-dependent folding still fires inside bodies. A body
-is only shared by calls whose inputs have equal types and shapes (they are part of its
-structural key, see ``structure``), so folding for one call's shapes holds for all its calls.
+keeps one of them. Here the export is not optimized; after outlining, the same optimizer
+(onnxscript's ``optimize_ir``: constant and shape folding, its rewrite rules, unused nodes,
+initializer dedup, CSE, name fixes) runs once per function body and once over the main graph.
+Each body is optimized as a model of its own, whose graph is the body (its inputs are the
+function's): onnxscript's CSE only visits a model's main graph, and some of its rewrite rules
+make initializers, which a function cannot hold. The initializers this leaves in a body are
+turned back into ``Constant`` nodes (with their metadata, where they were ``Constant`` nodes).
 
-onnxscript's CSE only visits the main graph: the same onnx_ir pass runs on each body here, then
-identity elimination (a function output produced by an ``Identity``). Folding can make bodies
-that differed equal (a constant that became the same); they are merged afterwards, innermost
-first, and their calls retargeted, so there is still one function per distinct body.
+Values inside a body keep the shapes and types of the export (outlining moves the nodes and
+their values, and a function input copies the type and shape of the value it stands for), so
+shape-dependent folding still fires. A body is only shared by calls whose inputs have equal
+types and shapes (they are part of its structural key, see ``structure``), so folding for one
+call's shapes holds for all its calls. Folding can make bodies that differed equal; they are
+merged afterwards, innermost first, and their calls retargeted: one function per distinct body.
 
-Differences from optimizing the flat graph (where whole blocks are visible): weights are
-function inputs, so nothing folds on weight *values* (the flat optimizer drops a Gemm bias
-that happens to be all zeros, as in randomly initialized models); work that the flat
-optimizer shares between blocks (e.g. a causal mask's ``Where``) is computed per call, which
-onnxruntime's own CSE merges again after inlining; and rewrite rules that add initializers
-(onnxscript's ``ReshapeReshape``) do not apply inside functions.
+Differences from optimizing the flat graph, where whole blocks are visible: weights are function
+inputs, so nothing folds on weight *values* (the flat optimizer drops a Gemm bias that happens
+to be all zeros, as in a randomly initialized model), and work the flat optimizer shares
+between blocks (a causal mask's ``Where``) is done in each call; onnxruntime's CSE merges it
+again after inlining the functions.
 """
 
 from __future__ import annotations
@@ -28,7 +28,6 @@ from __future__ import annotations
 import logging
 
 import onnx_ir as ir
-import onnx_ir.passes.common as common_passes
 from onnxscript.optimizer import optimize_ir
 
 from rewrite.backends.onnx.opsets import fix_opsets
@@ -48,13 +47,16 @@ def optimize(model: ir.Model, identity: dict[Identifier, tuple[str, str]]) -> di
     levels = [logger.level for logger in loggers]
     for logger in loggers:
         logger.setLevel(logging.ERROR)
+    functions = dict(model.functions)
     try:
+        for fid, function in functions.items():
+            if fid in identity:
+                _optimize_body(model, function)
+        model.functions.clear()  # the main graph alone: bodies are done
         optimize_ir(model, inline=False)
-        for function in model.functions.values():
-            _cse(model, function)
-        common_passes.IdentityEliminationPass()(model)
-        common_passes.RemoveUnusedNodesPass()(model)
     finally:
+        model.functions.clear()
+        model.functions.update(functions)
         for logger, level in zip(loggers, levels):
             logger.setLevel(level)
     merged = merge_equal_functions(model, identity)
@@ -62,10 +64,22 @@ def optimize(model: ir.Model, identity: dict[Identifier, tuple[str, str]]) -> di
     return merged
 
 
-def _cse(model: ir.Model, function: ir.Function) -> None:
-    """onnx_ir's CSE on one function body (the pass itself only visits ``model.graph``)."""
-    body = ir.Model(function.graph, ir_version=model.ir_version)
-    common_passes.CommonSubexpressionEliminationPass()(body)
+def _optimize_body(model: ir.Model, function: ir.Function) -> None:
+    """``optimize_ir`` on a model whose graph is ``function``'s body."""
+    graph = function.graph
+    constant_meta = {node.outputs[0].name: dict(node.metadata_props) for node in graph
+                     if node.op_type == "Constant" and node.domain == ""}
+    optimize_ir(ir.Model(graph, ir_version=model.ir_version), inline=False)
+    for name, value in list(graph.initializers.items()):
+        del graph.initializers[name]
+        tensor = value.const_value
+        node = ir.Node("", "Constant", (), (ir.Attr("value", ir.AttributeType.TENSOR, tensor),),
+                       name=f"{name}_constant", metadata_props=constant_meta.get(name, {}))
+        ir.convenience.replace_all_uses_with(value, node.outputs[0], replace_graph_outputs=True)
+        node.outputs[0].name = name
+        node.outputs[0].type, node.outputs[0].shape = value.type, value.shape
+        graph.append(node)
+    graph.sort()
 
 
 def merge_equal_functions(model: ir.Model, identity: dict[Identifier, tuple[str, str]]) -> dict[

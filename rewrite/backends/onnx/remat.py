@@ -13,7 +13,8 @@ them directly adds no cycle. Only the nodes the group tree shows read in another
 looked at (:attr:`Membership.leaving`). The copy goes at the same depth as the original
 (``h.0/h.0.attn`` -> ``h.1/h.1.attn``). Originals left without readers are removed. A
 heavier shared node stays a value passed between the two functions (valid, but the two groups
-then get separate functions).
+then get separate functions). A cone that is all its group computes is the group's result, not
+a shared computation, and is never copied (a group of a few cheap ops would vanish).
 """
 
 from __future__ import annotations
@@ -146,13 +147,19 @@ class _Recomputer:
                             min(len(home), len(there)))]
         target = there[: len(home)]
         cone = self.cone(node, level)
-        if cone is None:
+        if cone is None or self._is_whole_group(cone, node):
             return
         for rank, original in enumerate(cone):
             self.copy(original, target, reader, rank)
         clone = self.copies[(node, target)]
         use.node.replace_input_with(use.idx, clone.outputs[value.index()])
         self._drop_if_dead(cone)
+
+    def _is_whole_group(self, cone: list[ir.Node], node: ir.Node) -> bool:
+        """The cone is all its group computes (a small group of cheap ops, like a flatten):
+        the value is the group's result, not a computation shared by accident."""
+        members = self.members.of(self.members.group_of[node])
+        return len(members) <= len(cone) and set(members) <= set(cone)
 
     def _drop_if_dead(self, cone: list[ir.Node]) -> None:
         for original in reversed(cone):

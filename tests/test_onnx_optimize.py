@@ -1,0 +1,103 @@
+"""Lowering step 1: the export is not optimized; each distinct function body is optimized
+once after outlining (and the main graph), and bodies that became equal are merged."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import onnx_ir as ir
+import pytest
+
+import rewrite
+from rewrite.backends.onnx import OnnxOptions, lower
+from tests import models
+from tests.onnx_fixtures import (  # noqa: F401  (fixtures)
+    assert_matches_eager,
+    checked_proto,
+    function_names,
+    gpt2_lowered,
+    top_calls,
+)
+
+
+def _sizes(model) -> dict[str, int]:
+    return {f.name: len(f) for f in model.functions.values()}
+
+
+@pytest.fixture(scope="module")
+def gpt2_unoptimized(gpt2_lowered):
+    result, _ = gpt2_lowered
+    return lower(result, OnnxOptions(optimize=False)).model
+
+
+def test_functions_are_optimized_not_inlined(gpt2_lowered, gpt2_unoptimized, gpt2_model):
+    _, lowering = gpt2_lowered
+    model = lowering.model
+    assert top_calls(model)["GPT2Block"] == 2
+    optimized, plain = _sizes(model), _sizes(gpt2_unoptimized)
+    assert optimized.keys() == plain.keys()
+    assert all(optimized[name] <= plain[name] for name in plain)
+    assert optimized["GPT2Attention"] < plain["GPT2Attention"]
+    assert_matches_eager(model, gpt2_model)
+    checked_proto(model)
+
+
+def test_each_body_has_its_constants_once(gpt2_lowered):
+    # common subexpressions are eliminated inside function bodies too
+    model = gpt2_lowered[1].model
+    for function in model.functions.values():
+        values = Counter(
+            (str(n.attributes["value"].value.dtype), n.attributes["value"].value.tobytes())
+            for n in function if n.op_type == "Constant" and "value" in n.attributes
+        )
+        assert all(count == 1 for count in values.values()), function.name
+        assert not any(n.op_type == "Identity" for n in function), function.name
+
+
+def test_unoptimized_functions_on_request(gpt2_unoptimized, gpt2_model):
+    checked_proto(gpt2_unoptimized)
+    assert_matches_eager(gpt2_unoptimized, gpt2_model)
+    assert top_calls(gpt2_unoptimized)["GPT2Block"] == 2
+
+
+@pytest.fixture(scope="module")
+def noops():
+    triple = models.two_noops()
+    return triple, rewrite.apply(rewrite.parse_rules("group class *NoOp"), models.export(triple))
+
+
+def test_bodies_equal_after_optimizing_share_one_function(noops):
+    triple, result = noops
+    model = lower(result).model
+    checked_proto(model)
+    assert_matches_eager(model, triple)
+    assert top_calls(model) == {"NoOp": 2}
+    assert function_names(model) == {"NoOp": 1}
+
+
+def test_without_optimizing_the_bodies_differ(noops):
+    triple, result = noops
+    model = lower(result, OnnxOptions(optimize=False)).model
+    checked_proto(model)
+    assert_matches_eager(model, triple)
+    assert top_calls(model) == {"NoOp": 1, "NoOp_1": 1}
+
+
+def test_calls_with_other_shapes_do_not_share_a_folded_body():
+    triple = models.two_shapes()
+    model = lower(rewrite.apply(rewrite.parse_rules("group class *Flatten"),
+                                models.export(triple))).model
+    checked_proto(model)
+    assert_matches_eager(model, triple)
+    assert top_calls(model) == {"Flatten": 1, "Flatten_1": 1}
+    shapes = {tuple(f.inputs[0].shape) for f in model.functions.values()}
+    assert shapes == {(2, 3, 4), (2, 6, 5)}
+    # each body was folded for its own shape: the output shapes differ
+    outputs = sorted(tuple(f.outputs[0].shape) for f in model.functions.values())
+    assert outputs == [(2, 12), (2, 30)]
+    # and the shape the export computed with Concat etc. was folded into a constant
+    reshaped = set()
+    for function in model.functions.values():
+        (reshape,) = [n for n in function if n.op_type == "Reshape"]
+        reshaped.add(tuple(ir.convenience.get_const_tensor(reshape.inputs[1]).numpy().tolist()))
+    assert reshaped == {(2, 12), (2, 30)}
