@@ -278,6 +278,42 @@ def two_shapes():
     return TwoShapes().eval(), (torch.randn(2, 3, 4), torch.randn(2, 6, 5)), {}
 
 
+class NormBlock(torch.nn.Module):
+    """A pre-norm residual block whose LayerNorm eps and residual scale are settings."""
+
+    def __init__(self, eps: float, scale: float, width: int = 8):
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(width, eps=eps)
+        self.lin = torch.nn.Linear(width, width)
+        self.scale = scale
+
+    def forward(self, x):
+        return x + self.scale * torch.relu(self.lin(self.norm(x)))
+
+
+class Settings(torch.nn.Module):
+    """Four NormBlocks that differ only in eps and scale."""
+
+    def __init__(self, width: int = 8):
+        super().__init__()
+        settings = [(1e-5, 0.5), (1e-6, 0.5), (1e-5, 0.25), (1e-3, 2.0)]
+        self.blocks = torch.nn.ModuleList(NormBlock(e, s, width) for e, s in settings)
+
+    def forward(self, x):
+        for block in self.blocks:
+            x = block(x)
+        return x
+
+
+def settings():
+    torch.manual_seed(0)
+    model = Settings().eval()
+    with torch.no_grad():  # eps matters only for inputs of small variance
+        for block in model.blocks:
+            block.norm.weight.normal_(1.0, 0.1)
+    return model, (torch.randn(2, 3, 8) * 1e-2,), {}
+
+
 class SharedApart(torch.nn.Module):
     """A shared module called twice with another module's call in between."""
 

@@ -40,7 +40,7 @@ def factors():
 
 def test_modules_differing_in_a_constant_get_separate_functions(factors):
     triple, result = factors
-    model = lower(result).model
+    model = lower(result, OnnxOptions(constants="embed")).model
     checked_proto(model)
     assert_matches_eager(model, triple)
     calls = {n.name: n.op_type for n in model.graph if n.domain == "pkg.tests"}

@@ -87,7 +87,7 @@ class ConstantPolicy:
 
     def __init__(self, options: OnnxOptions, keyer: Keyer, weights: set[str]) -> None:
         self._weights = weights
-        self._embed = options.constants == "embed"
+        self._embed = options.constants != "input"
         self._limit = options.constant_limit
         self._keyer = keyer
         self._cache: dict[ir.Value, Embedded | None] = {}
@@ -130,7 +130,8 @@ def hoist_constants(members: Membership, options: OnnxOptions, keyer: Keyer) -> 
     (their values become function inputs); returns how many moved."""
     if options.constants != "input":
         return 0
-    small = ConstantPolicy(OnnxOptions(constant_limit=options.constant_limit), keyer, set())
+    small = ConstantPolicy(OnnxOptions(constants="embed", constant_limit=options.constant_limit),
+                           keyer, set())
     moved = [node for group, nodes in members.nodes.items() if group
              for node in nodes if node.op_type == "Constant" and node.domain == ""
              and small.embedded(node.outputs[0]) is not None]

@@ -22,6 +22,8 @@ from attrs import frozen
 from rewrite._gc import gc_paused
 from rewrite.backends.onnx.clone import copy_model
 from rewrite.backends.onnx.export import export_program
+from rewrite.backends.onnx.merge import merge_functions
+from rewrite.backends.onnx.opsets import fix_opsets
 from rewrite.backends.onnx.optimize import optimize
 from rewrite.backends.onnx.options import OnnxOptions
 from rewrite.backends.onnx.outline import Outlined, outline
@@ -98,19 +100,26 @@ def lower(result: "Result", options: OnnxOptions | None = None,
 
     with progress.step(f"outlining {total} groups into ONNX functions"):
         outlined = outline(model, onnx_tree, options, on_group)
-    if options.optimize and tree.graph.kind != "onnx":
-        with progress.step(f"optimizing {len(model.functions)} functions and the main graph"):
-            outlined = _optimized(model, onnx_tree, outlined)
+    optimized = options.optimize and tree.graph.kind != "onnx"
+    with progress.step(f"optimizing {len(outlined.functions)} functions and the main graph"
+                       if optimized else "merging equal functions"):
+        outlined = _finish(model, onnx_tree, outlined, options, optimized)
     return Lowering(model, onnx_tree, outlined, tuple(warnings))
 
 
-def _optimized(model: ir.Model, tree: GroupTree, outlined: Outlined) -> Outlined:
-    """Optimize the outlined ``model``; ``outlined`` with merged functions replaced."""
+def _finish(model: ir.Model, tree: GroupTree, outlined: Outlined, options: OnnxOptions,
+            optimized: bool) -> Outlined:
+    """Optimize the outlined ``model`` if asked, then merge functions (:mod:`merge`);
+    ``outlined`` with merged functions replaced."""
     groups = {group.id: group for group in tree.groups()}
     identity = {fid: (groups[gid].domain, groups[gid].function_name)
                 for gid, fid in outlined.function_of.items() if fid is not None}
     with gc_paused():
-        merged = optimize(model, identity)
+        if optimized:
+            optimize(model, identity.keys())
+        merged = merge_functions(model, identity, lift_scalars=options.constants == "attribute")
+        fix_opsets(model, [model.functions[fid] for fid in outlined.functions
+                           if fid not in merged])
     if not merged:
         return outlined
     function_of = {gid: merged.get(fid, fid) if fid is not None else None

@@ -13,8 +13,8 @@ Values inside a body keep the shapes and types of the export (outlining moves th
 their values, and a function input copies the type and shape of the value it stands for), so
 shape-dependent folding still fires. A body is only shared by calls whose inputs have equal
 types and shapes (they are part of its structural key, see ``structure``), so folding for one
-call's shapes holds for all its calls. Folding can make bodies that differed equal; they are
-merged afterwards, innermost first, and their calls retargeted: one function per distinct body.
+call's shapes holds for all its calls. Folding can make bodies that differed equal: ``merge``
+merges them afterwards.
 
 Differences from optimizing the flat graph, where whole blocks are visible: weights are function
 inputs, so nothing folds on weight *values* (the flat optimizer drops a Gemm bias that happens
@@ -26,23 +26,18 @@ again after inlining the functions.
 from __future__ import annotations
 
 import logging
+from typing import Collection
 
 import onnx_ir as ir
 from onnxscript.optimizer import optimize_ir
 
-from rewrite.backends.onnx.opsets import fix_opsets
-from rewrite.backends.onnx.structure import Key, Keyer
 
 Identifier = tuple[str, str, str]
 
 
-def optimize(model: ir.Model, identity: dict[Identifier, tuple[str, str]]) -> dict[
-        Identifier, Identifier]:
-    """Optimize ``model`` in place (see the module docstring).
-
-    ``identity`` maps each function made by outlining to its group identity (domain and base
-    name): only functions of one identity are merged. Returns, for each merged function, the
-    function that replaced it."""
+def optimize(model: ir.Model, made: Collection[Identifier]) -> None:
+    """Optimize ``model`` in place (see the module docstring); of its functions, only those
+    outlining ``made`` (a function the input model had is left as it is)."""
     loggers = [logging.getLogger(name) for name in ("onnxscript", "onnx_ir")]
     levels = [logger.level for logger in loggers]
     for logger in loggers:
@@ -50,7 +45,7 @@ def optimize(model: ir.Model, identity: dict[Identifier, tuple[str, str]]) -> di
     functions = dict(model.functions)
     try:
         for fid, function in functions.items():
-            if fid in identity:
+            if fid in made:
                 _optimize_body(model, function)
         model.functions.clear()  # the main graph alone: bodies are done
         optimize_ir(model, inline=False)
@@ -59,9 +54,6 @@ def optimize(model: ir.Model, identity: dict[Identifier, tuple[str, str]]) -> di
         model.functions.update(functions)
         for logger, level in zip(loggers, levels):
             logger.setLevel(level)
-    merged = merge_equal_functions(model, identity)
-    fix_opsets(model, model.functions.values())
-    return merged
 
 
 def _optimize_body(model: ir.Model, function: ir.Function) -> None:
@@ -80,49 +72,3 @@ def _optimize_body(model: ir.Model, function: ir.Function) -> None:
         node.outputs[0].type, node.outputs[0].shape = value.type, value.shape
         graph.append(node)
     graph.sort()
-
-
-def merge_equal_functions(model: ir.Model, identity: dict[Identifier, tuple[str, str]]) -> dict[
-        Identifier, Identifier]:
-    """Merge functions of one group identity whose bodies became structurally equal.
-
-    Functions are visited in ``model.functions`` order, in which a function comes after the
-    functions it calls (outlining makes them bottom-up), so merging inner functions first
-    lets their callers become equal too."""
-    keyer = Keyer()
-    first: dict[Key, Identifier] = {}
-    merged: dict[Identifier, Identifier] = {}
-    for fid, function in list(model.functions.items()):
-        group = identity.get(fid)
-        if group is None:  # a function the input model had
-            continue
-        _retarget(function, merged)
-        key = _body_key(keyer, group, function)
-        kept = first.setdefault(key, fid)
-        if kept != fid:
-            merged[fid] = kept
-    if merged:
-        for node in ir.traversal.RecursiveGraphIterator(model.graph):
-            _retarget_node(node, merged)
-        for fid in merged:
-            del model.functions[fid]
-    return merged
-
-
-def _body_key(keyer: Keyer, identity: tuple[str, str], function: ir.Function) -> Key:
-    nodes = list(function)
-    position = {node: (i,) for i, node in enumerate(nodes)}
-    ordered = keyer.canonical_order(nodes, position, lambda value: None)
-    return keyer.body(identity, ordered, list(function.inputs), {}, list(function.outputs))
-
-
-def _retarget(function: ir.Function, merged: dict[Identifier, Identifier]) -> None:
-    if merged:
-        for node in ir.traversal.RecursiveGraphIterator(function.graph):
-            _retarget_node(node, merged)
-
-
-def _retarget_node(node: ir.Node, merged: dict[Identifier, Identifier]) -> None:
-    target = merged.get((node.domain, node.op_type, node.overload))
-    if target is not None:
-        node.domain, node.op_type, node.overload = target

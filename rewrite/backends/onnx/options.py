@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from attrs import field, frozen, validators
 
-CONSTANT_POLICIES = ("embed", "input")
+CONSTANT_POLICIES = ("attribute", "embed", "input")
 
 EXTERNAL_DATA_THRESHOLD = 2**31 - 2**26
 """Tensor bytes above which ``save_onnx`` writes external data: 2 GiB minus 64 MiB of headroom
@@ -19,17 +19,23 @@ class OnnxOptions:
     initializer the export or its optimizer made, not a parameter or buffer, with at most
     ``constant_limit`` elements, or a ``Constant`` node's value):
 
-    * ``"embed"`` (default): a ``Constant`` node inside the function. The value is part of
-      the function's body, so modules that differ only in such a constant (an ``eps``, a
-      scale) get separate functions (``Name``, ``Name_1``).
-    * ``"input"``: a function input like a weight, so such modules share one function.
+    * ``"attribute"`` (default): a ``Constant`` node inside the function; modules whose bodies
+      differ only in scalars (an ``eps``, a scale: a float op attribute or a one-element
+      floating-point constant) share one function that reads a function attribute where they
+      differ, each call giving its value (see ``merge``).
+    * ``"embed"``: a ``Constant`` node inside the function. The value is part of the
+      function's body, so modules that differ only in such a constant get separate
+      functions (``Name``, ``Name_1``).
+    * ``"input"``: a function input like a weight, so such modules share one function (a
+      float attribute of an op, like ``LayerNormalization.epsilon``, cannot be an input:
+      bodies differing there stay separate).
 
     Parameters and buffers are always function inputs, and so are larger constants (a causal
     mask): onnxruntime inlines functions, and a constant embedded in a function called 48
     times would become 48 copies, where one shared initializer serves every call.
     """
 
-    constants: str = field(default="embed", validator=validators.in_(CONSTANT_POLICIES))
+    constants: str = field(default="attribute", validator=validators.in_(CONSTANT_POLICIES))
     constant_limit: int = field(default=64, validator=validators.ge(0))
     recompute: bool = True
     """Recompute small shared computations per group (see ``remat``) so dedup survives CSE."""

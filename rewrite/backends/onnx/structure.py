@@ -136,6 +136,11 @@ class Keyer:
         return (identity, tuple(nodes), returned, types)
 
 
+    def attribute_labels(self, node: ir.Node) -> list[str]:
+        """The attributes of ``node`` as :meth:`canonical_order` labels them."""
+        return [f"{name}={self.attribute(attr, {}, 0)!r}"
+                for name, attr in sorted(node.attributes.items())]
+
     def canonical_order(
         self,
         members: list[ir.Node],
@@ -168,8 +173,7 @@ class Keyer:
                     parts.append(
                         repr(const) if const is not None else f"in:{value.type}:{value.shape}"
                     )
-            for name, attr in sorted(node.attributes.items()):
-                parts.append(f"{name}={self.attribute(attr, {}, 0)!r}")
+            parts.extend(self.attribute_labels(node))
             labels[node] = hashlib.blake2b("|".join(parts).encode(), digest_size=12).hexdigest()
         return _kahn(members, producers, lambda n: (labels[n], position[n]))
 

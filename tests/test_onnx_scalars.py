@@ -1,0 +1,101 @@
+"""Scalars as function attributes: blocks that differ only in an eps or a scale share one
+function (constant policy ``attribute``, the default), like export_modules_as_functions."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_ir as ir
+import pytest
+
+import rewrite
+from rewrite.backends.onnx import OnnxOptions, lower
+from tests import models
+from tests.onnx_fixtures import (
+    MODULARIZE,
+    assert_matches_eager,
+    checked_proto,
+    function_names,
+    top_calls,
+)
+
+BLOCKS = "group class *NormBlock"
+
+
+@pytest.fixture(scope="module")
+def settings():
+    triple = models.settings()
+    return triple, models.export(triple)
+
+
+def _lowered(program, rules, **options) -> ir.Model:
+    model = lower(rewrite.apply(rules, program), OnnxOptions(**options)).model
+    checked_proto(model)
+    return model
+
+
+def _block(model: ir.Model) -> ir.Function:
+    (function,) = [f for f in model.functions.values() if f.name.startswith("NormBlock")]
+    return function
+
+
+def test_blocks_differing_in_eps_and_scale_share_one_function(settings):
+    triple, program = settings
+    model = _lowered(program, rewrite.parse_rules(BLOCKS))
+    assert_matches_eager(model, triple)
+    assert top_calls(model) == {"NormBlock": 4}
+    block = _block(model)
+    assert set(block.attributes) == {"epsilon", "mul"}
+    refs = {a.ref_attr_name for n in block for a in n.attributes.values() if a.is_ref()}
+    assert refs == {"epsilon", "mul"}
+    passed = [(n.attributes["epsilon"].value, n.attributes["mul"].value)
+              for n in model.graph if n.op_type == "NormBlock"]
+    np.testing.assert_allclose(passed, [(1e-5, 0.5), (1e-6, 0.5), (1e-5, 0.25), (1e-3, 2.0)],
+                               rtol=1e-6)
+
+
+def test_nested_functions_pass_the_attribute_down(settings):
+    # modularize: the LayerNorm is a function of its own inside the block function; its eps
+    # is an attribute the block passes on from its own attribute
+    triple, program = settings
+    model = _lowered(program, MODULARIZE)
+    assert_matches_eager(model, triple)
+    assert top_calls(model) == {"NormBlock": 4}
+    assert function_names(model)["NormBlock"] == 1
+    (norm,) = [f for f in model.functions.values() if f.name == "LayerNorm"]
+    assert set(norm.attributes) == {"epsilon"}
+    (call,) = [n for n in _block(model) if n.op_type == "LayerNorm"]
+    assert call.attributes["epsilon"].ref_attr_name == "epsilon"
+
+
+def test_only_values_that_differ_are_lifted(settings):
+    triple, program = settings
+    rules = rewrite.parse_rules("group class *NormBlock and path blocks.[0,2]")
+    model = _lowered(program, rules)  # eps is equal in blocks 0 and 2, the scale is not
+    assert_matches_eager(model, triple)
+    assert set(_block(model).attributes) == {"mul"}
+
+
+def test_separate_functions_policy(settings):
+    triple, program = settings
+    model = _lowered(program, rewrite.parse_rules(BLOCKS), constants="embed")
+    assert_matches_eager(model, triple)
+    assert len([f for f in model.functions.values() if f.name.startswith("NormBlock")]) == 4
+    assert not any(f.attributes for f in model.functions.values())
+
+
+def test_input_policy_shares_scales_not_op_attributes(settings):
+    # a scale is a constant: an input under this policy; eps is an attribute of the
+    # LayerNormalization op and cannot be an input, so blocks with other eps stay apart
+    triple, program = settings
+    model = _lowered(program, rewrite.parse_rules(BLOCKS), constants="input")
+    assert_matches_eager(model, triple)
+    names = sorted(n.op_type for n in model.graph if n.op_type.startswith("NormBlock"))
+    assert names == ["NormBlock", "NormBlock", "NormBlock_1", "NormBlock_2"]
+    assert not any(f.attributes for f in model.functions.values())
+
+
+def test_attributes_without_optimizing(settings):
+    triple, program = settings
+    model = _lowered(program, rewrite.parse_rules(BLOCKS), optimize=False)
+    assert_matches_eager(model, triple)
+    assert top_calls(model) == {"NormBlock": 4}
