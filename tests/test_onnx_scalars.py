@@ -99,3 +99,48 @@ def test_attributes_without_optimizing(settings):
     model = _lowered(program, rewrite.parse_rules(BLOCKS), optimize=False)
     assert_matches_eager(model, triple)
     assert top_calls(model) == {"NormBlock": 4}
+
+
+# --- on the command line ---------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def settings_pt2(settings, tmp_path_factory):
+    import torch
+
+    path = tmp_path_factory.mktemp("settings") / "settings.pt2"
+    torch.export.save(settings[1], str(path))
+    rules = path.parent / "blocks.rules"
+    rules.write_text(BLOCKS + "\n")
+    return path, rules
+
+
+@pytest.mark.parametrize(("flags", "functions"), [
+    ((), 1), (("--constants", "embed"), 4), (("--constants", "input"), 3),
+    (("--no-optimize",), 1),
+])
+def test_apply_policies_on_the_command_line(run_cli, settings, settings_pt2, tmp_path, flags,
+                                            functions):
+    pt2, rules = settings_pt2
+    out = tmp_path / "out.onnx"
+    r = run_cli("apply", rules, pt2, "-o", out, *flags)
+    assert r.code == 0, r.err
+    model = ir.load(str(out))
+    checked_proto(model)
+    assert_matches_eager(model, settings[0])
+    assert len([f for f in model.functions.values() if f.name.startswith("NormBlock")]) == \
+        functions
+
+
+def test_unknown_policy_is_a_usage_error(run_cli, settings_pt2, tmp_path):
+    pt2, rules = settings_pt2
+    r = run_cli("apply", rules, pt2, "-o", tmp_path / "out.onnx", "--constants", "inline")
+    assert r.code == 2 and "invalid choice: 'inline'" in r.err
+    assert not (tmp_path / "out.onnx").exists()
+
+
+def test_command_line_offers_every_policy():
+    from rewrite.backends.onnx.options import CONSTANT_POLICIES
+    from rewrite.cli import args
+
+    assert args.CONSTANT_POLICIES == CONSTANT_POLICIES

@@ -7,6 +7,9 @@ import sys
 
 import rewrite
 
+CONSTANT_POLICIES = ("attribute", "embed", "input")
+"""``OnnxOptions.constants`` (not imported from the backend: ``check`` should not load torch)."""
+
 EXIT_OK, EXIT_RULES, EXIT_INPUT, EXIT_BUG = 0, 1, 2, 3
 
 EPILOG = """\
@@ -84,6 +87,13 @@ def build_parser() -> argparse.ArgumentParser:
     apply.add_argument("model", metavar="MODEL", help=".pt2 or .onnx")
     apply.add_argument("-o", "--output", required=True, metavar="OUT",
                        help=".onnx (model-local functions) or .py (GraphModule code)")
+    onnx = apply.add_argument_group("ONNX output")
+    onnx.add_argument("--constants", choices=CONSTANT_POLICIES, default="attribute",
+                      help="small constants: embedded, and scalars where otherwise equal "
+                      "blocks differ as function attributes (attribute, the default); embedded, "
+                      "such blocks separate functions (embed); function inputs (input)")
+    onnx.add_argument("--no-optimize", dest="optimize", action="store_false",
+                      help="leave the functions as torch.onnx translated them (no optimizer)")
     return parser
 
 

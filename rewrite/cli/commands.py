@@ -129,7 +129,8 @@ def cmd_apply(args: argparse.Namespace, io: Consoles) -> int:
     if suffix == ".onnx":
         from rewrite.backends.onnx import save_onnx
 
-        lowering = save_onnx(result, output, console=steps.console)
+        lowering = save_onnx(result, output, console=steps.console, constants=args.constants,
+                             optimize=args.optimize)
         if io.verbose:  # what each group became, on stderr (stdout stays empty)
             print_tree(io.err, lowering.tree, title=f"{output}: functions by group",
                        calls=calls_of(lowering), qualified=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Mapping
 
 import torch
 from attrs import frozen
@@ -38,12 +38,14 @@ def _quiet_exporter():
             logger.setLevel(level)
 
 
-def export_program(program: torch.export.ExportedProgram, *, optimize: bool = True) -> Exported:
+def export_program(program: torch.export.ExportedProgram, *, optimize: bool = True,
+                   custom_translation_table: Mapping | None = None) -> Exported:
     """``torch.onnx.export(program, dynamo=True, optimize=optimize)``; decomposes only once."""
     try:
         with _quiet_exporter():
             onnx_program = torch.onnx.export(
-                program, dynamo=True, optimize=optimize, verbose=False, report=False
+                program, dynamo=True, optimize=optimize, verbose=False, report=False,
+                custom_translation_table=custom_translation_table,
             )
     except Exception as e:  # the exporter raises its own error types; all mean "cannot lower"
         reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__

@@ -82,7 +82,8 @@ def lower(result: "Result", options: OnnxOptions | None = None,
         model, onnx_tree = _onnx_model(result)
     elif isinstance(source, torch.export.ExportedProgram):
         with progress.step(f"torch.onnx.export ({_count(tree.graph)} FX nodes)"):
-            exported = export_program(source, optimize=False)
+            exported = export_program(
+                source, optimize=False, custom_translation_table=options.custom_translation_table)
         model = exported.model
         onnx_tree, warnings = regroup(result.rules, tree, model, exported.program)
     else:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Callable, Mapping, Sequence
+
 from attrs import field, frozen, validators
 
 CONSTANT_POLICIES = ("attribute", "embed", "input")
@@ -43,6 +45,11 @@ class OnnxOptions:
     """Optimize with torch.onnx's optimizer (onnxscript's), after outlining: once per distinct
     function body and once over the main graph (``.pt2`` / ExportedProgram input; an ``.onnx``
     input is outlined as it is). ``False`` gives the export's unoptimized ops."""
+    custom_translation_table: Mapping[Callable, Callable | Sequence[Callable]] | None = field(
+        default=None, eq=False)
+    """Passed to ``torch.onnx.export``: translations of ops torch.onnx does not know (custom
+    ops) into ONNX ops of any domain; nodes of other domains may sit inside functions, and
+    every function and the model import the domains they use."""
     external_data_threshold: int = field(default=EXTERNAL_DATA_THRESHOLD,
                                          validator=validators.ge(0))
     """``save_onnx`` writes weights to ``OUT.onnx.data`` when they exceed this many bytes."""
