@@ -276,3 +276,35 @@ def positional(model_args_kwargs):
     Positional.__qualname__ = f"Positional{base.__name__}"
     model.__class__ = Positional
     return model, args, {}
+
+
+# --- rewrite.export and rewrite suggest: repeated blocks ---------------------------------------
+
+
+class Block(torch.nn.Module):
+    """A residual Linear + ReLU block."""
+
+    def __init__(self, width: int = 4):
+        super().__init__()
+        self.lin = torch.nn.Linear(width, width)
+
+    def forward(self, x):
+        return x + torch.relu(self.lin(x))
+
+
+class Chain(torch.nn.Module):
+    """Blocks one after the other: the last block's output is the model's output."""
+
+    def __init__(self, blocks: int = 3, width: int = 4):
+        super().__init__()
+        self.blocks = torch.nn.ModuleList([Block(width) for _ in range(blocks)])
+
+    def forward(self, x):
+        for block in self.blocks:
+            x = block(x)
+        return x
+
+
+def chain(blocks: int = 3):
+    torch.manual_seed(0)
+    return Chain(blocks).eval(), (torch.randn(2, 4),), {}
