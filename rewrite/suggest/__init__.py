@@ -14,7 +14,8 @@ from typing import Any
 from rewrite.compile import RuleSet
 from rewrite.grouping import group_graph
 from rewrite.suggest.bodies import body_keys
-from rewrite.suggest.choose import Plan, call_infos, plan, weighted_calls
+from rewrite.ir import Graph, ModuleCall
+from rewrite.suggest.choose import CallInfo, Plan, call_infos, plan, weighted_calls
 from rewrite.suggest.model import Line, Section, Suggestion, pattern, render
 
 
@@ -33,7 +34,8 @@ def suggest(model: Any, name: str | None = None) -> Suggestion:
     return Suggestion(label, summary, _sections(graph, infos, chosen), tree.warnings)
 
 
-def _sections(graph, infos, chosen: Plan) -> tuple[Section, ...]:
+def _sections(graph: Graph, infos: dict[ModuleCall, CallInfo], chosen: Plan
+              ) -> tuple[Section, ...]:
     short = Counter(cls.rsplit(".", 1)[-1] for cls in chosen.calls)
     keys = body_keys(graph, [c for c in infos if c.cls in set(chosen.blocks)])
     distinct: dict[str, set] = {}
