@@ -20,8 +20,9 @@ selector       on a module call                     on a node
 "Inside the call" includes the calls nested in it. The measures of a call (``size``,
 ``depth``, ``repeats``, ``call``) are defined in :mod:`rewrite.grouping.measures`. ``and``,
 ``or`` and ``not`` combine as usual. :func:`compile_selector` gives a predicate over one
-:class:`Facts` (the reference semantics); :func:`compile_mask` gives a function over :class:`Subjects`, which answers each
-basic question for all subjects at once as a numpy bool array. Grouping uses the masks: the
+:class:`Facts` (the reference semantics); :func:`compile_mask` gives a function over
+:class:`Subjects`, which answers each basic question for all subjects at once as a numpy bool
+array. Grouping uses the masks: the
 work is per distinct path, class, target and tag set, not per node and rule.
 """
 
