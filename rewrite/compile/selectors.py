@@ -22,8 +22,8 @@ selector       on a module call                     on a node
 ``or`` and ``not`` combine as usual. :func:`compile_selector` gives a predicate over one
 :class:`Facts` (the reference semantics); :func:`compile_mask` gives a function over
 :class:`Subjects`, which answers each basic question for all subjects at once as a numpy bool
-array. Grouping uses the masks: the
-work is per distinct path, class, target and tag set, not per node and rule.
+array. Grouping uses the masks: the work is per distinct path, class, target and tag set, not
+per node and rule.
 """
 
 from __future__ import annotations
