@@ -146,3 +146,21 @@ def test_unusable_input_exits_2(run_cli, tmp_path):
     assert "no such file" in r.err and "Traceback" not in r.err
     r = run_cli("suggest", tmp_path / "x.pt2", "-o", tmp_path / "no" / "s.rules")
     assert r.code == 2
+
+
+class _Flat(torch.nn.Module):
+    def forward(self, x):
+        return torch.relu(x) * 2
+
+
+def test_a_model_without_blocks_gets_a_valid_empty_file(run_cli, tmp_path):
+    path = tmp_path / "flat.pt2"
+    torch.export.save(torch.export.export(_Flat(), (torch.randn(2),)), str(path))
+    r = run_cli("suggest", path)
+    assert r.code == 0, r
+    assert "nothing to group" in r.out
+    assert not [line for line in r.out.splitlines() if line and not line.startswith("#")]
+    assert "no module structure" in r.err
+    rules = tmp_path / "empty.rules"
+    rules.write_text(r.out)
+    assert run_cli("check", rules).code == 0
