@@ -91,6 +91,9 @@ def rename_values(model: "ir.Model", input_names: Sequence[str] | None,
                              f"{len(values)} {kind}s")
         if len(set(names)) != len(names):
             raise InputError(f"{kind}_names has a name twice: {names}")
+    both = set(input_names or ()) & set(output_names or ())
+    if both:
+        raise InputError(f"names given to both an input and an output: {sorted(both)}")
     wanted = {*(input_names or ()), *(output_names or ())}
     taken = _value_names(graph)
     for value, name in zip(list(graph.inputs), input_names or ()):

@@ -121,6 +121,9 @@ def test_bad_arguments_fail_before_exporting(tmp_path):
         rewrite.export(triple[0], triple[1], rules="modularize", output=tmp_path / "no" / "x.onnx")
     with pytest.raises(rewrite.InputError, match="2 input_names given, but the graph has 1"):
         rewrite.export(triple[0], triple[1], rules="modularize", input_names=["a", "b"])
+    with pytest.raises(rewrite.InputError, match="both an input and an output"):
+        rewrite.export(triple[0], triple[1], rules="modularize", input_names=["a"],
+                       output_names=["a"])
 
 
 def test_export_is_public():
