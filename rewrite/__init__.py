@@ -5,12 +5,14 @@
 >>> result = rewrite.apply(rules, "model.pt2")
 >>> result.to_onnx()   # onnx_ir.Model with nested, deduplicated local functions
 >>> result.to_fx()     # hierarchical torch.fx.GraphModule
+>>> rewrite.export(model, args, rules="gpt2")   # nn.Module -> grouped onnx_ir.Model
 >>> rewrite.RewritePass(rules)(onnx_program.model)   # an onnx_ir pass, for exporters
 """
 
 from rewrite.api import Result, apply
 from rewrite.compile import Rule, RuleSet, load_rules, parse_rules
 from rewrite.errors import Diagnostic, GroupingError, InputError, RewriteError, RuleError
+from rewrite.torch_export import export
 from rewrite.grouping import Group, GroupTree
 
 __version__ = "0.1.0"
@@ -28,6 +30,7 @@ def __getattr__(name: str):
 __all__ = [
     # entry points
     "apply",
+    "export",
     "load_rules",
     "parse_rules",
     # exporters

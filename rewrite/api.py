@@ -47,7 +47,8 @@ class Result:
         return to_fx(self)
 
 
-def _as_ruleset(rules: RuleSet | str | Path) -> RuleSet:
+def as_ruleset(rules: RuleSet | str | Path) -> RuleSet:
+    """``rules`` as a :class:`RuleSet`: given, or loaded by :func:`load_rules`."""
     if isinstance(rules, RuleSet):
         return rules
     return load_rules(rules)
@@ -55,7 +56,7 @@ def _as_ruleset(rules: RuleSet | str | Path) -> RuleSet:
 
 def apply(rules: RuleSet | str | Path, model: Any) -> Result:
     """Group ``model`` (ExportedProgram, GraphModule, onnx_ir.Model, or a path) by ``rules``."""
-    ruleset = _as_ruleset(rules)
+    ruleset = as_ruleset(rules)
     from rewrite.frontends import load_graph  # imports torch: only when a model is read
 
     graph = load_graph(model)

@@ -1,12 +1,18 @@
-"""The group tree as plain data, for ``explain --json`` and for tools."""
+"""The group tree as plain data, for ``explain --json`` and for tools.
+
+Per group: its call (path, class, index), rule, function, node counts and ``measures``, the
+values ``size``, ``depth``, ``repeats`` and ``call`` selectors compare (None for split
+components).
+"""
 
 from __future__ import annotations
 
 from rewrite.grouping import Group, GroupTree
 
 
-def group_to_dict(group: Group) -> dict:
+def group_to_dict(group: Group, tree: GroupTree) -> dict:
     call = group.call
+    measures = tree.measures(group)
     return {
         "id": group.id,
         "kind": group.kind,
@@ -19,7 +25,8 @@ def group_to_dict(group: Group) -> dict:
         "domain": group.domain,
         "nodes": group.size,
         "own_nodes": len(group.nodes),
-        "children": [group_to_dict(c) for c in group.children],
+        "measures": measures.as_dict() if measures is not None else None,
+        "children": [group_to_dict(c, tree) for c in group.children],
     }
 
 
@@ -28,7 +35,7 @@ def tree_to_dict(tree: GroupTree) -> dict:
     return {
         "graph": {"kind": graph.kind, "root_class": graph.root_class, "nodes": len(graph.nodes),
                   "module_calls": len(graph.calls)},
-        "groups": [group_to_dict(c) for c in tree.root.children],
+        "groups": [group_to_dict(c, tree) for c in tree.root.children],
         "top_level_nodes": len(tree.root.nodes),
         "warnings": [
             {"location": w.span.location if w.span else None, "message": w.message}

@@ -107,3 +107,26 @@ def run_cli(capsys):
         return CliRun(code, captured.out, captured.err)
 
     return run
+
+
+# --- rewrite suggest: more model families -----------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def resnet_model():
+    return models.resnet()
+
+
+@pytest.fixture(scope="session")
+def resnet_program(resnet_model):
+    return models.export(resnet_model)
+
+
+@pytest.fixture(scope="session")
+def two_kinds_model():
+    return models.two_block_kinds()
+
+
+@pytest.fixture(scope="session")
+def two_kinds_program(two_kinds_model):
+    return models.export(two_kinds_model)

@@ -363,3 +363,154 @@ def positional(model_args_kwargs):
     Positional.__qualname__ = f"Positional{base.__name__}"
     model.__class__ = Positional
     return model, args, {}
+
+
+# --- rewrite.export and rewrite suggest: repeated blocks ---------------------------------------
+
+
+class Block(torch.nn.Module):
+    """A residual Linear + ReLU block."""
+
+    def __init__(self, width: int = 4):
+        super().__init__()
+        self.lin = torch.nn.Linear(width, width)
+
+    def forward(self, x):
+        return x + torch.relu(self.lin(x))
+
+
+class Chain(torch.nn.Module):
+    """Blocks one after the other: the last block's output is the model's output."""
+
+    def __init__(self, blocks: int = 3, width: int = 4):
+        super().__init__()
+        self.blocks = torch.nn.ModuleList([Block(width) for _ in range(blocks)])
+
+    def forward(self, x):
+        for block in self.blocks:
+            x = block(x)
+        return x
+
+
+def chain(blocks: int = 3):
+    torch.manual_seed(0)
+    return Chain(blocks).eval(), (torch.randn(2, 4),), {}
+
+
+class BasicBlock(torch.nn.Module):
+    """torchvision's ResNet BasicBlock: two 3x3 convolutions and a (downsampled) shortcut."""
+
+    expansion = 1
+
+    def __init__(self, inplanes: int, planes: int, stride: int = 1,
+                 downsample: torch.nn.Module | None = None):
+        super().__init__()
+        self.conv1 = torch.nn.Conv2d(inplanes, planes, 3, stride, 1, bias=False)
+        self.bn1 = torch.nn.BatchNorm2d(planes)
+        self.relu = torch.nn.ReLU(inplace=True)
+        self.conv2 = torch.nn.Conv2d(planes, planes, 3, 1, 1, bias=False)
+        self.bn2 = torch.nn.BatchNorm2d(planes)
+        self.downsample = downsample
+
+    def forward(self, x):
+        identity = x if self.downsample is None else self.downsample(x)
+        out = self.relu(self.bn1(self.conv1(x)))
+        out = self.bn2(self.conv2(out))
+        return self.relu(out + identity)
+
+
+class ResNet(torch.nn.Module):
+    """A small torchvision-style ResNet: stem, two stages of BasicBlocks, pooling, head."""
+
+    def __init__(self, layers: tuple[int, ...] = (2, 2), width: int = 8, classes: int = 10):
+        super().__init__()
+        self.conv1 = torch.nn.Conv2d(3, width, 7, 2, 3, bias=False)
+        self.bn1 = torch.nn.BatchNorm2d(width)
+        self.relu = torch.nn.ReLU(inplace=True)
+        self.maxpool = torch.nn.MaxPool2d(3, 2, 1)
+        self.inplanes = width
+        for k, blocks in enumerate(layers):
+            setattr(self, f"layer{k + 1}", self._stage(width * 2**k, blocks, 1 if k == 0 else 2))
+        self.avgpool = torch.nn.AdaptiveAvgPool2d((1, 1))
+        self.fc = torch.nn.Linear(self.inplanes, classes)
+        self.stages = len(layers)
+
+    def _stage(self, planes: int, blocks: int, stride: int) -> torch.nn.Sequential:
+        downsample = None
+        if stride != 1 or self.inplanes != planes:
+            downsample = torch.nn.Sequential(
+                torch.nn.Conv2d(self.inplanes, planes, 1, stride, bias=False),
+                torch.nn.BatchNorm2d(planes))
+        made = [BasicBlock(self.inplanes, planes, stride, downsample)]
+        self.inplanes = planes
+        made += [BasicBlock(planes, planes) for _ in range(1, blocks)]
+        return torch.nn.Sequential(*made)
+
+    def forward(self, x):
+        x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
+        for k in range(self.stages):
+            x = getattr(self, f"layer{k + 1}")(x)
+        return self.fc(torch.flatten(self.avgpool(x), 1))
+
+
+def resnet():
+    torch.manual_seed(0)
+    model = ResNet().eval()
+    with torch.no_grad():  # running statistics that are not the identity
+        for m in model.modules():
+            if isinstance(m, torch.nn.BatchNorm2d):
+                m.running_mean.uniform_(-0.5, 0.5)
+                m.running_var.uniform_(0.5, 1.5)
+    return model, (torch.randn(1, 3, 32, 32),), {}
+
+
+class Mixer(torch.nn.Module):
+    """A token-mixing block: LayerNorm, then an MLP across the sequence."""
+
+    def __init__(self, seq: int, width: int):
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(width)
+        self.up = torch.nn.Linear(seq, 2 * seq)
+        self.down = torch.nn.Linear(2 * seq, seq)
+
+    def forward(self, x):
+        y = self.norm(x).transpose(1, 2)
+        return x + self.down(torch.nn.functional.gelu(self.up(y))).transpose(1, 2)
+
+
+class Gated(torch.nn.Module):
+    """A gated channel MLP block."""
+
+    def __init__(self, width: int):
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(width)
+        self.gate = torch.nn.Linear(width, width)
+        self.value = torch.nn.Linear(width, width)
+
+    def forward(self, x):
+        y = self.norm(x)
+        return x + torch.sigmoid(self.gate(y)) * self.value(y)
+
+
+class TwoBlockKinds(torch.nn.Module):
+    """An embedding, two Mixer blocks, three Gated blocks, a final norm and a head."""
+
+    def __init__(self, vocab: int = 50, seq: int = 6, width: int = 8):
+        super().__init__()
+        self.embed = torch.nn.Embedding(vocab, width)
+        self.mixers = torch.nn.ModuleList([Mixer(seq, width) for _ in range(2)])
+        self.gated = torch.nn.ModuleList([Gated(width) for _ in range(3)])
+        self.drop = torch.nn.Dropout(0.1)
+        self.norm = torch.nn.LayerNorm(width)
+        self.head = torch.nn.Linear(width, vocab)
+
+    def forward(self, ids):
+        x = self.drop(self.embed(ids))
+        for block in [*self.mixers, *self.gated]:
+            x = block(x)
+        return self.head(self.norm(x))
+
+
+def two_block_kinds():
+    torch.manual_seed(0)
+    return TwoBlockKinds().eval(), (torch.randint(0, 50, (2, 6)),), {}

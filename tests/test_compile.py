@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 import rewrite
 from rewrite.compile import Facts
 from rewrite.grouping import group_graph
+from rewrite.grouping.measures import CallMeasures
 from rewrite.grouping.stacks import StackTable
 from rewrite.grouping.subjects import CallSubjects
 from tests.ir_builder import GraphBuilder, call
@@ -112,7 +113,8 @@ def test_tag_rules_select_nodes_and_feed_group_rules():
 
 ATOMS = ["path h.*", "path **.attn", "path h.[0-1]", "path shared@1", "path **",
          "class *GPT2Block", "class torch.**", "class *MLP", "op aten.mm", "op aten.relu.*",
-         'stage == "a"', 'stage != "b"', "has extra", "any"]
+         'stage == "a"', 'stage != "b"', "has extra", "any", "size >= 2", "size < 4",
+         "depth == 2", "depth > 1", "repeats >= 2", "repeats == 1", "call 1", "call != 0"]
 
 
 @st.composite
@@ -134,8 +136,11 @@ def reference_facts(graph):
         common = dict(inside[0].tags)
         for n in inside[1:]:
             common = {k: v for k, v in common.items() if n.tags.get(k) == v}
+        measures = {"size": sum(not n.is_io for n in inside),
+                    "depth": inside[0].stack.index(c) + 1,
+                    "repeats": sum(d.cls == c.cls for d in graph.calls), "call": c.index}
         out[c] = Facts((c.path,), (c.cls,), {n.target for n in inside}, common,
-                       (f"{c.path}@{c.index}",))
+                       (f"{c.path}@{c.index}",), (measures,))
     return out
 
 
@@ -148,9 +153,10 @@ def test_masks_agree_with_reference_predicates(selector):
     (rule,) = rewrite.parse_rules(f"group {selector}").rules
     columns = GRAPH.columns
     table = StackTable(columns, GRAPH.calls)
-    subjects = CallSubjects(table, table.canon[columns.stack_id], ~columns.is_io,
-                            columns.target_id, columns.targets, columns.tags_id,
-                            columns.tag_sets)
+    sid = table.canon[columns.stack_id]
+    subjects = CallSubjects(table, sid, ~columns.is_io, columns.target_id, columns.targets,
+                            columns.tags_id, columns.tag_sets,
+                            CallMeasures(table, sid, ~columns.is_io))
     mask = rule.mask(subjects)
     expected = np.array([rule.predicate(FACTS[c]) for c in table.calls])
     assert mask.tolist() == expected.tolist()

@@ -245,6 +245,12 @@ def reference(rules, graph):
                 found = stacks[p] if found is None else prefix(found, stacks[p])
             stacks[n.index] = found or ()
     hits = {r.order: 0 for r in rules.rules}
+    measures = {}  # per call: size, depth, repeats, call (as docs/rules.md defines them)
+    for c in graph.calls:
+        inside = [n for n in nodes if not n.is_io and c in stacks[n.index]]
+        depth = next(s.index(c) + 1 for s in map(stacks.__getitem__, (n.index for n in inside)))
+        measures[c] = {"size": len(inside), "depth": depth,
+                       "repeats": sum(d.cls == c.cls for d in graph.calls), "call": c.index}
     tags = [dict(n.tags) for n in nodes]
     for rule in sorted(rules.tag_rules, key=lambda r: (r.priority, r.order)):
         for n in nodes:
@@ -252,7 +258,8 @@ def reference(rules, graph):
                 continue
             s = stacks[n.index]
             facts = Facts(tuple(c.path for c in s), tuple(c.cls for c in s), (n.target,),
-                          tags[n.index], tuple(f"{c.path}@{c.index}" for c in s))
+                          tags[n.index], tuple(f"{c.path}@{c.index}" for c in s),
+                          tuple(measures[c] for c in s))
             if rule.predicate(facts):
                 hits[rule.order] += 1
                 tags[n.index].update(rule.assignments)
@@ -266,7 +273,7 @@ def reference(rules, graph):
         for i in inside[1:]:
             common = {k: v for k, v in common.items() if tags[i].get(k) == v}
         facts = Facts((c.path,), (c.cls,), {nodes[i].target for i in inside}, common,
-                      (f"{c.path}@{c.index}",))
+                      (f"{c.path}@{c.index}",), (measures[c],))
         matched = [r for r in ranked if r.predicate(facts)]
         for r in matched:
             hits[r.order] += 1
@@ -345,7 +352,9 @@ SHARED = [call("s", "m.Shared", k) for k in range(2)]
 RULES = ["group any", "group class *Block", "group path b.*.x or path s@1",
          'group stage == "a"', "flat path b.1\ngroup any", 'tag op aten.mm with k = "v"\n'
          'group has k', "group op aten.mm", "group not class *X priority 1\nflat any",
-         'tag path b.0 with stage = "b"\ngroup stage != "b"']
+         'tag path b.0 with stage = "b"\ngroup stage != "b"', "group size >= 3",
+         "group depth == 2 or repeats >= 3", "group call >= 1 or size < 2 and depth == 1",
+         'tag call 1 or depth >= 2 with k = "v"\ngroup has k', "group not repeats != 2"]
 
 
 @st.composite

@@ -1,4 +1,4 @@
-"""The command line: ``rewrite [-q|-v] {check,explain,apply} ...`` (argparse)."""
+"""The command line: ``rewrite [-q|-v] {check,explain,apply,suggest} ...`` (argparse)."""
 
 from __future__ import annotations
 
@@ -94,6 +94,18 @@ def build_parser() -> argparse.ArgumentParser:
                       "such blocks separate functions (embed); function inputs (input)")
     onnx.add_argument("--no-optimize", dest="optimize", action="store_false",
                       help="leave the functions as torch.onnx translated them (no optimizer)")
+
+    suggest = sub.add_parser(
+        "suggest", parents=[common], help="print a starter rules file for a model",
+        description="Print a starter rules file for MODEL: its repeated block classes as "
+        "groups (outermost first), its top-level modules with weights (embedding, head, final "
+        "norm) as groups, dropout flat; each line with the calls and distinct bodies it gives.",
+    )
+    suggest.add_argument("model", metavar="MODEL", help=".pt2 or .onnx")
+    suggest.add_argument("-o", "--output", metavar="FILE",
+                         help="write the rules to FILE instead of stdout")
+    suggest.add_argument("--force", action="store_true",
+                         help="replace FILE if it exists (never the model)")
     return parser
 
 

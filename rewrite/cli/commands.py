@@ -110,7 +110,7 @@ def cmd_explain(args: argparse.Namespace, io: Consoles) -> int:
     else:
         print_tree(io.out, result.tree, title=f"{args.model} by {args.rules}: "
                    f"{summary_line(result.tree)}", calls=calls, max_depth=args.depth,
-                   qualified=io.verbose)
+                   qualified=io.verbose, measures=io.verbose)
     return EXIT_OK
 
 

@@ -5,6 +5,8 @@ module class, the node count (with descendants), the function it becomes, and th
 made it (``file:line``). Before lowering, the function is the name the rule's templates give;
 ``calls=`` (filled from the ONNX backend's outlining: ``explain --onnx``, ``apply -v``) replaces
 it with the function actually made and its call count (identical bodies share one function).
+With ``measures`` (``explain -v``), four more columns show what the ``size``, ``depth``,
+``repeats`` and ``call`` selectors compare for each module group.
 On a terminal too narrow for the table, the same rows print as a rich tree whose labels wrap.
 """
 
@@ -70,8 +72,18 @@ def _function_cell(group: Group, calls: Calls | None) -> Text:
     return Text.assemble((use.label, "green"), f" x{use.calls}")
 
 
+MEASURES = ("size", "depth", "repeats", "call")
+
+
+def _measure_cells(tree: GroupTree, group: Group) -> list[str]:
+    found = tree.measures(group)
+    if found is None:
+        return [""] * len(MEASURES)
+    return [str(v) for v in found.as_dict().values()]
+
+
 def render_tree(tree: GroupTree, *, calls: Calls | None = None, max_depth: int | None = None,
-                qualified: bool = False) -> Table:
+                qualified: bool = False, measures: bool = False) -> Table:
     """The group tree as a table; ``max_depth`` hides deeper groups (counted in the row)."""
     graph = tree.graph
     groups = list(tree.groups())
@@ -79,6 +91,8 @@ def render_tree(tree: GroupTree, *, calls: Calls | None = None, max_depth: int |
     table.add_column("group", no_wrap=True)
     table.add_column("class", no_wrap=True)
     table.add_column("nodes", justify="right", no_wrap=True)
+    for name in MEASURES if measures else ():
+        table.add_column(name, justify="right", no_wrap=True)
     table.add_column("function" + (" (ONNX) x call sites" if calls is not None else ""),
                      no_wrap=True)
     table.add_column("rule", style="dim", no_wrap=True)
@@ -89,10 +103,12 @@ def render_tree(tree: GroupTree, *, calls: Calls | None = None, max_depth: int |
             key = Text(prefix, style="dim") + Text(group.key, style="bold" if not prefix else "")
             if hidden:
                 key += Text(f" (+{hidden} nested)", style="dim")
-            table.add_row(key, _class_cell(group, qualified), str(group.size),
+            extra = _measure_cells(tree, group) if measures else []
+            table.add_row(key, _class_cell(group, qualified), str(group.size), *extra,
                           _function_cell(group, calls), origin.get(group.id, ""))
     if not groups:
-        table.add_row(Text("(no groups)", style="dim"), "", str(len(graph.nodes)), "", "")
+        table.add_row(Text("(no groups)", style="dim"), "", str(len(graph.nodes)),
+                      *([""] * len(MEASURES) if measures else []), "", "")
     return table
 
 
@@ -127,7 +143,8 @@ def summary_line(tree: GroupTree) -> str:
 
 
 def render_compact(tree: GroupTree, *, calls: Calls | None = None,
-                   max_depth: int | None = None, qualified: bool = False) -> Tree:
+                   max_depth: int | None = None, qualified: bool = False,
+                   measures: bool = False) -> Tree:
     """The same rows as a rich tree whose labels wrap: for terminals too narrow for the table."""
     groups = list(tree.groups())
     origin = _origins(groups)
@@ -139,21 +156,31 @@ def render_compact(tree: GroupTree, *, calls: Calls | None = None,
             parent = branches.get(group.id.rsplit("/", 1)[0]) if "/" in group.id else root
             label = Text.assemble(
                 (group.key, "bold"), f" (+{hidden} nested)" if hidden else "", "  ",
-                _class_cell(group, qualified), f"  {group.size} nodes  -> ",
+                _class_cell(group, qualified), f"  {group.size} nodes",
+                _measure_text(tree, group) if measures else "", "  -> ",
                 _function_cell(group, calls), "  ", (origin.get(group.id, ""), "dim"),
             )
             branches[group.id] = (parent or root).add(label)
     return root
 
 
+def _measure_text(tree: GroupTree, group: Group) -> str:
+    found = tree.measures(group)
+    if found is None:
+        return ""
+    return " (" + " ".join(f"{k}={v}" for k, v in found.as_dict().items()) + ")"
+
+
 def print_tree(console: Console, tree: GroupTree, *, title: str, calls: Calls | None = None,
-               max_depth: int | None = None, qualified: bool = False) -> None:
+               max_depth: int | None = None, qualified: bool = False,
+               measures: bool = False) -> None:
     """The title, the table when it fits the console, else the wrapping tree, then a summary.
 
     Nothing is cut off: the title and summary lines are never wrapped, the tree's labels wrap.
     """
     console.print(Text(title, style="bold"), soft_wrap=True)
-    table = render_tree(tree, calls=calls, max_depth=max_depth, qualified=qualified)
+    table = render_tree(tree, calls=calls, max_depth=max_depth, qualified=qualified,
+                        measures=measures)
     natural = Measurement.get(console, console.options.update_width(1_000_000), table).maximum
     if natural <= console.width and not console.is_terminal:  # a file: no trailing blanks
         with console.capture() as captured:
@@ -163,5 +190,6 @@ def print_tree(console: Console, tree: GroupTree, *, title: str, calls: Calls | 
     elif natural <= console.width:
         console.print(table)
     else:
-        console.print(render_compact(tree, calls=calls, max_depth=max_depth, qualified=qualified))
+        console.print(render_compact(tree, calls=calls, max_depth=max_depth, qualified=qualified,
+                                     measures=measures))
     console.print(Text(_caption(tree, list(tree.groups()), calls), style="dim"), soft_wrap=True)

@@ -14,18 +14,23 @@ selector       on a module call                     on a node
 ``k != "v"``   ``not (k == "v")``                    ``not (k == "v")``
 ``has k``      every node inside the call has k      the node has k
 ``any``        true                                  true
+``size >= N``  the call's measure compares true      some call around the node does
 =============  ===================================  ===================================
 
-"Inside the call" includes the calls nested in it. ``and``, ``or`` and ``not`` combine as
-usual. :func:`compile_selector` gives a predicate over one :class:`Facts` (the reference
-semantics); :func:`compile_mask` gives a function over :class:`Subjects`, which answers each
-basic question for all subjects at once as a numpy bool array. Grouping uses the masks: the
-work is per distinct path, class, target and tag set, not per node and rule.
+"Inside the call" includes the calls nested in it. The measures of a call (``size``,
+``depth``, ``repeats``, ``call``) are defined in :mod:`rewrite.grouping.measures`. ``and``,
+``or`` and ``not`` combine as usual. :func:`compile_selector` gives a predicate over one
+:class:`Facts` (the reference semantics); :func:`compile_mask` gives a function over
+:class:`Subjects`, which answers each basic question for all subjects at once as a numpy bool
+array. Grouping uses the masks: the work is per distinct path, class, target and tag set, not
+per node and rule.
 """
 
 from __future__ import annotations
 
 from typing import Callable, Collection, Mapping, Protocol
+
+import operator
 
 import numpy as np
 from attrs import field, frozen
@@ -45,6 +50,8 @@ class Facts:
     tags: Mapping[str, str]
     keys: tuple[str, ...] = field(default=())
     """``path@index`` of the same calls as ``paths`` (for patterns with ``@``)."""
+    measures: tuple[Mapping[str, int], ...] = field(default=())
+    """The measures (``size``, ``depth``, ``repeats``, ``call``) of the same calls."""
 
 
 Predicate = Callable[[Facts], bool]
@@ -66,8 +73,17 @@ class Subjects(Protocol):
 
     def tag_mask(self, key: str, value: str | None) -> np.ndarray: ...
 
+    def measure_mask(self, measure: str, op: str, value: int) -> np.ndarray:
+        """``size >= 100``: the call's (or, for a node, some call around it) measure compares
+        true."""
+
 
 Mask = Callable[[Subjects], np.ndarray]
+
+
+COMPARE = {"==": operator.eq, "!=": operator.ne, "<": operator.lt, "<=": operator.le,
+           ">": operator.gt, ">=": operator.ge}
+"""The comparisons of measure selectors; they work on ints and on numpy arrays alike."""
 
 
 def call_key(path: str, index: int) -> str:
@@ -109,6 +125,9 @@ def compile_selector(node: ast.Selector) -> Predicate:
         if node.negate:
             return lambda f: not test(f)
         return test
+    if isinstance(node, ast.MeasureSelector):
+        compare, measure, value = COMPARE[node.op], node.measure, node.value
+        return lambda f: any(compare(m[measure], value) for m in f.measures)
     if isinstance(node, ast.AnySelector):
         return lambda f: True
     if isinstance(node, ast.NotSelector):
@@ -143,6 +162,9 @@ def compile_mask(node: ast.Selector) -> Mask:
         if node.negate:
             return lambda s: ~s.tag_mask(key, value)
         return lambda s: s.tag_mask(key, value)
+    if isinstance(node, ast.MeasureSelector):
+        measure, op, value = node.measure, node.op, node.value
+        return lambda s: s.measure_mask(measure, op, value)
     if isinstance(node, ast.AnySelector):
         return lambda s: np.ones(s.size, dtype=bool)
     if isinstance(node, ast.NotSelector):

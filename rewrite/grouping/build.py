@@ -23,6 +23,7 @@ from rewrite._gc import gc_paused
 from rewrite.compile import RuleSet
 from rewrite.errors import Diagnostic, GroupingError
 from rewrite.grouping.decide import decide_calls
+from rewrite.grouping.measures import CallMeasures
 from rewrite.grouping.placement import place_nodes
 from rewrite.grouping.split import split_components
 from rewrite.grouping.stacks import StackTable
@@ -47,11 +48,12 @@ def _group(rules: RuleSet, graph: Graph) -> GroupTree:
     sid = placement.stack
     hits: Counter = Counter()
     tag_table = TagSets(columns.tag_sets)  # grows as tag rules add tags
+    measures = CallMeasures(table, sid, ~columns.is_io)  # each made on first use
     tags_id = apply_tag_rules(table, sid, columns.target_id, columns.targets,
                               columns.tags_id.astype(np.int64), tag_table, columns.is_io,
-                              rules.tag_rules, hits)
+                              rules.tag_rules, hits, measures)
     subjects = CallSubjects(table, sid, ~columns.is_io, columns.target_id, columns.targets,
-                            tags_id, tag_table.values)
+                            tags_id, tag_table.values, measures)
     decisions = decide_calls(subjects, rules.group_rules, hits)
     components: tuple = ()
     comp = None
@@ -70,7 +72,7 @@ def _group(rules: RuleSet, graph: Graph) -> GroupTree:
     if cycle is not None:
         _raise_cycle(graph, rules, segments, cycle)
     return GroupTree(graph, groups, segments, group_of, tags_id, tuple(tag_table.values),
-                     tuple(_warnings(rules, graph, hits)))
+                     tuple(_warnings(rules, graph, hits)), measures)
 
 
 def _stack_groups(table: StackTable, grouped: np.ndarray

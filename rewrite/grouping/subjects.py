@@ -15,6 +15,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from rewrite.compile.patterns import ClassGlob, Glob, OpGlob, TextColumn
+from rewrite.grouping.measures import CallMeasures
 from rewrite.grouping.stacks import StackTable
 
 
@@ -76,8 +77,9 @@ class CallSubjects:
 
     def __init__(self, table: StackTable, sid: np.ndarray, inside: np.ndarray,
                  target_id: np.ndarray, targets: Sequence[str], tags_id: np.ndarray,
-                 tag_sets: Sequence[Mapping[str, str]]) -> None:
+                 tag_sets: Sequence[Mapping[str, str]], measures: CallMeasures) -> None:
         self._cols = _CallColumns(table)
+        self._measures = measures
         self.size = self._cols.size
         self._sid = sid
         self._inside = inside
@@ -111,13 +113,18 @@ class CallSubjects:
         ok = _tag_test(self._tag_sets, key, value)[self._tags_id]
         return ~self._calls_with(~ok)
 
+    def measure_mask(self, measure: str, op: str, value: int) -> np.ndarray:
+        return self._measures.mask(measure, op, value)
+
 
 class NodeSubjects:
     """Nodes as subjects (by their stack, target and tag set ids); tags can be updated."""
 
     def __init__(self, table: StackTable, stack: np.ndarray, target: np.ndarray,
-                 targets: Sequence[str], tags: np.ndarray, tag_sets: list[Mapping[str, str]]):
+                 targets: Sequence[str], tags: np.ndarray, tag_sets: list[Mapping[str, str]],
+                 measures: CallMeasures):
         self._cols = _CallColumns(table)
+        self._measures = measures
         self.size = len(stack)
         self.stack, self.target, self.tags = stack, target, tags
         self._targets = targets
@@ -150,6 +157,10 @@ class NodeSubjects:
 
     def tag_mask(self, key: str, value: str | None) -> np.ndarray:
         return _tag_test(self.tag_sets, key, value)[self.tags]
+
+    def measure_mask(self, measure: str, op: str, value: int) -> np.ndarray:
+        return self._any_call(("measure", measure, op, value),
+                              lambda: self._measures.mask(measure, op, value))
 
 
 def _any_per_stack(cols: _CallColumns, call_mask: np.ndarray) -> np.ndarray:

@@ -17,6 +17,7 @@ from typing import Sequence
 import numpy as np
 
 from rewrite.compile import Rule
+from rewrite.grouping.measures import CallMeasures
 from rewrite.grouping.stacks import StackTable
 from rewrite.grouping.subjects import NodeSubjects
 from rewrite.ir.columns import TagSets
@@ -25,14 +26,14 @@ from rewrite.ir.columns import TagSets
 def apply_tag_rules(
     table: StackTable, sid: np.ndarray, target_id: np.ndarray, targets: Sequence[str],
     tags_id: np.ndarray, tag_table: TagSets, is_io: np.ndarray, rules: Sequence[Rule],
-    hits: Counter,
+    hits: Counter, measures: CallMeasures,
 ) -> np.ndarray:
     """Each node's tag set id after the tag rules; counts matched nodes per rule in ``hits``."""
     if not rules:
         return tags_id
     inside = np.flatnonzero(~is_io)
     subjects = NodeSubjects(table, sid[inside], target_id[inside], targets, tags_id[inside],
-                            tag_table.values)
+                            tag_table.values, measures)
     for rule in sorted(rules, key=lambda r: (r.priority, r.order)):
         matched = rule.mask(subjects)
         count = int(np.count_nonzero(matched))

@@ -17,6 +17,7 @@ from attrs import field, frozen
 from rewrite.compile import Rule, Split
 from rewrite.compile.templates import Renderer
 from rewrite.grouping.decide import Decisions
+from rewrite.grouping.measures import CallMeasures, Measures
 from rewrite.grouping.split import Component
 from rewrite.ir import Graph, ModuleCall
 
@@ -134,7 +135,17 @@ class GroupTree:
     tag_sets: tuple[Mapping[str, str], ...] = field(repr=False)
     warnings: tuple = ()
     """Diagnostics such as rules that matched nothing."""
+    call_measures: CallMeasures | None = field(default=None, repr=False)
+    """What ``size``, ``depth``, ``repeats`` and ``call`` selectors compare, per call."""
     _made: dict = field(factory=dict, init=False, repr=False)
+
+    def measures(self, group: Group) -> Measures | None:
+        """The measures of a module group's call (None for components and the root)."""
+        if group.call is None or self.call_measures is None:
+            return None
+        if "call_ids" not in self._made:
+            self._made["call_ids"] = {c: i for i, c in enumerate(self.segments.calls)}
+        return self.call_measures.of(self._made["call_ids"][group.call])
 
     @property
     def root(self) -> Group:

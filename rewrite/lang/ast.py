@@ -47,6 +47,25 @@ class TagSelector:
     span: Span = field(eq=False)
 
 
+MEASURES = ("size", "depth", "repeats", "call")
+"""What a :class:`MeasureSelector` can compare (see docs/rules.md)."""
+
+COMPARISONS = ("==", "!=", "<", "<=", ">", ">=")
+
+
+@frozen
+class MeasureSelector:
+    """``size >= 100``, ``depth <= 2``, ``repeats >= 2``, ``call 0`` (``call == 0``): an
+    integer comparison of what a module call is."""
+
+    measure: str
+    """One of :data:`MEASURES`."""
+    op: str
+    """One of :data:`COMPARISONS`."""
+    value: int
+    span: Span = field(eq=False)
+
+
 @frozen
 class AnySelector:
     """``any``: always true."""
@@ -69,7 +88,8 @@ class BoolSelector:
     span: Span = field(eq=False)
 
 
-Selector = Union[PathSelector, ClassSelector, OpSelector, TagSelector, AnySelector, NotSelector, BoolSelector]
+Selector = Union[PathSelector, ClassSelector, OpSelector, TagSelector, MeasureSelector,
+                 AnySelector, NotSelector, BoolSelector]
 
 
 # --- statements ------------------------------------------------------------------------------

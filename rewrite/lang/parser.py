@@ -35,7 +35,14 @@ _TERMINAL_WORDS = {
     "$END": "end of file",
     "EQ": "'=='",
     "NE": "'!='",
+    "LE": "'<='",
+    "GE": "'>='",
+    "LT": "'<'",
+    "GT": "'>'",
+    "NUMBER": "an integer",
 }
+_AFTER_NAME = {"EQ", "NE", "LE", "GE", "LT", "GT", "NUMBER"}
+"""What may follow a name in a selector: a tag test or a comparison (``size >= 3``)."""
 
 
 @functools.cache
@@ -107,7 +114,11 @@ def _syntax_diagnostic(e: lark.UnexpectedInput, source: Source) -> Diagnostic:
     if isinstance(e, lark.UnexpectedToken):
         token: Token = e.token
         expected = set(e.expected) | set(getattr(e, "accepts", set()) or set())
-        if expected and expected <= {"EQ", "NE"} and str(token) == "=":
+        if expected and expected <= _AFTER_NAME and str(token) == "=":
+            after = source.text[e.pos_in_stream + 1:e.pos_in_stream + 2]
+            if after in ("<", ">"):
+                return Diagnostic("error", f"unknown comparison '={after}'", span,
+                                  f"did you mean '{after}='?")
             return Diagnostic(
                 "error", "a tag test compares with '==' (or '!='); a single '=' sets a tag in a "
                 "tag rule", span, "did you mean '=='?",
@@ -117,18 +128,14 @@ def _syntax_diagnostic(e: lark.UnexpectedInput, source: Source) -> Diagnostic:
                 "error", "a tag rule sets a tag with a single '='", span,
                 'write key = "value" (== is for tag tests in selectors)',
             )
-        if expected and expected <= {"EQ", "NE"}:
-            # `NAME` followed by something other than ==/!=: almost always a misspelt keyword
+        if expected and expected <= _AFTER_NAME and {"EQ", "NE"} <= expected:
+            # `NAME` followed by something other than a comparison: almost always a misspelt
+            # keyword
             end = len(source.text) if token.type == "$END" else e.pos_in_stream
             word, word_span = _previous_word(source, end)
-            hint = _suggest(word, list(SELECTOR_KEYWORDS[:-1]))
-            return Diagnostic(
-                "error",
-                f"unknown selector {word!r}; a selector is path, class, op, a tag test "
-                f'(key == "value", key != "value", has key), any, not, or (...)',
-                word_span,
-                hint,
-            )
+            if word in ast.MEASURES:
+                return _needs_comparison(word, word_span)
+            return _unknown_selector(word, word_span)
         if token.type == "$END":
             return Diagnostic(
                 "error",
@@ -200,6 +207,49 @@ def _unquote(token: Token, span: Span) -> str:
         return _pyast.literal_eval(str(token))
     except (ValueError, SyntaxError):
         raise RuleError([Diagnostic("error", f"invalid string {token}", span)]) from None
+
+
+def _unknown_selector(word: str, span: Span) -> Diagnostic:
+    return Diagnostic(
+        "error",
+        f"unknown selector {word!r}; a selector is path, class, op, a tag test "
+        f'(key == "value", key != "value", has key), any, not, or (...)',
+        span,
+        _suggest(word, list(SELECTOR_KEYWORDS[:-1]) + list(ast.MEASURES)),
+    )
+
+
+def _needs_comparison(word: str, span: Span) -> Diagnostic:
+    return Diagnostic(
+        "error", f"{word} needs a comparison with an integer: {word} >= N, {word} == N, ... "
+        "(only call takes a bare number: call 0)", span)
+
+
+def _measure(key: Token, op: str | None, span: Span) -> str:
+    """The name of a comparison (``size >= 3``, ``call 0``), checked; ``op`` None: the bare
+    ``call N`` form."""
+    name = str(key)
+    measures = ", ".join(ast.MEASURES[:-1]) + f" or {ast.MEASURES[-1]}"
+    if op is None and name != "call":
+        if name in ast.MEASURES:
+            raise RuleError([_needs_comparison(name, span)])
+        raise RuleError([_unknown_selector(name, span)])
+    if key.type == "STRING" or name not in ast.MEASURES:
+        shown = name if key.type == "STRING" else repr(name)
+        raise RuleError([Diagnostic(
+            "error", f"unknown comparison {shown}; {measures} compare with an integer "
+            '(a tag test compares with a string: key == "value")', span,
+            _suggest(name.strip('"'), list(ast.MEASURES)))])
+    return name
+
+
+def _integer(token: Token, name: str, span: Span) -> int:
+    """A comparison's value, which must be an integer."""
+    try:
+        return int(str(token))
+    except ValueError:
+        raise RuleError([Diagnostic(
+            "error", f"{name} compares with an integer, not {str(token)!r}", span)]) from None
 
 
 class _ToAst(Transformer):
@@ -319,6 +369,16 @@ class _ToAst(Transformer):
     @v_args(meta=True)
     def tag_present(self, meta, items):
         return ast.TagSelector(self._text(items[0]), None, False, self._span(meta))
+
+    def compare(self, items):
+        return items[0]
+
+    @v_args(meta=True)
+    def measure_selector(self, meta, items):
+        key, value = items[0], items[-1]
+        op = str(items[1]) if len(items) == 3 else None
+        return ast.MeasureSelector(_measure(key, op, self._span(key)), op or "==",
+                                   _integer(value, str(key), self._span(value)), self._span(meta))
 
     @v_args(meta=True)
     def any_selector(self, meta, items):

@@ -1,0 +1,150 @@
+"""``rewrite.export``: an ``nn.Module`` in, a grouped ONNX model out, in one call.
+
+The drop-in for ``torch.onnx.export(model, args, dynamo=True)`` in scripts and exporters:
+``torch.export.export`` (with ``preserve_node_meta``, so ``torch.fx.traceback.annotate`` tags
+survive), then :func:`rewrite.apply` and the ONNX backend, then graph input/output names.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
+
+from rewrite.api import apply, as_ruleset
+from rewrite.compile import RuleSet
+from rewrite.errors import InputError
+
+if TYPE_CHECKING:
+    import onnx_ir as ir
+    import torch
+
+
+def export(
+    model: "torch.nn.Module",
+    args: tuple = (),
+    kwargs: Mapping[str, Any] | None = None,
+    *,
+    rules: RuleSet | str | Path,
+    dynamic_shapes: Any = None,
+    strict: bool = False,
+    output: str | Path | None = None,
+    input_names: Sequence[str] | None = None,
+    output_names: Sequence[str] | None = None,
+    **onnx_options: Any,
+) -> "ir.Model":
+    """Export ``model`` with ``torch.export``, group it by ``rules`` and lower it to ONNX.
+
+    ``rules``: a :class:`RuleSet`, or what :func:`rewrite.load_rules` accepts (a path, a
+    shipped name such as ``"gpt2"``). ``dynamic_shapes`` and ``strict`` go to
+    ``torch.export.export``; ``onnx_options`` are the fields of
+    :class:`~rewrite.backends.onnx.OnnxOptions` (``constants``, ``optimize``, ...).
+    ``input_names`` / ``output_names`` rename the graph's first inputs / outputs, in order.
+    With ``output``, the model is also written there (atomically; weights to
+    ``OUTPUT.data`` above ``external_data_threshold`` bytes).
+
+    Raises :class:`RuleError` for bad rules (before exporting), :class:`InputError` when
+    ``torch.export`` fails (its error is the ``__cause__``) or ``output`` cannot be written,
+    and :class:`GroupingError` when a group cannot be outlined.
+    """
+    import torch
+
+    from rewrite.backends.onnx import OnnxOptions, lower
+    from rewrite.backends.onnx.progress import Progress
+    from rewrite.backends.onnx.save import write_model
+    from rewrite.outputs import check_output_path
+
+    ruleset = as_ruleset(rules)
+    options = OnnxOptions(**onnx_options)
+    out = check_output_path(output, []) if output is not None else None
+    try:
+        with torch.fx.traceback.preserve_node_meta():
+            program = torch.export.export(model, tuple(args), kwargs=dict(kwargs or {}),
+                                          dynamic_shapes=dynamic_shapes, strict=strict)
+    except Exception as e:  # torch.export raises many types; all mean "this did not export"
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise InputError(f"torch.export could not export {type(model).__name__}: "
+                         f"{type(e).__name__}: {first}") from e
+    onnx_model = lower(apply(ruleset, program), options, Progress(None)).model
+    rename_values(onnx_model, input_names, output_names)
+    if out is not None:
+        write_model(onnx_model, out, threshold=options.external_data_threshold)
+    return onnx_model
+
+
+def rename_values(model: "ir.Model", input_names: Sequence[str] | None,
+                  output_names: Sequence[str] | None) -> None:
+    """Give the graph's first inputs and outputs the given names, in place.
+
+    Call nodes of functions refer to the values themselves, so renaming a value that a
+    function call produces renames it at the call too. An output that cannot carry its own
+    name (it is also a graph input, an initializer, or another output) gets an ``Identity``
+    of that name. A name another value of the graph already has moves that value aside
+    (``name_1``)."""
+    graph = model.graph
+    for kind, names, values in (("input", input_names, graph.inputs),
+                                ("output", output_names, graph.outputs)):
+        if names is None:
+            continue
+        names = list(names)
+        if len(names) > len(values):
+            raise InputError(f"{len(names)} {kind}_names given, but the graph has "
+                             f"{len(values)} {kind}s")
+        if len(set(names)) != len(names):
+            raise InputError(f"{kind}_names has a name twice: {names}")
+    both = set(input_names or ()) & set(output_names or ())
+    if both:
+        raise InputError(f"names given to both an input and an output: {sorted(both)}")
+    wanted = {*(input_names or ()), *(output_names or ())}
+    taken = _value_names(graph)
+    for value, name in zip(list(graph.inputs), input_names or ()):
+        _rename(value, name, taken, wanted)
+    for k, name in enumerate(output_names or ()):
+        value = graph.outputs[k]
+        if _shared(graph, value, k):
+            value = _identity(graph, value, k)
+        _rename(value, name, taken, wanted)
+
+
+def _value_names(graph: "ir.Graph") -> dict[str, "ir.Value"]:
+    names = {v.name: v for v in graph.inputs if v.name}
+    names.update({n: v for n, v in graph.initializers.items()})
+    for node in graph:
+        names.update({v.name: v for v in node.outputs if v.name})
+    return names
+
+
+def _shared(graph: "ir.Graph", value: "ir.Value", k: int) -> bool:
+    """Whether output ``k`` is a value that must keep another role's name."""
+    others = [v for i, v in enumerate(graph.outputs) if i != k]
+    return (value.is_graph_input() or value.is_initializer()
+            or any(v is value for v in others))
+
+
+def _identity(graph: "ir.Graph", value: "ir.Value", k: int) -> "ir.Value":
+    """A fresh value equal to ``value`` (an ``Identity`` node), as graph output ``k``."""
+    import onnx_ir as ir
+
+    node = ir.node("Identity", [value])
+    graph.append(node)
+    copy = node.outputs[0]
+    copy.type, copy.shape = value.type, value.shape
+    graph.outputs[k] = copy
+    return copy
+
+
+def _rename(value: "ir.Value", name: str, taken: dict, wanted: set) -> None:
+    if value.name == name:
+        return
+    other = taken.get(name)
+    if other is not None and other is not value:
+        free = next(f"{name}_{i}" for i in range(1, len(taken) + 2)
+                    if f"{name}_{i}" not in taken and f"{name}_{i}" not in wanted)
+        _move(other, free, taken)
+    _move(value, name, taken)
+
+
+def _move(value: "ir.Value", name: str, taken: dict) -> None:
+    """Rename ``value`` (onnx_ir renames an initializer's entry too)."""
+    taken.pop(value.name, None)
+    value.name = name
+    taken[name] = value
