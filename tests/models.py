@@ -228,8 +228,8 @@ def two_factors():
 
 
 class NoOp(torch.nn.Module):
-    """A Linear, then an operation that does nothing: ``* 1`` or ``+ 0`` by ``mode``. The
-    export differs between the modes; optimized, both are the Linear alone."""
+    """A Linear, then ``* 1`` or ``+ 0`` (nothing), or ``* -1``, by ``mode``. The export
+    differs between the modes; optimized, the first two are the Linear alone."""
 
     def __init__(self, mode: str, width: int = 4):
         super().__init__()
@@ -238,6 +238,8 @@ class NoOp(torch.nn.Module):
 
     def forward(self, x):
         y = self.lin(x)
+        if self.mode == "neg":
+            return y * -1.0
         return y * 1.0 if self.mode == "mul" else y + 0.0
 
 
@@ -246,9 +248,10 @@ class TwoNoOps(torch.nn.Module):
         super().__init__()
         self.a = NoOp("mul", width)
         self.b = NoOp("add", width)
+        self.c = NoOp("neg", width)
 
     def forward(self, x):
-        return self.b(torch.relu(self.a(x)))
+        return self.c(self.b(torch.relu(self.a(x))))
 
 
 def two_noops():

@@ -68,19 +68,26 @@ def noops():
 
 def test_bodies_equal_after_optimizing_share_one_function(noops):
     triple, result = noops
-    model = lower(result).model
+    lowering = lower(result)
+    model = lowering.model
     checked_proto(model)
     assert_matches_eager(model, triple)
-    assert top_calls(model) == {"NoOp": 2}
-    assert function_names(model) == {"NoOp": 1}
+    # a and b share NoOp; c's body differs: NoOp_2 before merging, renumbered to NoOp_1
+    assert top_calls(model) == {"NoOp": 2, "NoOp_1": 1}
+    assert function_names(model) == {"NoOp": 1, "NoOp_1": 1}
+    assert {g: f[1] for g, f in lowering.outlined.function_of.items()} == {
+        "a": "NoOp", "b": "NoOp", "c": "NoOp_1"}
+    assert [f[1] for f in lowering.outlined.functions] == ["NoOp", "NoOp_1"]
 
 
 def test_without_optimizing_the_bodies_differ(noops):
     triple, result = noops
-    model = lower(result, OnnxOptions(optimize=False)).model
+    # (embed: under the default policy a's "* 1" and c's "* -1" would share a function with
+    # the factor as an attribute)
+    model = lower(result, OnnxOptions(optimize=False, constants="embed")).model
     checked_proto(model)
     assert_matches_eager(model, triple)
-    assert top_calls(model) == {"NoOp": 1, "NoOp_1": 1}
+    assert top_calls(model) == {"NoOp": 1, "NoOp_1": 1, "NoOp_2": 1}
 
 
 def test_calls_with_other_shapes_do_not_share_a_folded_body():
@@ -101,3 +108,15 @@ def test_calls_with_other_shapes_do_not_share_a_folded_body():
         (reshape,) = [n for n in function if n.op_type == "Reshape"]
         reshaped.add(tuple(ir.convenience.get_const_tensor(reshape.inputs[1]).numpy().tolist()))
     assert reshaped == {(2, 12), (2, 30)}
+
+
+def test_body_nodes_keep_their_names_and_metadata(gpt2_lowered):
+    model = gpt2_lowered[1].model
+    (attention,) = [f for f in model.functions.values() if f.name == "GPT2Attention"]
+    gemms = [n for n in attention if n.op_type in ("Gemm", "MatMul")]
+    assert gemms
+    for node in gemms:
+        assert node.name.startswith("node_")
+        scopes = node.metadata_props["pkg.torch.onnx.name_scopes"]
+        assert "h.0.attn" in scopes  # the first block's body stands for all of them
+        assert "GPT2Attention" in node.metadata_props["namespace"]

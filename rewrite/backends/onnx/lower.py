@@ -119,13 +119,12 @@ def _finish(model: ir.Model, tree: GroupTree, outlined: Outlined, options: OnnxO
         if optimized:
             optimize(model, identity.keys())
         merged = merge_functions(model, identity, lift_scalars=options.constants == "attribute")
-        fix_opsets(model, [model.functions[fid] for fid in outlined.functions
-                           if fid not in merged])
+        functions = tuple(dict.fromkeys(merged.get(fid, fid) for fid in outlined.functions))
+        fix_opsets(model, [model.functions[fid] for fid in functions])
     if not merged:
         return outlined
     function_of = {gid: merged.get(fid, fid) if fid is not None else None
                    for gid, fid in outlined.function_of.items()}
-    functions = tuple(fid for fid in outlined.functions if fid not in merged)
     return Outlined(function_of, functions, outlined.recomputed)
 
 

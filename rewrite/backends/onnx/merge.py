@@ -14,6 +14,9 @@ function comes after the functions it calls in ``model.functions``), and calls r
   that already read one. Only the values that differ between the merged bodies are lifted;
   an attribute is named after what it sets (``epsilon``; ``mul``, ``add``: the op reading
   the constant), with ``_1``, ``_2`` for more of the same name.
+
+Afterwards the suffixes of one identity are renumbered without gaps (``Name``, ``Name_1``, ...
+in the order the functions were made, i.e. of their first call in the graph).
 """
 
 from __future__ import annotations
@@ -113,7 +116,8 @@ class _Canonical:
 
 def merge_functions(model: ir.Model, identity: Mapping[Identifier, tuple[str, str]], *,
                     lift_scalars: bool) -> dict[Identifier, Identifier]:
-    """Merge as the module docstring says; returns merged function -> the function kept.
+    """Merge as the module docstring says; returns, for each function merged or renamed
+    (suffixes renumbered), the function that now stands for it.
 
     ``identity`` maps each function made by outlining to its group's domain and base name;
     functions of other identities, or of the input model, are never merged."""
@@ -147,7 +151,44 @@ def merge_functions(model: ir.Model, identity: Mapping[Identifier, tuple[str, st
     _retarget(model.graph, merged, values)
     for fid in merged:
         del functions[fid]
-    return {fid: m.kept for fid, m in merged.items()}
+    result = {fid: m.kept for fid, m in merged.items()}
+    if merged:
+        renamed = _renumber(model, identity)
+        result = {fid: renamed.get(kept, kept) for fid, kept in result.items()}
+        result.update(renamed)
+    return result
+
+
+def _renumber(model: ir.Model, identity: Mapping[Identifier, tuple[str, str]]
+              ) -> dict[Identifier, Identifier]:
+    """Close the gaps merging left in the suffixes of one identity (``Name``, ``Name_2`` ->
+    ``Name``, ``Name_1``), in the order the functions were made; returns old -> new ids."""
+    functions = model.functions
+    taken = {(domain, name) for domain, name, _ in functions}
+    made: dict[tuple[str, str], list[Identifier]] = defaultdict(list)
+    for fid in functions:
+        if fid in identity:
+            made[identity[fid]].append(fid)
+    renamed: dict[Identifier, Identifier] = {}
+    for (domain, base), fids in made.items():
+        for k, fid in enumerate(fids):
+            name = base if k == 0 else f"{base}_{k}"
+            if fid[1] == name or (domain, name) in taken:
+                continue
+            taken.discard((domain, fid[1]))
+            taken.add((domain, name))
+            renamed[fid] = (domain, name, fid[2])
+    if renamed:
+        moves = {fid: _Merge(new, [], []) for fid, new in renamed.items()}
+        for graph in [model.graph, *(f.graph for f in functions.values())]:
+            _retarget(graph, moves, {})
+        ordered = list(functions.items())  # a callee stays before its callers
+        functions.clear()
+        for fid, function in ordered:
+            if fid in renamed:
+                function.name = renamed[fid][1]
+            functions[renamed.get(fid, fid)] = function
+    return renamed
 
 
 @frozen
@@ -248,6 +289,7 @@ def _recall(node: ir.Node, merge: _Merge) -> ir.Node:
     takes its inputs or returns its outputs in another order."""
     domain, name, overload = merge.kept
     if merge.inputs == sorted(merge.inputs) and merge.outputs == sorted(merge.outputs):
+        # the same order (or a renaming: no orders given)
         node.domain, node.op_type, node.overload = domain, name, overload
         return node
     outputs = [node.outputs[i] for i in merge.outputs]
