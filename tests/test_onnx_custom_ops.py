@@ -1,9 +1,11 @@
 """Custom ops inside functions: a ``torch.library`` op that torch.onnx translates through a
 custom translation table (``OnnxOptions.custom_translation_table``) lands in the function of
-the block that calls it, and every block still shares one function."""
+the block that calls it, also when it becomes a node of another domain (``ai.onnx.ml``), and
+every block still shares one function; functions and the model import what they use."""
 
 from __future__ import annotations
 
+import onnxscript
 import pytest
 import torch
 from onnxscript import opset18 as op
@@ -32,7 +34,26 @@ def erf_gelu_onnx(x):
     return op.Mul(op.Mul(x, half), op.Add(op.Erf(op.Mul(x, scale)), one))
 
 
-TABLE = {torch.ops.rewrite_onnx_tests.erf_gelu.default: erf_gelu_onnx}
+@torch.library.custom_op("rewrite_onnx_tests::step", mutates_args=())
+def step(x: torch.Tensor) -> torch.Tensor:
+    return (x > 0).to(x.dtype)
+
+
+@step.register_fake
+def _(x):
+    return torch.empty_like(x)
+
+
+ML = onnxscript.values.Opset("ai.onnx.ml", 3)
+
+
+def step_onnx(x):
+    """The translation: ``ai.onnx.ml`` Binarizer (1 where x > 0)."""
+    return ML.Binarizer(x, threshold=0.0)
+
+
+TABLE = {torch.ops.rewrite_onnx_tests.erf_gelu.default: erf_gelu_onnx,
+         torch.ops.rewrite_onnx_tests.step.default: step_onnx}
 
 
 class GeluBlock(torch.nn.Module):
@@ -41,7 +62,8 @@ class GeluBlock(torch.nn.Module):
         self.lin = torch.nn.Linear(4, 4)
 
     def forward(self, x):
-        return erf_gelu(self.lin(x))
+        y = self.lin(x)
+        return erf_gelu(y) + step(y)
 
 
 class Stack(torch.nn.Module):
@@ -70,7 +92,8 @@ def test_custom_op_translated_inside_the_block_function(stack):
     assert_matches_eager(model, triple)
     assert top_calls(model) == {"GeluBlock": 3}
     (block,) = model.functions.values()
-    assert "Erf" in {n.op_type for n in block}
+    assert {("", "Erf"), ("ai.onnx.ml", "Binarizer")} <= {(n.domain, n.op_type) for n in block}
+    assert "ai.onnx.ml" in block.opset_imports and "ai.onnx.ml" in model.opset_imports
 
 
 def test_without_a_translation_torch_is_named_as_the_cause(stack):

@@ -115,12 +115,13 @@ def _finish(model: ir.Model, tree: GroupTree, outlined: Outlined, options: OnnxO
     groups = {group.id: group for group in tree.groups()}
     identity = {fid: (groups[gid].domain, groups[gid].function_name)
                 for gid, fid in outlined.function_of.items() if fid is not None}
+    exported_opsets = dict(model.opset_imports)
     with gc_paused():
         if optimized:
             optimize(model, identity.keys())
         merged = merge_functions(model, identity, lift_scalars=options.constants == "attribute")
         functions = tuple(dict.fromkeys(merged.get(fid, fid) for fid in outlined.functions))
-        fix_opsets(model, [model.functions[fid] for fid in functions])
+        fix_opsets(model, [model.functions[fid] for fid in functions], exported_opsets)
     if not merged:
         return outlined
     function_of = {gid: merged.get(fid, fid) if fid is not None else None

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Iterable, Mapping
 
 import onnx_ir as ir
 
@@ -21,12 +21,19 @@ def used_domains(nodes: Iterable[ir.Node]) -> set[str]:
     return found
 
 
-def fix_opsets(model: ir.Model, functions: Iterable[ir.Function]) -> None:
+def fix_opsets(model: ir.Model, functions: Iterable[ir.Function],
+               known: Mapping[str, int] | None = None) -> None:
     """Give each new function the imports its body needs and the model every domain used.
 
-    Domains are added in sorted order, so the output does not depend on set iteration order
+    A domain the model does not import gets its version in ``known`` (the export's imports,
+    before an optimizer dropped those the main graph no longer uses), or 1. Domains are added
+    in sorted order, so the output does not depend on set iteration order
     (``PYTHONHASHSEED``)."""
     model_opsets = model.opset_imports
+    for domain in sorted(used_domains(model.graph) | {
+            d for f in model.functions.values() for d in used_domains(f)}):
+        if known and domain in known:
+            model_opsets.setdefault(domain, known[domain])
     function_domains = {f.domain for f in model.functions.values()}
     for domain in sorted(function_domains):
         model_opsets.setdefault(domain, FUNCTION_DOMAIN_VERSION)
