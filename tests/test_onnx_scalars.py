@@ -83,15 +83,16 @@ def test_separate_functions_policy(settings):
     assert not any(f.attributes for f in model.functions.values())
 
 
-def test_input_policy_shares_scales_not_op_attributes(settings):
-    # a scale is a constant: an input under this policy; eps is an attribute of the
-    # LayerNormalization op and cannot be an input, so blocks with other eps stay apart
+def test_input_policy_shares_one_function(settings):
+    # the scale is a constant: an input under this policy; eps is an attribute of the
+    # LayerNormalization op, which cannot be an input: it becomes a function attribute
     triple, program = settings
     model = _lowered(program, rewrite.parse_rules(BLOCKS), constants="input")
     assert_matches_eager(model, triple)
-    names = sorted(n.op_type for n in model.graph if n.op_type.startswith("NormBlock"))
-    assert names == ["NormBlock", "NormBlock", "NormBlock_1", "NormBlock_2"]
-    assert not any(f.attributes for f in model.functions.values())
+    assert top_calls(model) == {"NormBlock": 4}
+    block = _block(model)
+    assert set(block.attributes) == {"epsilon"}
+    assert not any(n.op_type == "Constant" for n in block)
 
 
 def test_attributes_without_optimizing(settings):
@@ -116,7 +117,7 @@ def settings_pt2(settings, tmp_path_factory):
 
 
 @pytest.mark.parametrize(("flags", "functions"), [
-    ((), 1), (("--constants", "embed"), 4), (("--constants", "input"), 3),
+    ((), 1), (("--constants", "embed"), 4), (("--constants", "input"), 1),
     (("--no-optimize",), 1),
 ])
 def test_apply_policies_on_the_command_line(run_cli, settings, settings_pt2, tmp_path, flags,

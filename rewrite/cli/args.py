@@ -89,9 +89,10 @@ def build_parser() -> argparse.ArgumentParser:
                        help=".onnx (model-local functions) or .py (GraphModule code)")
     onnx = apply.add_argument_group("ONNX output")
     onnx.add_argument("--constants", choices=CONSTANT_POLICIES, default="attribute",
-                      help="small constants: embedded, and scalars where otherwise equal "
-                      "blocks differ as function attributes (attribute, the default); embedded, "
-                      "such blocks separate functions (embed); function inputs (input)")
+                      help="small constants in function bodies, scalars where otherwise equal "
+                      "blocks differ as function attributes (attribute, the default); in bodies, "
+                      "such blocks separate functions (embed); as function inputs, other "
+                      "differing scalars as attributes (input)")
     onnx.add_argument("--no-optimize", dest="optimize", action="store_false",
                       help="leave the functions as torch.onnx translated them (no optimizer)")
 

@@ -119,7 +119,7 @@ def _finish(model: ir.Model, tree: GroupTree, outlined: Outlined, options: OnnxO
     with gc_paused():
         if optimized:
             optimize(model, identity.keys())
-        merged = merge_functions(model, identity, lift_scalars=options.constants == "attribute")
+        merged = merge_functions(model, identity, lift_scalars=options.constants != "embed")
         functions = tuple(dict.fromkeys(merged.get(fid, fid) for fid in outlined.functions))
         fix_opsets(model, [model.functions[fid] for fid in functions], exported_opsets)
     if not merged:

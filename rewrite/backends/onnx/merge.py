@@ -6,7 +6,8 @@ residual scale, a rope theta). Both kinds are merged here, innermost functions f
 function comes after the functions it calls in ``model.functions``), and calls retargeted:
 
 * equal bodies (structural keys, see ``structure``) always share one function;
-* under the ``attribute`` constant policy, bodies that differ only in *scalars* share one
+* under the ``attribute`` and ``input`` constant policies (not ``embed``), bodies that differ
+  only in *scalars* share one
   function whose body reads a function attribute (``ref_attr_name``) where they differ, each
   call giving its value, as ``export_modules_as_functions`` did. Scalars are float
   attributes of an op (``LayerNormalization.epsilon``, ``Gemm.alpha``), the value of a

@@ -28,9 +28,9 @@ class OnnxOptions:
     * ``"embed"``: a ``Constant`` node inside the function. The value is part of the
       function's body, so modules that differ only in such a constant get separate
       functions (``Name``, ``Name_1``).
-    * ``"input"``: a function input like a weight, so such modules share one function (a
-      float attribute of an op, like ``LayerNormalization.epsilon``, cannot be an input:
-      bodies differing there stay separate).
+    * ``"input"``: a function input like a weight, so such modules share one function; a
+      scalar that cannot be an input (a float attribute of an op, like
+      ``LayerNormalization.epsilon``) becomes a function attribute as under ``"attribute"``.
 
     Parameters and buffers are always function inputs, and so are larger constants (a causal
     mask): onnxruntime inlines functions, and a constant embedded in a function called 48
