@@ -120,3 +120,16 @@ def test_body_nodes_keep_their_names_and_metadata(gpt2_lowered):
         scopes = node.metadata_props["pkg.torch.onnx.name_scopes"]
         assert "h.0.attn" in scopes  # the first block's body stands for all of them
         assert "GPT2Attention" in node.metadata_props["namespace"]
+
+
+def test_an_optimizer_failure_names_the_function_and_the_way_around(gpt2_lowered, monkeypatch):
+    from rewrite.backends.onnx import optimize as optimize_module
+    from rewrite.errors import InputError
+
+    def broken(model, **_):
+        raise RuntimeError("folding exploded")
+
+    monkeypatch.setattr(optimize_module, "optimize_ir", broken)
+    with pytest.raises(InputError, match=r"optimizer failed on function pkg\.[a-z]+::\w+: "
+                       r"folding exploded; lower without it \(rewrite apply --no-optimize"):
+        lower(gpt2_lowered[0])

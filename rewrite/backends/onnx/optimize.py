@@ -31,6 +31,8 @@ from typing import Collection
 import onnx_ir as ir
 from onnxscript.optimizer import optimize_ir
 
+from rewrite.errors import InputError
+
 
 Identifier = tuple[str, str, str]
 
@@ -43,12 +45,19 @@ def optimize(model: ir.Model, made: Collection[Identifier]) -> None:
     for logger in loggers:
         logger.setLevel(logging.ERROR)
     functions = dict(model.functions)
+    where = "the main graph"
     try:
         for fid, function in functions.items():
             if fid in made:
+                where = f"function {fid[0]}::{fid[1]}"
                 _optimize_body(model, function)
+        where = "the main graph"
         model.functions.clear()  # the main graph alone: bodies are done
         optimize_ir(model, inline=False)
+    except Exception as e:  # a bug in the optimizer must not pass for a bug in the rules
+        cause = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise InputError(f"onnxscript's optimizer failed on {where}: {cause}; lower without it "
+                         "(rewrite apply --no-optimize, OnnxOptions(optimize=False))") from e
     finally:
         model.functions.clear()
         model.functions.update(functions)
