@@ -73,6 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
                          "with their call counts")
     explain.add_argument("--depth", type=_positive, metavar="N",
                          help="show N levels of groups (deeper ones are counted)")
+    _imports(explain)
 
     apply = sub.add_parser(
         "apply", parents=[common], help="group a model and write the result",
@@ -84,7 +85,15 @@ def build_parser() -> argparse.ArgumentParser:
     apply.add_argument("model", metavar="MODEL", help=".pt2 or .onnx")
     apply.add_argument("-o", "--output", required=True, metavar="OUT",
                        help=".onnx (model-local functions) or .py (GraphModule code)")
+    _imports(apply)
     return parser
+
+
+def _imports(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--import", dest="imports", action="append", default=[],
+                        metavar="MODULE",
+                        help="import MODULE before reading the model, e.g. the library that "
+                        "registers its custom operators (repeatable)")
 
 
 def _positive(text: str) -> int:

@@ -8,6 +8,7 @@ import json
 import rewrite
 from rewrite.cli.args import EXIT_OK
 from rewrite.cli.console import Consoles
+from rewrite.cli.imports import import_modules
 from rewrite.cli.paths import check_model_path
 from rewrite.cli.render import Calls, FunctionUse, print_tree, summary_line
 from rewrite.cli.steps import Steps
@@ -102,6 +103,7 @@ def _json(result: rewrite.Result, args: argparse.Namespace, calls: Calls | None)
 def cmd_explain(args: argparse.Namespace, io: Consoles) -> int:
     rules = load_rules(args.rules)
     check_model_path(args.model)
+    import_modules(args.imports)
     steps = Steps(io)
     result = _group(rules, args.model, io, steps)
     calls = _onnx_calls(result, io, steps) if args.onnx else None
@@ -124,6 +126,7 @@ def cmd_apply(args: argparse.Namespace, io: Consoles) -> int:
             f"{output}: unknown output type {suffix or '(no extension)'!r}; use .onnx (model-local "
             "functions) or .py (GraphModule code)"
         )
+    import_modules(args.imports)
     steps = Steps(io)
     result = _group(rules, args.model, io, steps)
     if suffix == ".onnx":
