@@ -29,6 +29,8 @@ _TORCH_LOGGERS = ("torch.export", "torch._export")
 _UNREGISTERED = re.compile(r"Deserializing ([\w.]+) in pytree is not registered")
 _IMPORTABLE_FOR_PYTREE = ("transformers.", "diffusers.")
 """Packages whose output classes may be imported to register them for deserialization."""
+_NODE_TARGET = re.compile(r"^Failed deserializing node Node\(target='([^']+)'")
+_MAX_REASON = 300
 _UNRESOLVED_OP = re.compile(r"failed to resolve torch\.ops\.([\w.]+) to an operator", re.I)
 _OP_LIBRARIES = {
     "transformers": ("transformers.integrations.moe",),
@@ -47,7 +49,7 @@ class _Capture(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         if record.exc_info and record.exc_info[1] is not None:
-            self.reasons.append(_first_line(record.exc_info[1]))
+            self.reasons.append(_reason(record.exc_info[1]))
             self.errors.append(record.exc_info[1])
 
 
@@ -72,6 +74,20 @@ def _captured_torch_logs() -> Iterator[_Capture]:
 def _first_line(e: BaseException) -> str:
     text = str(e).strip()
     return text.splitlines()[0] if text else type(e).__name__
+
+
+def _reason(e: BaseException) -> str:
+    """What went wrong, short: the first line of the innermost cause of ``e`` (torch wraps it
+    in "Failed deserializing node Node(<the whole node>)"), with the node's operator."""
+    root = e
+    while root.__cause__ is not None and root.__cause__ is not root:
+        root = root.__cause__
+    reason = _first_line(root)
+    if root is not e:
+        target = _NODE_TARGET.search(_first_line(e))
+        if target:
+            reason = f"a node of {target.group(1)}: {reason}"
+    return reason if len(reason) <= _MAX_REASON else reason[: _MAX_REASON - 3] + "..."
 
 
 def _check_archive(path: Path) -> None:
