@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-import contextlib
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ContextManager
+from typing import TYPE_CHECKING, Any
 
 from attrs import field, frozen
 
-from rewrite._gc import gc_paused
 from rewrite.compile import RuleSet, load_rules, parse_rules
 from rewrite.grouping import GroupTree, group_graph
-from rewrite.ir import Graph
 
 if TYPE_CHECKING:
     import onnx_ir
@@ -41,22 +38,13 @@ class Result:
         """An ONNX model whose groups are nested, deduplicated model-local functions."""
         from rewrite.backends.onnx import to_onnx
 
-        with outlining(self.tree.graph):
-            return to_onnx(self, **options)
+        return to_onnx(self, **options)
 
     def to_fx(self) -> "torch.fx.GraphModule":
         """A hierarchical GraphModule (one submodule per group), or a split one."""
         from rewrite.backends.fx import to_fx
 
         return to_fx(self)
-
-
-def outlining(graph: Graph) -> ContextManager[None]:
-    """What outlining ``graph`` runs in: an ONNX graph builds many long-lived ``onnx_ir``
-    objects (the collector would scan them again and again, ~15% of the time at 48 GPT-2
-    blocks), so the collector pauses; an FX program goes through ``torch.onnx.export``, whose
-    cyclic garbage the collector must see."""
-    return gc_paused() if graph.kind == "onnx" else contextlib.nullcontext()
 
 
 def _as_ruleset(rules: RuleSet | str | Path) -> RuleSet:

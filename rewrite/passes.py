@@ -22,7 +22,7 @@ from pathlib import Path
 import onnx_ir as ir
 import onnx_ir.passes
 
-from rewrite.api import apply, outlining
+from rewrite.api import apply
 from rewrite.backends.onnx.lower import lower
 from rewrite.backends.onnx.naming import check_identity
 from rewrite.backends.onnx.options import OnnxOptions
@@ -80,12 +80,11 @@ class RewritePass(onnx_ir.passes.PassBase):
         for group in groups:  # user mistakes surface before the model is touched
             check_identity(group)
         before = (len(model.graph), len(model.graph.initializers))
-        with outlining(result.tree.graph):
-            if self._in_place:
-                out, outlined = model, outline(model, result.tree, self.options)
-            else:
-                lowering = lower(result, self.options)
-                out, outlined = lowering.model, lowering.outlined
+        if self._in_place:
+            out, outlined = model, outline(model, result.tree, self.options)
+        else:
+            lowering = lower(result, self.options)
+            out, outlined = lowering.model, lowering.outlined
         after = (len(out.graph), len(out.graph.initializers))
         return ir.passes.PassResult(out, bool(outlined.calls) or before != after)
 
