@@ -71,3 +71,29 @@ def test_torch_onnx_failure_shows_its_cause(run_cli, scaled_pt2, tmp_path):
                                 "<OpOverload(op='rewrite_test.scale2', overload='default')>")
     assert len(lines) <= 5
     assert listing(tmp_path) == ["scaled.pt2"]
+
+
+def test_a_failed_decomposition_shows_the_view_error_under_it():
+    """Step 2 (decomposition) fails with torch's own wrapper text around the real cause, as
+    torch.onnx.export raises it (its message constants and exception summary)."""
+    from torch.onnx._internal.exporter import _core, _errors
+
+    from rewrite.backends.onnx.torch_failure import torch_onnx_failure
+
+    cause = RuntimeError("Cannot view a tensor with shape [2, 8] and strides [1, 2] as a tensor "
+                         "with shape (16,)!\nFurther details: ...")
+    try:
+        try:
+            raise cause
+        except RuntimeError as e:
+            raise _errors.ConversionError(
+                _core._STEP_TWO_ERROR_MESSAGE + _core._summarize_exception_stack(e)) from e
+    except _errors.ConversionError as e:
+        error = torch_onnx_failure(e)
+    assert isinstance(error, rewrite.InputError)
+    assert str(error).splitlines() == [
+        "torch.onnx.export cannot convert this program: torch's ONNX exporter, not the rules, "
+        "failed at step 2/3 (decompose the FX graph for ONNX compatibility)",
+        "  cause: RuntimeError: Cannot view a tensor with shape [2, 8] and strides [1, 2] as a "
+        "tensor with shape (16,)!",
+    ]
