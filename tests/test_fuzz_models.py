@@ -111,3 +111,18 @@ def test_an_existing_function_with_the_wanted_name_is_kept_apart(bases, tmp_path
     functions = {(f.domain, f.name): f for f in onnx.load(str(out)).functions}
     assert [n.op_type for n in functions["pkg.transformers", "GPT2Block"].node] == ["Identity"]
     assert ("pkg.transformers", "GPT2Block_1") in functions
+
+
+def test_an_outlined_model_fed_back_is_left_as_it_is_and_says_why(bases, tmp_path):
+    """rewrite's own output as input: its call nodes carry no module metadata and rewrite does
+    not look inside functions; the warning says so, and the output is the same model."""
+    from bench.fuzz_models import _check_output
+
+    base = bases["gpt2_outlined"]
+    out = tmp_path / "again.onnx"
+    code, err = run_cli(["apply", "gpt2", str(base.path), "-o", str(out)])
+    assert code == 0, err
+    assert err.startswith(f"warning: {base.path}: no module structure: ")
+    assert ("the model already has 5 local functions (an outlined model?): rewrite does not look "
+            "inside functions; give it the flat export instead") in err.splitlines()[0]
+    assert _check_output(base, base.path, out) is None
