@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rewrite.errors import InputError
+from rewrite.errors import InputError, causes
 
 _UNREADABLE = ("Unable to parse proto", "Unable to open proto")
 
@@ -43,9 +43,7 @@ def unwritable_input(path: str | Path, error: BaseException) -> InputError | Non
     The checker does not look at text: a corrupt file may hold names that are not UTF-8;
     ``onnx_ir`` reads them as bytes and fails to write them back (``SerdeError`` caused by a
     ``TypeError`` or ``UnicodeError``)."""
-    root = error
-    while root.__cause__ is not None:
-        root = root.__cause__
+    root = causes(error)[-1]
     if not str(path).lower().endswith(".onnx") or not isinstance(root, (TypeError,
                                                                          UnicodeError)):
         return None

@@ -23,7 +23,7 @@ from typing import Iterator
 
 import torch
 
-from rewrite.errors import InputError
+from rewrite.errors import InputError, causes
 
 _TORCH_LOGGERS = ("torch.export", "torch._export")
 _UNREGISTERED = re.compile(r"Deserializing ([\w.]+) in pytree is not registered")
@@ -79,9 +79,7 @@ def _first_line(e: BaseException) -> str:
 def _reason(e: BaseException) -> str:
     """What went wrong, short: the first line of the innermost cause of ``e`` (torch wraps it
     in "Failed deserializing node Node(<the whole node>)"), with the node's operator."""
-    root = e
-    while root.__cause__ is not None and root.__cause__ is not root:
-        root = root.__cause__
+    root = causes(e)[-1]
     reason = _first_line(root)
     if root is not e:
         target = _NODE_TARGET.search(_first_line(e))
@@ -126,17 +124,11 @@ def _load(path: Path) -> tuple[torch.export.ExportedProgram | None, str | None, 
 
 def _unresolved_op(errors: list[BaseException]) -> str | None:
     """The operator torch could not resolve, from the errors and their causes."""
-    seen: set[int] = set()
-    pending = list(errors)
-    while pending:
-        error = pending.pop()
-        if error is None or id(error) in seen:
-            continue
-        seen.add(id(error))
-        match = _UNRESOLVED_OP.search(str(error))
-        if match:
-            return match.group(1)
-        pending += [error.__cause__, error.__context__]
+    for error in errors:
+        for cause in causes(error):
+            match = _UNRESOLVED_OP.search(str(cause))
+            if match:
+                return match.group(1)
     return None
 
 

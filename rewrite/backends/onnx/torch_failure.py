@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 
-from rewrite.errors import InputError
+from rewrite.errors import InputError, causes
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _STEP = re.compile(r"This is step (\d)/(\d)")
@@ -22,7 +22,7 @@ _MAX_LINE = 400
 def torch_onnx_failure(error: BaseException) -> InputError:
     """The :class:`InputError` for a failed ``torch.onnx.export``: which step of torch's
     exporter failed (not the rules), then one line per cause, the root cause last."""
-    chain = _chain(error)
+    chain = causes(error)
     head = _first_line(chain[0])
     step = _STEP.search(head)
     what = head.split(". ")[0].rstrip(".").removeprefix("Failed to ") if step else ""
@@ -31,24 +31,12 @@ def torch_onnx_failure(error: BaseException) -> InputError:
         "torch.onnx.export cannot convert this program: torch's ONNX exporter, not the rules, "
         f"failed{where}"
     ]
-    causes = [_describe(e) for e in (chain[1:] if step else chain)]
-    causes = [c for i, c in enumerate(causes) if c and c not in causes[:i]]
-    if len(causes) > _MAX_CAUSES:  # the outermost wrappers say least; keep the root causes
-        causes = causes[-_MAX_CAUSES:]
-    lines += [f"  cause: {c}" for c in causes]
+    said = [_describe(e) for e in (chain[1:] if step else chain)]
+    said = [c for i, c in enumerate(said) if c and c not in said[:i]]
+    if len(said) > _MAX_CAUSES:  # the outermost wrappers say least; keep the root causes
+        said = said[-_MAX_CAUSES:]
+    lines += [f"  cause: {c}" for c in said]
     return InputError("\n".join(lines))
-
-
-def _chain(error: BaseException) -> list[BaseException]:
-    """``error`` and what it wraps (``__cause__``, else ``__context__``), outermost first."""
-    chain: list[BaseException] = []
-    current: BaseException | None = error
-    while current is not None and all(current is not e for e in chain):
-        chain.append(current)
-        current = current.__cause__ or (
-            None if current.__suppress_context__ else current.__context__
-        )
-    return chain
 
 
 def _first_line(error: BaseException) -> str:
