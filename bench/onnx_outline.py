@@ -12,13 +12,16 @@ Not a test: run it on a quiet machine; it prints ratio tables.
    ``--repeats`` runs of wall and CPU time (CPU time is steadier when other jobs share the
    machine; the ratios use both). Both tools make one function per block (rewrite: ``group class
    *GPT2Block``; onnx-diagnostic: ``regex=.*GPT2Model/h[.][0-9]+$``):
-   * rewrite in place: ``RewritePass(rules)`` on the loaded ``onnx_ir.Model`` (the exporter
-     pipeline: ``onnx_program.model`` is already one) vs ``make_model_with_local_functions``
-     on the loaded ``onnx.ModelProto`` (its own input type). Target: >= 10x faster at 48.
-   * rewrite functional: ``rewrite.apply(rules, model).to_onnx()``, which copies the model
-     first so the input is left alone (onnx-diagnostic also returns a new model).
-   * file to file: ``rewrite.apply(rules, path).to_onnx()`` + serialize vs ``onnx.load`` +
-     ``make_model_with_local_functions`` + serialize (rewrite pays ``onnx_ir``'s loading).
+   * the headline, file to file: what a user does. Both start from the same path and end with
+     the serialized model (bytes): ``rewrite.apply(rules, path).to_onnx()`` + ``ir.to_proto`` +
+     serialize vs ``onnx.load`` + ``make_model_with_local_functions`` + serialize. Target: >= 10x
+     faster at 48 blocks. Also from the path to each tool's in-memory model (rewrite: an
+     ``onnx_ir.Model``; onnx-diagnostic: a ``ModelProto``), which leaves out serializing.
+   * rewrite in place: ``RewritePass(rules)`` on an ``onnx_ir.Model`` already in memory (the
+     exporter pipeline: ``onnx_program.model`` is one) vs ``make_model_with_local_functions``
+     on an ``onnx.ModelProto`` already in memory (its own input type); and rewrite functional:
+     ``rewrite.apply(rules, model).to_onnx()``, which copies the model first so the input is
+     left alone (onnx-diagnostic also returns a new model).
    Once per file: both outputs pass the full ONNX checker; rewrite's output equals the flat
    model in onnxruntime; function counts (rewrite: 1 block function, called N times).
 3. Growth: rewrite in place (one level and the nested ``rules/gpt2.rules``) on every
@@ -147,20 +150,29 @@ def compare(path: Path, blocks: int, repeats: int) -> dict[str, Times]:
     def diagnostic_files():
         return diagnostic(onnx.load(str(path))).SerializeToString()
 
+    def rewrite_file_to_model():
+        return rewrite.apply(rules, path).to_onnx()
+
+    def diagnostic_file_to_model():
+        return diagnostic(onnx.load(str(path)))
+
     summary = check(path, ir.to_proto(in_place(ir.from_proto(proto))), diagnostic(fresh_proto()[0]),
                     blocks)
     print(f"  {path.name}: {summary}", file=sys.stderr)
     return median_times({
+        FILE_TO_FILE[0]: (rewrite_files, tuple),
+        FILE_TO_FILE[1]: (diagnostic_files, tuple),
+        "rewrite, file to model": (rewrite_file_to_model, tuple),
+        "onnx-diagnostic, file to model": (diagnostic_file_to_model, tuple),
         "rewrite, in place": (in_place, lambda: (ir.from_proto(proto),)),
         "rewrite, functional": (functional, lambda: (ir.from_proto(proto),)),
         "onnx-diagnostic": (diagnostic, fresh_proto),
-        "rewrite, file to file": (rewrite_files, tuple),
-        "onnx-diagnostic, file to file": (diagnostic_files, tuple),
     }, repeats)
 
 
-PAIRS = (("rewrite, in place", "onnx-diagnostic"), ("rewrite, functional", "onnx-diagnostic"),
-         ("rewrite, file to file", "onnx-diagnostic, file to file"))
+FILE_TO_FILE = ("rewrite, file to file", "onnx-diagnostic, file to file")
+PAIRS = (FILE_TO_FILE, ("rewrite, file to model", "onnx-diagnostic, file to model"),
+         ("rewrite, in place", "onnx-diagnostic"), ("rewrite, functional", "onnx-diagnostic"))
 
 
 def print_comparison(blocks: int, nodes: int, t: dict[str, Times], repeats: int) -> None:
@@ -240,12 +252,15 @@ def main(argv: list[str] | None = None) -> int:
         nodes = len(onnx.load(str(files[n]), load_external_data=False).graph.node)
         t = compare(files[n], n, args.repeats)
         print_comparison(n, nodes, t, args.repeats)
-        wall, cpu = (t["onnx-diagnostic"][k] / t["rewrite, in place"][k] for k in (0, 1))
-        verdicts.append(f"  {n} blocks: {wall:.1f}x wall, {cpu:.1f}x cpu: "
-                        f"{'met' if min(wall, cpu) >= TARGET else 'NOT met'}")
+        mine, theirs = FILE_TO_FILE
+        wall, cpu = (t[theirs][k] / t[mine][k] for k in (0, 1))
+        in_place = t["onnx-diagnostic"][1] / t["rewrite, in place"][1]
+        verdicts.append(f"  {n} blocks: file to file {wall:.1f}x wall, {cpu:.1f}x cpu: "
+                        f"{'met' if min(wall, cpu) >= TARGET else 'NOT met'} "
+                        f"(in place, model already in memory: {in_place:.1f}x cpu)")
     if verdicts:
-        print(f"\ntarget: rewrite in place >= {TARGET:g}x faster than onnx-diagnostic "
-              "(the issue asks it at 48 blocks)")
+        print(f"\ntarget: rewrite >= {TARGET:g}x faster than onnx-diagnostic, file to file, "
+              "both from the same path to the serialized model (the issue asks it at 48 blocks)")
         print("\n".join(verdicts))
 
     print(f"\ngrowth, rewrite in place (RewritePass; median of {args.repeats}; per node: CPU):")

@@ -56,6 +56,19 @@ def _show_line(line: str, column: int) -> tuple[str, str]:
     return shown, "".join(pad) + "^"
 
 
+def causes(error: BaseException) -> list[BaseException]:
+    """``error`` and the exceptions it wraps (``__cause__``, else a ``__context__`` not
+    suppressed), outermost first, each once: the root cause is last."""
+    chain: list[BaseException] = []
+    current: BaseException | None = error
+    while current is not None and all(current is not e for e in chain):
+        chain.append(current)
+        current = current.__cause__ or (
+            None if current.__suppress_context__ else current.__context__
+        )
+    return chain
+
+
 class RewriteError(Exception):
     """Base class of every error ``rewrite`` raises on purpose."""
 

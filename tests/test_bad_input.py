@@ -446,16 +446,36 @@ def test_onnx_without_module_metadata_works_with_a_warning(run_cli, tmp_path, ti
 
 
 def test_unusable_rules_file_is_an_input_error(run_cli, tmp_path, gpt2_pt2):
-    binary = tmp_path / "binary.rules"
-    binary.write_bytes(b"\xff\xfe\x00group any")
     cases = {
         tmp_path / "missing.rules": "no such rules file",
         tmp_path: "is a directory, expected a .rules file",
-        binary: "not a UTF-8 text file",
     }
     for rules, reason in cases.items():
         for argv in (("check", rules), ("explain", rules, gpt2_pt2)):
             assert_refused(run_cli(*argv), 2, f"{rules}: {reason}")
+
+
+def test_rules_file_that_is_not_utf8_is_an_error_at_the_first_bad_byte(run_cli, tmp_path,
+                                                                        gpt2_pt2):
+    """Latin-1 text (an editor's default) in a UTF-8 file: where, as far as the line decodes."""
+    rules = tmp_path / "latin1.rules"
+    rules.write_bytes("group class *GPT2Block\nflat path h.0  # caf\u00e9\n".encode("latin-1"))
+    for argv in (("check", rules), ("explain", rules, gpt2_pt2), ("apply", rules, gpt2_pt2,
+                                                                   "-o", tmp_path / "out.onnx")):
+        r = run_cli(*argv)
+        assert r.code == 1, r
+        assert r.err.splitlines() == [
+            f"{rules}:2:21: error: not UTF-8 text: invalid continuation byte 0xe9",
+            "    flat path h.0  # caf",
+            "    " + " " * 20 + "^",
+            "  save the file as UTF-8",
+        ]
+    assert listing(tmp_path) == ["latin1.rules"]
+    binary = tmp_path / "binary.rules"
+    binary.write_bytes(b"\xef\xbb\xbf\xff\xfe\x00group any")  # after a BOM, the first byte
+    r = run_cli("check", binary)
+    assert r.code == 1
+    assert r.err.splitlines()[0] == f"{binary}:1:1: error: not UTF-8 text: invalid start byte 0xff"
 
 
 def test_missing_include_is_a_rules_error_at_the_include(run_cli, tmp_path):

@@ -87,8 +87,19 @@ def test_unknown_selector_at_end_of_file_names_the_word():
     assert str(e.value).startswith("x.rules:2:3: error: unknown selector 'stge'")
 
 
-def test_include_of_a_binary_file_points_at_the_include(base):
+def test_include_of_a_binary_file_points_at_its_first_bad_byte(base):
     with pytest.raises(rewrite.RuleError) as e:
         rewrite.parse_rules('flat any\ninclude "binary.rules"\n', "x.rules", base=base)
-    assert str(e.value).startswith("x.rules:2:1: error: ")
-    assert "not a UTF-8 text file" in str(e.value)
+    [diagnostic] = e.value.diagnostics
+    assert diagnostic.span.source.name.endswith("binary.rules")
+    assert "not UTF-8 text: invalid start byte" in diagnostic.message
+
+
+def test_load_rules_reports_the_first_bad_byte_with_its_line(tmp_path):
+    rules = tmp_path / "x.rules"
+    rules.write_bytes(b"flat any\n  group path \xe2\x82 h.0\n")  # a cut 3-byte character
+    with pytest.raises(rewrite.RuleError) as e:
+        rewrite.load_rules(rules)
+    [diagnostic] = e.value.diagnostics
+    assert (diagnostic.span.line, diagnostic.span.column) == (2, 14)
+    assert diagnostic.render().splitlines()[1:3] == ["      group path ", "                 ^"]

@@ -18,3 +18,23 @@ def test_every_package_is_listed():
     mapped = config["package-dir"]
     assert (ROOT / mapped["rewrite.grammar"] / "rules.lark").is_file()
     assert any((ROOT / mapped["rewrite.library"]).glob("*.rules"))
+
+
+def test_torch_is_a_supported_range_not_a_pin():
+    """A user with another supported torch keeps it: the requirement is a range that the
+    releases we support satisfy, including the one the private APIs were checked with."""
+    from packaging.requirements import Requirement
+    from packaging.version import Version
+
+    import torch
+
+    from rewrite._torch_private import CHECKED_WITH
+
+    dependencies = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    [torch_requirement] = [r for r in map(Requirement, dependencies) if r.name == "torch"]
+    specifier = torch_requirement.specifier
+    assert all(s.operator not in ("==", "===", "~=") for s in specifier), specifier
+    for supported in ("2.9.0", "2.9.1", "2.10.0", "2.11.0", "2.12.0", "2.13.0", *CHECKED_WITH):
+        assert specifier.contains(supported), (supported, specifier)
+    assert specifier.contains(Version(torch.__version__).base_version)  # the one installed here
+    assert not specifier.contains("2.8.0")  # before torch.onnx's metadata and dynamo=True export

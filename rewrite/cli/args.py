@@ -76,6 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
                          "with their call counts")
     explain.add_argument("--depth", type=_positive, metavar="N",
                          help="show N levels of groups (deeper ones are counted)")
+    _imports(explain)
 
     apply = sub.add_parser(
         "apply", parents=[common], help="group a model and write the result",
@@ -95,6 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
                       "differing scalars as attributes (input)")
     onnx.add_argument("--no-optimize", dest="optimize", action="store_false",
                       help="leave the functions as torch.onnx translated them (no optimizer)")
+    _imports(apply)
 
     suggest = sub.add_parser(
         "suggest", parents=[common], help="print a starter rules file for a model",
@@ -107,7 +109,15 @@ def build_parser() -> argparse.ArgumentParser:
                          help="write the rules to FILE instead of stdout")
     suggest.add_argument("--force", action="store_true",
                          help="replace FILE if it exists (never the model)")
+    _imports(suggest)
     return parser
+
+
+def _imports(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--import", dest="imports", action="append", default=[],
+                        metavar="MODULE",
+                        help="import MODULE before reading the model, e.g. the library that "
+                        "registers its custom operators (repeatable)")
 
 
 def _positive(text: str) -> int:

@@ -8,10 +8,12 @@ import json
 import rewrite
 from rewrite.cli.args import EXIT_OK
 from rewrite.cli.console import Consoles
+from rewrite.cli.imports import import_modules
 from rewrite.cli.paths import check_model_path
 from rewrite.cli.render import Calls, FunctionUse, print_tree, summary_line
 from rewrite.cli.steps import Steps
 from rewrite.errors import InputError, RuleError
+from rewrite.frontends.onnx_check import check_onnx_input, unwritable_input
 from rewrite.grouping.build import NO_STRUCTURE
 from rewrite.outputs import check_output_path
 
@@ -43,6 +45,8 @@ def cmd_check(args: argparse.Namespace, io: Consoles) -> int:
 def _group(rules: rewrite.RuleSet, model: str, io: Consoles, steps: Steps) -> rewrite.Result:
     """Load and group ``model`` (already checked), printing the warnings."""
     with steps.step(f"reading {model} and grouping it"):
+        if model.lower().endswith(".onnx"):
+            check_onnx_input(model)
         result = rewrite.apply(rules, model)
     io.detail(summary_line(result.tree))
     for warning in result.warnings:
@@ -102,6 +106,7 @@ def _json(result: rewrite.Result, args: argparse.Namespace, calls: Calls | None)
 def cmd_explain(args: argparse.Namespace, io: Consoles) -> int:
     rules = load_rules(args.rules)
     check_model_path(args.model)
+    import_modules(args.imports)
     steps = Steps(io)
     result = _group(rules, args.model, io, steps)
     calls = _onnx_calls(result, io, steps) if args.onnx else None
@@ -124,13 +129,19 @@ def cmd_apply(args: argparse.Namespace, io: Consoles) -> int:
             f"{output}: unknown output type {suffix or '(no extension)'!r}; use .onnx (model-local "
             "functions) or .py (GraphModule code)"
         )
+    import_modules(args.imports)
     steps = Steps(io)
     result = _group(rules, args.model, io, steps)
     if suffix == ".onnx":
+        from onnx_ir.serde import SerdeError
+
         from rewrite.backends.onnx import save_onnx
 
-        lowering = save_onnx(result, output, console=steps.console, constants=args.constants,
-                             optimize=args.optimize)
+        try:
+            lowering = save_onnx(result, output, console=steps.console,
+                                 constants=args.constants, optimize=args.optimize)
+        except SerdeError as e:
+            raise unwritable_input(args.model, e) or e
         if io.verbose:  # what each group became, on stderr (stdout stays empty)
             print_tree(io.err, lowering.tree, title=f"{output}: functions by group",
                        calls=calls_of(lowering), qualified=True)

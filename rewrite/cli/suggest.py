@@ -6,6 +6,7 @@ import argparse
 
 from rewrite.cli.args import EXIT_OK
 from rewrite.cli.console import Consoles
+from rewrite.cli.imports import import_modules
 from rewrite.cli.paths import check_model_path
 from rewrite.cli.steps import Steps
 from rewrite.errors import InputError
@@ -13,6 +14,7 @@ from rewrite.outputs import check_output_path, write_text_atomic
 
 
 def cmd_suggest(args: argparse.Namespace, io: Consoles) -> int:
+    import_modules(args.imports)
     check_model_path(args.model)
     output = None
     if args.output is not None:

@@ -28,7 +28,7 @@ from rewrite.compile import templates
 from rewrite.compile.selectors import Mask, Predicate, compile_mask, compile_selector
 from rewrite.errors import Diagnostic, RuleError
 from rewrite.lang import ast, parse_text
-from rewrite.lang.source import Span
+from rewrite.lang.source import Span, decode
 
 
 @frozen
@@ -172,13 +172,13 @@ def _display(path: Path) -> str:
 
 
 def _read(path: Path, span: Span | None = None) -> str:
-    """The text of a rules file; errors point at ``span`` (the ``include``) when given."""
+    """The text of a rules file. A file that cannot be read is an error at ``span`` (the
+    ``include``) when given; bytes that are not UTF-8, an error at the first of them."""
     try:
-        return path.read_text(encoding="utf-8-sig")  # a BOM (Windows editors) is not text
-    except UnicodeDecodeError:
-        raise RuleError([Diagnostic("error", f"{path}: not a UTF-8 text file", span)]) from None
+        data = path.read_bytes()
     except OSError as e:
         raise RuleError([Diagnostic("error", f"{path}: cannot read: {e.strerror}", span)]) from None
+    return decode(data, _display(path))
 
 
 def parse_rules(text: str, name: str = "<string>", *, base: str | Path | None = None) -> RuleSet:

@@ -38,6 +38,7 @@ import numpy as np
 import torch
 
 from rewrite._gc import gc_paused
+from rewrite._torch_private import is_op_overload
 from rewrite.frontends.calls import distinct_calls, split_runs
 from rewrite.ir import Graph, ModuleCall, Node, Stack
 from rewrite.ir.columns import (EMPTY_TAGS, CallColumns, StackInterner, StackSequence, TagSets,
@@ -74,7 +75,7 @@ def _readonly(array: np.ndarray) -> np.ndarray:
 def _target_text(target: Any) -> str:
     if isinstance(target, str):
         return target
-    if isinstance(target, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
+    if is_op_overload(target):
         return str(target)
     module = getattr(target, "__module__", None) or ""
     name = getattr(target, "__qualname__", None) or getattr(target, "__name__", None) or str(target)

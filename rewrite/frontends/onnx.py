@@ -105,8 +105,9 @@ def read_scopes(node: "ir.Node") -> tuple[list[str], list[str]] | None:
 
 
 def _string_list(text: str | None) -> list[str] | None:
-    """The list of strings ``text`` spells, None when absent or not a list."""
-    if not text:
+    """The list of strings ``text`` spells, None when absent or not a list (or not text:
+    a corrupt file's metadata that is not UTF-8 reads as bytes)."""
+    if not text or type(text) is not str:
         return None
     try:
         parsed = _parse_list(text)
@@ -187,7 +188,9 @@ def _scopes_key(text: str | None) -> str | tuple[str] | None:
     """What a node's stack depends on in its ``name_scopes`` text: the text up to its last
     name, as ``(head,)``, when that name is plain (``['', 'h.0', 'addmm']`` -> ``("['', 'h.0",)``:
     one module's nodes share it); else the whole text."""
-    if text is None or '"' in text or "\\" in text or not text.endswith("']"):
+    if text is None or type(text) is not str:
+        return None  # absent, or bytes (not UTF-8): no metadata
+    if '"' in text or "\\" in text or not text.endswith("']"):
         return text
     cut = text.rfind("', '")
     if cut < 0 or "'" in text[cut + 4:-2]:

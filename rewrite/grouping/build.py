@@ -182,9 +182,14 @@ NO_STRUCTURE = "no module structure"
 """How the warning about a model without module calls starts."""
 
 
-def no_structure(kind: str) -> Diagnostic:
-    """The warning for a model without module calls (it works, but stays flat)."""
-    if kind == "onnx":
+def no_structure(kind: str, functions: int = 0) -> Diagnostic:
+    """The warning for a model without module calls (it works, but stays flat); an ONNX model
+    that already has ``functions`` (an output of rewrite, say) is named as such."""
+    if kind == "onnx" and functions:
+        missing = "torch.onnx module metadata (pkg.torch.onnx.name_scopes)"
+        keep = (f"the model already has {functions} local functions (an outlined model?): "
+                "rewrite does not look inside functions; give it the flat export instead")
+    elif kind == "onnx":
         missing = "torch.onnx module metadata (pkg.torch.onnx.name_scopes)"
         keep = "export it with torch.onnx.export(..., dynamo=True) to keep it"
     else:
@@ -196,7 +201,8 @@ def no_structure(kind: str) -> Diagnostic:
 
 
 def _warnings(rules: RuleSet, graph: Graph, hits: Counter) -> list[Diagnostic]:
-    first = [no_structure(graph.kind)] if not graph.calls else []
+    functions = len(getattr(graph.source, "functions", None) or ()) if graph.kind == "onnx" else 0
+    first = [no_structure(graph.kind, functions)] if not graph.calls else []
     return first + [
         Diagnostic("warning", f"{rule.kind} rule matches nothing in this model", rule.span)
         for rule in rules.rules

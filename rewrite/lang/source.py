@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import codecs
+
 from attrs import field, frozen
+
+from rewrite.errors import Diagnostic, RuleError
 
 
 @frozen
@@ -42,3 +46,22 @@ class Span:
 
     def __str__(self) -> str:
         return self.location
+
+
+def decode(data: bytes, name: str) -> str:
+    """The UTF-8 text of a rules file (a leading byte-order mark dropped).
+
+    Bytes that are not UTF-8 raise :class:`RuleError` at the first undecodable byte, with
+    its line as far as it decodes, like any other diagnostic.
+    """
+    data = data.removeprefix(codecs.BOM_UTF8)  # a BOM (Windows editors) is not text
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        before = data[: e.start].decode("utf-8")
+        line = before.count("\n") + 1
+        column = len(before) - (before.rfind("\n") + 1) + 1
+        span = Span(Source(before, name), line, column)
+        message = f"not UTF-8 text: {e.reason} 0x{data[e.start]:02x}"
+        raise RuleError([Diagnostic("error", message, span,
+                                    "save the file as UTF-8")]) from None

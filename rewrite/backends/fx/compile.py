@@ -20,6 +20,7 @@ from typing import Any, Hashable, Iterable
 
 import torch
 
+from rewrite._torch_private import real_recompile
 from rewrite.backends.fx.module import LoweredModule
 
 _CODE_FIELDS = ("_code", "_lineno_map", "_prologue_start")
@@ -97,7 +98,7 @@ def compile_tree(root: LoweredModule, keys: dict[int, Hashable | None]) -> int:
         if donor is not None:
             _adopt(module, donor)
             continue
-        module.real_recompile()
+        real_recompile(module)
         count += 1
         if key is not None:
             compiled[key] = module

@@ -12,15 +12,15 @@ from __future__ import annotations
 from typing import Any, Iterator
 
 import torch
-from torch.fx._lazy_graph_module import _LazyGraphModule
 
+from rewrite._torch_private import LazyGraphModule
 from rewrite.backends.fx.names import identifier
 
 META_KEY = "rewrite"
 """``gm.meta["rewrite"]``: ``{"group", "kind", "class", "rule"}`` of the group a module is."""
 
 
-class LoweredModule(_LazyGraphModule):
+class LoweredModule(LazyGraphModule):
     """A GraphModule made by ``rewrite`` from one group (or the root) of a group tree."""
 
     def print_readable(  # type: ignore[override]

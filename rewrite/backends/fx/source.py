@@ -18,8 +18,9 @@ from typing import Any, Mapping
 import torch
 from attrs import field, frozen
 from torch.export.graph_signature import InputKind, OutputKind
-from torch.fx.graph import CodeGen, _PyTreeCodeGen, _PyTreeInfo
+from torch.fx.graph import CodeGen
 
+from rewrite._torch_private import codegen_of, pytree_codegen
 from rewrite.errors import InputError
 
 PARAMETER, BUFFER, CONSTANT, MODULE = "parameter", "buffer", "constant", "module"
@@ -130,7 +131,7 @@ def _from_graph_module(gm: torch.fx.GraphModule, root_class: str | None) -> FxSo
         inputs=inputs,
         outputs=output.args[0] if output.args else None,
         mutations=(),
-        codegen=graph._codegen,
+        codegen=codegen_of(graph),
         root_class=_short(root_class, name) if name == "GraphModule" else name,
         meta=dict(gm.meta),
         modules=gm,
@@ -164,14 +165,14 @@ def _program_attributes(program: torch.export.ExportedProgram) -> dict[str, Attr
     return found
 
 
-def _codegen(program: torch.export.ExportedProgram) -> _PyTreeCodeGen:
+def _codegen(program: torch.export.ExportedProgram) -> CodeGen:
     in_spec, out_spec = program.call_spec.in_spec, program.call_spec.out_spec
     signature = program.module_call_graph[0].signature if program.module_call_graph else None
     names = list(signature.forward_arg_names or []) if signature else []
     if not names:
         args, kwargs = in_spec.child(0), in_spec.child(1)
         names = [f"arg_{i}" for i in range(args.num_children)] + list(kwargs.context)
-    return _PyTreeCodeGen(_PyTreeInfo(names, in_spec, out_spec))
+    return pytree_codegen(names, in_spec, out_spec)
 
 
 def _from_program(program: torch.export.ExportedProgram, root_class: str | None) -> FxSource:

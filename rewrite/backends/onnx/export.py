@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Mapping
 import torch
 from attrs import frozen
 
+from rewrite.backends.onnx.torch_failure import torch_onnx_failure
 from rewrite.errors import InputError
 
 if TYPE_CHECKING:
@@ -48,8 +49,7 @@ def export_program(program: torch.export.ExportedProgram, *, optimize: bool = Tr
                 custom_translation_table=custom_translation_table,
             )
     except Exception as e:  # the exporter raises its own error types; all mean "cannot lower"
-        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise InputError(f"torch.onnx.export cannot convert this program: {reason}") from None
+        raise torch_onnx_failure(e) from None
     decomposed = onnx_program.exported_program
     if decomposed is None:  # pragma: no cover - torch always records it
         raise InputError("torch.onnx.export did not record the program it translated")
