@@ -134,6 +134,8 @@ class GroupTree:
     tag_sets: tuple[Mapping[str, str], ...] = field(repr=False)
     warnings: tuple = ()
     """Diagnostics such as rules that matched nothing."""
+    flattened: tuple = ()
+    """The groups dissolved by ``on cycle flatten`` (``cycles.Flattened``), in order."""
     _made: dict = field(factory=dict, init=False, repr=False)
 
     @property
