@@ -83,15 +83,16 @@ def test_unknown_policy_is_a_rules_error(run_cli, tmp_path):
 
 def test_flatten_moves_children_up_and_checks_again():
     """a holds child c; flattening a puts c (and a's own nodes) at the top level."""
-    a, c, b = call("a"), call("a.c"), call("b")
+    a, c, b, other = call("a"), call("a.c"), call("b"), call("other")
     g = GraphBuilder()
     x = g.input()
     a1 = g.op("a1", inputs=[x], stack=(a, c))
-    t = g.op("t", inputs=[a1], stack=())
+    t = g.op("t", inputs=[a1], stack=(other,))
     a2 = g.op("a2", inputs=[a1, t], stack=(a,))
     b1 = g.op("b1", inputs=[a2], stack=(b,))
     g.output([b1])
-    tree = group_graph(rewrite.parse_rules("group any\non cycle flatten", "x.rules"), g.graph())
+    rules = rewrite.parse_rules("group any and not path other\non cycle flatten", "x.rules")
+    tree = group_graph(rules, g.graph())
     assert [grp.id for grp in tree.groups()] == ["a.c", "b"]
     assert [(f.id, f.into, f.origin) for f in tree.flattened] == [("a", "", "x.rules:1")]
     assert set(tree.flattened[0].nodes) == {"a1", "t", "a2"}
