@@ -37,17 +37,15 @@ def region_metas(fx_nodes: list[torch.fx.Node]) -> dict[int, dict]:
     if not bodies:
         return {}
     changed: dict[torch.fx.Node, list] = {}
-    for holder, body in bodies.items():
-        stack = _common_stack(body)
-        if not stack:
+    for op_node in {user: None for holder in bodies for user in holder.users}:
+        holders = [a for a in op_node.all_input_nodes if a in bodies]
+        stack = _common([_common_stack(bodies[h]) for h in holders])  # all branches agree
+        if not _root_only(op_node) or len(stack) <= 1:
             continue
-        for op_node in holder.users:
-            if not _root_only(op_node) or len(stack) <= len(_items(op_node)):
-                continue
-            for node in (holder, op_node, *op_node.users):
-                if node is op_node or node is holder or node.target is operator.getitem:
-                    if _root_only(node) and node not in changed:
-                        changed[node] = stack
+        for node in (*holders, op_node, *op_node.users):
+            if node is op_node or node in holders or node.target is operator.getitem:
+                if _root_only(node) and node not in changed:
+                    changed[node] = stack
     if not changed:
         return {}
     position = {node: i for i, node in enumerate(fx_nodes)}
@@ -64,9 +62,49 @@ def _attr(owner: Any, target: Any) -> Any:
     return value
 
 
+_EXPORT_ROOT = "_export_root"
+"""The path strict exports give the root module inside higher-order op bodies."""
+
+
 def _items(node: torch.fx.Node) -> list:
+    """The node's stack entries; inside bodies of strict exports, without the extra
+    ``_export_root`` entry and path prefix, so they read like the main graph's."""
     stack = node.meta.get(_STACK)
-    return list(stack.items()) if isinstance(stack, dict) else []
+    if not isinstance(stack, dict):
+        return []
+    items = list(stack.items())
+    if not any(isinstance(v, tuple) and v and v[0] == _EXPORT_ROOT for _, v in items):
+        return items
+    out = []
+    for key, value in items:
+        path = value[0] if isinstance(value, tuple) and len(value) == 2 else None
+        if path == _EXPORT_ROOT:
+            continue
+        if isinstance(path, str) and path.startswith(_EXPORT_ROOT + "."):
+            path = path[len(_EXPORT_ROOT) + 1:]
+            key, value = _strip_key(str(key), path), (path, value[1])
+        out.append((key, value))
+    return out
+
+
+def _strip_key(key: str, path: str) -> str:
+    index = key.rpartition("@")[2] if "@" in key else ""
+    return f"{path}@{index}" if index.isdigit() else path
+
+
+def _common(stacks: list[list]) -> list:
+    """The longest common prefix of stacks (empty for none)."""
+    if not stacks:
+        return []
+    common = stacks[0]
+    for items in stacks[1:]:
+        size = 0
+        for a, b in zip(common, items):
+            if a != b:
+                break
+            size += 1
+        common = common[:size]
+    return common
 
 
 def _root_only(node: torch.fx.Node) -> bool:
@@ -78,22 +116,75 @@ def _root_only(node: torch.fx.Node) -> bool:
 def _common_stack(body: torch.fx.GraphModule) -> list:
     """The longest common prefix of the stacks of the body's operations (recursing into
     nested bodies through their own operations only)."""
-    common: list | None = None
-    for node in body.graph.nodes:
-        if node.op != "call_function":
-            continue
-        items = _items(node)
-        if not items:
-            continue
-        if common is None:
-            common = items
-            continue
-        size = 0
-        for a, b in zip(common, items):
-            if a != b:
-                break
-            size += 1
-        common = common[:size]
-        if not common:
-            return []
-    return common or []
+    return _common([items for node in body.graph.nodes
+                    if node.op == "call_function" and (items := _items(node))])
+
+
+def inline_subgraph_calls(program: torch.export.ExportedProgram
+                          ) -> torch.export.ExportedProgram:
+    """``program`` with every ``invoke_subgraph`` call (``torch.compiler.
+    nested_compile_region``) replaced by the nodes of its body; ``program`` itself unchanged.
+
+    torch records one body for all calls of a region, its nodes carrying the stack of the
+    first call. Each inlined copy gets the stack of its own call (the ``invoke_subgraph``
+    node's) followed by the body's calls below the region's module, re-rooted at that call:
+    every call of the region is one call of its module, grouped by the same rules (one
+    function per distinct body, made by rewrite instead of torch's).
+    """
+    hop = getattr(torch.ops.higher_order, "invoke_subgraph", None)
+    graph = program.graph_module.graph
+    if hop is None or not graph.find_nodes(op="call_function", target=hop):
+        return program
+    import copy
+
+    from torch._higher_order_ops.passes.inline_invoke_subgraph import (
+        inline_invoke_subgraph_nodes)
+
+    gm = torch.fx.GraphModule(program.graph_module, copy.deepcopy(graph))
+    for node in list(gm.graph.find_nodes(op="call_function", target=hop)):
+        body = _attr(gm, node.args[0].target)
+        base = _common_stack(body) if isinstance(body, torch.fx.GraphModule) else []
+        call = _items(node)
+        before = set(gm.graph.nodes)
+        inline_invoke_subgraph_nodes(gm, [node])
+        for new in gm.graph.nodes:
+            if new not in before and _STACK in new.meta:
+                new.meta[_STACK] = _rerooted(_items(new), base, call)
+    gm.recompile()
+    return _with_graph_module(program, gm)
+
+
+def _rerooted(items: list, base: list, call: list) -> dict:
+    """A body node's stack for one call: the call's stack, then the body's calls below the
+    region's module (``base``: what all body nodes share), their paths moved under the
+    call's path."""
+    if not call or not base or items[:len(base)] != base:
+        return dict(items)
+    old, new = base[-1][1][0], call[-1][1][0]
+    out = dict(call)
+    for key, (path, cls) in items[len(base):]:
+        moved = new + path[len(old):] if path.startswith(old) else path
+        index = str(key).rpartition("@")[2] if "@" in str(key) else ""
+        out[f"{moved}@{index}" if index.isdigit() else moved] = (moved, cls)
+    return out
+
+
+def _with_graph_module(program: torch.export.ExportedProgram, gm: torch.fx.GraphModule
+                       ) -> torch.export.ExportedProgram:
+    """``program`` with another graph module whose outputs may have new names."""
+    import dataclasses
+
+    from torch.export.graph_signature import ExportGraphSignature, TensorArgument
+
+    returned = list(gm.graph.output_node().args[0])
+    specs = []
+    for spec, value in zip(program.graph_signature.output_specs, returned):
+        if isinstance(spec.arg, TensorArgument) and isinstance(value, torch.fx.Node):
+            spec = dataclasses.replace(spec, arg=TensorArgument(name=value.name))
+        specs.append(spec)
+    signature = ExportGraphSignature(program.graph_signature.input_specs, specs)
+    return torch.export.ExportedProgram(
+        root=gm, graph=gm.graph, graph_signature=signature, state_dict=program.state_dict,
+        range_constraints=program.range_constraints,
+        module_call_graph=program.module_call_graph, example_inputs=program.example_inputs,
+        constants=program.constants, verifiers=program.verifiers)

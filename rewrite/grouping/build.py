@@ -204,10 +204,20 @@ def no_structure(kind: str) -> Diagnostic:
                       f"rules still apply); {keep}")
 
 
+_BRANCH_OPS = ("cond", "while_loop", "scan", "map_impl", "associative_scan")
+"""Higher-order ops whose bodies' module calls torch.export does not record in the graph."""
+
+
 def _warnings(rules: RuleSet, graph: Graph, hits: Counter) -> list[Diagnostic]:
     first = [no_structure(graph.kind)] if not graph.calls else []
+    branches = sorted({t.rsplit(".", 1)[-1] for t in graph.columns.targets
+                       if t.startswith("torch.ops.higher_order.")} & set(_BRANCH_OPS))
+    why = (f"; this program calls {', '.join(branches)}: modules called inside its bodies "
+           "are not grouped (torch.export records their calls only in the body graphs; the "
+           "op stays in the group of the module that called it)") if branches else ""
     return first + [
-        Diagnostic("warning", f"{rule.kind} rule matches nothing in this model", rule.span)
+        Diagnostic("warning", f"{rule.kind} rule matches nothing in this model"
+                   + (why if rule.kind != "tag" else ""), rule.span)
         for rule in rules.rules
         if hits[rule.order] == 0
     ]
