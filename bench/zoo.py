@@ -63,13 +63,9 @@ class Failed(Exception):
 
 
 def _first_line(e: BaseException) -> str:
-    text = str(e).strip()
-    for marker in ("## Exception summary",):  # torch.onnx's long report: its summary line
-        if marker in text:
-            tail = [t for t in text.split(marker, 1)[1].splitlines() if t.strip()]
-            if tail:
-                return tail[0].strip()[:200]
-    return (text.splitlines()[0] if text else type(e).__name__)[:200]
+    from rewrite.backends.onnx.export import failure_reason
+
+    return failure_reason(e)[:240]
 
 
 def _tensors(value: Any) -> list[np.ndarray]:
@@ -115,8 +111,9 @@ def _compare(stage: str, got: list, want: list[np.ndarray], atol: float) -> None
 
 
 def body_key(function) -> tuple:
-    """A function's body up to value names: per node its op, domain, attributes, and where
-    each input comes from (a function input by position, a node output by position)."""
+    """A function's body up to value names: the types and shapes of its inputs (calls with
+    other static shapes are another body in ONNX), per node its op, domain, attributes, and
+    where each input comes from (a function input by position, a node output by position)."""
     where: dict[int, tuple] = {id(v): ("in", k) for k, v in enumerate(function.inputs)}
     nodes = []
     for i, node in enumerate(function):
@@ -128,7 +125,8 @@ def body_key(function) -> tuple:
                     for v in node.inputs)
         nodes.append((node.domain, node.op_type, node.overload, attrs, ins))
     outs = tuple(where.get(id(v)) for v in function.outputs)
-    return tuple(nodes), outs
+    types = tuple((str(v.type), str(v.shape)) for v in function.inputs)
+    return types, tuple(nodes), outs
 
 
 def _block_functions(entry: Entry, model, tree) -> str:
@@ -217,6 +215,7 @@ def check(entry: Entry, *, timing: bool = True) -> Row:
     detail = f"modularize flattened {', '.join(flattened)}" if flattened else ""
     if entry.why_atol:
         detail = "; ".join(filter(None, [detail, f"atol {entry.atol:g}: {entry.why_atol}"]))
+    detail = "; ".join(filter(None, [detail, entry.note]))
     return Row(**row, result=OK, functions=functions, rewrite_s=rewrite_s, plain_s=plain_s,
                detail=detail)
 

@@ -31,6 +31,8 @@ class Entry:
     atol: float = 1e-4
     why_atol: str = ""
     """Why a looser tolerance than 1e-4 is needed, when it is."""
+    note: str = ""
+    """A known limit, shown in the table."""
 
 
 def _seeded(module: torch.nn.Module) -> torch.nn.Module:
@@ -275,7 +277,7 @@ ZOO: tuple[Entry, ...] = (
     Entry("swin", "vision", _vision("SwinConfig", "SwinModel", image_size=32, patch_size=4,
                                     embed_dim=16, depths=(2, 2), num_heads=(2, 2),
                                     window_size=4), "*SwinLayer"),
-    Entry("convnext_hf", "vision", _vision("ConvNextConfig", "ConvNextModel", num_channels=3,
+    Entry("convnext_hf", "vision", _vision("ConvNextConfig", "ConvNextModel", num_stages=2,
                                            hidden_sizes=(16, 32), depths=(2, 2)),
           "*ConvNextLayer"),
     # audio
@@ -288,10 +290,13 @@ ZOO: tuple[Entry, ...] = (
     Entry("mobilenetv3", "cnn", _timm("mobilenetv3_small_050"), "*InvertedResidual"),
     # diffusion
     Entry("unet2d", "diffusion", _unet, "*ResnetBlock2D"),
-    Entry("dit", "diffusion", _dit, "*BasicTransformerBlock"),
+    Entry("dit", "diffusion", _dit, "*BasicTransformerBlock",
+          note="2 functions: torch.onnx's optimizer merges the blocks' identical timestep "
+               "projections (CSE across blocks), so block 1 reads block 0's; outlining "
+               "before optimizing (the lead's change on main) keeps them apart"),
 )
 
-FAST = ("llama", "t5", "distilbert", "vit", "whisper", "wav2vec2")
+FAST = ("llama", "bart", "distilbert", "vit", "wav2vec2")
 """The subset ``make test`` runs (tests/test_zoo.py): one per transformers family."""
 
 

@@ -169,8 +169,9 @@ def test_static_cache_decoder_onnx(static_cache_llama):
     does); non-strict: torch.onnx.export itself cannot convert it, and the error says so."""
     make, ids = static_cache_llama
     pos = torch.arange(4)
-    flat = torch.onnx.export(make(True), dynamo=True, verbose=False).model
-    onnx_model = rewrite.apply(LLAMA_RULES, make(True)).to_onnx()
+    program = make(True)
+    flat = torch.onnx.export(program, dynamo=True, verbose=False).model
+    onnx_model = rewrite.apply(LLAMA_RULES, program).to_onnx()
     checked_proto(onnx_model)
     np.testing.assert_allclose(run_onnx(onnx_model, (ids, pos))[0],
                                run_onnx(flat, (ids, pos))[0], atol=1e-5)

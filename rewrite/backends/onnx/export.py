@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import re
 from typing import TYPE_CHECKING
 
 import torch
@@ -38,6 +39,24 @@ def _quiet_exporter():
             logger.setLevel(level)
 
 
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def failure_reason(e: BaseException) -> str:
+    """One line saying why torch failed: the exception summary of torch.onnx's long report
+    (after its generic first line), else the first line; without terminal colour codes."""
+    text = _ANSI.sub("", str(e)).strip()
+    if not text:
+        return type(e).__name__
+    first = text.splitlines()[0]
+    if "## Exception summary" in text:
+        summary = [t.strip() for t in text.split("## Exception summary", 1)[1].splitlines()
+                   if t.strip()]
+        if summary:
+            return f"{first.split('. ')[0]}: {summary[0]}"
+    return first
+
+
 def export_program(program: torch.export.ExportedProgram, *, optimize: bool = True) -> Exported:
     """``torch.onnx.export(program, dynamo=True, optimize=optimize)``; decomposes only once."""
     try:
@@ -46,8 +65,7 @@ def export_program(program: torch.export.ExportedProgram, *, optimize: bool = Tr
                 program, dynamo=True, optimize=optimize, verbose=False, report=False
             )
     except Exception as e:  # the exporter raises its own error types; all mean "cannot lower"
-        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise InputError(f"torch.onnx.export cannot convert this program: {reason}") from None
+        raise InputError(f"torch.onnx.export cannot convert this program: {failure_reason(e)}") from None
     decomposed = onnx_program.exported_program
     if decomposed is None:  # pragma: no cover - torch always records it
         raise InputError("torch.onnx.export did not record the program it translated")
