@@ -91,18 +91,25 @@ def enclosed_at_root(columns: Columns, table: StackTable, sid: np.ndarray) -> np
     deeper call, with at least one of each and no graph output among the users (a region a
     strict export recorded at the root). Placed like nodes without a stack, they go into that
     call; left at the top level, data would leave the call and come back."""
-    depth = np.array([table.depth_of(k) for k in range(len(table))], dtype=np.int64)
     is_io = columns.is_io
     root = (sid == table.empty) & ~is_io
-    deep = depth[sid] >= 1
-    producer, consumer = columns.edges()
-    seeds = np.unique(producer[root[producer] & deep[consumer]])
+    roots = np.flatnonzero(root)
+    if roots.size == 0:
+        return roots
+    deep = table.depths()[sid] >= 1
+    start, inputs = columns.input_start, columns.input_index
+    # seeds: top-level nodes with a producer inside a call (from the CSR inputs of the
+    # top-level nodes alone: the edge list is only made when there is a seed)
+    counts = start[roots + 1] - start[roots]
+    offsets = np.repeat(start[roots] - np.cumsum(counts) + counts, counts)
+    producers = inputs[offsets + np.arange(int(counts.sum()), dtype=np.int64)]
+    seeds = np.unique(np.repeat(roots, counts)[deep[producers]])
     if seeds.size == 0:
         return seeds
+    producer, consumer = columns.edges()
     by_producer = np.argsort(producer, kind="stable")
     users, user_start = consumer[by_producer], np.searchsorted(producer[by_producer],
                                                                np.arange(columns.size + 1))
-    start, inputs = columns.input_start, columns.input_index
     is_root, is_deep, is_out = root.tolist(), deep.tolist(), is_io.tolist()
     stack = sid.tolist()
     seen: set[int] = set()
@@ -112,7 +119,7 @@ def enclosed_at_root(columns: Columns, table: StackTable, sid: np.ndarray) -> np
             continue
         component, todo = [seed], [seed]
         seen.add(seed)
-        common, has_input, ok = -1, False, True
+        common, has_input, has_user, ok = -1, False, False, True
         while todo:
             node = todo.pop()
             for k, side in ((inputs[start[node]:start[node + 1]], 0),
@@ -127,9 +134,10 @@ def enclosed_at_root(columns: Columns, table: StackTable, sid: np.ndarray) -> np
                         ok = ok and side == 0  # a graph input is fine, the output is not
                     elif is_deep[other]:
                         has_input = has_input or side == 0
+                        has_user = has_user or side == 1
                         s = stack[other]
                         common = s if common < 0 else table.common_prefix(common, s)
-        if ok and has_input and common >= 0 and table.depth_of(common) >= 1:
+        if ok and has_input and has_user and common >= 0 and table.depth_of(common) >= 1:
             found.extend(component)
     return np.array(sorted(found), dtype=np.int64)
 
