@@ -1,4 +1,5 @@
-"""Module stacks of higher-order op regions that the tracer recorded at the root.
+"""Higher-order op regions: module stacks a strict export recorded at the root, and
+``invoke_subgraph`` calls read as calls of their module.
 
 A higher-order op (``wrap_with_set_grad_enabled`` for a ``torch.no_grad()`` block,
 ``invoke_subgraph``, ``cond``...) runs a body graph held by a ``get_attr`` submodule. In strict
@@ -8,8 +9,10 @@ the body's own nodes carry the full stack of the module that ran the region (the
 embedding of a Llama). Read as they are, such nodes sit at the top level, between the nodes
 of that module: the module cannot be outlined.
 
-:func:`region_metas` gives such nodes the stack their body agrees on (the longest common prefix
-of the body nodes' stacks), when it is deeper than their own.
+:func:`region_metas` gives such nodes the stack their bodies agree on (the longest common
+prefix of the body nodes' stacks, over every branch), when it is deeper than their own.
+:func:`inline_subgraph_calls` replaces each ``invoke_subgraph`` call by its body, in a copy
+of the program, each copy with the stacks of its own call.
 """
 
 from __future__ import annotations
@@ -158,7 +161,7 @@ def _rerooted(items: list, base: list, call: list) -> dict:
     """A body node's stack for one call: the call's stack, then the body's calls below the
     region's module (``base``: what all body nodes share), their paths moved under the
     call's path."""
-    if not call or not base or items[:len(base)] != base:
+    if len(call) < 2 or not base or items[:len(base)] != base:  # no call to move under
         return dict(items)
     old, new = base[-1][1][0], call[-1][1][0]
     out = dict(call)
