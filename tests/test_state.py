@@ -18,7 +18,8 @@ import pytest
 import torch
 
 import rewrite
-from tests.onnx_fixtures import LLAMA_RULES, MODULARIZE, checked_proto, run_onnx
+from tests.onnx_fixtures import (LLAMA_RULES, MODULARIZE, checked_proto, function_names,
+                                 run_onnx)
 
 
 class CachedAttention(torch.nn.Module):
@@ -173,6 +174,9 @@ def test_static_cache_decoder_onnx(static_cache_llama):
     flat = torch.onnx.export(program, dynamo=True, verbose=False).model
     onnx_model = rewrite.apply(LLAMA_RULES, program).to_onnx()
     checked_proto(onnx_model)
+    names = function_names(onnx_model)
+    assert names["LlamaDecoderLayer"] == 1 and names["LlamaAttention"] == 1, names
+    assert names["RotaryEmbedding"] == 1, names  # its no-grad region keeps its module
     np.testing.assert_allclose(run_onnx(onnx_model, (ids, pos))[0],
                                run_onnx(flat, (ids, pos))[0], atol=1e-5)
     with pytest.raises(rewrite.InputError, match="torch.onnx.export cannot convert"):

@@ -11,8 +11,9 @@ of that module: the module cannot be outlined.
 
 :func:`region_metas` gives such nodes the stack their bodies agree on (the longest common
 prefix of the body nodes' stacks, over every branch), when it is deeper than their own.
-:func:`inline_subgraph_calls` replaces each ``invoke_subgraph`` call by its body, in a copy
-of the program, each copy with the stacks of its own call.
+:func:`readable_program` makes a copy of a program with those stacks written in (for
+torch.onnx too) and each ``invoke_subgraph`` call replaced by its body, with the stacks of its
+own call.
 """
 
 from __future__ import annotations
@@ -123,36 +124,44 @@ def _common_stack(body: torch.fx.GraphModule) -> list:
                     if node.op == "call_function" and (items := _items(node))])
 
 
-def inline_subgraph_calls(program: torch.export.ExportedProgram
-                          ) -> torch.export.ExportedProgram:
-    """``program`` with every ``invoke_subgraph`` call (``torch.compiler.
-    nested_compile_region``) replaced by the nodes of its body; ``program`` itself unchanged.
+def readable_program(program: torch.export.ExportedProgram) -> torch.export.ExportedProgram:
+    """``program`` as rewrite reads and lowers it; ``program`` itself is never changed.
 
-    torch records one body for all calls of a region, its nodes carrying the stack of the
-    first call. Each inlined copy gets the stack of its own call (the ``invoke_subgraph``
-    node's) followed by the body's calls below the region's module, re-rooted at that call:
-    every call of the region is one call of its module, grouped by the same rules (one
-    function per distinct body, made by rewrite instead of torch's).
+    When it has regions recorded at the root (:func:`region_metas`) or ``invoke_subgraph``
+    calls, a copy in which the regions carry their stacks (so torch.onnx's decomposition,
+    which gives an inlined region's nodes the stack of its op, keeps them in their module)
+    and each ``invoke_subgraph`` call (``torch.compiler.nested_compile_region``) is replaced
+    by the nodes of its body. torch records one body for all calls of a region, its nodes
+    carrying the stack of the first call; each inlined copy gets the stack of its own call
+    (the ``invoke_subgraph`` node's) followed by the body's calls below the region's module,
+    re-rooted at that call: every call of the region is one call of its module, grouped by
+    the same rules (one function per distinct body, made by rewrite instead of torch's).
     """
-    hop = getattr(torch.ops.higher_order, "invoke_subgraph", None)
     graph = program.graph_module.graph
-    if hop is None or not graph.find_nodes(op="call_function", target=hop):
+    hop = getattr(torch.ops.higher_order, "invoke_subgraph", None)
+    calls = graph.find_nodes(op="call_function", target=hop) if hop is not None else []
+    metas = region_metas(list(graph.nodes))
+    if not calls and not metas:
         return program
     import copy
 
-    from torch._higher_order_ops.passes.inline_invoke_subgraph import (
-        inline_invoke_subgraph_nodes)
-
     gm = torch.fx.GraphModule(program.graph_module, copy.deepcopy(graph))
-    for node in list(gm.graph.find_nodes(op="call_function", target=hop)):
-        body = _attr(gm, node.args[0].target)
-        base = _common_stack(body) if isinstance(body, torch.fx.GraphModule) else []
-        call = _items(node)
-        before = set(gm.graph.nodes)
-        inline_invoke_subgraph_nodes(gm, [node])
-        for new in gm.graph.nodes:
-            if new not in before and _STACK in new.meta:
-                new.meta[_STACK] = _rerooted(_items(new), base, call)
+    nodes = list(gm.graph.nodes)  # the copy keeps the order
+    for i, meta in metas.items():
+        nodes[i].meta[_STACK] = meta[_STACK]
+    if calls:
+        from torch._higher_order_ops.passes.inline_invoke_subgraph import (
+            inline_invoke_subgraph_nodes)
+
+        for node in list(gm.graph.find_nodes(op="call_function", target=hop)):
+            body = _attr(gm, node.args[0].target)
+            base = _common_stack(body) if isinstance(body, torch.fx.GraphModule) else []
+            call = _items(node)
+            before = set(gm.graph.nodes)
+            inline_invoke_subgraph_nodes(gm, [node])
+            for new in gm.graph.nodes:
+                if new not in before and _STACK in new.meta:
+                    new.meta[_STACK] = _rerooted(_items(new), base, call)
     gm.recompile()
     return _with_graph_module(program, gm)
 

@@ -65,30 +65,21 @@ def regroup(rules: RuleSet, tree: GroupTree, model: "ir.Model",
     return onnx_tree, compare_trees(tree, onnx_tree)
 
 
-_HIGHER_ORDER = "torch.ops.higher_order."
-
-
 def compare_trees(fx_tree: GroupTree, onnx_tree: GroupTree) -> list[Diagnostic]:
     """Warnings for groups of ``fx_tree`` missing from ``onnx_tree`` and vice versa."""
     fx_groups = {g.id: g for g in fx_tree.groups()}
     onnx_groups = {g.id: g for g in onnx_tree.groups()}
     warnings = []
     gone = [g for gid, g in fx_groups.items() if gid not in onnx_groups]
-    nodes = fx_tree.graph.nodes
-    regions = [g for g in gone if any(nodes[i].target.startswith(_HIGHER_ORDER)
-                                      for i in g.all_nodes())]
-    for lost, why in (([g for g in gone if g not in regions],
-                       "torch.onnx's optimizer removed or folded all their nodes (identities "
-                       "such as Dropout in eval, computations on constants)"),
-                      (regions, "torch.onnx inlined their higher-order op region (a "
-                       "torch.no_grad() block...) without its module metadata, so its nodes "
-                       "went with their users, or its optimizer folded them")):
-        if lost:
-            shown = ", ".join(f"{g.id} ({g.function_name})" for g in lost[:6])
-            more = f", ... ({len(lost)} in all)" if len(lost) > 6 else ""
-            warnings.append(Diagnostic(
-                "warning", f"{len(lost)} group(s) have no ONNX nodes, so no function: {why}: "
-                f"{shown}{more}"))
+    if gone:
+        shown = ", ".join(f"{g.id} ({g.function_name})" for g in gone[:6])
+        more = f", ... ({len(gone)} in all)" if len(gone) > 6 else ""
+        warnings.append(Diagnostic(
+            "warning",
+            f"{len(gone)} group(s) have no ONNX nodes, so no function: torch.onnx's optimizer "
+            f"removed or folded all their nodes (identities such as Dropout in eval, "
+            f"computations on constants): {shown}{more}",
+        ))
     for gid, group in onnx_groups.items():
         known = fx_groups.get(gid)
         if known is None or known.function_name != group.function_name:
