@@ -41,7 +41,7 @@ import torch
 
 from rewrite._gc import gc_paused
 from rewrite.frontends.calls import distinct_calls, split_runs
-from rewrite.frontends.regions import region_metas
+from rewrite.frontends.regions import region_stacks
 from rewrite.ir import Graph, ModuleCall, Node, Stack
 from rewrite.ir.columns import (EMPTY_TAGS, CallColumns, StackInterner, StackSequence, TagSets,
                                 build_columns, call_columns_of)
@@ -294,8 +294,11 @@ def _read(graph: torch.fx.Graph, source: Any, root_class: str | None,
     size = len(fx_nodes)
     ops = [n.op for n in fx_nodes]
     metas = [n.meta for n in fx_nodes]
-    for i, meta in region_metas(fx_nodes).items():  # regions a strict export put at the root
-        metas[i] = meta
+    stacks = region_stacks(graph)  # regions a strict export put at the root
+    if stacks:
+        position = {node: i for i, node in enumerate(fx_nodes)}
+        for node, stack in stacks.items():
+            metas[position[node]] = {**node.meta, _STACK: stack}
     is_io = list(map(_IO_OPS.__contains__, ops))
     io = np.fromiter(is_io, dtype=bool, count=size)
 

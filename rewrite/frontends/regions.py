@@ -9,7 +9,7 @@ the body's own nodes carry the full stack of the module that ran the region (the
 embedding of a Llama). Read as they are, such nodes sit at the top level, between the nodes
 of that module: the module cannot be outlined.
 
-:func:`region_metas` gives such nodes the stack their bodies agree on (the longest common
+:func:`region_stacks` gives such nodes the stack their bodies agree on (the longest common
 prefix of the body nodes' stacks, over every branch), when it is deeper than their own.
 :func:`readable_program` makes a copy of a program with those stacks written in (for
 torch.onnx too) and each ``invoke_subgraph`` call replaced by its body, with the stacks of its
@@ -26,13 +26,13 @@ import torch
 _STACK = "nn_module_stack"
 
 
-def region_metas(fx_nodes: list[torch.fx.Node]) -> dict[int, dict]:
-    """Per node index, a replacement ``meta`` for the nodes of a region recorded at the root
-    (see the module docstring); empty when there is none."""
-    holders = [n for n in fx_nodes if n.op == "get_attr"]
+def region_stacks(graph: torch.fx.Graph) -> dict[torch.fx.Node, dict]:
+    """Per node of a region recorded at the root, the stack it should have (see the module
+    docstring); empty when there is none."""
+    holders = graph.find_nodes(op="get_attr")  # indexed: no pass over the nodes
     if not holders:
         return {}
-    owner = fx_nodes[0].graph.owning_module
+    owner = graph.owning_module
     bodies = {}
     for holder in holders:
         body = _attr(owner, holder.target)
@@ -50,11 +50,7 @@ def region_metas(fx_nodes: list[torch.fx.Node]) -> dict[int, dict]:
             if node is op_node or node in holders or node.target is operator.getitem:
                 if _root_only(node) and node not in changed:
                     changed[node] = stack
-    if not changed:
-        return {}
-    position = {node: i for i, node in enumerate(fx_nodes)}
-    return {position[node]: {**node.meta, _STACK: dict(stack)}
-            for node, stack in changed.items()}
+    return {node: dict(stack) for node, stack in changed.items()}
 
 
 def _attr(owner: Any, target: Any) -> Any:
@@ -127,7 +123,7 @@ def _common_stack(body: torch.fx.GraphModule) -> list:
 def readable_program(program: torch.export.ExportedProgram) -> torch.export.ExportedProgram:
     """``program`` as rewrite reads and lowers it; ``program`` itself is never changed.
 
-    When it has regions recorded at the root (:func:`region_metas`) or ``invoke_subgraph``
+    When it has regions recorded at the root (:func:`region_stacks`) or ``invoke_subgraph``
     calls, a copy in which the regions carry their stacks (so torch.onnx's decomposition,
     which gives an inlined region's nodes the stack of its op, keeps them in their module)
     and each ``invoke_subgraph`` call (``torch.compiler.nested_compile_region``) is replaced
@@ -140,15 +136,16 @@ def readable_program(program: torch.export.ExportedProgram) -> torch.export.Expo
     graph = program.graph_module.graph
     hop = getattr(torch.ops.higher_order, "invoke_subgraph", None)
     calls = graph.find_nodes(op="call_function", target=hop) if hop is not None else []
-    metas = region_metas(list(graph.nodes))
-    if not calls and not metas:
+    stacks = region_stacks(graph)
+    if not calls and not stacks:
         return program
     import copy
 
     gm = torch.fx.GraphModule(program.graph_module, copy.deepcopy(graph))
-    nodes = list(gm.graph.nodes)  # the copy keeps the order
-    for i, meta in metas.items():
-        nodes[i].meta[_STACK] = meta[_STACK]
+    if stacks:  # the copy keeps the order of the nodes
+        copies = dict(zip(graph.nodes, gm.graph.nodes))
+        for node, stack in stacks.items():
+            copies[node].meta[_STACK] = stack
     if calls:
         from torch._higher_order_ops.passes.inline_invoke_subgraph import (
             inline_invoke_subgraph_nodes)
