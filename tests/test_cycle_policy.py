@@ -81,6 +81,14 @@ def test_unknown_policy_is_a_rules_error(run_cli, tmp_path):
     assert "Traceback" not in r.err
 
 
+@pytest.mark.parametrize("text, where", [("group any\non cycle\n", "2:9"),
+                                         ('on cycle "flatten"\n', "1:10")])
+def test_missing_policy_is_a_rules_error(text, where):
+    with pytest.raises(rewrite.RuleError) as info:
+        rewrite.parse_rules(text, "p.rules")
+    assert str(info.value).startswith(f"p.rules:{where}: error: 'on cycle' needs a policy")
+
+
 def test_flatten_moves_children_up_and_checks_again():
     """a holds child c; flattening a puts c (and a's own nodes) at the top level."""
     a, c, b, other = call("a"), call("a.c"), call("b"), call("other")

@@ -129,6 +129,12 @@ def _syntax_diagnostic(e: lark.UnexpectedInput, source: Source) -> Diagnostic:
                 word_span,
                 hint,
             )
+        if expected == {"NAME"}:
+            end = len(source.text) if token.type == "$END" else e.pos_in_stream
+            if _previous_word(source, end)[0] == "cycle":
+                return Diagnostic("error", "'on cycle' needs a policy: error or flatten",
+                                  _end_span(source) if token.type == "$END" else span,
+                                  "write 'on cycle flatten' or 'on cycle error'")
         if token.type == "$END":
             return Diagnostic(
                 "error",
