@@ -5,7 +5,9 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test bench fuzz clean
+ZOO_STAMP := $(VENV)/.zoo-installed
+
+.PHONY: install demo test bench zoo fuzz clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -24,6 +26,16 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) -m bench.run
+
+# timm without its dependencies: they would pull torchvision (CUDA wheels); timm's models do
+# not need it (bench/zoo_models.py imports timm against a stub torchvision)
+$(ZOO_STAMP): $(STAMP) pyproject.toml
+	$(PY) -m pip install -q -e '.[test,bench,zoo]'
+	$(PY) -m pip install -q --no-deps 'timm>=1.0,<2'
+	touch $(ZOO_STAMP)
+
+zoo: $(ZOO_STAMP)
+	HF_HUB_OFFLINE=1 nice $(PY) -m bench.zoo
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache demo-out

@@ -37,6 +37,11 @@ def tree_to_dict(tree: GroupTree) -> dict:
                   "module_calls": len(graph.calls)},
         "groups": [group_to_dict(c, tree) for c in tree.root.children],
         "top_level_nodes": len(tree.root.nodes),
+        "flattened": [
+            {"id": f.id, "path": f.call.path, "class": f.call.cls, "call_index": f.call.index,
+             "rule": f.origin, "into": f.into, "reason": f.reason, "nodes": list(f.nodes)}
+            for f in tree.flattened
+        ],
         "warnings": [
             {"location": w.span.location if w.span else None, "message": w.message}
             for w in tree.warnings

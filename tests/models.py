@@ -24,8 +24,10 @@ def gpt2(n_layer: int = 2, n_embd: int = 32, n_head: int = 2, vocab: int = 100, 
     return model, (ids,), {"return_dict": False, "use_cache": False}
 
 
-def llama(layers: int = 2, hidden: int = 32, heads: int = 4, kv_heads: int = 2, vocab: int = 100):
-    from transformers import LlamaConfig, LlamaModel
+def llama(layers: int = 2, hidden: int = 32, heads: int = 4, kv_heads: int = 2, vocab: int = 100,
+          *, head: bool = False):
+    """A random-weight LlamaModel (``head``: LlamaForCausalLM, the model under ``model``)."""
+    from transformers import LlamaConfig, LlamaForCausalLM, LlamaModel
 
     config = LlamaConfig(
         num_hidden_layers=layers, hidden_size=hidden, intermediate_size=hidden * 2,
@@ -34,7 +36,7 @@ def llama(layers: int = 2, hidden: int = 32, heads: int = 4, kv_heads: int = 2, 
         pad_token_id=0,
     )
     torch.manual_seed(0)
-    model = LlamaModel(config).eval()
+    model = (LlamaForCausalLM if head else LlamaModel)(config).eval()
     ids = torch.randint(0, vocab, (1, 8))
     return model, (ids,), {"return_dict": False, "use_cache": False}
 
@@ -125,13 +127,14 @@ def staged():
     return Staged().eval(), (torch.randn(2, 4),), {}
 
 
-def export(model_args_kwargs, *, preserve_meta: bool = False) -> torch.export.ExportedProgram:
+def export(model_args_kwargs, *, preserve_meta: bool = False, strict: bool = False
+           ) -> torch.export.ExportedProgram:
     """``torch.export.export`` of a (model, args, kwargs) triple."""
     model, args, kwargs = model_args_kwargs
     if preserve_meta:
         with torch.fx.traceback.preserve_node_meta():
-            return torch.export.export(model, args, kwargs=kwargs)
-    return torch.export.export(model, args, kwargs=kwargs)
+            return torch.export.export(model, args, kwargs=kwargs, strict=strict)
+    return torch.export.export(model, args, kwargs=kwargs, strict=strict)
 
 
 # --- FX backend: state mutation and repeated split regions -----------------------------------

@@ -117,15 +117,39 @@ def test_a_node_between_two_nodes_of_a_call_goes_into_it():
     check_tree_invariants(tree)
 
 
+def test_top_level_nodes_enclosed_by_one_call_go_into_it():
+    """Nodes recorded at the top level whose producers and users all lie inside one call (a
+    region a strict export recorded at the root) are placed like nodes without a stack; top
+    level nodes fed by graph inputs only, or read by the output, stay."""
+    a, inner, b = call("a"), call("a.inner", "m.Inner"), call("b")
+    g = GraphBuilder()
+    x = g.input()
+    top = g.op("top", inputs=[x], stack=())               # graph input -> a: stays
+    a1 = g.op("a1", inputs=[top], stack=(a,))
+    t1 = g.op("t1", inputs=[a1, x], stack=())              # between a1 and a's users
+    t2 = g.op("t2", inputs=[t1], stack=())
+    a2 = g.op("a2", inputs=[t1], stack=(a, inner))
+    a3 = g.op("a3", inputs=[a2, t2], stack=(a,))
+    t3 = g.op("t3", inputs=[a3], stack=())                 # read by b and the output: stays
+    b1 = g.op("b1", inputs=[t3], stack=(b,))
+    g.output([b1, t3])
+    graph = g.graph()
+    tree = group_graph(rewrite.parse_rules("group any"), graph)
+    owner = {n.name: tree.owner[n.index] for n in graph.nodes}
+    assert owner == {"x": "", "top": "", "a1": "a", "t1": "a", "t2": "a", "a2": "a/a.inner",
+                     "a3": "a", "t3": "", "b1": "b", "output": ""}
+    check_tree_invariants(tree)
+
+
 # --- groups that cannot be outlined ------------------------------------------------------------
 
 
 def test_a_group_whose_data_leaves_and_comes_back_is_an_error():
-    a, b = call("a"), call("b")
+    a, b, other = call("a"), call("b"), call("other")
     g = GraphBuilder()
     x = g.input()
     a1 = g.op("a1", inputs=[x], stack=(a,))
-    t = g.op("t", inputs=[a1], stack=())             # top level, between a's nodes
+    t = g.op("t", inputs=[a1], stack=(other,))       # another call, between a's nodes
     a2 = g.op("a2", inputs=[a1, t], stack=(a,))
     b1 = g.op("b1", inputs=[a2], stack=(b,))
     g.output([b1])
@@ -216,6 +240,26 @@ def reference(rules, graph):
         for i in n.inputs:
             users[i].append(n.index)
     stacks = [() if n.is_io else n.stack for n in nodes]
+    for component in root_components(nodes, users):
+        # top-level nodes between producers and users inside one call: no stack
+        inside, boundary, ok = set(component), [], True
+        for i in component:
+            for p in nodes[i].inputs:
+                if p not in inside and stacks[p]:
+                    boundary.append((0, stacks[p]))
+            for u in users[i]:
+                if u not in inside:
+                    ok = ok and not nodes[u].is_io
+                    if stacks[u]:
+                        boundary.append((1, stacks[u]))
+        sides = {side for side, _ in boundary}
+        if ok and sides == {0, 1}:
+            common = boundary[0][1]
+            for _, s in boundary[1:]:
+                common = prefix(common, s)
+            if common:
+                for i in component:
+                    stacks[i] = None
     above = {}  # per node without a stack: the stacks of its nearest producers with one
     for n in nodes:
         if stacks[n.index] is None:
@@ -298,6 +342,26 @@ def reference(rules, graph):
     owner = tuple("/".join(x.key for x in p) for p in paths)
     warnings = [r.origin for r in rules.rules if hits[r.order] == 0]
     return out, owner, [tags[i] for i in range(len(nodes))], warnings
+
+
+def root_components(nodes, users):
+    """Connected sets of nodes recorded at the top level (stack ``()``, not graph io)."""
+    root = {n.index for n in nodes if not n.is_io and n.stack == ()}
+    seen, out = set(), []
+    for start in sorted(root):
+        if start in seen:
+            continue
+        seen.add(start)
+        component, todo = [], [start]
+        while todo:
+            i = todo.pop()
+            component.append(i)
+            for j in (*nodes[i].inputs, *users[i]):
+                if j in root and j not in seen:
+                    seen.add(j)
+                    todo.append(j)
+        out.append(component)
+    return out
 
 
 def prefix(a, b):

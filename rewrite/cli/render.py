@@ -2,7 +2,8 @@
 
 Columns: the group (its module call key, ``h.0.attn`` / ``shared@1``, or split component), the
 module class, the node count (with descendants), the function it becomes, and the rule that
-made it (``file:line``). Before lowering, the function is the name the rule's templates give;
+made it (``file:line``). After the table, one line per group that ``on cycle flatten``
+dissolved. Before lowering, the function is the name the rule's templates give;
 ``calls=`` (filled from the ONNX backend's outlining: ``explain --onnx``, ``apply -v``) replaces
 it with the function actually made and its call count (identical bodies share one function).
 With ``measures`` (``explain -v``), four more columns show what the ``size``, ``depth``,
@@ -22,6 +23,7 @@ from rich.text import Text
 from rich.tree import Tree
 
 from rewrite.grouping import Group, GroupTree
+from rewrite.grouping.cycles import Flattened
 
 
 @frozen
@@ -193,3 +195,14 @@ def print_tree(console: Console, tree: GroupTree, *, title: str, calls: Calls | 
         console.print(render_compact(tree, calls=calls, max_depth=max_depth, qualified=qualified,
                                      measures=measures))
     console.print(Text(_caption(tree, list(tree.groups()), calls), style="dim"), soft_wrap=True)
+    for flat in tree.flattened:
+        console.print(flattened_line(flat), soft_wrap=True)
+
+
+def flattened_line(flat: Flattened) -> Text:
+    """One line about a group that ``on cycle flatten`` dissolved: which, why, where to."""
+    into = f"group {flat.into}" if flat.into else "the top level"
+    nodes = ", ".join(flat.nodes[:8]) + (", ..." if len(flat.nodes) > 8 else "")
+    return Text.assemble(("flattened ", "yellow bold"), (flat.id, "bold"),
+                         f" ({flat.call.class_name}, {flat.origin}): its nodes are in {into}; "
+                         f"{flat.reason}; nodes involved: {nodes}")

@@ -11,7 +11,9 @@ Precedence (documented for users in ``docs/rules.md``):
   wins; on equal priority the rule with the highest ``order`` (written last) wins;
 * tag rules run in order of (``priority``, ``order``): later ones see earlier tags and
   overwrite the same key;
-* one ``split`` per rule set.
+* one ``split`` per rule set;
+* the last ``on cycle`` statement sets the cycle policy (default ``error``), so a file can
+  override the policy of a file it includes.
 
 Each rule carries its selector twice: ``predicate`` over one :class:`Facts` (the reference)
 and ``mask`` over many subjects at once (what grouping uses).
@@ -69,12 +71,27 @@ class Split:
 
 
 @frozen
+class CyclePolicy:
+    """What to do with a group that cannot be outlined: ``error`` or ``flatten``."""
+
+    action: str
+    span: Span | None = field(default=None, eq=False)
+    """The ``on cycle`` statement (None: the default)."""
+
+    @property
+    def flatten(self) -> bool:
+        return self.action == "flatten"
+
+
+@frozen
 class RuleSet:
     """Compiled rules, ready to match a graph."""
 
     rules: tuple[Rule, ...]
     split: Split | None = None
     files: tuple[str, ...] = ()
+    on_cycle: CyclePolicy = CyclePolicy("error")
+    """The last ``on cycle`` statement (default: ``error``)."""
 
     @property
     def group_rules(self) -> tuple[Rule, ...]:
@@ -118,8 +135,12 @@ class _Compiler:
     def __init__(self) -> None:
         self.rules: list[Rule] = []
         self.split: Split | None = None
+        self.on_cycle = CyclePolicy("error")
         self.files: list[str] = []
         self._stack: list[Path] = []
+
+    def ruleset(self) -> RuleSet:
+        return RuleSet(tuple(self.rules), self.split, tuple(self.files), self.on_cycle)
 
     def add_file(self, parsed: ast.RulesFile, base: Path | None, path: Path | None) -> None:
         if path is not None:
@@ -156,6 +177,8 @@ class _Compiler:
                                f"the first split is at {self.split.span.location}")
                 ])
             self.split = Split(s.key, s.order, s.span)
+        elif isinstance(s, ast.CyclePolicy):
+            self.on_cycle = CyclePolicy(s.action, s.span)
 
     def _add(self, kind: str, s: ast.GroupRule | ast.FlatRule | ast.TagRule, **options) -> None:
         self.rules.append(Rule(
@@ -185,7 +208,7 @@ def parse_rules(text: str, name: str = "<string>", *, base: str | Path | None = 
     """Compile rules text; ``include`` paths resolve against ``base`` (default: cwd)."""
     compiler = _Compiler()
     compiler.add_file(parse_text(text, name), Path(base) if base else None, None)
-    return RuleSet(tuple(compiler.rules), compiler.split, tuple(compiler.files))
+    return compiler.ruleset()
 
 
 def load_rules(path: str | Path) -> RuleSet:
@@ -201,4 +224,4 @@ def load_rules(path: str | Path) -> RuleSet:
         raise RuleError([Diagnostic("error", f"{path}: is a directory, expected a .rules file")])
     compiler = _Compiler()
     compiler.add_file(parse_text(_read(path), _display(path)), path.parent, path)
-    return RuleSet(tuple(compiler.rules), compiler.split, tuple(compiler.files))
+    return compiler.ruleset()

@@ -16,6 +16,8 @@ The root entry of exported programs (path ``""``) is dropped; its class is the g
 * in exported programs every traced node has a stack (the root entry at least), so a node
   without one, or with only ``_empty_nn_module_stack_from_metadata_hook``, was made by a
   pass: its stack is unknown (``None``) and grouping places it with its users;
+* a higher-order op region (a ``torch.no_grad()`` block...) that a strict export recorded at
+  the root takes the stack its body's nodes agree on (:mod:`rewrite.frontends.regions`);
 * ``symbolic_trace`` records no root entry: its nodes without a stack were traced in the root
   module's own ``forward``, so ``call_function``/``call_method``/``call_module`` nodes get
   the empty stack (top level). ``get_attr`` nodes stay unknown and go with their users.
@@ -40,6 +42,7 @@ import torch
 from rewrite._gc import gc_paused
 from rewrite._torch_private import is_op_overload
 from rewrite.frontends.calls import distinct_calls, split_runs
+from rewrite.frontends.regions import region_stacks
 from rewrite.ir import Graph, ModuleCall, Node, Stack
 from rewrite.ir.columns import (EMPTY_TAGS, CallColumns, StackInterner, StackSequence, TagSets,
                                 build_columns, call_columns_of)
@@ -292,6 +295,11 @@ def _read(graph: torch.fx.Graph, source: Any, root_class: str | None,
     size = len(fx_nodes)
     ops = [n.op for n in fx_nodes]
     metas = [n.meta for n in fx_nodes]
+    stacks = region_stacks(graph)  # regions a strict export put at the root
+    if stacks:
+        position = {node: i for i, node in enumerate(fx_nodes)}
+        for node, stack in stacks.items():
+            metas[position[node]] = {**node.meta, _STACK: stack}
     is_io = list(map(_IO_OPS.__contains__, ops))
     io = np.fromiter(is_io, dtype=bool, count=size)
 

@@ -10,6 +10,7 @@ import torch
 from rewrite.errors import InputError
 from rewrite.frontends.fx import from_exported_program, from_graph_module
 from rewrite.frontends.pt2 import load_pt2
+from rewrite.frontends.regions import readable_program
 from rewrite.ir import Graph
 
 MODEL_SUFFIXES = (".pt2", ".onnx")
@@ -21,7 +22,7 @@ def load_graph(model: Any) -> Graph:
         path = Path(model)
         suffix = path.suffix.lower()
         if suffix == ".pt2":
-            return from_exported_program(load_pt2(path))
+            return from_exported_program(readable_program(load_pt2(path)))
         if suffix == ".onnx":
             from rewrite.frontends.onnx import load_onnx_graph
 
@@ -30,7 +31,7 @@ def load_graph(model: Any) -> Graph:
             f"{path}: unknown model type {suffix or '(no extension)'!r}; expected .pt2 or .onnx"
         )
     if isinstance(model, torch.export.ExportedProgram):
-        return from_exported_program(model)
+        return from_exported_program(readable_program(model))
     if isinstance(model, torch.fx.GraphModule):
         return from_graph_module(model)
     try:

@@ -5,7 +5,8 @@
 3. choose the group or flat rule of every module call (``decide``);
 4. with a split, assign split components (``split``);
 5. give every node its path of groups, check that the groups can be outlined
-   (``validate``), and build the tree.
+   (``validate``; a group that cannot is an error or, by the rules' ``on cycle flatten``,
+   dissolved into its parent: ``cycles``), and build the tree.
 
 Everything is numpy array passes over the graph's columns (``Graph.columns``), the tree of
 distinct stacks and the calls; Python work is per distinct class, target and tag set and per
@@ -21,7 +22,8 @@ import numpy as np
 
 from rewrite._gc import gc_paused
 from rewrite.compile import RuleSet
-from rewrite.errors import Diagnostic, GroupingError
+from rewrite.errors import Diagnostic
+from rewrite.grouping.cycles import Flattened, flatten_group, flattenable, flattened_warning, raise_cycle
 from rewrite.grouping.decide import decide_calls
 from rewrite.grouping.measures import CallMeasures
 from rewrite.grouping.placement import place_nodes
@@ -30,7 +32,7 @@ from rewrite.grouping.stacks import StackTable
 from rewrite.grouping.subjects import CallSubjects
 from rewrite.grouping.tagging import apply_tag_rules
 from rewrite.grouping.tree import GroupTable, GroupTree, Segments
-from rewrite.grouping.validate import Cycle, find_cycle, group_spans
+from rewrite.grouping.validate import find_cycle, group_spans
 from rewrite.ir import Graph
 from rewrite.ir.columns import TagSets
 
@@ -66,13 +68,22 @@ def _group(rules: RuleSet, graph: Graph) -> GroupTree:
     group_of = stack_group[sid]
     if comp is not None:
         parent, segment, depth, group_of = _split_groups(parent, segment, depth, group_of, comp)
-    spans = group_spans(group_of, parent, depth, placement.position)
-    groups = GroupTable(parent, segment, depth, spans.count, spans.first)
-    cycle = find_cycle(columns, group_of, groups, spans)
-    if cycle is not None:
-        _raise_cycle(graph, rules, segments, cycle)
+    flattened: list[Flattened] = []
+    while True:
+        spans = group_spans(group_of, parent, depth, placement.position)
+        groups = GroupTable(parent, segment, depth, spans.count, spans.first)
+        cycle = find_cycle(columns, group_of, groups, spans)
+        if cycle is None:
+            break
+        if not (rules.on_cycle.flatten and flattenable(cycle)):
+            raise_cycle(graph, segments, cycle)
+        if not flattened:
+            parent, group_of = parent.copy(), group_of.copy()
+        flattened.append(flatten_group(graph, segments, groups, parent, group_of, cycle))
+        depth = _depths(parent)
+    warnings = _warnings(rules, graph, hits) + [flattened_warning(f) for f in flattened]
     return GroupTree(graph, groups, segments, group_of, tags_id, tuple(tag_table.values),
-                     tuple(_warnings(rules, graph, hits)), measures)
+                     tuple(warnings), tuple(flattened), measures)
 
 
 def _stack_groups(table: StackTable, grouped: np.ndarray
@@ -200,31 +211,21 @@ def no_structure(kind: str, functions: int = 0) -> Diagnostic:
                       f"rules still apply); {keep}")
 
 
+_BRANCH_OPS = ("cond", "while_loop", "scan", "map_impl", "associative_scan")
+"""Higher-order ops whose bodies' module calls torch.export does not record in the graph."""
+
+
 def _warnings(rules: RuleSet, graph: Graph, hits: Counter) -> list[Diagnostic]:
     functions = len(getattr(graph.source, "functions", None) or ()) if graph.kind == "onnx" else 0
     first = [no_structure(graph.kind, functions)] if not graph.calls else []
+    branches = sorted({t.rsplit(".", 1)[-1] for t in graph.columns.targets
+                       if t.startswith("torch.ops.higher_order.")} & set(_BRANCH_OPS))
+    why = (f"; this program calls {', '.join(branches)}: modules called inside its bodies "
+           "are not grouped (torch.export records their calls only in the body graphs; the "
+           "op stays in the group of the module that called it)") if branches else ""
     return first + [
-        Diagnostic("warning", f"{rule.kind} rule matches nothing in this model", rule.span)
+        Diagnostic("warning", f"{rule.kind} rule matches nothing in this model"
+                   + (why if rule.kind != "tag" else ""), rule.span)
         for rule in rules.rules
         if hits[rule.order] == 0
     ]
-
-
-def _raise_cycle(graph: Graph, rules: RuleSet, segments: Segments, cycle: Cycle) -> None:
-    nodes = graph.nodes
-    names: list[str] = []
-    for edge in cycle.edges:
-        for i in edge:
-            if nodes[i].name not in names:
-                names.append(nodes[i].name)
-    where = "/".join(segments.key(s) for s in cycle.parent) or "the top level"
-    if not cycle.groups:  # pragma: no cover - a cycle between loose nodes is not a graph
-        raise GroupingError(f"cycle between nodes in {where}", nodes=tuple(names))
-    rule = segments.rule(cycle.groups[0])
-    what = ", ".join(segments.key(g) for g in cycle.groups)
-    raise GroupingError(
-        f"group {what} cannot be outlined: data leaves it and comes back in through other "
-        f"nodes of {where} (a cycle); flatten it, or group the nodes in between with it",
-        rule=rule.origin if rule is not None else None,
-        nodes=tuple(names),
-    )

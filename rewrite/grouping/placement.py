@@ -12,6 +12,9 @@ unknown are placed first (reverse topological order). A node with no placed user
 takes the common prefix of its producers' stacks, or the top level. Graph inputs and outputs
 always stay at the top level.
 
+Nodes recorded at the top level whose producers and users all lie inside one deeper call (a
+region a strict export recorded at the root) are placed the same way (``enclosed_at_root``).
+
 Unknown nodes whose users are all known and in one stack (the common case) are placed in one
 array pass; the others one by one, users first.
 """
@@ -43,6 +46,9 @@ def place_nodes(columns: Columns, table: StackTable) -> Placement:
     sid = table.canon[columns.stack_id]
     sid[columns.is_io] = table.empty
     is_unknown = table.is_unknown()[sid]
+    enclosed = enclosed_at_root(columns, table, sid)
+    if enclosed.size:
+        is_unknown[enclosed] = True
     unknown = np.flatnonzero(is_unknown)
     if unknown.size == 0:
         return Placement(sid, None)
@@ -77,6 +83,63 @@ def place_nodes(columns: Columns, table: StackTable) -> Placement:
     position = np.empty(columns.size, dtype=np.int64)
     position[np.argsort(key, kind="stable")] = np.arange(columns.size, dtype=np.int64)
     return Placement(sid, position)
+
+
+def enclosed_at_root(columns: Columns, table: StackTable, sid: np.ndarray) -> np.ndarray:
+    """Nodes recorded at the top level that sit inside one module call: each connected set
+    of top-level nodes whose producers and users (graph inputs aside) all lie inside one
+    deeper call, with at least one of each and no graph output among the users (a region a
+    strict export recorded at the root). Placed like nodes without a stack, they go into that
+    call; left at the top level, data would leave the call and come back."""
+    is_io = columns.is_io
+    root = (sid == table.empty) & ~is_io
+    roots = np.flatnonzero(root)
+    if roots.size == 0:
+        return roots
+    deep = table.depths()[sid] >= 1
+    start, inputs = columns.input_start, columns.input_index
+    # seeds: top-level nodes with a producer inside a call (from the CSR inputs of the
+    # top-level nodes alone: the edge list is only made when there is a seed)
+    counts = start[roots + 1] - start[roots]
+    offsets = np.repeat(start[roots] - np.cumsum(counts) + counts, counts)
+    producers = inputs[offsets + np.arange(int(counts.sum()), dtype=np.int64)]
+    seeds = np.unique(np.repeat(roots, counts)[deep[producers]])
+    if seeds.size == 0:
+        return seeds
+    producer, consumer = columns.edges()
+    by_producer = np.argsort(producer, kind="stable")
+    users, user_start = consumer[by_producer], np.searchsorted(producer[by_producer],
+                                                               np.arange(columns.size + 1))
+    is_root, is_deep, is_out = root.tolist(), deep.tolist(), is_io.tolist()
+    stack = sid.tolist()
+    seen: set[int] = set()
+    found: list[int] = []
+    for seed in seeds.tolist():
+        if seed in seen:
+            continue
+        component, todo = [seed], [seed]
+        seen.add(seed)
+        common, has_input, has_user, ok = -1, False, False, True
+        while todo:
+            node = todo.pop()
+            for k, side in ((inputs[start[node]:start[node + 1]], 0),
+                            (users[user_start[node]:user_start[node + 1]], 1)):
+                for other in k.tolist():
+                    if is_root[other]:
+                        if other not in seen:
+                            seen.add(other)
+                            component.append(other)
+                            todo.append(other)
+                    elif is_out[other]:
+                        ok = ok and side == 0  # a graph input is fine, the output is not
+                    elif is_deep[other]:
+                        has_input = has_input or side == 0
+                        has_user = has_user or side == 1
+                        s = stack[other]
+                        common = s if common < 0 else table.common_prefix(common, s)
+        if ok and has_input and has_user and common >= 0 and table.depth_of(common) >= 1:
+            found.extend(component)
+    return np.array(sorted(found), dtype=np.int64)
 
 
 _MOST_ANCESTORS = 8

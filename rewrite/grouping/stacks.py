@@ -117,6 +117,13 @@ class StackTable:
             pass
         return out
 
+    def depths(self) -> np.ndarray:
+        """Per stack id, its number of calls (-1 for the unknown stack)."""
+        given_depth = self._given_depth()
+        if given_depth is not None:
+            return np.asarray(given_depth, dtype=np.int64)
+        return np.array([-1 if c is None else len(c) for c in self.ids], dtype=np.int64)
+
     def depth_of(self, stack: int) -> int:
         """The number of calls of a known stack (-1 for the unknown one)."""
         given_depth = self._given_depth()

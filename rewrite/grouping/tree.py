@@ -135,6 +135,8 @@ class GroupTree:
     tag_sets: tuple[Mapping[str, str], ...] = field(repr=False)
     warnings: tuple = ()
     """Diagnostics such as rules that matched nothing."""
+    flattened: tuple = ()
+    """The groups dissolved by ``on cycle flatten`` (``cycles.Flattened``), in order."""
     call_measures: CallMeasures | None = field(default=None, repr=False)
     """What ``size``, ``depth``, ``repeats`` and ``call`` selectors compare, per call."""
     _made: dict = field(factory=dict, init=False, repr=False)

@@ -151,7 +151,21 @@ class SplitRule:
     span: Span = field(eq=False)
 
 
-Statement = Union[Include, GroupRule, FlatRule, TagRule, SplitRule]
+CYCLE_POLICIES = ("error", "flatten")
+"""What ``on cycle`` accepts."""
+
+
+@frozen
+class CyclePolicy:
+    """``on cycle flatten`` / ``on cycle error``: what to do with a group that cannot be
+    outlined (data leaves it and comes back)."""
+
+    action: str
+    """One of :data:`CYCLE_POLICIES`."""
+    span: Span = field(eq=False)
+
+
+Statement = Union[Include, GroupRule, FlatRule, TagRule, SplitRule, CyclePolicy]
 
 
 @frozen

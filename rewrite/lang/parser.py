@@ -18,9 +18,9 @@ from rewrite.errors import Diagnostic, RuleError
 from rewrite.lang import ast
 from rewrite.lang.source import Source, Span
 
-STATEMENT_KEYWORDS = ("include", "group", "flat", "tag", "split")
+STATEMENT_KEYWORDS = ("include", "group", "flat", "tag", "split", "on")
 SELECTOR_KEYWORDS = ("path", "class", "op", "has", "any", "not", "(")
-OPTION_KEYWORDS = ("as", "domain", "priority", "with", "order", "by")
+OPTION_KEYWORDS = ("as", "domain", "priority", "with", "order", "by", "cycle")
 ALL_KEYWORDS = STATEMENT_KEYWORDS + SELECTOR_KEYWORDS + OPTION_KEYWORDS + ("and", "or")
 
 _TERMINAL_WORDS = {
@@ -136,6 +136,12 @@ def _syntax_diagnostic(e: lark.UnexpectedInput, source: Source) -> Diagnostic:
             if word in ast.MEASURES:
                 return _needs_comparison(word, word_span)
             return _unknown_selector(word, word_span)
+        if expected == {"NAME"}:
+            end = len(source.text) if token.type == "$END" else e.pos_in_stream
+            if _previous_word(source, end)[0] == "cycle":
+                return Diagnostic("error", "'on cycle' needs a policy: error or flatten",
+                                  _end_span(source) if token.type == "$END" else span,
+                                  "write 'on cycle flatten' or 'on cycle error'")
         if token.type == "$END":
             return Diagnostic(
                 "error",
@@ -330,6 +336,17 @@ class _ToAst(Transformer):
                 )
             seen.add(value)
         return ast.SplitRule(key, order, self._span(meta))
+
+    @v_args(meta=True)
+    def cycle_policy(self, meta, items):
+        action = str(items[0])
+        if action not in ast.CYCLE_POLICIES:
+            raise RuleError([Diagnostic(
+                "error", f"unknown cycle policy {action!r}; write 'on cycle error' (stop) or "
+                "'on cycle flatten' (flatten the group, with a warning)", self._span(items[0]),
+                _suggest(action, list(ast.CYCLE_POLICIES)),
+            )])
+        return ast.CyclePolicy(action, self._span(meta))
 
     # selectors
     @v_args(meta=True)

@@ -3,7 +3,9 @@
 An :class:`FxSource` describes the flat graph independently of where it came from:
 
 * an ``ExportedProgram``: lifted parameters, buffers, constants and script objects are
-  placeholders named by the graph signature; they become :class:`Attribute` values. User
+  placeholders named by the graph signature; they become :class:`Attribute` values
+  (parameters shared with the program, buffers and tensor constants the module's own
+  detached copies: running it leaves the program unchanged). User
   inputs stay placeholders, mutated buffers / user inputs are outputs that the lowered module
   writes back with ``copy_`` (as ``ExportedProgram.module()`` does), and the calling
   convention comes from the program's ``in_spec`` / ``out_spec``;
@@ -149,20 +151,61 @@ _USER_OUTPUTS = (OutputKind.USER_OUTPUT, OutputKind.LOSS_OUTPUT)
 
 
 def _program_attributes(program: torch.export.ExportedProgram) -> dict[str, Attribute]:
+    """Parameters as the program holds them; buffers and tensor constants as the lowered
+    module's own copies (see :func:`own_state`)."""
     signature = program.graph_signature
     state, constants = program.state_dict, program.constants
     non_persistent = set(signature.non_persistent_buffers)
+    copies = own_state([state.get(n, constants.get(n)) for n in signature.buffers]
+                       + list(constants.values()))
     found: dict[str, Attribute] = {}
     for name in signature.parameters:
         found[name] = Attribute(name, state[name], PARAMETER)
     for name in signature.buffers:
         if name in non_persistent:
-            found[name] = Attribute(name, constants[name], BUFFER, persistent=False)
+            found[name] = Attribute(name, copies[id(constants[name])], BUFFER, persistent=False)
         else:
-            found[name] = Attribute(name, state[name], BUFFER)
-    for name in (*signature.lifted_tensor_constants, *signature.lifted_custom_objs):
+            found[name] = Attribute(name, copies[id(state[name])], BUFFER)
+    for name in signature.lifted_tensor_constants:
+        found[name] = Attribute(name, copies[id(constants[name])], CONSTANT)
+    for name in signature.lifted_custom_objs:
         found[name] = Attribute(name, constants[name], CONSTANT)
+    for name, value in constants.items():  # aliases of a lifted constant, as module() has
+        if name not in found:
+            found[name] = Attribute(name, copies[id(value)], CONSTANT)
     return found
+
+
+def own_state(values: list[Any]) -> dict[int, Any]:
+    """Per ``id`` of each tensor, a detached copy the lowered module owns.
+
+    A program's buffers and constants are mutated in place by programs with state (a KV
+    cache ``index_copy_``), and may be views that require grad; running the lowered module
+    must change neither the program nor fail on them. So, like ``ExportedProgram.module()``
+    (which detaches constants that require grad), they are detached, and copied so that the
+    program stays as it was. Tensors that share storage keep sharing it (copied once, each
+    view made again at its offset and strides), so a write through one is seen through all.
+    """
+    storages: dict[int, torch.UntypedStorage] = {}
+    out: dict[int, Any] = {}
+    for value in values:
+        if id(value) in out or not isinstance(value, torch.Tensor):
+            out.setdefault(id(value), value)
+            continue
+        tensor = value.detach()
+        try:
+            storage = tensor.untyped_storage()
+            key = storage.data_ptr()
+            if not key or type(tensor) is not torch.Tensor:
+                raise RuntimeError("no shared storage to keep")
+            if key not in storages:
+                storages[key] = storage.clone()
+            copy = torch.empty(0, dtype=tensor.dtype, device=tensor.device)
+            copy.set_(storages[key], tensor.storage_offset(), tensor.size(), tensor.stride())
+        except (RuntimeError, NotImplementedError, TypeError):  # subclasses, fake tensors...
+            copy = tensor.clone()
+        out[id(value)] = copy
+    return out
 
 
 def _codegen(program: torch.export.ExportedProgram) -> CodeGen:

@@ -1,0 +1,199 @@
+"""Higher-order op regions: module stacks a strict export recorded at the root, and
+``invoke_subgraph`` calls read as calls of their module.
+
+A higher-order op (``wrap_with_set_grad_enabled`` for a ``torch.no_grad()`` block,
+``invoke_subgraph``, ``cond``...) runs a body graph held by a ``get_attr`` submodule. In strict
+exports (``torch.export.export(..., strict=True)``) the op node, its body's ``get_attr`` and the
+``getitem`` nodes that unpack its results may carry only the root module's stack entry, while
+the body's own nodes carry the full stack of the module that ran the region (the rotary
+embedding of a Llama). Read as they are, such nodes sit at the top level, between the nodes
+of that module: the module cannot be outlined.
+
+:func:`region_stacks` gives such nodes the stack their bodies agree on (the longest common
+prefix of the body nodes' stacks, over every branch), when it is deeper than their own.
+:func:`readable_program` makes a copy of a program with those stacks written in (for
+torch.onnx too) and each ``invoke_subgraph`` call replaced by its body, with the stacks of its
+own call.
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import Any
+
+import torch
+
+_STACK = "nn_module_stack"
+
+
+def region_stacks(graph: torch.fx.Graph) -> dict[torch.fx.Node, dict]:
+    """Per node of a region recorded at the root, the stack it should have (see the module
+    docstring); empty when there is none."""
+    holders = graph.find_nodes(op="get_attr")  # indexed: no pass over the nodes
+    if not holders:
+        return {}
+    owner = graph.owning_module
+    bodies = {}
+    for holder in holders:
+        body = _attr(owner, holder.target)
+        if isinstance(body, torch.fx.GraphModule):
+            bodies[holder] = body
+    if not bodies:
+        return {}
+    changed: dict[torch.fx.Node, list] = {}
+    for op_node in {user: None for holder in bodies for user in holder.users}:
+        holders = [a for a in op_node.all_input_nodes if a in bodies]
+        stack = _common([_common_stack(bodies[h]) for h in holders])  # all branches agree
+        if not _root_only(op_node) or len(stack) <= 1:
+            continue
+        for node in (*holders, op_node, *op_node.users):
+            if node is op_node or node in holders or node.target is operator.getitem:
+                if _root_only(node) and node not in changed:
+                    changed[node] = stack
+    return {node: dict(stack) for node, stack in changed.items()}
+
+
+def _attr(owner: Any, target: Any) -> Any:
+    value = owner
+    for part in str(target).split("."):
+        value = getattr(value, part, None)
+        if value is None:
+            return None
+    return value
+
+
+_EXPORT_ROOT = "_export_root"
+"""The path strict exports give the root module inside higher-order op bodies."""
+
+
+def _items(node: torch.fx.Node) -> list:
+    """The node's stack entries; inside bodies of strict exports, without the extra
+    ``_export_root`` entry and path prefix, so they read like the main graph's."""
+    stack = node.meta.get(_STACK)
+    if not isinstance(stack, dict):
+        return []
+    items = list(stack.items())
+    if not any(isinstance(v, tuple) and v and v[0] == _EXPORT_ROOT for _, v in items):
+        return items
+    out = []
+    for key, value in items:
+        path = value[0] if isinstance(value, tuple) and len(value) == 2 else None
+        if path == _EXPORT_ROOT:
+            continue
+        if isinstance(path, str) and path.startswith(_EXPORT_ROOT + "."):
+            path = path[len(_EXPORT_ROOT) + 1:]
+            key, value = _strip_key(str(key), path), (path, value[1])
+        out.append((key, value))
+    return out
+
+
+def _strip_key(key: str, path: str) -> str:
+    index = key.rpartition("@")[2] if "@" in key else ""
+    return f"{path}@{index}" if index.isdigit() else path
+
+
+def _common(stacks: list[list]) -> list:
+    """The longest common prefix of stacks (empty for none)."""
+    if not stacks:
+        return []
+    common = stacks[0]
+    for items in stacks[1:]:
+        size = 0
+        for a, b in zip(common, items):
+            if a != b:
+                break
+            size += 1
+        common = common[:size]
+    return common
+
+
+def _root_only(node: torch.fx.Node) -> bool:
+    """Whether the node's stack is absent, empty or only the root entry (path ``""``)."""
+    items = _items(node)
+    return all(isinstance(v, tuple) and len(v) == 2 and v[0] == "" for _, v in items)
+
+
+def _common_stack(body: torch.fx.GraphModule) -> list:
+    """The longest common prefix of the stacks of the body's operations (recursing into
+    nested bodies through their own operations only)."""
+    return _common([items for node in body.graph.nodes
+                    if node.op == "call_function" and (items := _items(node))])
+
+
+def readable_program(program: torch.export.ExportedProgram) -> torch.export.ExportedProgram:
+    """``program`` as rewrite reads and lowers it; ``program`` itself is never changed.
+
+    When it has regions recorded at the root (:func:`region_stacks`) or ``invoke_subgraph``
+    calls, a copy in which the regions carry their stacks (so torch.onnx's decomposition,
+    which gives an inlined region's nodes the stack of its op, keeps them in their module)
+    and each ``invoke_subgraph`` call (``torch.compiler.nested_compile_region``) is replaced
+    by the nodes of its body. torch records one body for all calls of a region, its nodes
+    carrying the stack of the first call; each inlined copy gets the stack of its own call
+    (the ``invoke_subgraph`` node's) followed by the body's calls below the region's module,
+    re-rooted at that call: every call of the region is one call of its module, grouped by
+    the same rules (one function per distinct body, made by rewrite instead of torch's).
+    """
+    graph = program.graph_module.graph
+    hop = getattr(torch.ops.higher_order, "invoke_subgraph", None)
+    calls = graph.find_nodes(op="call_function", target=hop) if hop is not None else []
+    stacks = region_stacks(graph)
+    if not calls and not stacks:
+        return program
+    import copy
+
+    gm = torch.fx.GraphModule(program.graph_module, copy.deepcopy(graph))
+    if stacks:  # the copy keeps the order of the nodes
+        copies = dict(zip(graph.nodes, gm.graph.nodes))
+        for node, stack in stacks.items():
+            copies[node].meta[_STACK] = stack
+    if calls:
+        from torch._higher_order_ops.passes.inline_invoke_subgraph import (
+            inline_invoke_subgraph_nodes)
+
+        for node in list(gm.graph.find_nodes(op="call_function", target=hop)):
+            body = _attr(gm, node.args[0].target)
+            base = _common_stack(body) if isinstance(body, torch.fx.GraphModule) else []
+            call = _items(node)
+            before = set(gm.graph.nodes)
+            inline_invoke_subgraph_nodes(gm, [node])
+            for new in gm.graph.nodes:
+                if new not in before and _STACK in new.meta:
+                    new.meta[_STACK] = _rerooted(_items(new), base, call)
+    gm.recompile()
+    return _with_graph_module(program, gm)
+
+
+def _rerooted(items: list, base: list, call: list) -> dict:
+    """A body node's stack for one call: the call's stack, then the body's calls below the
+    region's module (``base``: what all body nodes share), their paths moved under the
+    call's path."""
+    if len(call) < 2 or not base or items[:len(base)] != base:  # no call to move under
+        return dict(items)
+    old, new = base[-1][1][0], call[-1][1][0]
+    out = dict(call)
+    for key, (path, cls) in items[len(base):]:
+        moved = new + path[len(old):] if path.startswith(old) else path
+        index = str(key).rpartition("@")[2] if "@" in str(key) else ""
+        out[f"{moved}@{index}" if index.isdigit() else moved] = (moved, cls)
+    return out
+
+
+def _with_graph_module(program: torch.export.ExportedProgram, gm: torch.fx.GraphModule
+                       ) -> torch.export.ExportedProgram:
+    """``program`` with another graph module whose outputs may have new names."""
+    import dataclasses
+
+    from torch.export.graph_signature import ExportGraphSignature, TensorArgument
+
+    returned = list(gm.graph.output_node().args[0])
+    specs = []
+    for spec, value in zip(program.graph_signature.output_specs, returned):
+        if isinstance(spec.arg, TensorArgument) and isinstance(value, torch.fx.Node):
+            spec = dataclasses.replace(spec, arg=TensorArgument(name=value.name))
+        specs.append(spec)
+    signature = ExportGraphSignature(program.graph_signature.input_specs, specs)
+    return torch.export.ExportedProgram(
+        root=gm, graph=gm.graph, graph_signature=signature, state_dict=program.state_dict,
+        range_constraints=program.range_constraints,
+        module_call_graph=program.module_call_graph, example_inputs=program.example_inputs,
+        constants=program.constants, verifiers=program.verifiers)

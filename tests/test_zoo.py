@@ -1,0 +1,34 @@
+"""The fast subset of the model zoo (bench/zoo.py; ``make zoo`` runs all of it): real
+architectures lowered with modularize and a blocks rule, checked against eager in ONNX
+(full checker, onnxruntime) and FX, one function per distinct block body."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench.zoo import OK, body_key, check
+from bench.zoo_models import FAST, entry
+
+
+@pytest.mark.parametrize("name", FAST)
+def test_zoo_model(name):
+    row = check(entry(name), timing=False)
+    assert row.result == OK, row
+    functions, blocks = map(int, row.functions.split("/"))
+    assert 1 <= functions < blocks
+
+
+def test_equal_bodies_have_equal_keys():
+    import onnx_ir as ir
+
+    text = """
+    <ir_version: 10, opset_import: ["" : 20, "f" : 1]>
+    g (float[2] x) => (float[2] y) { a = f.F(x)  b = f.G(a)  y = Add(a, b) }
+    <domain: "f", opset_import: ["" : 20]> F (u) => (v) { w = Relu(u)  v = Neg(w) }
+    <domain: "f", opset_import: ["" : 20]> G (p) => (q) { r = Relu(p)  q = Neg(r) }
+    """
+    model = ir.from_onnx_text(text)
+    f, g = model.functions.values()
+    assert body_key(f) == body_key(g)
+    g[1].op_type = "Abs"
+    assert body_key(f) != body_key(g)
