@@ -290,10 +290,7 @@ ZOO: tuple[Entry, ...] = (
     Entry("mobilenetv3", "cnn", _timm("mobilenetv3_small_050"), "*InvertedResidual"),
     # diffusion
     Entry("unet2d", "diffusion", _unet, "*ResnetBlock2D"),
-    Entry("dit", "diffusion", _dit, "*BasicTransformerBlock",
-          note="2 functions: torch.onnx's optimizer merges the blocks' identical timestep "
-               "projections (CSE across blocks), so block 1 reads block 0's; outlining "
-               "before optimizing (the lead's change on main) keeps them apart"),
+    Entry("dit", "diffusion", _dit, "*BasicTransformerBlock"),
 )
 
 FAST = ("llama", "bart", "distilbert", "vit", "wav2vec2")
