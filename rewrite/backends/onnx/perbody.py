@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any, Hashable
 import onnx_ir as ir
 import torch
 from attrs import frozen
+from onnxscript.version_converter import convert_version
 
 from rewrite.backends.fx.compile import _freeze
 from rewrite.backends.onnx import torch_private
@@ -208,12 +209,14 @@ def rebuild(program: torch.export.ExportedProgram, tree: GroupTree
     def emit_call(index: int) -> None:
         attr, inputs, outputs = plans[index]
         getter = graph.get_attr(attr)
-        call = graph.call_function(torch.ops.higher_order.invoke_subgraph,
-                                   (getter, attr, *[env[v] for v in inputs]))
-        call.name = calls[index].name
+        call = graph.create_node("call_function", torch.ops.higher_order.invoke_subgraph,
+                                 (getter, attr, *[env[v] for v in inputs]),
+                                 name=calls[index].name)
         call.meta["val"] = tuple(o.meta.get("val") for o in outputs)
         for j, out in enumerate(outputs):
-            item = graph.call_function(operator.getitem, (call, j))
+            # named as the node it stands for: the signature names program outputs
+            item = graph.create_node("call_function", operator.getitem, (call, j),
+                                     name=out.name)
             item.meta["val"] = out.meta.get("val")
             env[out] = item
         done_calls.add(index)
@@ -335,6 +338,11 @@ def lower_per_body(program: torch.export.ExportedProgram, tree: GroupTree) -> Pe
         body = getattr(decomposed.graph_module, getter.target)
         decomposed_body[origin] = {n.name: n for n in body.graph.nodes}
     ir.passes.common.InlinePass()(model)
+    # the translation of a re-traced graph can leave a dead Constant (a view's unused shape
+    # piece) that the flat export does not have; dead nodes would upset outlining
+    ir.passes.common.RemoveUnusedNodesPass()(model)
+    # as torch.onnx.export does with its default opset_version
+    convert_version(model, target_version=torch_private.target_opset())
 
     ir_nodes = [[graph.nodes[i] for i in call.group.all_nodes()] for call in calls]
     path_maps = {i: _path_map(ir_nodes[call.first], ir_nodes[i]) for i, call in enumerate(calls)

@@ -36,15 +36,23 @@ class Unavailable(Exception):
 @functools.lru_cache(maxsize=1)
 def _apis() -> dict[str, Any]:
     try:
+        from torch._dispatch.python import enable_python_dispatcher
         from torch._guards import TracingContext, detect_fake_mode, tracing
         from torch.export.exported_program import (
             _override_composite_implicit_decomp,
             _split_decomp_table_to_cia_and_python_decomp,
         )
         from torch.fx.experimental.proxy_tensor import make_fx
-        from torch.onnx._internal.exporter import _core, _decomp, _fx_passes, _registration
+        from torch.onnx import _constants as onnx_constants
+        from torch.onnx._internal.exporter import (
+            _constants,
+            _core,
+            _decomp,
+            _fx_passes,
+            _registration,
+        )
         return {
-            "TracingContext": TracingContext, "detect_fake_mode": detect_fake_mode,
+            "python_dispatcher": enable_python_dispatcher, "TracingContext": TracingContext, "detect_fake_mode": detect_fake_mode,
             "tracing": tracing, "override_cia": _override_composite_implicit_decomp,
             "split_table": _split_decomp_table_to_cia_and_python_decomp, "make_fx": make_fx,
             "to_onnx_program": _core._exported_program_to_onnx_program,
@@ -53,6 +61,8 @@ def _apis() -> dict[str, Any]:
             "type_promotion": _fx_passes.insert_type_promotion_nodes,
             "remove_assertions": _fx_passes.remove_assertion_nodes,
             "Registry": _registration.ONNXRegistry,
+            "default_opset": onnx_constants.ONNX_DEFAULT_OPSET,
+            "torchlib_opset": _constants.TORCHLIB_OPSET,
         }
     except (ImportError, AttributeError) as e:
         raise Unavailable(f"torch {torch.__version__}: {e}") from None
@@ -71,7 +81,9 @@ def available() -> str | None:
 def _registry_and_tables():
     """torchlib's registry and the decomposition tables (built once per process)."""
     api = _apis()
-    registry = api["Registry"].from_torchlib()
+    # as torch.onnx.export (``_compat.export_compat``) builds it for its default opset
+    registry = api["Registry"].from_torchlib(opset_version=max(api["default_opset"],
+                                                              api["torchlib_opset"]))
     table = api["friendly_table"](set(api["implemented"](registry)))
     cia, python_table = api["split_table"](dict(table))
     return registry, cia, python_table
@@ -93,7 +105,7 @@ def decompose(program: torch.export.ExportedProgram) -> torch.export.ExportedPro
     def run(*args):
         return torch.fx.Interpreter(gm).run(*args)
 
-    with (torch.no_grad(), api["override_cia"](cia), api["tracing"](api["TracingContext"](fake_mode)),
+    with (torch.no_grad(), api["python_dispatcher"](), api["override_cia"](cia), api["tracing"](api["TracingContext"](fake_mode)),
           fake_mode, torch.fx.traceback.preserve_node_meta(),
           torch.fx.experimental._config.patch(backed_size_oblivious=True)):
         new = api["make_fx"](run, decomposition_table=table, tracing_mode="real")(*values)
@@ -135,3 +147,8 @@ def translate(decomposed: torch.export.ExportedProgram) -> "ir.Model":
     """torch.onnx's translation of a decomposed program (each submodule: one function)."""
     registry, _, _ = _registry_and_tables()
     return _apis()["to_onnx_program"](decomposed, registry=registry).model
+
+
+def target_opset() -> int:
+    """The opset torch.onnx.export converts its model to by default (``convert_version``)."""
+    return _apis()["default_opset"]
