@@ -73,7 +73,7 @@ def _same_result(fast, flat) -> None:
         {g.id: (g.function_name, g.domain) for g in flat.tree.groups()}
 
 
-@pytest.mark.parametrize("name", ["gpt2", pytest.param("llama", marks=pytest.mark.xfail(reason="wrap_with_autocast HOP: falls back", strict=True)), "bert"])
+@pytest.mark.parametrize("name", ["gpt2", "llama", "bert"])
 def test_transformers_per_body_equals_flat_and_eager(name, request):
     triple = request.getfixturevalue(f"{name}_model")
     program = request.getfixturevalue(f"{name}_program")

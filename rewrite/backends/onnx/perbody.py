@@ -48,6 +48,11 @@ CALL_KEY = "rewrite.perbody.call"
 NAME_SCOPES = "pkg.torch.onnx.name_scopes"
 NAMESPACE = "namespace"
 _SUBGRAPH_DOMAIN = "pkg.torch.__subgraph__"
+_INLINED_HOPS = tuple(getattr(torch.ops.higher_order, name) for name in (
+    "wrap_with_set_grad_enabled", "wrap_with_autocast")
+    if hasattr(torch.ops.higher_order, name))
+"""Higher-order ops that decomposition inlines (their bodies are plain ops), outside the
+repeated bodies (a group holding one is not made a shared body)."""
 
 
 class Unsupported(Exception):
@@ -96,8 +101,9 @@ def check(program: torch.export.ExportedProgram, custom_translation_table) -> No
     if getattr(signature, "backward_signature", None) is not None:
         raise Unsupported("the program is a joint forward/backward graph")
     for node in program.graph.nodes:
-        if node.op == "get_attr" or isinstance(node.target, torch._ops.HigherOrderOperator):
-            raise Unsupported(f"the program has a higher-order op ({node.name})")
+        if isinstance(node.target, torch._ops.HigherOrderOperator) \
+                and node.target not in _INLINED_HOPS:
+            raise Unsupported(f"the program has a higher-order op ({node.target.name()})")
         if node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload) \
                 and node.target._schema.is_mutable:
             raise Unsupported(f"the program has an in-place op ({node.target})")
@@ -157,9 +163,11 @@ def _selected(tree: GroupTree, by_index) -> list[tuple[Group, list[torch.fx.Node
 
     def visit(group: Group) -> None:
         nodes = [by_index(i) for i in group.all_nodes()]
-        if any(n.op != "call_function" for n in nodes):
-            raise Unsupported(f"group {group.id} holds {nodes[0].op} nodes")
-        key, _ = _body_key(nodes)
+        if any(n.op != "call_function" or isinstance(n.target, torch._ops.HigherOrderOperator)
+               for n in nodes):
+            key = ("not shared", group.id)  # a subgraph or a constant inside: not a body
+        else:
+            key, _ = _body_key(nodes)
         keyed[group.id] = (key, nodes)
         counts[key] = counts.get(key, 0) + 1
 
@@ -248,6 +256,12 @@ def rebuild(program: torch.export.ExportedProgram, tree: GroupTree
             raise Unsupported("the grouped calls cannot be ordered (data leaves a group and "
                               "comes back)")
         pending = rest
+    for node in graph.nodes:  # subgraphs of the program's own higher-order ops
+        if node.op == "get_attr" and not hasattr(gm, node.target):
+            value = source.get_submodule(node.target) if "." not in node.target else None
+            if value is None:
+                raise Unsupported(f"cannot copy attribute {node.target}")
+            gm.register_module(node.target, value)
     graph.lint()
     gm.recompile()
     rebuilt = copy.copy(program)  # same signature, state and constants; new graph
