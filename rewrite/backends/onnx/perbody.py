@@ -351,12 +351,13 @@ def lower_per_body(program: torch.export.ExportedProgram, tree: GroupTree) -> Pe
         getter = fx_call.args[0]
         body = getattr(decomposed.graph_module, getter.target)
         decomposed_body[origin] = {n.name: n for n in body.graph.nodes}
-    ir.passes.common.InlinePass()(model)
-    # the translation of a re-traced graph can leave a dead Constant (a view's unused shape
-    # piece) that the flat export does not have; dead nodes would upset outlining
-    ir.passes.common.RemoveUnusedNodesPass()(model)
-    # as torch.onnx.export does with its default opset_version
+    # torch.onnx.export converts its model to its default opset; onnxscript's converter
+    # inlines every function first (the bodies, torchlib's helpers: each inlined node keeps
+    # its call's marks) and removes dead nodes after (the translation of a re-traced graph
+    # can leave a dead Constant that the flat export does not have; it would upset outlining)
     convert_version(model, target_version=torch_private.target_opset())
+    if model.functions:
+        raise Unsupported("onnxscript's version converter left functions")
 
     ir_nodes = [[graph.nodes[i] for i in call.group.all_nodes()] for call in calls]
     path_maps = {i: _path_map(ir_nodes[call.first], ir_nodes[i]) for i, call in enumerate(calls)
