@@ -125,3 +125,18 @@ def test_mutation_falls_back_with_one_warning():
 def test_custom_translation_table_is_not_per_body(gpt2_program):
     with pytest.raises(Exception, match="custom translation table"):
         check(gpt2_program, {object(): object()})
+
+
+def test_dynamic_shapes_fall_back_with_one_warning():
+    import torch
+
+    model, args, kwargs = models.chain()
+    batch = torch.export.Dim("batch", min=2, max=64)
+    program = torch.export.export(model, args, dynamic_shapes=({0: batch},))
+    result = rewrite.apply(MODULARIZE, program)
+    lowering = lower(result)
+    assert lowering.path == "flat"
+    reasons = [d.message for d in lowering.warnings if "per-body" in d.message]
+    assert len(reasons) == 1 and "dynamic shapes" in reasons[0]
+    forced = lower(result, OnnxOptions(lowering="flat"))
+    assert forced.path == "flat" and not any("per-body" in d.message for d in forced.warnings)
