@@ -52,7 +52,8 @@ def _apis() -> dict[str, Any]:
             _registration,
         )
         return {
-            "python_dispatcher": enable_python_dispatcher, "TracingContext": TracingContext, "detect_fake_mode": detect_fake_mode,
+            "python_dispatcher": enable_python_dispatcher, "TracingContext": TracingContext,
+            "detect_fake_mode": detect_fake_mode,
             "tracing": tracing, "override_cia": _override_composite_implicit_decomp,
             "split_table": _split_decomp_table_to_cia_and_python_decomp, "make_fx": make_fx,
             "to_onnx_program": _core._exported_program_to_onnx_program,
@@ -105,8 +106,11 @@ def decompose(program: torch.export.ExportedProgram) -> torch.export.ExportedPro
     def run(*args):
         return torch.fx.Interpreter(gm).run(*args)
 
-    with (torch.no_grad(), api["python_dispatcher"](), api["override_cia"](cia), api["tracing"](api["TracingContext"](fake_mode)),
-          fake_mode, torch.fx.traceback.preserve_node_meta(),
+    # as run_decompositions: CompositeImplicitAutograd ops torchlib implements (linear, sdpa)
+    # are kept through the python dispatcher; a TracingContext caches each invoke_subgraph
+    # body's trace by identifier; no_grad skips the per-call schema re-trace of autograd
+    with (torch.no_grad(), api["python_dispatcher"](), api["override_cia"](cia),
+          api["tracing"](api["TracingContext"](fake_mode)), fake_mode, torch.fx.traceback.preserve_node_meta(),
           torch.fx.experimental._config.patch(backed_size_oblivious=True)):
         new = api["make_fx"](run, decomposition_table=table, tracing_mode="real")(*values)
     _keep_names(gm.graph, new.graph, placeholders)
