@@ -169,7 +169,7 @@ def time_in_memory(program, rules, api_first: bool) -> tuple[float, float]:
     import torch
 
     import rewrite
-    from rewrite.backends.onnx.export import _quiet_exporter
+    from rewrite.backends.onnx.export import quiet_exporter
 
     def api() -> float:
         start = time.perf_counter()
@@ -178,7 +178,7 @@ def time_in_memory(program, rules, api_first: bool) -> tuple[float, float]:
 
     def plain() -> float:
         start = time.perf_counter()
-        with contextlib.redirect_stdout(io.StringIO()), _quiet_exporter():
+        with contextlib.redirect_stdout(io.StringIO()), quiet_exporter():
             torch.onnx.export(program, dynamo=True, verbose=False)
         return time.perf_counter() - start
 

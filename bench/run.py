@@ -13,6 +13,7 @@ name               what                                                         
 grouping           IR + match + group vs ``torch.export.unflatten`` (48 blocks)   >= 20x
 fx                 ``apply().to_fx()`` vs ``torch.export.unflatten``               >= 3x
 onnx_apply         ``rewrite apply`` vs ``torch.onnx.export``; ORT latency         >= 2x, <= 1.02x
+onnx_perbody       per-body lowering vs flat vs ``torch.onnx.export``, 12/48       >= 10x, <= 1.5x
 onnx_outline       ONNX outlining vs onnx-diagnostic; growth 12/48/192 blocks     >= 10x
 scaling            synthetic 10k/100k/1M nodes vs a bare pass; growth             <= 10x, <= 3x, <= 1.5x
 memory             peak RSS of ``rewrite apply`` vs ``torch.onnx.export``, ~1 GB   <= 1.3x
@@ -39,6 +40,7 @@ SUITE: dict[str, tuple[str, list[str], list[str]]] = {
     "fx": ("bench.fx_vs_unflatten", ["--repeats", "7"], ["--layers", "12", "--repeats", "3"]),
     "onnx_apply": ("bench.onnx_apply", ["--repeats", "3", "--ort-runs", "300"],
                    ["--blocks", "12", "--repeats", "1", "--ort-runs", "50"]),
+    "onnx_perbody": ("bench.onnx_perbody", [], ["--blocks", "12", "24", "--repeats", "1"]),
     "onnx_outline": ("bench.onnx_outline", ["--repeats", "5"], ["--blocks", "12", "48", "--compare", "12", "--repeats", "1"]),
     "scaling": ("bench.scaling", [], ["--sizes", "10000", "100000"]),
     "memory": ("bench.memory", [], ["--layers", "4", "--width", "512"]),

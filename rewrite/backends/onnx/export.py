@@ -26,7 +26,7 @@ class Exported:
 
 
 @contextlib.contextmanager
-def _quiet_exporter():
+def quiet_exporter():
     """Mute the exporter's log chatter (torchvision notices, failed folding attempts)."""
     loggers = [logging.getLogger(name) for name in ("torch.onnx", "onnxscript")]
     levels = [logger.level for logger in loggers]
@@ -43,7 +43,7 @@ def export_program(program: torch.export.ExportedProgram, *, optimize: bool = Tr
                    custom_translation_table: Mapping | None = None) -> Exported:
     """``torch.onnx.export(program, dynamo=True, optimize=optimize)``; decomposes only once."""
     try:
-        with _quiet_exporter():
+        with quiet_exporter():
             onnx_program = torch.onnx.export(
                 program, dynamo=True, optimize=optimize, verbose=False, report=False,
                 custom_translation_table=custom_translation_table,

@@ -21,14 +21,15 @@ from attrs import frozen
 
 from rewrite._gc import gc_paused
 from rewrite.backends.onnx.clone import copy_model
-from rewrite.backends.onnx.export import export_program
+from rewrite.backends.onnx.export import export_program, quiet_exporter
 from rewrite.backends.onnx.merge import merge_functions
 from rewrite.backends.onnx.opsets import fix_opsets
 from rewrite.backends.onnx.optimize import optimize
 from rewrite.backends.onnx.options import OnnxOptions
 from rewrite.backends.onnx.outline import Outlined, outline
 from rewrite.backends.onnx.progress import Progress
-from rewrite.backends.onnx.remap import regroup
+from rewrite.backends.onnx.perbody import Unsupported, check, lower_per_body
+from rewrite.backends.onnx.remap import regroup, regroup_with
 from rewrite.errors import Diagnostic, InputError
 from rewrite.grouping import GroupTree
 from rewrite.ir import Graph
@@ -47,6 +48,9 @@ class Lowering:
     that model's graph, of which the outlined one is a copy)."""
     outlined: Outlined
     warnings: tuple[Diagnostic, ...] = ()
+    path: str = "onnx"
+    """How the ops were lowered: ``per-body``, ``flat`` (torch.onnx.export of the whole
+    program) or ``onnx`` (the input was ONNX)."""
 
 
 _OUTLINED = "rewrite.outlined"
@@ -78,14 +82,11 @@ def lower(result: "Result", options: OnnxOptions | None = None,
     tree = result.tree
     source = tree.graph.source
     warnings: list[Diagnostic] = []
+    path = "onnx"
     if tree.graph.kind == "onnx":
         model, onnx_tree = _onnx_model(result)
     elif isinstance(source, torch.export.ExportedProgram):
-        with progress.step(f"torch.onnx.export ({_count(tree.graph)} FX nodes)"):
-            exported = export_program(
-                source, optimize=False, custom_translation_table=options.custom_translation_table)
-        model = exported.model
-        onnx_tree, warnings = regroup(result.rules, tree, model, exported.program)
+        model, onnx_tree, warnings, path = _lower_program(result, source, options, progress)
     else:
         raise InputError(
             "ONNX output needs an ExportedProgram, a .pt2 file or an ONNX model; export this "
@@ -105,7 +106,38 @@ def lower(result: "Result", options: OnnxOptions | None = None,
     with progress.step(f"optimizing {len(outlined.functions)} functions and the main graph"
                        if optimized else "merging equal functions"):
         outlined = _finish(model, onnx_tree, outlined, options, optimized)
-    return Lowering(model, onnx_tree, outlined, tuple(warnings))
+    return Lowering(model, onnx_tree, outlined, tuple(warnings), path)
+
+
+def _lower_program(result: "Result", program: torch.export.ExportedProgram,
+                   options: OnnxOptions, progress: Progress):
+    """ONNX ops for ``program`` grouped like ``result.tree``: per body (:mod:`perbody`), or
+    with ``torch.onnx.export`` of the flat program (``options.lowering``)."""
+    tree = result.tree
+    warnings: list[Diagnostic] = []
+    if options.lowering != "flat":
+        try:
+            with progress.step("torch.onnx: decomposing and translating each distinct body once"):
+                check(program, options.custom_translation_table)
+                with quiet_exporter():
+                    lowered = lower_per_body(program, tree)
+            onnx_tree, more = regroup_with(result.rules, tree, lowered.model, lowered.resolver)
+            return lowered.model, onnx_tree, more, "per-body"
+        except Unsupported as e:
+            reason = str(e)
+        except Exception as e:  # torch internals (private APIs) changed or failed
+            text = str(e).strip().splitlines()[0] if str(e).strip() else ""
+            reason = f"{type(e).__name__}: {text}" if text else type(e).__name__
+        if options.lowering == "per-body":
+            raise InputError(f"cannot lower this program per body: {reason}")
+        warnings.append(Diagnostic(
+            "warning", f"lowered the flat program with torch.onnx.export (slower): per-body "
+            f"lowering is not possible: {reason}"))
+    with progress.step(f"torch.onnx.export ({_count(tree.graph)} FX nodes)"):
+        exported = export_program(
+            program, optimize=False, custom_translation_table=options.custom_translation_table)
+    onnx_tree, more = regroup(result.rules, tree, exported.model, exported.program)
+    return exported.model, onnx_tree, warnings + more, "flat"
 
 
 def _finish(model: ir.Model, tree: GroupTree, outlined: Outlined, options: OnnxOptions,

@@ -7,6 +7,7 @@ from typing import Callable, Mapping, Sequence
 from attrs import field, frozen, validators
 
 CONSTANT_POLICIES = ("attribute", "embed", "input")
+LOWERINGS = ("auto", "per-body", "flat")
 
 EXTERNAL_DATA_THRESHOLD = 2**31 - 2**26
 """Tensor bytes above which ``save_onnx`` writes external data: 2 GiB minus 64 MiB of headroom
@@ -50,6 +51,11 @@ class OnnxOptions:
     """Passed to ``torch.onnx.export``: translations of ops torch.onnx does not know (custom
     ops) into ONNX ops of any domain; nodes of other domains may sit inside functions, and
     every function and the model import the domains they use."""
+    lowering: str = field(default="auto", validator=validators.in_(LOWERINGS))
+    """How a ``.pt2`` / ExportedProgram becomes ONNX ops (see ``perbody``): ``"per-body"``
+    decomposes and translates each distinct repeated body once (an error when the program
+    cannot take that path), ``"flat"`` runs ``torch.onnx.export`` on the whole flat program,
+    ``"auto"`` (default) tries per-body and falls back to flat with one warning naming why."""
     external_data_threshold: int = field(default=EXTERNAL_DATA_THRESHOLD,
                                          validator=validators.ge(0))
     """``save_onnx`` writes weights to ``OUT.onnx.data`` when they exceed this many bytes."""

@@ -60,6 +60,12 @@ def regroup(rules: RuleSet, tree: GroupTree, model: "ir.Model",
             decomposed: "torch.export.ExportedProgram") -> tuple[GroupTree, list[Diagnostic]]:
     """Group the ONNX ``model`` like ``tree``; warnings for groups that differ."""
     resolver = fx_resolver(from_exported_program(decomposed), tree.graph)
+    return regroup_with(rules, tree, model, resolver)
+
+
+def regroup_with(rules: RuleSet, tree: GroupTree, model: "ir.Model",
+                 resolver: Resolver) -> tuple[GroupTree, list[Diagnostic]]:
+    """:func:`regroup` with the facts of each ONNX node from ``resolver``."""
     graph = from_onnx_model(model, resolve=resolver, root_class=tree.graph.root_class)
     onnx_tree = group_graph(rules, graph)
     return onnx_tree, compare_trees(tree, onnx_tree)

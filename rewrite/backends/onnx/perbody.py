@@ -1,0 +1,409 @@
+"""Per-body lowering of an ExportedProgram: decompose and translate each distinct body once.
+
+``torch.onnx.export`` decomposes the whole flat program (an AOT-autograd re-trace) and
+translates it op by op: a 48-block model is decomposed and translated 48 times. Here:
+
+1. The outermost groups whose bodies repeat become calls of one shared subgraph per distinct
+   body: ``torch.ops.higher_order.invoke_subgraph(body, identifier, *inputs)``, weights and
+   every value from outside passed as inputs (:func:`rebuild`). Bodies are the same when
+   their nodes are (ops, arguments, scalars; the shapes and types of their inputs).
+2. :mod:`torch_private` decomposes that program with torch.onnx's decomposition table
+   (``make_fx``; the TracingContext's invoke_subgraph cache traces each body once) and
+   translates it with torch.onnx's translator, which makes one ONNX function per subgraph.
+3. Those functions are inlined back (:func:`inline_bodies`) into the flat ONNX graph torch.onnx
+   would have written, each inlined node marked with its call, its metadata (module paths in
+   ``name_scopes`` / ``namespace``) that of its own call; a :data:`Resolver` gives each node
+   the module stack, op target and tags of the node of the grouped program it came from.
+
+The rest of the ``.pt2`` path (regroup, outline, optimize, merge) is unchanged, so the result
+is what the flat path gives. Inlining and outlining again costs a pass over the ONNX nodes,
+far less than decomposing every block.
+
+:class:`Unsupported` says why a program cannot take this path (the caller falls back).
+"""
+
+from __future__ import annotations
+
+import ast
+import copy
+import operator
+from typing import TYPE_CHECKING, Any, Hashable
+
+import onnx_ir as ir
+import torch
+from attrs import frozen
+from onnxscript.version_converter import convert_version
+
+from rewrite.backends.fx.compile import _freeze
+from rewrite.backends.onnx import torch_private
+from rewrite.frontends.onnx import NodeFacts, Resolver, onnx_target, read_scopes
+from rewrite.grouping import GroupTree
+from rewrite.grouping.tree import Group
+
+if TYPE_CHECKING:
+    from rewrite.ir import Node
+
+CALL_KEY = "rewrite.perbody.call"
+"""ONNX node metadata while lowering: index of the call an inlined node belongs to."""
+NAME_SCOPES = "pkg.torch.onnx.name_scopes"
+NAMESPACE = "namespace"
+_SUBGRAPH_DOMAIN = "pkg.torch.__subgraph__"
+_INLINED_HOPS = tuple(getattr(torch.ops.higher_order, name) for name in (
+    "wrap_with_set_grad_enabled", "wrap_with_autocast")
+    if hasattr(torch.ops.higher_order, name))
+"""Higher-order ops that decomposition inlines (their bodies are plain ops), outside the
+repeated bodies (a group holding one is not made a shared body)."""
+
+
+class Unsupported(Exception):
+    """Why this program cannot be lowered per body."""
+
+
+class _Ref(tuple):
+    """A node argument inside a body: ``("in", i)`` or ``("node", i)``."""
+
+
+@frozen
+class _Call:
+    """One grouped call turned into an ``invoke_subgraph`` call."""
+
+    group: Group
+    nodes: tuple[torch.fx.Node, ...]
+    """The call's nodes in the grouped program, in body order."""
+    first: int
+    """Index (in the list of calls) of the first call of the same body: its subgraph's source."""
+    name: str
+    """Name of the ``invoke_subgraph`` node in the rebuilt program."""
+
+
+@frozen
+class PerBody:
+    """The flat ONNX model and how to group its nodes."""
+
+    model: ir.Model
+    resolver: Resolver
+    bodies: int
+    """Distinct bodies decomposed and translated once each."""
+    calls: int
+    """Grouped calls that reused them."""
+
+
+def check(program: torch.export.ExportedProgram, custom_translation_table) -> None:
+    """Raise :class:`Unsupported` for programs this path does not handle."""
+    reason = torch_private.available()
+    if reason is not None:
+        raise Unsupported(f"torch's private exporter APIs changed ({reason})")
+    if custom_translation_table:
+        raise Unsupported("a custom translation table is given")
+    signature = program.graph_signature
+    if signature.buffers_to_mutate or signature.user_inputs_to_mutate:
+        raise Unsupported("the program mutates buffers or inputs")
+    if getattr(signature, "backward_signature", None) is not None:
+        raise Unsupported("the program is a joint forward/backward graph")
+    for node in program.graph.nodes:
+        if isinstance(node.target, torch._ops.HigherOrderOperator) \
+                and node.target not in _INLINED_HOPS:
+            raise Unsupported(f"the program has a higher-order op ({node.target.name()})")
+        if node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload) \
+                and node.target._schema.is_mutable:
+            raise Unsupported(f"the program has an in-place op ({node.target})")
+        val = node.meta.get("val")
+        if isinstance(val, torch.Tensor) and not all(isinstance(d, int) for d in val.shape):
+            raise Unsupported("the program has dynamic shapes")
+
+
+# --- 1. the program with invoke_subgraph calls -----------------------------------------------
+
+
+def _body_key(nodes: list[torch.fx.Node]) -> tuple[Hashable, list[torch.fx.Node]]:
+    """Structural key of a call's body, and its inputs (values from outside, in first use)."""
+    position = {node: i for i, node in enumerate(nodes)}
+    inputs: dict[torch.fx.Node, int] = {}
+
+    def ref(arg: torch.fx.Node) -> _Ref:
+        if arg in position:
+            return _Ref(("node", position[arg]))
+        return _Ref(("in", inputs.setdefault(arg, len(inputs))))
+
+    parts = []
+    for node in nodes:
+        args = torch.fx.node.map_arg(node.args, ref)
+        kwargs = torch.fx.node.map_arg(node.kwargs, ref)
+        parts.append((node.op, ("id", id(node.target)), _freeze(args), _freeze(kwargs)))
+    shapes = []
+    for value in inputs:
+        val = value.meta.get("val")
+        shapes.append((tuple(val.shape), val.dtype) if isinstance(val, torch.Tensor) else repr(val))
+    return (tuple(parts), tuple(shapes)), list(inputs)
+
+
+def _outputs(nodes: list[torch.fx.Node]) -> list[torch.fx.Node]:
+    members = set(nodes)
+    return [n for n in nodes if any(user not in members for user in n.users)]
+
+
+def _subgraph(owner: torch.fx.GraphModule, nodes: list[torch.fx.Node],
+              inputs: list[torch.fx.Node]) -> torch.fx.GraphModule:
+    graph = torch.fx.Graph()
+    env: dict[torch.fx.Node, torch.fx.Node] = {}
+    for i, value in enumerate(inputs):
+        placeholder = graph.placeholder(f"input_{i}")
+        placeholder.meta["val"] = value.meta.get("val")
+        env[value] = placeholder
+    for node in nodes:
+        env[node] = graph.node_copy(node, lambda a: env[a])
+    graph.output(tuple(env[o] for o in _outputs(nodes)))
+    return torch.fx.GraphModule(owner, graph)
+
+
+def _selected(tree: GroupTree, by_index) -> list[tuple[Group, list[torch.fx.Node]]]:
+    """The outermost groups whose body repeats (descending into groups that do not)."""
+    keyed: dict[str, tuple[Hashable, list]] = {}
+    counts: dict[Hashable, int] = {}
+
+    def visit(group: Group) -> None:
+        nodes = [by_index(i) for i in group.all_nodes()]
+        if any(n.op != "call_function" or isinstance(n.target, torch._ops.HigherOrderOperator)
+               for n in nodes):
+            key = ("not shared", group.id)  # a subgraph or a constant inside: not a body
+        else:
+            key, _ = _body_key(nodes)
+        keyed[group.id] = (key, nodes)
+        counts[key] = counts.get(key, 0) + 1
+
+    level = list(tree.root.children)
+    chosen: list[tuple[Group, list[torch.fx.Node]]] = []
+    while level:
+        for group in level:
+            visit(group)
+        below = []
+        for group in level:
+            key, nodes = keyed[group.id]
+            if counts[key] > 1:
+                chosen.append((group, nodes))
+            else:
+                below.extend(group.children)
+        level = below
+    return chosen
+
+
+def rebuild(program: torch.export.ExportedProgram, tree: GroupTree
+            ) -> tuple[torch.export.ExportedProgram, list[_Call]]:
+    """A copy of ``program`` whose repeated groups call one shared subgraph per body."""
+    source = program.graph_module
+    nodes_of = tree.graph.nodes
+    chosen = _selected(tree, lambda i: nodes_of[i].source)
+    gm = torch.fx.GraphModule(source, torch.fx.Graph())
+    owner_of: dict[torch.fx.Node, int] = {}
+    bodies: dict[Hashable, tuple[str, int]] = {}
+    plans = []
+    calls: list[_Call] = []
+    for index, (group, nodes) in enumerate(chosen):
+        key, inputs = _body_key(nodes)
+        if key not in bodies:
+            attr = f"body_{len(bodies)}"
+            gm.register_module(attr, _subgraph(source, nodes, inputs))
+            bodies[key] = (attr, index)
+        attr, first = bodies[key]
+        plans.append((attr, inputs, _outputs(nodes)))
+        calls.append(_Call(group, tuple(nodes), first, f"rewrite_call_{index}"))
+        for node in nodes:
+            owner_of[node] = index
+
+    graph = gm.graph
+    env: dict[torch.fx.Node, torch.fx.Node] = {}
+    done_calls: set[int] = set()
+
+    def emit_call(index: int) -> None:
+        attr, inputs, outputs = plans[index]
+        getter = graph.get_attr(attr)
+        call = graph.create_node("call_function", torch.ops.higher_order.invoke_subgraph,
+                                 (getter, attr, *[env[v] for v in inputs]),
+                                 name=calls[index].name)
+        call.meta["val"] = tuple(o.meta.get("val") for o in outputs)
+        for j, out in enumerate(outputs):
+            # named as the node it stands for: the signature names program outputs
+            item = graph.create_node("call_function", operator.getitem, (call, j),
+                                     name=out.name)
+            item.meta["val"] = out.meta.get("val")
+            env[out] = item
+        done_calls.add(index)
+
+    # emit in the original order, a call when all its inputs exist and before any user of
+    # its outputs (a valid order exists: grouping checked that collapsing groups keeps a DAG)
+    pending = [n for n in source.graph.nodes]
+    ready_inputs = [set(plan[1]) for plan in plans]
+    while pending:
+        progressed = False
+        rest = []
+        for node in pending:
+            index = owner_of.get(node)
+            if index is not None:
+                if index in done_calls:
+                    continue
+                if all(v in env for v in ready_inputs[index]):
+                    emit_call(index)
+                    progressed = True
+                else:
+                    rest.append(node)
+                continue
+            if all(a in env for a in node.all_input_nodes):
+                env[node] = graph.node_copy(node, lambda a: env[a])
+                progressed = True
+            else:
+                rest.append(node)
+        if not progressed:
+            raise Unsupported("the grouped calls cannot be ordered (data leaves a group and "
+                              "comes back)")
+        pending = rest
+    for node in graph.nodes:  # subgraphs of the program's own higher-order ops
+        if node.op == "get_attr" and not hasattr(gm, node.target):
+            value = source.get_submodule(node.target) if "." not in node.target else None
+            if value is None:
+                raise Unsupported(f"cannot copy attribute {node.target}")
+            gm.register_module(node.target, value)
+    graph.lint()
+    gm.recompile()
+    rebuilt = copy.copy(program)  # same signature, state and constants; new graph
+    rebuilt._graph_module = gm
+    return rebuilt, calls
+
+
+# --- 3. inline the functions back, with their calls' metadata ---------------------------------
+
+
+def _sources(node: Any) -> tuple:
+    """``from_node`` provenance of an FX node or of a provenance record."""
+    if isinstance(node, torch.fx.Node):
+        return tuple(node.meta.get("from_node") or ())
+    return tuple(getattr(node, "from_node", None) or ())
+
+
+def _original(fx_node: torch.fx.Node, names: dict[str, Any]) -> Any:
+    """What ``names`` maps the nearest ``from_node`` ancestor of ``fx_node`` to (that exists
+    there), else what it maps ``fx_node``'s own name to (as ``remap._original_name``)."""
+    todo = list(_sources(fx_node))
+    seen = 0
+    while todo and seen < 64:
+        node = todo.pop(0)
+        seen += 1
+        found = names.get(getattr(node, "name", None))
+        if found is not None:
+            return found
+        todo.extend(_sources(node))
+    return names.get(fx_node.name)
+
+
+def _path_map(first: "list[Node]", this: "list[Node]") -> dict[str, str]:
+    """Module paths of the first call -> the same modules' paths in this call."""
+    out: dict[str, str] = {}
+    for a, b in zip(first, this):
+        if a.stack is None or b.stack is None:
+            continue
+        for ca, cb in zip(a.stack, b.stack):
+            if ca.path != cb.path:
+                out[ca.path] = cb.path
+    return out
+
+
+def _repath(props: dict[str, str], paths: dict[str, str]) -> None:
+    scopes = props.get(NAME_SCOPES)
+    if scopes:
+        try:
+            items = ast.literal_eval(scopes)
+        except (ValueError, SyntaxError):
+            items = None
+        if isinstance(items, list):
+            props[NAME_SCOPES] = repr([paths.get(s, s) for s in items])
+    namespace = props.get(NAMESPACE)
+    if namespace:
+        parts = []
+        for part in namespace.split("/"):
+            path, sep, rest = part.partition(": ")
+            parts.append(paths.get(path, path) + sep + rest)
+        props[NAMESPACE] = "/".join(parts)
+
+
+def lower_per_body(program: torch.export.ExportedProgram, tree: GroupTree) -> PerBody:
+    """The flat ONNX model of ``program`` and a resolver (see the module docstring)."""
+    rebuilt, calls = rebuild(program, tree)
+    decomposed = torch_private.decompose(rebuilt)
+    model = torch_private.translate(decomposed)
+
+    graph = tree.graph
+    ir_by_name = {node.name: node for node in graph.nodes}
+    fx_names = {node.name: node for node in graph.nodes}
+    main = {n.name: n for n in decomposed.graph_module.graph.nodes}
+    call_by_name = {call.name: i for i, call in enumerate(calls)}
+    body_index = [{n.name: i for i, n in enumerate(call.nodes)} for call in calls]
+    decomposed_body: dict[int, dict[str, torch.fx.Node]] = {}
+
+    # mark every call node with its call, then inline every function
+    for node in model.graph:
+        if node.domain != _SUBGRAPH_DOMAIN:
+            continue
+        scopes = read_scopes(node)
+        fx_call = main.get(scopes[0][-1]) if scopes else None
+        origin = _origin_call(fx_call, call_by_name)
+        if origin is None:
+            raise Unsupported(f"cannot tell which call ONNX node {node.name} is")
+        node.metadata_props[CALL_KEY] = str(origin)
+        getter = fx_call.args[0]
+        body = getattr(decomposed.graph_module, getter.target)
+        decomposed_body[origin] = {n.name: n for n in body.graph.nodes}
+    # torch.onnx.export converts its model to its default opset; onnxscript's converter
+    # inlines every function first (the bodies, torchlib's helpers: each inlined node keeps
+    # its call's marks) and removes dead nodes after (the translation of a re-traced graph
+    # can leave a dead Constant that the flat export does not have; it would upset outlining)
+    convert_version(model, target_version=torch_private.target_opset())
+    if model.functions:
+        raise Unsupported("onnxscript's version converter left functions")
+
+    ir_nodes = [[graph.nodes[i] for i in call.group.all_nodes()] for call in calls]
+    path_maps = {i: _path_map(ir_nodes[call.first], ir_nodes[i]) for i, call in enumerate(calls)
+                 if call.first != i}
+    first_names = {i: {n.name: n for n in calls[call.first].nodes} for i, call in enumerate(calls)}
+    for node in model.graph:
+        mark = node.metadata_props.get(CALL_KEY)
+        if mark is not None and int(mark) in path_maps:
+            _repath(node.metadata_props, path_maps[int(mark)])
+    facts: dict[int, NodeFacts | None] = {}
+
+    def resolve(onnx_node: ir.Node) -> NodeFacts:
+        scopes = read_scopes(onnx_node)
+        mark = onnx_node.metadata_props.get(CALL_KEY)
+        original = None
+        if scopes is not None and mark is None:
+            fx = main.get(scopes[0][-1])
+            if fx is not None and fx.op != "placeholder":
+                original = _original(fx, fx_names)
+        elif scopes is not None:
+            index = int(mark)
+            call = calls[index]
+            fx = decomposed_body.get(index, {}).get(scopes[0][-1])
+            source = _original(fx, first_names[index]) if fx is not None else None
+            if source is not None:
+                position = body_index[call.first].get(source.name)
+                if position is not None:
+                    original = ir_by_name.get(call.nodes[position].name)
+        if original is None or original.is_io:
+            return NodeFacts(None, onnx_target(onnx_node))
+        return NodeFacts(original.stack, original.target, original.tags)
+
+    def resolver(onnx_node: ir.Node) -> NodeFacts:
+        key = id(onnx_node)
+        if key not in facts:
+            facts[key] = resolve(onnx_node)
+        return facts[key]
+
+    for node in model.graph:  # resolve while the marks are there, then drop them
+        resolver(node)
+        node.metadata_props.pop(CALL_KEY, None)
+    distinct = len({call.first for call in calls})
+    return PerBody(model, resolver, distinct, len(calls))
+
+
+def _origin_call(fx_call: torch.fx.Node | None, call_by_name: dict[str, int]) -> int | None:
+    if fx_call is None:
+        return None
+    return _original(fx_call, call_by_name)

@@ -1,0 +1,158 @@
+"""Every private torch API the per-body lowering (:mod:`perbody`) uses, in one place.
+
+Checked against torch 2.13.0 (with onnxscript 0.7.2). torch.onnx.export(program) runs, in
+``torch.onnx._internal.exporter._core``: ``_prepare_exported_program_for_export``
+(``run_decompositions`` with the ONNX decomposition table, an AOT-autograd re-trace of the
+whole program, then explicit type promotion and the removal of assertion nodes) and
+``_exported_program_to_onnx_program`` (the op-by-op translation, one ONNX function per
+submodule of the graph module: ``invoke_subgraph`` bodies become local functions). The
+per-body lowering does the same two steps, except that the decomposition is a ``make_fx``
+re-trace (no AOT export, no functionalization) under the same decomposition table, the same
+preserved CompositeImplicitAutograd ops and a ``TracingContext``, whose invoke_subgraph cache
+traces each subgraph identifier once.
+
+Anything missing or changed raises :class:`Unavailable`; the caller then lowers the flat
+program (the public ``torch.onnx.export``).
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+if TYPE_CHECKING:
+    import onnx_ir as ir
+
+CHECKED_TORCH_VERSIONS = ("2.13.0",)
+
+
+class Unavailable(Exception):
+    """The private APIs are not what this module was written against."""
+
+
+@functools.lru_cache(maxsize=1)
+def _apis() -> dict[str, Any]:
+    try:
+        from torch._dispatch.python import enable_python_dispatcher
+        from torch._guards import TracingContext, detect_fake_mode, tracing
+        from torch.export.exported_program import (
+            _override_composite_implicit_decomp,
+            _split_decomp_table_to_cia_and_python_decomp,
+        )
+        from torch.fx.experimental.proxy_tensor import make_fx
+        from torch.onnx import _constants as onnx_constants
+        from torch.onnx._internal.exporter import (
+            _constants,
+            _core,
+            _decomp,
+            _fx_passes,
+            _registration,
+        )
+        return {
+            "python_dispatcher": enable_python_dispatcher, "TracingContext": TracingContext,
+            "detect_fake_mode": detect_fake_mode,
+            "tracing": tracing, "override_cia": _override_composite_implicit_decomp,
+            "split_table": _split_decomp_table_to_cia_and_python_decomp, "make_fx": make_fx,
+            "to_onnx_program": _core._exported_program_to_onnx_program,
+            "implemented": _decomp.get_onnx_implemented_overloads,
+            "friendly_table": _decomp.create_onnx_friendly_decomposition_table,
+            "type_promotion": _fx_passes.insert_type_promotion_nodes,
+            "remove_assertions": _fx_passes.remove_assertion_nodes,
+            "Registry": _registration.ONNXRegistry,
+            "default_opset": onnx_constants.ONNX_DEFAULT_OPSET,
+            "torchlib_opset": _constants.TORCHLIB_OPSET,
+        }
+    except (ImportError, AttributeError) as e:
+        raise Unavailable(f"torch {torch.__version__}: {e}") from None
+
+
+def available() -> str | None:
+    """None if the private APIs are there, else why not."""
+    try:
+        _apis()
+    except Unavailable as e:
+        return str(e)
+    return None
+
+
+@functools.lru_cache(maxsize=1)
+def _registry_and_tables():
+    """torchlib's registry and the decomposition tables (built once per process)."""
+    api = _apis()
+    # as torch.onnx.export (``_compat.export_compat``) builds it for its default opset
+    registry = api["Registry"].from_torchlib(opset_version=max(api["default_opset"],
+                                                              api["torchlib_opset"]))
+    table = api["friendly_table"](set(api["implemented"](registry)))
+    cia, python_table = api["split_table"](dict(table))
+    return registry, cia, python_table
+
+
+def decompose(program: torch.export.ExportedProgram) -> torch.export.ExportedProgram:
+    """``program`` decomposed as torch.onnx.export decomposes it, by a ``make_fx`` re-trace of
+    its graph module (placeholders and outputs keep their names: the signature stays valid).
+    The program must be functional (no mutations), with static shapes."""
+    api = _apis()
+    _, cia, table = _registry_and_tables()
+    gm = program.graph_module
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    values = [n.meta["val"] for n in placeholders]
+    fake_mode = api["detect_fake_mode"](values)
+    if fake_mode is None:
+        raise Unavailable("the program's placeholders carry no fake tensors")
+
+    def run(*args):
+        return torch.fx.Interpreter(gm).run(*args)
+
+    # as run_decompositions: CompositeImplicitAutograd ops torchlib implements (linear, sdpa)
+    # are kept through the python dispatcher; a TracingContext caches each invoke_subgraph
+    # body's trace by identifier; no_grad skips the per-call schema re-trace of autograd
+    with (torch.no_grad(), api["python_dispatcher"](), api["override_cia"](cia),
+          api["tracing"](api["TracingContext"](fake_mode)), fake_mode, torch.fx.traceback.preserve_node_meta(),
+          torch.fx.experimental._config.patch(backed_size_oblivious=True)):
+        new = api["make_fx"](run, decomposition_table=table, tracing_mode="real")(*values)
+    _keep_names(gm.graph, new.graph, placeholders)
+    new.recompile()
+    with torch.no_grad():
+        api["type_promotion"](new)
+    new = api["remove_assertions"](new)
+    decomposed = copy.copy(program)
+    decomposed._graph_module = new
+    return decomposed
+
+
+def _keep_names(old: torch.fx.Graph, new: torch.fx.Graph, placeholders: list) -> None:
+    """Give ``new``'s placeholders and output values the names of ``old``'s."""
+    fresh = [n for n in new.nodes if n.op == "placeholder"]
+    by_name = {n.name: n for n in new.nodes}
+    pairs = list(zip(placeholders, fresh))
+    old_out = next(n for n in old.nodes if n.op == "output").args[0]
+    new_out = next(n for n in new.nodes if n.op == "output").args[0]
+    pairs += [(o, n) for o, n in zip(old_out, new_out)
+              if isinstance(o, torch.fx.Node) and isinstance(n, torch.fx.Node)]
+    for o, n in pairs:
+        if n.name == o.name:
+            continue
+        clash = by_name.get(o.name)
+        if clash is not None and clash is not n:
+            clash.name = new._graph_namespace.create_name(o.name + "_", None)
+            by_name[clash.name] = clash
+        n.name = o.name
+        if n.op == "placeholder":
+            n.target = o.name
+            if "val" not in n.meta:
+                n.meta["val"] = o.meta.get("val")
+        by_name[o.name] = n
+
+
+def translate(decomposed: torch.export.ExportedProgram) -> "ir.Model":
+    """torch.onnx's translation of a decomposed program (each submodule: one function)."""
+    registry, _, _ = _registry_and_tables()
+    return _apis()["to_onnx_program"](decomposed, registry=registry).model
+
+
+def target_opset() -> int:
+    """The opset torch.onnx.export converts its model to by default (``convert_version``)."""
+    return _apis()["default_opset"]

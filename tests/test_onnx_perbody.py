@@ -1,0 +1,142 @@
+"""Per-body lowering (issue 12): each distinct repeated body decomposed and translated once.
+
+Both paths on GPT-2, Llama, BERT and custom models: the per-body path is taken (asserted),
+its output passes the full checker, equals eager in onnxruntime, and has the functions, ops,
+domains and module paths of the flat path; the fallback is taken, with one warning naming the
+reason, for a program the per-body path does not handle, and either path can be forced.
+"""
+
+from __future__ import annotations
+
+import ast
+
+import onnx_ir as ir
+import pytest
+
+import rewrite
+from rewrite.backends.onnx import OnnxOptions, lower
+from rewrite.backends.onnx.perbody import check, lower_per_body
+from rewrite.errors import InputError
+from tests import models
+from tests.onnx_fixtures import (
+    BERT_RULES,
+    GPT2_RULES,
+    LLAMA_RULES,
+    MODULARIZE,
+    assert_matches_eager,
+    checked_proto,
+)
+
+SCOPES = "pkg.torch.onnx.name_scopes"
+
+
+def _paths(node: ir.Node) -> list[str] | None:
+    """A node's module paths (name_scopes without its last item, the FX node name)."""
+    scopes = node.metadata_props.get(SCOPES)
+    return ast.literal_eval(scopes)[:-1] if scopes else None
+
+
+def _shape(model: ir.Model) -> dict:
+    """Per function (and the main graph): ops, domains, module paths, metadata keys."""
+    out = {}
+    for fid, function in model.functions.items():
+        out[fid] = [(n.domain, n.op_type, _paths(n), sorted(n.metadata_props))
+                    for n in function]
+    out["main"] = [(n.domain, n.op_type, _paths(n), sorted(n.metadata_props))
+                   for n in model.graph]
+    return out
+
+
+def _both(rules, program):
+    result = rewrite.apply(rules, program)
+    fast = lower(result, OnnxOptions(lowering="per-body"))
+    flat = lower(result, OnnxOptions(lowering="flat"))
+    assert fast.path == "per-body"
+    assert flat.path == "flat"
+    assert not any("per-body" in d.message for d in fast.warnings)
+    return fast, flat
+
+
+def _same_result(fast, flat) -> None:
+    """Same functions, ops, domains; same module paths and metadata keys wherever the flat
+    path has them (a constant the flat export shared between blocks as an initializer comes
+    without metadata; per body it is a Constant node of the body, with its module's)."""
+    fast_shape, flat_shape = _shape(fast.model), _shape(flat.model)
+    assert fast_shape.keys() == flat_shape.keys()
+    for key, flat_nodes in flat_shape.items():
+        fast_nodes = fast_shape[key]
+        assert [n[:2] for n in fast_nodes] == [n[:2] for n in flat_nodes], key
+        for a, b in zip(fast_nodes, flat_nodes):
+            if b[2] is not None:
+                assert a[2:] == b[2:], (key, a, b)
+    assert {g.id: (g.function_name, g.domain) for g in fast.tree.groups()} == \
+        {g.id: (g.function_name, g.domain) for g in flat.tree.groups()}
+
+
+@pytest.mark.parametrize("name", ["gpt2", "llama", "bert"])
+def test_transformers_per_body_equals_flat_and_eager(name, request):
+    triple = request.getfixturevalue(f"{name}_model")
+    program = request.getfixturevalue(f"{name}_program")
+    rules = {"gpt2": GPT2_RULES, "llama": LLAMA_RULES, "bert": BERT_RULES}[name]
+    fast, flat = _both(rules, program)
+    _same_result(fast, flat)
+    for lowering in (fast, flat):
+        checked_proto(lowering.model)
+        assert_matches_eager(lowering.model, triple)
+
+
+def test_gpt2_blocks_are_decomposed_once(gpt2_program):
+    result = rewrite.apply(GPT2_RULES, gpt2_program)
+    lowered = lower_per_body(gpt2_program, result.tree)
+    assert (lowered.bodies, lowered.calls) == (1, 2)  # one GPT2Block body for both blocks
+
+
+def test_default_takes_the_per_body_path(gpt2_program):
+    lowering = lower(rewrite.apply(GPT2_RULES, gpt2_program))
+    assert lowering.path == "per-body"
+    assert lowering.warnings == ()
+
+
+@pytest.mark.parametrize("make", [models.shared_and_list, models.chain, models.two_block_kinds,
+                                  models.settings, models.two_shapes])
+def test_custom_models_per_body_equals_flat_and_eager(make):
+    triple = make()
+    program = models.export(triple)
+    fast, flat = _both(MODULARIZE, program)
+    _same_result(fast, flat)
+    for lowering in (fast, flat):
+        checked_proto(lowering.model)
+        assert_matches_eager(lowering.model, triple)
+
+
+def test_mutation_falls_back_with_one_warning():
+    triple = models.stateful()
+    program = models.export(triple)
+    result = rewrite.apply(MODULARIZE, program)
+    lowering = lower(result)
+    assert lowering.path == "flat"
+    reasons = [d.message for d in lowering.warnings if "per-body" in d.message]
+    assert len(reasons) == 1 and ("in-place" in reasons[0] or "mutates" in reasons[0])
+    checked_proto(lowering.model)
+    with pytest.raises(InputError, match="per body.*(in-place|mutates)"):
+        lower(result, OnnxOptions(lowering="per-body"))
+
+
+def test_custom_translation_table_is_not_per_body(gpt2_program):
+    with pytest.raises(Exception, match="custom translation table"):
+        check(gpt2_program, {object(): object()})
+
+
+def test_dynamic_shapes_fall_back_with_one_warning():
+    import torch
+
+    model, args, kwargs = models.chain()
+    batch = torch.export.Dim("batch", min=2, max=64)
+    program = torch.export.export(model, args, dynamic_shapes=({0: batch},))
+    result = rewrite.apply(MODULARIZE, program)
+    lowering = lower(result)
+    assert lowering.path == "flat"
+    reasons = [d.message for d in lowering.warnings if "per-body" in d.message]
+    assert len(reasons) == 1 and "dynamic shapes" in reasons[0]
+    forced = lower(result, OnnxOptions(lowering="flat"))
+    assert forced.path == "flat" and not any("per-body" in d.message for d in forced.warnings)
