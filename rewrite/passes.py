@@ -23,7 +23,7 @@ import onnx_ir as ir
 import onnx_ir.passes
 
 from rewrite.api import apply
-from rewrite.backends.onnx.lower import lower
+from rewrite.backends.onnx.lower import finish, lower
 from rewrite.backends.onnx.naming import check_identity
 from rewrite.backends.onnx.options import OnnxOptions
 from rewrite.backends.onnx.outline import outline
@@ -71,9 +71,6 @@ class RewritePass(onnx_ir.passes.PassBase):
         result = apply(self.rules, model)
         for warning in result.warnings:
             logger.warning("%s", warning.render())
-        if not result.tree.graph.calls:
-            logger.warning("no module calls in the model (no pkg.torch.onnx.name_scopes metadata "
-                           "below the root module): group and flat rules match nothing")
         groups = list(result.tree.groups())
         if not groups:
             return ir.passes.PassResult(model if self._in_place else model.clone(), False)
@@ -81,7 +78,9 @@ class RewritePass(onnx_ir.passes.PassBase):
             check_identity(group)
         before = (len(model.graph), len(model.graph.initializers))
         if self._in_place:
-            out, outlined = model, outline(model, result.tree, self.options)
+            out = model
+            outlined = finish(model, result.tree, outline(model, result.tree, self.options),
+                              self.options, optimized=False)
         else:
             lowering = lower(result, self.options)
             out, outlined = lowering.model, lowering.outlined

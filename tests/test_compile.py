@@ -299,3 +299,21 @@ def test_matching_a_column_of_paths_agrees_with_one_at_a_time(paths, pattern):
     distinct = {p: i for i, p in enumerate(dict.fromkeys(paths))}  # as frontends give them
     ids = np.array([distinct[p] for p in paths], dtype=np.int64)
     assert glob.mask(TextColumn(paths, ids, distinct)).tolist() == expected
+
+
+@pytest.mark.parametrize(("kind", "pattern", "texts", "want"), [
+    ("class", "GPT2Block", ["transformers.GPT2Block", "x.GPT2BlockX"], [True, False]),
+    ("class", "*Block", ["a.b.GPT2Block", "a.b.Other", "a.b.GPT2Block"], [True, False, True]),
+    ("class", "transformers.**.Block", ["transformers.m.Block", "other.m.Block"], [True, False]),
+    ("op", "aten.mm", ["aten.mm.default", "aten.mm", "aten.mmx.default"], [True, True, False]),
+    ("path", "h.*", ["h.0", "h.0.attn"], [True, False]),
+])
+def test_column_masks_agree_with_one_text_at_a_time(kind, pattern, texts, want):
+    # a class or op pattern matches a part of the text (the class name, the target without
+    # its overload); masking a whole column must mean the same as asking one text at a time
+    from rewrite.compile.patterns import ClassGlob, Glob, OpGlob, TextColumn
+
+    glob = {"class": ClassGlob, "op": OpGlob, "path": Glob}[kind](pattern)
+    assert [glob(t) for t in texts] == want
+    assert glob.mask(TextColumn(texts)).tolist() == want
+    assert glob.test_all(texts) == want

@@ -145,3 +145,19 @@ def test_command_line_offers_every_policy():
     from rewrite.cli import args
 
     assert args.CONSTANT_POLICIES == CONSTANT_POLICIES
+
+
+def test_rewrite_pass_in_place_lifts_scalars_too(settings, tmp_path):
+    # RewritePass on torch.onnx's own (optimized) export, in place, like the functional path
+    import torch
+
+    triple, program = settings
+    path = tmp_path / "flat.onnx"
+    torch.onnx.export(program, dynamo=True, verbose=False).save(str(path))
+    model = ir.load(str(path))
+    result = rewrite.RewritePass(rewrite.parse_rules(BLOCKS), in_place=True)(model)
+    assert result.model is model
+    checked_proto(model)
+    assert_matches_eager(model, triple)
+    assert top_calls(model) == {"NormBlock": 4}
+    assert "epsilon" in _block(model).attributes

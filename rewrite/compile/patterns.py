@@ -196,6 +196,9 @@ class Glob:
     """A compiled pattern with a memo of the strings it was asked about."""
 
     __slots__ = ("pattern", "_regex", "_memo", "matches_all", "literal")
+    _whole_text = True
+    """The regex is matched against the whole text (subclasses that match a part of it, or
+    try more than one form, say False: :meth:`mask` then asks :meth:`__call__` per text)."""
 
     def __init__(self, pattern: str):
         self.pattern = pattern
@@ -216,6 +219,8 @@ class Glob:
         """Whether each text of ``column`` matches, as a bool array (no memo)."""
         if self.matches_all:
             return np.ones(len(column), dtype=bool)
+        if not self._whole_text:
+            return column.per_text(np.array(self.test_all(column.texts), dtype=bool))
         if self.literal:
             return column.equal(self.pattern)
         found = column.search(_lines_regex(self.pattern))
@@ -227,6 +232,8 @@ class Glob:
         """Whether each text matches, without the memo (for texts that rarely repeat)."""
         if self.matches_all:
             return [True] * len(texts)
+        if not self._whole_text:
+            return [self(t) for t in texts]
         match = self._regex.match
         return [match(t) is not None for t in texts]
 
@@ -235,6 +242,7 @@ class ClassGlob(Glob):
     """Matches the class name alone when the pattern has no dot, else the qualified name."""
 
     __slots__ = ("_short",)
+    _whole_text = False
 
     def __init__(self, pattern: str):
         super().__init__(pattern)
@@ -252,6 +260,7 @@ class OpGlob(Glob):
     """Matches an op target, or the target without its overload name."""
 
     __slots__ = ()
+    _whole_text = False
 
     def __call__(self, text: str) -> bool:
         hit = self._memo.get(text)

@@ -86,11 +86,6 @@ COMPARE = {"==": operator.eq, "!=": operator.ne, "<": operator.lt, "<=": operato
 """The comparisons of measure selectors; they work on ints and on numpy arrays alike."""
 
 
-def call_key(path: str, index: int) -> str:
-    """What ``path`` patterns with an ``@`` match: ``shared@0``, ``shared@1``."""
-    return f"{path}@{index}"
-
-
 def _pattern(kind: type[Glob], node: ast.PathSelector | ast.ClassSelector | ast.OpSelector) -> Glob:
     try:
         if isinstance(node, ast.PathSelector) and node.pattern.count("@") > 1:
@@ -182,14 +177,3 @@ def compile_mask(node: ast.Selector) -> Mask:
 
         return combined
     raise TypeError(f"unknown selector {node!r}")  # pragma: no cover
-
-
-def uses(node: ast.Selector, kind: type) -> bool:
-    """Whether the selector contains a predicate of AST type ``kind``."""
-    if isinstance(node, kind):
-        return True
-    if isinstance(node, ast.NotSelector):
-        return uses(node.operand, kind)
-    if isinstance(node, ast.BoolSelector):
-        return any(uses(o, kind) for o in node.operands)
-    return False

@@ -65,11 +65,6 @@ def class_name(cls: Any) -> str:
     return text
 
 
-def target_name(node: torch.fx.Node) -> str:
-    """A stable string for a node's target: ``aten.mm.default``, ``_operator.getitem``."""
-    return _target_text(node.target)
-
-
 def _readonly(array: np.ndarray) -> np.ndarray:
     array.flags.writeable = False
     return array
@@ -83,13 +78,6 @@ def _target_text(target: Any) -> str:
     module = getattr(target, "__module__", None) or ""
     name = getattr(target, "__qualname__", None) or getattr(target, "__name__", None) or str(target)
     return f"{module}.{name}" if module else name
-
-
-def _call_index(key: str) -> int:
-    head, sep, tail = key.rpartition("@")
-    if sep and tail.isdigit():
-        return int(tail)
-    return 0
 
 
 class _StackReader:
@@ -535,4 +523,4 @@ def from_exported_program(program: torch.export.ExportedProgram) -> Graph:
 
 
 __all__ = ["EMPTY_TAGS", "class_name", "from_exported_program", "from_fx_graph",
-           "from_graph_module", "gc_paused", "target_name"]
+           "from_graph_module", "gc_paused"]

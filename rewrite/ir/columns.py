@@ -107,14 +107,6 @@ class Interner:
             self.values.append(value)
         return found
 
-    def id_by(self, key, value) -> int:
-        """The id of ``value``, recognised by ``key`` (a cheaper hashable stand-in)."""
-        found = self._ids.get(key)
-        if found is None:
-            found = self._ids[key] = len(self.values)
-            self.values.append(value)
-        return found
-
     def __len__(self) -> int:
         return len(self.values)
 

@@ -105,7 +105,7 @@ def lower(result: "Result", options: OnnxOptions | None = None,
     optimized = options.optimize and tree.graph.kind != "onnx"
     with progress.step(f"optimizing {len(outlined.functions)} functions and the main graph"
                        if optimized else "merging equal functions"):
-        outlined = _finish(model, onnx_tree, outlined, options, optimized)
+        outlined = finish(model, onnx_tree, outlined, options, optimized)
     return Lowering(model, onnx_tree, outlined, tuple(warnings), path)
 
 
@@ -140,8 +140,8 @@ def _lower_program(result: "Result", program: torch.export.ExportedProgram,
     return exported.model, onnx_tree, warnings + more, "flat"
 
 
-def _finish(model: ir.Model, tree: GroupTree, outlined: Outlined, options: OnnxOptions,
-            optimized: bool) -> Outlined:
+def finish(model: ir.Model, tree: GroupTree, outlined: Outlined, options: OnnxOptions,
+           optimized: bool) -> Outlined:
     """Optimize the outlined ``model`` if asked, then merge functions (:mod:`merge`);
     ``outlined`` with merged functions replaced."""
     groups = {group.id: group for group in tree.groups()}
