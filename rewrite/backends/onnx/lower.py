@@ -154,11 +154,28 @@ def finish(model: ir.Model, tree: GroupTree, outlined: Outlined, options: OnnxOp
         merged = merge_functions(model, identity, lift_scalars=options.constants != "embed")
         functions = tuple(dict.fromkeys(merged.get(fid, fid) for fid in outlined.functions))
         fix_opsets(model, [model.functions[fid] for fid in functions], exported_opsets)
+        _initializers_in_first_use_order(model.graph)
     if not merged:
         return outlined
     function_of = {gid: merged.get(fid, fid) if fid is not None else None
                    for gid, fid in outlined.function_of.items()}
     return Outlined(function_of, functions, outlined.recomputed)
+
+
+def _initializers_in_first_use_order(graph: ir.Graph) -> None:
+    """Initializers in the order the main graph first reads them, as torch.onnx writes them:
+    onnxruntime lays weights out in memory in this order (measured: ~1% of latency on GPT-2)."""
+    first: dict[str, int] = {}
+    for i, node in enumerate(graph):
+        for value in node.inputs:
+            if value is not None and value.name is not None:
+                first.setdefault(value.name, i)
+    inits = graph.initializers
+    ordered = sorted(inits.items(), key=lambda item: first.get(item[0], len(first) + 1))
+    if [name for name, _ in ordered] != list(inits):
+        inits.clear()
+        for name, value in ordered:
+            inits[name] = value
 
 
 def _count(graph: Graph) -> int:

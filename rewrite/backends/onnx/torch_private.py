@@ -110,7 +110,8 @@ def decompose(program: torch.export.ExportedProgram) -> torch.export.ExportedPro
     # are kept through the python dispatcher; a TracingContext caches each invoke_subgraph
     # body's trace by identifier; no_grad skips the per-call schema re-trace of autograd
     with (torch.no_grad(), api["python_dispatcher"](), api["override_cia"](cia),
-          api["tracing"](api["TracingContext"](fake_mode)), fake_mode, torch.fx.traceback.preserve_node_meta(),
+          api["tracing"](api["TracingContext"](fake_mode)), fake_mode,
+          torch.fx.traceback.preserve_node_meta(),
           torch.fx.experimental._config.patch(backed_size_oblivious=True)):
         new = api["make_fx"](run, decomposition_table=table, tracing_mode="real")(*values)
     _keep_names(gm.graph, new.graph, placeholders)
