@@ -16,36 +16,15 @@ one graph affects that module only.
 from __future__ import annotations
 
 import os
-from typing import Any, Hashable, Iterable
+from typing import Hashable, Iterable
 
 import torch
 
+from rewrite._fx_keys import freeze
 from rewrite._torch_private import real_recompile
 from rewrite.backends.fx.module import LoweredModule
 
 _CODE_FIELDS = ("_code", "_lineno_map", "_prologue_start")
-
-
-_SCALARS = (bool, int, str, type(None))
-_BY_REPR = (float, complex, torch.dtype, torch.device, torch.layout, torch.memory_format)
-"""Values whose ``repr`` is what code generation writes; other objects count by identity."""
-
-
-def _freeze(arg: Any) -> Hashable:
-    kind = type(arg)
-    if kind is torch.fx.Node:
-        return ("%", arg.name)
-    if kind in _SCALARS:
-        return (kind, arg)
-    if isinstance(arg, (tuple, list)):
-        return (kind, tuple([_freeze(a) for a in arg]))
-    if isinstance(arg, dict):
-        return ("dict", tuple([(k, _freeze(v)) for k, v in arg.items()]))
-    if isinstance(arg, slice):
-        return ("slice", _freeze(arg.start), _freeze(arg.stop), _freeze(arg.step))
-    if kind in _BY_REPR:
-        return (kind, repr(arg))
-    return (kind, id(arg))  # the very object (a global of the generated code)
 
 
 def _target(node: torch.fx.Node) -> Hashable:
@@ -64,7 +43,7 @@ def code_key(graph: torch.fx.Graph) -> Hashable | None:
         meta = node.meta
         custom = meta.get("custom")
         parts.append((
-            node.op, _target(node), node.name, _freeze(node.args), _freeze(node.kwargs),
+            node.op, _target(node), node.name, freeze(node.args), freeze(node.kwargs),
             node.type, meta.get("stack_trace"), repr(custom) if custom else None,
             repr(meta.get("recompute")), repr(meta.get("ac_graph_id")),
         ))

@@ -34,7 +34,7 @@ import torch
 from attrs import frozen
 from onnxscript.version_converter import convert_version
 
-from rewrite.backends.fx.compile import _freeze
+from rewrite._fx_keys import freeze
 from rewrite.backends.onnx import torch_private
 from rewrite.frontends.onnx import NodeFacts, Resolver, onnx_target, read_scopes
 from rewrite.grouping import GroupTree
@@ -129,7 +129,7 @@ def _body_key(nodes: list[torch.fx.Node]) -> tuple[Hashable, list[torch.fx.Node]
     for node in nodes:
         args = torch.fx.node.map_arg(node.args, ref)
         kwargs = torch.fx.node.map_arg(node.kwargs, ref)
-        parts.append((node.op, ("id", id(node.target)), _freeze(args), _freeze(kwargs)))
+        parts.append((node.op, ("id", id(node.target)), freeze(args), freeze(kwargs)))
     shapes = []
     for value in inputs:
         val = value.meta.get("val")
