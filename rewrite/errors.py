@@ -69,6 +69,12 @@ def causes(error: BaseException) -> list[BaseException]:
     return chain
 
 
+def first_line(error: BaseException) -> str:
+    """The first line of ``error``'s message (no trace, no advice after it); ``""`` if empty."""
+    text = str(error).strip()
+    return text.splitlines()[0] if text else ""
+
+
 class RewriteError(Exception):
     """Base class of every error ``rewrite`` raises on purpose."""
 

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from rewrite.api import apply, as_ruleset
 from rewrite.compile import RuleSet
-from rewrite.errors import InputError
+from rewrite.errors import InputError, first_line
 
 if TYPE_CHECKING:
     import onnx_ir as ir
@@ -61,7 +61,7 @@ def export(
             program = torch.export.export(model, tuple(args), kwargs=dict(kwargs or {}),
                                           dynamic_shapes=dynamic_shapes, strict=strict)
     except Exception as e:  # torch.export raises many types; all mean "this did not export"
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        first = first_line(e) or type(e).__name__
         raise InputError(f"torch.export could not export {type(model).__name__}: "
                          f"{type(e).__name__}: {first}") from e
     onnx_model = lower(apply(ruleset, program), options, Progress(None)).model

@@ -6,7 +6,7 @@ import importlib
 import os
 import sys
 
-from rewrite.errors import InputError
+from rewrite.errors import InputError, first_line
 
 
 def import_modules(modules: list[str]) -> None:
@@ -20,8 +20,6 @@ def import_modules(modules: list[str]) -> None:
         except ModuleNotFoundError as e:
             raise InputError(f"--import {module}: no module named {e.name!r}") from None
         except Exception as e:  # the module's own code failed: say so in one line
-            text = str(e).strip()
-            first = text.splitlines()[0] if text else ""
             raise InputError(
-                f"--import {module}: importing it failed: {type(e).__name__}: {first}"
+                f"--import {module}: importing it failed: {type(e).__name__}: {first_line(e)}"
             ) from None

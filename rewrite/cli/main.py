@@ -16,7 +16,7 @@ from rewrite.cli.args import EXIT_BUG, EXIT_INPUT, build_parser
 from rewrite.cli.commands import cmd_apply, cmd_check, cmd_explain
 from rewrite.cli.console import Consoles
 from rewrite.cli.suggest import cmd_suggest
-from rewrite.errors import RewriteError
+from rewrite.errors import RewriteError, first_line
 
 COMMANDS = {"check": cmd_check, "explain": cmd_explain, "apply": cmd_apply,
             "suggest": cmd_suggest}
@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as e:  # a bug in rewrite, not a user mistake
         if args.verbose:
             traceback.print_exc()
-        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        first = first_line(e)
         io.error(
             f"rewrite: internal error: {type(e).__name__}: {first}\n"
             "  this is a bug in rewrite; rerun with --verbose for the traceback and report it"

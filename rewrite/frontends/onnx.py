@@ -52,7 +52,7 @@ from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Mapping
 from attrs import field, frozen
 
 from rewrite._gc import gc_paused
-from rewrite.errors import InputError
+from rewrite.errors import InputError, first_line
 from rewrite.frontends.calls import distinct_calls, split_runs
 from rewrite.ir import Graph, ModuleCall, Node, Stack
 from rewrite.ir.columns import (Columns, Interner, StackInterner, TagSets, build_columns,
@@ -414,7 +414,7 @@ def load_onnx_model(path: str | Path) -> "ir.Model":
         with gc_paused():  # every node, value and attribute is a new long-lived object
             return ir.load(str(path))
     except Exception as e:  # protobuf and onnx_ir raise many types here; all mean unreadable
-        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        reason = first_line(e) or type(e).__name__
         raise InputError(f"{path}: not a readable ONNX model ({reason})") from None
 
 

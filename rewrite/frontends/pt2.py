@@ -23,7 +23,7 @@ from typing import Iterator
 
 import torch
 
-from rewrite.errors import InputError, causes
+from rewrite.errors import InputError, causes, first_line
 
 _TORCH_LOGGERS = ("torch.export", "torch._export")
 _UNREGISTERED = re.compile(r"Deserializing ([\w.]+) in pytree is not registered")
@@ -72,8 +72,7 @@ def _captured_torch_logs() -> Iterator[_Capture]:
 
 
 def _first_line(e: BaseException) -> str:
-    text = str(e).strip()
-    return text.splitlines()[0] if text else type(e).__name__
+    return first_line(e) or type(e).__name__
 
 
 def _reason(e: BaseException) -> str:

@@ -30,7 +30,7 @@ from rewrite.backends.onnx.outline import Outlined, outline
 from rewrite.backends.onnx.progress import Progress
 from rewrite.backends.onnx.perbody import Unsupported, check, lower_per_body
 from rewrite.backends.onnx.remap import regroup, regroup_with
-from rewrite.errors import Diagnostic, InputError
+from rewrite.errors import Diagnostic, InputError, first_line
 from rewrite.grouping import GroupTree
 from rewrite.ir import Graph
 
@@ -126,7 +126,7 @@ def _lower_program(result: "Result", program: torch.export.ExportedProgram,
         except Unsupported as e:
             reason = str(e)
         except Exception as e:  # torch internals (private APIs) changed or failed
-            text = str(e).strip().splitlines()[0] if str(e).strip() else ""
+            text = first_line(e)
             reason = f"{type(e).__name__}: {text}" if text else type(e).__name__
         if options.lowering == "per-body":
             raise InputError(f"cannot lower this program per body: {reason}")

@@ -31,7 +31,7 @@ from typing import Collection
 import onnx_ir as ir
 from onnxscript.optimizer import optimize_ir
 
-from rewrite.errors import InputError
+from rewrite.errors import InputError, first_line
 
 
 Identifier = tuple[str, str, str]
@@ -55,7 +55,7 @@ def optimize(model: ir.Model, made: Collection[Identifier]) -> None:
         model.functions.clear()  # the main graph alone: bodies are done
         optimize_ir(model, inline=False)
     except Exception as e:  # a bug in the optimizer must not pass for a bug in the rules
-        cause = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        cause = first_line(e) or type(e).__name__
         raise InputError(f"onnxscript's optimizer failed on {where}: {cause}; lower without it "
                          "(rewrite apply --no-optimize, OnnxOptions(optimize=False))") from e
     finally:
