@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import contextlib
-import logging
-from typing import TYPE_CHECKING, Mapping
+from typing import TYPE_CHECKING, ContextManager, Mapping
 
 import torch
 from attrs import frozen
 
+from rewrite._logs import muted
 from rewrite.backends.onnx.torch_failure import torch_onnx_failure
 from rewrite.errors import InputError
 
@@ -25,18 +24,9 @@ class Exported:
     """The program after ``run_decompositions``: ONNX node metadata names its nodes."""
 
 
-@contextlib.contextmanager
-def quiet_exporter():
+def quiet_exporter() -> ContextManager[None]:
     """Mute the exporter's log chatter (torchvision notices, failed folding attempts)."""
-    loggers = [logging.getLogger(name) for name in ("torch.onnx", "onnxscript")]
-    levels = [logger.level for logger in loggers]
-    for logger in loggers:
-        logger.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        for logger, level in zip(loggers, levels):
-            logger.setLevel(level)
+    return muted("torch.onnx", "onnxscript")
 
 
 def export_program(program: torch.export.ExportedProgram, *, optimize: bool = True,

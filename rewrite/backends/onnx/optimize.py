@@ -25,12 +25,12 @@ again after inlining the functions.
 
 from __future__ import annotations
 
-import logging
 from typing import Collection
 
 import onnx_ir as ir
 from onnxscript.optimizer import optimize_ir
 
+from rewrite._logs import muted
 from rewrite.errors import InputError, first_line
 
 
@@ -40,20 +40,17 @@ Identifier = tuple[str, str, str]
 def optimize(model: ir.Model, made: Collection[Identifier]) -> None:
     """Optimize ``model`` in place (see the module docstring); of its functions, only those
     outlining ``made`` (a function the input model had is left as it is)."""
-    loggers = [logging.getLogger(name) for name in ("onnxscript", "onnx_ir")]
-    levels = [logger.level for logger in loggers]
-    for logger in loggers:
-        logger.setLevel(logging.ERROR)
     functions = dict(model.functions)
     where = "the main graph"
     try:
-        for fid, function in functions.items():
-            if fid in made:
-                where = f"function {fid[0]}::{fid[1]}"
-                _optimize_body(model, function)
-        where = "the main graph"
-        model.functions.clear()  # the main graph alone: bodies are done
-        optimize_ir(model, inline=False)
+        with muted("onnxscript", "onnx_ir"):
+            for fid, function in functions.items():
+                if fid in made:
+                    where = f"function {fid[0]}::{fid[1]}"
+                    _optimize_body(model, function)
+            where = "the main graph"
+            model.functions.clear()  # the main graph alone: bodies are done
+            optimize_ir(model, inline=False)
     except Exception as e:  # a bug in the optimizer must not pass for a bug in the rules
         cause = first_line(e) or type(e).__name__
         raise InputError(f"onnxscript's optimizer failed on {where}: {cause}; lower without it "
@@ -61,8 +58,6 @@ def optimize(model: ir.Model, made: Collection[Identifier]) -> None:
     finally:
         model.functions.clear()
         model.functions.update(functions)
-        for logger, level in zip(loggers, levels):
-            logger.setLevel(level)
 
 
 def _optimize_body(model: ir.Model, function: ir.Function) -> None:
