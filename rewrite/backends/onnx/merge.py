@@ -28,6 +28,7 @@ from typing import Mapping
 import onnx_ir as ir
 from attrs import frozen
 
+from rewrite.backends.onnx.naming import FunctionNames
 from rewrite.backends.onnx.structure import Key, Keyer, Refs
 
 Identifier = tuple[str, str, str]
@@ -206,14 +207,16 @@ def _lift(function: ir.Function, bodies: list[list[ir.Node]], members: list[Iden
           values: dict[Identifier, dict[str, ir.Attr]]) -> None:
     """Turn the scalars where ``bodies`` differ into attributes of ``function`` (the first)."""
     first = bodies[0]
-    names: set[str] = set()
+    exact = Keyer()  # what "the same value" means: the structural keys' attribute keys
+    names = FunctionNames()  # attribute names get _1, _2 like function names
     declared: list[ir.Attr] = []
     for j, node in enumerate(first):
         for attr_name, attr in list(node.attributes.items()):
             seen = [body[j].attributes[attr_name] for body in bodies]
-            if all(_same(a, attr) for a in seen):
+            key = exact.attribute(attr, {}, 0)
+            if all(exact.attribute(a, {}, 0) == key for a in seen):
                 continue
-            name = _fresh(_attribute_name(node, attr_name), names)
+            name = names.new("", _attribute_name(node, attr_name))
             call_value = [_call_form(node, a, name) for a in seen]
             kind = call_value[0].type
             if node.op_type == "Constant" and node.domain == "" and kind != attr.type:
@@ -241,25 +244,6 @@ def _attribute_name(node: ir.Node, attr_name: str) -> str:
         readers = [use.node.op_type.lower() for use in node.outputs[0].uses()]
         return readers[0] if len(set(readers)) == 1 else "value"
     return attr_name
-
-
-def _fresh(name: str, taken: set[str]) -> str:
-    candidate, k = name, 0
-    while candidate in taken:
-        k += 1
-        candidate = f"{name}_{k}"
-    taken.add(candidate)
-    return candidate
-
-
-def _same(a: ir.Attr, b: ir.Attr) -> bool:
-    if a.type != b.type:
-        return False
-    if a.type == ir.AttributeType.TENSOR:
-        return a.value.tobytes() == b.value.tobytes()
-    if a.type == ir.AttributeType.FLOAT:
-        return float(a.value).hex() == float(b.value).hex()
-    return a.value == b.value
 
 
 _ORIGIN = "rewrite.called"
