@@ -23,6 +23,8 @@ from typing import Any
 
 import torch
 
+from rewrite.ir import ModuleCall
+
 _STACK = "nn_module_stack"
 
 
@@ -88,8 +90,9 @@ def _items(node: torch.fx.Node) -> list:
 
 
 def _strip_key(key: str, path: str) -> str:
-    index = key.rpartition("@")[2] if "@" in key else ""
-    return f"{path}@{index}" if index.isdigit() else path
+    """``key`` for the call at ``path``: its ``@N`` kept."""
+    index = ModuleCall.split_key(key)[1]
+    return f"{path}@{index}" if index is not None else path
 
 
 def _common(stacks: list[list]) -> list:
@@ -173,8 +176,7 @@ def _rerooted(items: list, base: list, call: list) -> dict:
     out = dict(call)
     for key, (path, cls) in items[len(base):]:
         moved = new + path[len(old):] if path.startswith(old) else path
-        index = str(key).rpartition("@")[2] if "@" in str(key) else ""
-        out[f"{moved}@{index}" if index.isdigit() else moved] = (moved, cls)
+        out[_strip_key(str(key), moved)] = (moved, cls)
     return out
 
 

@@ -36,6 +36,13 @@ class ModuleCall:
         """``path`` for the first call, ``path@N`` for later ones; unique in a graph."""
         return self.path if self.index == 0 else f"{self.path}@{self.index}"
 
+    @staticmethod
+    def split_key(key: str) -> tuple[str, str | None]:
+        """``nn_module_stack`` key -> ``(head, N)`` for ``head@N`` (digits), else ``(key,
+        None)``: the inverse of :attr:`key`."""
+        head, sep, tail = key.rpartition("@")
+        return (head, tail) if sep and tail.isdigit() else (key, None)
+
     @property
     def class_name(self) -> str:
         """The class name without its module, ``GPT2Attention``."""

@@ -15,16 +15,17 @@ from typing import Any, Iterable
 import torch
 
 from rewrite.grouping import Group
+from rewrite.ir import ModuleCall
 
 _FRAME = re.compile(r"\n(?=\s*File \")")
 
 
 def _path_and_index(key: str, value: Any) -> tuple[str, int]:
-    head, sep, tail = key.rpartition("@")
-    index = int(tail) if sep and tail.isdigit() else 0
+    head, number = ModuleCall.split_key(key)
+    index = int(number) if number is not None else 0
     if isinstance(value, tuple) and len(value) == 2:
         return str(value[0]), index
-    return (head if sep and tail.isdigit() else key), index  # legacy {path: class}
+    return head, index  # legacy {path: class}
 
 
 @lru_cache(maxsize=1024)
