@@ -1,6 +1,6 @@
 """``rewrite apply`` on a 48-block GPT-2 ``.pt2`` vs a plain ``torch.onnx.export``, same run.
 
-    .venv/bin/python -m bench.onnx_apply [--blocks 48] [--repeats 3] [--ort-runs 1000]
+    .venv/bin/python -m bench.onnx_apply [--blocks 48] [--repeats 3] [--ort-runs 1600]
 
 1. Builds a random-weight GPT-2 (``--blocks`` blocks, width 64) and saves its ``.pt2`` in
    ``bench/out/``. Its biases are drawn from N(0, 0.02), as in a trained model: transformers
@@ -18,13 +18,12 @@
    shown. Also, with the program already in memory (no load, nothing written),
    ``rewrite.apply(rules, program).to_onnx()`` vs ``torch.onnx.export(program)``.
 3. onnxruntime latency of the grouped model vs the flat one (CPU, 1 thread, default graph
-   optimizations): ``--ort-runs`` pairs of runs (one of each, back to back, order alternating)
-   after a warm-up; the ratio is the median of the pairs' ratios; the outputs must agree.
-   Target: grouped <= 1.02x flat. Each side runs on ``SESSIONS`` sessions in turn (one
-   session's memory layout alone can move it +-3%); a control pair (flat vs other sessions of
-   flat) shows the noise floor of the machine. Also the graphs onnxruntime actually runs (it
-   inlines functions before optimizing): node counts, and whether they are identical up to
-   value names (then any latency difference is measurement noise).
+   optimizations), measured by ``bench.ort_latency``: ``--ort-runs`` rounds over 16 sets of
+   fresh sessions, each set created in a shuffled order, each round running grouped, flat and
+   a control copy of flat once in a shuffled order; the ratio is the median of the rounds'
+   ratios; the outputs must agree. Target: grouped <= 1.02x flat. Also the graphs onnxruntime
+   actually runs (it inlines functions before optimizing): node counts, and whether they are
+   identical up to value names.
 4. Nodes per function now vs before lowering step 1 (the flat program exported with the
    optimizer, then outlined; see ``sizes_before``).
 
@@ -190,64 +189,21 @@ def time_in_memory(program, rules, api_first: bool) -> tuple[float, float]:
     return api(), second
 
 
-SESSIONS = 4
-"""onnxruntime sessions per side (see ``ort_latency``)."""
-
-
 def ort_latency(grouped: Path, flat: Path, ids: np.ndarray, runs: int) -> dict:
-    """Latency of grouped vs flat, and of flat vs other sessions of flat (the noise floor).
-
-    Runs are paired: one run of each side back to back, the order alternating, so slow
-    phases of a busy machine hit both sides; the ratio is the median of the pairs' ratios.
-    Also the graphs onnxruntime runs after inlining functions and optimizing: node counts,
-    and whether they are the same up to value names."""
+    """Latency of grouped vs flat with a flat-vs-flat control (``bench.ort_latency``), and the
+    graphs onnxruntime runs after inlining functions and optimizing: node counts, and whether
+    they are the same up to value names."""
     import onnx
-    import onnxruntime as ort
 
-    def session(path: Path, dump: bool = True) -> ort.InferenceSession:
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = 1
-        options.inter_op_num_threads = 1
-        options.log_severity_level = 3
-        if dump:
-            options.optimized_model_filepath = str(path.with_suffix(".ort-optimized.onnx"))
-        return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    from bench.ort_latency import compare, dump_optimized, name_length_cost
 
-    # several sessions per side, used in turn: one session's memory layout can make it a few
-    # percent faster or slower than another of the same model (the flat-vs-flat control showed
-    # +-3% with one session each); using SESSIONS of each averages that out
-    sessions = {"grouped": [session(grouped)] + [session(grouped, False)
-                                                 for _ in range(SESSIONS - 1)],
-                "flat": [session(flat)] + [session(flat, False) for _ in range(SESSIONS - 1)],
-                "flat2": [session(flat, False) for _ in range(SESSIONS)]}
-    feeds = {name: {s[0].get_inputs()[0].name: ids} for name, s in sessions.items()}
-    results = {name: s[0].run(None, feeds[name]) for name, s in sessions.items()}
-    for a, b in zip(results["grouped"], results["flat"]):
-        np.testing.assert_allclose(a, b, atol=1e-4, rtol=1e-4)
-    for name, group in sessions.items():  # warm-up
-        for s in group:
-            for _ in range(10):
-                s.run(None, feeds[name])
-
-    def paired(a: str, b: str) -> tuple[float, float, float]:
-        times: dict[str, list[float]] = {a: [], b: []}
-        ratios = []
-        for i in range(runs):
-            for name in ((a, b) if i % 2 == 0 else (b, a)):
-                start = time.perf_counter()
-                sessions[name][i % SESSIONS].run(None, feeds[name])
-                times[name].append(time.perf_counter() - start)
-            ratios.append(times[a][-1] / times[b][-1])
-        return statistics.median(times[a]), statistics.median(times[b]), statistics.median(ratios)
-
-    optimized = {p: onnx.load(str(p.with_suffix(".ort-optimized.onnx"))) for p in (grouped, flat)}
-    same = canonical_graph(grouped.with_suffix(".ort-optimized.onnx")) == canonical_graph(
-        flat.with_suffix(".ort-optimized.onnx"))
+    dumps = {p: dump_optimized(p) for p in (grouped, flat)}
+    latency = compare(grouped, flat, {"input_ids": ids}, runs=runs)
     return {
-        "grouped_vs_flat": paired("grouped", "flat"),
-        "flat_vs_flat": paired("flat2", "flat"),
-        "nodes": (len(optimized[grouped].graph.node), len(optimized[flat].graph.node)),
-        "same": same,
+        "latency": latency,
+        "names": name_length_cost(dumps[flat], {"input_ids": ids}, runs=runs),
+        "nodes": tuple(len(onnx.load(str(dumps[p])).graph.node) for p in (grouped, flat)),
+        "same": canonical_graph(dumps[grouped]) == canonical_graph(dumps[flat]),
     }
 
 
@@ -256,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--blocks", type=int, default=48)
     parser.add_argument("--seq", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--ort-runs", type=int, default=1000)
+    parser.add_argument("--ort-runs", type=int, default=1600)
     args = parser.parse_args(argv)
 
     import onnx_ir as ir
@@ -312,8 +268,7 @@ def main(argv: list[str] | None = None) -> int:
 
     with console.status(f"onnxruntime: {args.ort_runs} runs per model"):
         latency = ort_latency(grouped_path, flat_path, ids, args.ort_runs)
-    lat_grouped, lat_flat, lat_ratio = latency["grouped_vs_flat"]
-    _, _, noise = latency["flat_vs_flat"]
+    lat = latency["latency"]
     ort_grouped, ort_flat = latency["nodes"]
     same = latency["same"]
 
@@ -340,11 +295,18 @@ def main(argv: list[str] | None = None) -> int:
                   f"{apply_c:.2f}", f"{plain_c:.2f}", f"{plain_c / apply_c:.2f}x", "")
     table.add_row("API, program in memory: apply().to_onnx() vs torch.onnx.export (median s)",
                   f"{api_t:.2f}", f"{plain_api_t:.2f}", f"{plain_api_t / api_t:.2f}x", "")
-    table.add_row("onnxruntime latency, grouped vs flat (median ms; median of paired ratios)",
-                  f"{lat_grouped * 1e3:.3f}", f"{lat_flat * 1e3:.3f}", f"{lat_ratio:.3f}x",
-                  verdict(lat_ratio, 1.02))
-    table.add_row(f"  control: flat vs {SESSIONS} other sessions of flat (the noise floor)", "", "",
-                  f"{noise:.3f}x", "")
+    table.add_row("onnxruntime latency, grouped vs flat (median ms; median of per-round ratios)",
+                  f"{lat.candidate * 1e3:.3f}", f"{lat.baseline * 1e3:.3f}", f"{lat.ratio:.3f}x",
+                  verdict(lat.ratio, 1.02))
+    table.add_row("  control: flat vs another session of flat, same rounds (the noise floor)",
+                  "", "", f"{lat.control:.3f}x", "")
+    table.add_row(f"  per session set (layout spread, sd {lat.spread:.3f})", "", "",
+                  " ".join(f"{r:.3f}" for r in lat.set_ratios), "")
+    names = latency["names"]
+    table.add_row("  why: flat graph as onnxruntime runs it, node names of 16 vs 15 characters "
+                  "(onnxruntime names inlined nodes _inlfunc_<function>_<node>)",
+                  f"{names.candidate * 1e3:.3f}", f"{names.baseline * 1e3:.3f}",
+                  f"{names.ratio:.3f}x", "")
     console.print(table)
     console.print(f"graphs onnxruntime runs after inlining and optimizing: grouped {ort_grouped} "
                   f"nodes, flat {ort_flat} nodes; identical up to value names: "
