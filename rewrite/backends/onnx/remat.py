@@ -27,7 +27,7 @@ import onnx_ir as ir
 from rewrite.backends.onnx.boundary import detach, owners
 from rewrite.backends.onnx.constants import is_weight
 from rewrite.backends.onnx.membership import Membership
-from rewrite.frontends.onnx import holds_graphs
+from rewrite._onnx_ir import holds_graphs
 
 LIMIT = 8
 """Most nodes copied for one shared value."""
