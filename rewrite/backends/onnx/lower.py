@@ -31,7 +31,8 @@ from rewrite.backends.onnx.progress import Progress
 from rewrite.backends.onnx.perbody import Unsupported, check, lower_per_body
 from rewrite.backends.onnx.remap import regroup, regroup_with
 from rewrite.errors import Diagnostic, InputError, first_line
-from rewrite.grouping import GroupTree
+from rewrite.frontends import load_graph
+from rewrite.grouping import GroupTree, group_graph
 from rewrite.ir import Graph
 
 if TYPE_CHECKING:
@@ -65,10 +66,8 @@ def _onnx_model(result: "Result") -> tuple[ir.Model, GroupTree]:
         with gc_paused():
             return copy_model(tree.graph.source), tree
     model: ir.Model = tree.graph.source
-    if model.meta.get(_OUTLINED):
-        from rewrite.api import apply
-
-        tree = apply(result.rules, result.model).tree
+    if model.meta.get(_OUTLINED):  # read the file again and group it as ``apply`` did
+        tree = group_graph(result.rules, load_graph(result.model))
         model = tree.graph.source
     model.meta[_OUTLINED] = True
     return model, tree
