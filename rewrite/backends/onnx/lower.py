@@ -143,9 +143,9 @@ def finish(model: ir.Model, tree: GroupTree, outlined: Outlined, options: OnnxOp
            optimized: bool) -> Outlined:
     """Optimize the outlined ``model`` if asked, then merge functions (:mod:`merge`);
     ``outlined`` with merged functions replaced."""
-    groups = {group.id: group for group in tree.groups()}
-    identity = {fid: (groups[gid].domain, groups[gid].function_name)
-                for gid, fid in outlined.function_of.items() if fid is not None}
+    records = tree.records
+    identity = {fid: (records[k].domain, records[k].function_name)  # type: ignore[union-attr]
+                for k, fid in outlined.by_group.items() if fid is not None}
     exported_opsets = dict(model.opset_imports)
     with gc_paused():
         if optimized:
@@ -156,9 +156,9 @@ def finish(model: ir.Model, tree: GroupTree, outlined: Outlined, options: OnnxOp
         _initializers_in_first_use_order(model.graph)
     if not merged:
         return outlined
-    function_of = {gid: merged.get(fid, fid) if fid is not None else None
-                   for gid, fid in outlined.function_of.items()}
-    return Outlined(function_of, functions, outlined.recomputed)
+    by_group = {k: merged.get(fid, fid) if fid is not None else None
+                for k, fid in outlined.by_group.items()}
+    return Outlined(by_group, functions, outlined.recomputed, outlined.ids)
 
 
 def _initializers_in_first_use_order(graph: ir.Graph) -> None:
