@@ -9,11 +9,12 @@ it with the function actually made and its call count (identical bodies share on
 With ``measures`` (``explain -v``), four more columns show what the ``size``, ``depth``,
 ``repeats`` and ``call`` selectors compare for each module group.
 On a terminal too narrow for the table, the same rows print as a rich tree whose labels wrap.
+:func:`function_tree` draws an ONNX model's functions and who calls whom.
 """
 
 from __future__ import annotations
 
-from typing import Iterator, Mapping
+from typing import TYPE_CHECKING, Iterator, Mapping
 
 from attrs import frozen
 from rich.console import Console
@@ -24,6 +25,9 @@ from rich.tree import Tree
 
 from rewrite.grouping import Group, GroupTree
 from rewrite.grouping.cycles import Flattened
+
+if TYPE_CHECKING:
+    import onnx_ir as ir
 
 
 @frozen
@@ -209,3 +213,26 @@ def flattened_line(flat: Flattened) -> Text:
     return Text.assemble(("flattened ", "yellow bold"), (flat.id, "bold"),
                          f" ({flat.call.class_name}, {flat.origin}): its nodes are in {into}; "
                          f"{flat.reason}; nodes involved: {nodes}")
+
+
+def function_tree(model: "ir.Model", title: str = "functions") -> Tree:
+    """A rich tree: top-level calls, then each function's callees (``xN`` = call sites)."""
+    from rewrite.backends.onnx.summary import FunctionId, summarize, top_calls
+
+    summaries = summarize(model)
+    root = Tree(f"[bold]{title}[/bold]: {len(summaries)} functions, "
+                f"{len(model.graph)} nodes in the main graph")
+
+    def add(parent: Tree, fid: FunctionId, sites: int, depth: int) -> None:
+        info = summaries[fid]
+        branch = parent.add(
+            f"[green]{info.label}[/green] x{sites}  [dim]{info.nodes} nodes, runs "
+            f"{info.instances}x[/dim]"
+        )
+        if depth < 32:
+            for callee, n in info.calls.items():
+                add(branch, callee, n, depth + 1)
+
+    for fid, n in top_calls(model).items():
+        add(root, fid, n, 0)
+    return root

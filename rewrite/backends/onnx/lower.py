@@ -27,7 +27,7 @@ from rewrite.backends.onnx.opsets import fix_opsets
 from rewrite.backends.onnx.optimize import optimize
 from rewrite.backends.onnx.options import OnnxOptions
 from rewrite.backends.onnx.outline import Outlined, outline
-from rewrite.backends.onnx.progress import Progress
+from rewrite.backends.onnx.progress import SILENT, Progress
 from rewrite.backends.onnx.perbody import Unsupported, check, lower_per_body
 from rewrite.backends.onnx.remap import regroup, regroup_with
 from rewrite.errors import Diagnostic, InputError, first_line
@@ -77,7 +77,7 @@ def lower(result: "Result", options: OnnxOptions | None = None,
           progress: Progress | None = None) -> Lowering:
     """Lower ``result`` (see the module docstring)."""
     options = options or OnnxOptions()
-    progress = progress or Progress()
+    progress = progress or SILENT
     tree = result.tree
     source = tree.graph.source
     warnings: list[Diagnostic] = []
