@@ -180,16 +180,11 @@ class GroupTree:
         return self._made["records"]
 
     @property
-    def ids(self) -> Sequence[str]:
-        """Per group id (:attr:`table`), its display id (``""`` for the root)."""
-        return self._ids()
-
-    @property
     def owner(self) -> tuple[str, ...]:
         """For each node, the id of the innermost group that holds it (``""``: the root)."""
         if "owner" not in self._made:
             names = np.empty(len(self.table), dtype=object)
-            names[:] = self._ids()
+            names[:] = self.ids
             self._made["owner"] = tuple(names[self.group_of].tolist())
         return self._made["owner"]
 
@@ -213,8 +208,10 @@ class GroupTree:
                 return group
         return None
 
-    def _ids(self) -> list[str]:
-        """Per group id: its display id, each made from its parent's (parents come first)."""
+    @property
+    def ids(self) -> Sequence[str]:
+        """Per group id (:attr:`table`), its display id (``""`` for the root); each is made
+        from its parent's (parents come first)."""
         if "ids" not in self._made:
             key = self.segments.key
             names = [""] * len(self.table)
@@ -229,7 +226,7 @@ class GroupTree:
     def _build(self) -> list[Group | None]:
         """The records: children in order of their first node (split components in their
         order), each group's direct nodes in graph order. Bottom-up, one pass."""
-        table, names = self.table, self._ids()
+        table, names = self.table, self.ids
         size = len(table)
         order = np.argsort(self.group_of, kind="stable").tolist()
         bounds = np.zeros(size + 1, dtype=np.int64)
