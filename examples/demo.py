@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     from rich.console import Console
 
-    from rewrite.backends.onnx import function_tree
+    from rewrite.cli.render import function_tree
 
     console = Console(highlight=False)
     out = args.out

@@ -49,7 +49,6 @@ def export(
     import torch
 
     from rewrite.backends.onnx import OnnxOptions, lower
-    from rewrite.backends.onnx.progress import Progress
     from rewrite.backends.onnx.save import write_model
     from rewrite.outputs import check_output_path
 
@@ -64,7 +63,7 @@ def export(
         first = first_line(e) or type(e).__name__
         raise InputError(f"torch.export could not export {type(model).__name__}: "
                          f"{type(e).__name__}: {first}") from e
-    onnx_model = lower(apply(ruleset, program), options, Progress(None)).model
+    onnx_model = lower(apply(ruleset, program), options).model
     rename_values(onnx_model, input_names, output_names)
     if out is not None:
         write_model(onnx_model, out, threshold=options.external_data_threshold)

@@ -57,12 +57,11 @@ def _group(rules: rewrite.RuleSet, model: str, io: Consoles, steps: Steps) -> re
     return result
 
 
-def _onnx_calls(result: rewrite.Result, io: Consoles, steps: Steps) -> Calls:
+def _onnx_calls(result: rewrite.Result, io: Consoles) -> Calls:
     """Lower to ONNX (no file written) and read which function each group became."""
     from rewrite.backends.onnx import OnnxOptions, lower
-    from rewrite.backends.onnx.progress import Progress
 
-    lowering = lower(result, OnnxOptions(), Progress(steps.console))
+    lowering = lower(result, OnnxOptions(), Steps.backend(io))
     for warning in lowering.warnings:
         io.warning(warning)
     return calls_of(lowering)
@@ -107,9 +106,9 @@ def cmd_explain(args: argparse.Namespace, io: Consoles) -> int:
     rules = load_rules(args.rules)
     check_model_path(args.model)
     import_modules(args.imports)
-    steps = Steps(io)
+    steps = Steps.of(io)
     result = _group(rules, args.model, io, steps)
-    calls = _onnx_calls(result, io, steps) if args.onnx else None
+    calls = _onnx_calls(result, io) if args.onnx else None
     if args.json:
         print(json.dumps(_json(result, args, calls), indent=2), file=io.out.file)
     else:
@@ -130,7 +129,7 @@ def cmd_apply(args: argparse.Namespace, io: Consoles) -> int:
             "functions) or .py (GraphModule code)"
         )
     import_modules(args.imports)
-    steps = Steps(io)
+    steps = Steps.of(io)
     result = _group(rules, args.model, io, steps)
     if suffix == ".onnx":
         from onnx_ir.serde import SerdeError
@@ -138,7 +137,7 @@ def cmd_apply(args: argparse.Namespace, io: Consoles) -> int:
         from rewrite.backends.onnx import save_onnx
 
         try:
-            lowering = save_onnx(result, output, console=steps.console,
+            lowering = save_onnx(result, output, progress=Steps.backend(io),
                                  constants=args.constants, optimize=args.optimize)
         except SerdeError as e:
             raise unwritable_input(args.model, e) or e

@@ -9,11 +9,12 @@ it with the function actually made and its call count (identical bodies share on
 With ``measures`` (``explain -v``), four more columns show what the ``size``, ``depth``,
 ``repeats`` and ``call`` selectors compare for each module group.
 On a terminal too narrow for the table, the same rows print as a rich tree whose labels wrap.
+:func:`function_tree` draws an ONNX model's functions and who calls whom.
 """
 
 from __future__ import annotations
 
-from typing import Iterator, Mapping
+from typing import TYPE_CHECKING, Iterator, Mapping
 
 from attrs import frozen
 from rich.console import Console
@@ -24,6 +25,9 @@ from rich.tree import Tree
 
 from rewrite.grouping import Group, GroupTree
 from rewrite.grouping.cycles import Flattened
+
+if TYPE_CHECKING:
+    import onnx_ir as ir
 
 
 @frozen
@@ -39,19 +43,21 @@ Calls = Mapping[str, "FunctionUse | None"]
 """Group id -> the function it became, or None when it was left inline."""
 
 
-def _rows(group: Group, guide: str, last: bool, depth: int, max_depth: int | None
-          ) -> Iterator[tuple[Group, str, int]]:
-    """(group, tree-guide prefix, hidden descendants) for ``group`` and what it shows below."""
+def _rows(group: Group, parent: Group, guide: str, last: bool, depth: int,
+          max_depth: int | None) -> Iterator[tuple[Group, Group, str, int]]:
+    """(group, its parent, tree-guide prefix, hidden descendants) for ``group`` and what it
+    shows below."""
     prefix = "" if depth == 0 else guide + ("└── " if last else "├── ")
     hidden = 0
     if max_depth is not None and depth + 1 >= max_depth:
         hidden = sum(1 for _ in group.walk()) - 1
-    yield group, prefix, hidden
+    yield group, parent, prefix, hidden
     if hidden:
         return
     below = "" if depth == 0 else guide + ("    " if last else "│   ")
     for i, child in enumerate(group.children):
-        yield from _rows(child, below, i == len(group.children) - 1, depth + 1, max_depth)
+        yield from _rows(child, group, below, i == len(group.children) - 1, depth + 1,
+                         max_depth)
 
 
 def _class_cell(group: Group, qualified: bool) -> Text:
@@ -101,27 +107,28 @@ def render_tree(tree: GroupTree, *, calls: Calls | None = None, max_depth: int |
     origin = _origins(groups)
     top = tree.root.children
     for i, child in enumerate(top):
-        for group, prefix, hidden in _rows(child, "", i == len(top) - 1, 0, max_depth):
+        for group, _, prefix, hidden in _rows(child, tree.root, "", i == len(top) - 1, 0,
+                                              max_depth):
             key = Text(prefix, style="dim") + Text(group.key, style="bold" if not prefix else "")
             if hidden:
                 key += Text(f" (+{hidden} nested)", style="dim")
             extra = _measure_cells(tree, group) if measures else []
             table.add_row(key, _class_cell(group, qualified), str(group.size), *extra,
-                          _function_cell(group, calls), origin.get(group.id, ""))
+                          _function_cell(group, calls), origin.get(group.index, ""))
     if not groups:
         table.add_row(Text("(no groups)", style="dim"), "", str(len(graph.nodes)),
                       *([""] * len(MEASURES) if measures else []), "", "")
     return table
 
 
-def _origins(groups: list[Group]) -> dict[str, str]:
+def _origins(groups: list[Group]) -> dict[int, str]:
     """Group id -> ``file:line`` of its rule, with the file's base name when that is unique."""
     def base(origin: str) -> str:
         return origin.replace("\\", "/").rsplit("/", 1)[-1]
 
     files = {g.origin.rsplit(":", 1)[0] for g in groups if g.origin}
     short = len({base(f) for f in files}) == len(files)
-    return {g.id: base(g.origin) if short else g.origin for g in groups if g.origin}
+    return {g.index: base(g.origin) if short else g.origin for g in groups if g.origin}
 
 
 def _caption(tree: GroupTree, groups: list[Group], calls: Calls | None) -> str:
@@ -151,18 +158,18 @@ def render_compact(tree: GroupTree, *, calls: Calls | None = None,
     groups = list(tree.groups())
     origin = _origins(groups)
     root = Tree(Text("groups", style="bold"))
-    branches: dict[str, Tree] = {}
+    branches: dict[int, Tree] = {0: root}
     top = tree.root.children
     for i, child in enumerate(top):
-        for group, _, hidden in _rows(child, "", i == len(top) - 1, 0, max_depth):
-            parent = branches.get(group.id.rsplit("/", 1)[0]) if "/" in group.id else root
+        for group, parent, _, hidden in _rows(child, tree.root, "", i == len(top) - 1, 0,
+                                              max_depth):
             label = Text.assemble(
                 (group.key, "bold"), f" (+{hidden} nested)" if hidden else "", "  ",
                 _class_cell(group, qualified), f"  {group.size} nodes",
                 _measure_text(tree, group) if measures else "", "  -> ",
-                _function_cell(group, calls), "  ", (origin.get(group.id, ""), "dim"),
+                _function_cell(group, calls), "  ", (origin.get(group.index, ""), "dim"),
             )
-            branches[group.id] = (parent or root).add(label)
+            branches[group.index] = branches[parent.index].add(label)
     return root
 
 
@@ -206,3 +213,26 @@ def flattened_line(flat: Flattened) -> Text:
     return Text.assemble(("flattened ", "yellow bold"), (flat.id, "bold"),
                          f" ({flat.call.class_name}, {flat.origin}): its nodes are in {into}; "
                          f"{flat.reason}; nodes involved: {nodes}")
+
+
+def function_tree(model: "ir.Model", title: str = "functions") -> Tree:
+    """A rich tree: top-level calls, then each function's callees (``xN`` = call sites)."""
+    from rewrite.backends.onnx.summary import FunctionId, summarize, top_calls
+
+    summaries = summarize(model)
+    root = Tree(f"[bold]{title}[/bold]: {len(summaries)} functions, "
+                f"{len(model.graph)} nodes in the main graph")
+
+    def add(parent: Tree, fid: FunctionId, sites: int, depth: int) -> None:
+        info = summaries[fid]
+        branch = parent.add(
+            f"[green]{info.label}[/green] x{sites}  [dim]{info.nodes} nodes, runs "
+            f"{info.instances}x[/dim]"
+        )
+        if depth < 32:
+            for callee, n in info.calls.items():
+                add(branch, callee, n, depth + 1)
+
+    for fid, n in top_calls(model).items():
+        add(root, fid, n, 0)
+    return root

@@ -1,14 +1,18 @@
-"""Progress of the CLI's own long steps (loading a model, grouping) on stderr.
+"""Progress on a rich console: the CLI's own long steps and the backends' (one class).
 
-On a terminal a step shows a rich spinner while it runs; with ``--verbose`` its time is
-printed when it ends; with ``--quiet``, or when stderr is not a terminal, nothing is shown.
+A step shows a spinner while it runs (on a terminal, not with ``--quiet``), then its time:
+for the CLI's steps (loading a model, grouping) with ``--verbose`` only, for the ONNX
+backend's (export, outlining, optimizing) always, as ``<step>: done in 1.2s``. The backend
+reports through :class:`rewrite.backends.onnx.progress.Progress`, which this implements.
 """
 
 from __future__ import annotations
 
 import contextlib
 import time
-from typing import Iterator
+from typing import Callable, Iterator
+
+from rich.console import Console
 
 from rewrite.cli.console import Consoles
 
@@ -16,21 +20,52 @@ from rewrite.cli.console import Consoles
 class Steps:
     """``with steps.step("loading model.pt2"):`` around each long piece of work."""
 
-    def __init__(self, consoles: Consoles) -> None:
-        self.consoles = consoles
-        self.spinner = consoles.err.is_terminal and not consoles.quiet
+    def __init__(self, console: Console | None, *, spinner: bool = True,
+                 finished: Callable[[str, float], None] | None = None) -> None:
+        self.console = console
+        """Where spinners and notes go (None: nowhere)."""
+        self.spinner = spinner and console is not None
+        self.finished = finished if finished is not None else self._done
+        """Called with a step's text and seconds when it ends."""
+        self._status = None
+
+    @classmethod
+    def of(cls, consoles: Consoles) -> "Steps":
+        """The CLI's own steps: times with ``--verbose`` only."""
+        return cls(consoles.err, spinner=consoles.err.is_terminal and not consoles.quiet,
+                   finished=lambda text, seconds: consoles.detail(f"{text}: {seconds:.1f}s"))
+
+    @classmethod
+    def backend(cls, consoles: Consoles) -> "Steps":
+        """Where a backend reports: stderr, unless ``--quiet``."""
+        return cls(None if consoles.quiet else consoles.err)
 
     @contextlib.contextmanager
     def step(self, text: str) -> Iterator[None]:
+        if self.console is None:
+            yield
+            return
         start = time.perf_counter()
         if self.spinner:
-            with self.consoles.err.status(text + " ...", spinner="dots"):
-                yield
+            with self.console.status(text + " ...", spinner="dots") as status:
+                self._status = status
+                try:
+                    yield
+                finally:
+                    self._status = None
         else:
             yield
-        self.consoles.detail(f"{text}: {time.perf_counter() - start:.1f}s")
+        self.finished(text, time.perf_counter() - start)
 
-    @property
-    def console(self):
-        """The console a backend may draw its own progress on (None when quiet)."""
-        return None if self.consoles.quiet else self.consoles.err
+    def update(self, text: str) -> None:
+        """Change the text of the running step's spinner (cheap; call it freely)."""
+        if self._status is not None:
+            self._status.update(text)
+
+    def note(self, text: str) -> None:
+        """A line on the console, as it is (no markup, no highlighting)."""
+        if self.console is not None:
+            self.console.print(text, markup=False, highlight=False)
+
+    def _done(self, text: str, seconds: float) -> None:
+        self.note(f"{text}: done in {seconds:.1f}s")

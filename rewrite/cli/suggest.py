@@ -23,7 +23,7 @@ def cmd_suggest(args: argparse.Namespace, io: Consoles) -> int:
             raise InputError(f"{output}: exists; use --force to replace it")
     from rewrite.suggest import render, suggest
 
-    with Steps(io).step(f"reading {args.model}"):
+    with Steps.of(io).step(f"reading {args.model}"):
         suggestion = suggest(args.model)
     for warning in suggestion.warnings:
         io.warning(f"{args.model}: {warning.message}")

@@ -1,4 +1,4 @@
-"""Stage 3: AST -> RuleSet of compiled matchers."""
+"""Stage 2: AST -> RuleSet of compiled matchers."""
 
 from rewrite.compile.ruleset import Rule, RuleSet, Split, load_rules, parse_rules
 from rewrite.compile.selectors import Facts, Subjects, compile_mask, compile_selector

@@ -1,4 +1,4 @@
-"""Stage 2: frontends turn a model into the graph IR."""
+"""Stage 3: frontends turn a model into the graph IR."""
 
 from rewrite.frontends.fx import from_exported_program, from_fx_graph, from_graph_module
 from rewrite.frontends.load import load_graph

@@ -47,11 +47,12 @@ from __future__ import annotations
 import ast
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Mapping
+from typing import TYPE_CHECKING, Callable, Mapping
 
 from attrs import field, frozen
 
 from rewrite._gc import gc_paused
+from rewrite._onnx_ir import graph_kinds, subgraph_captures
 from rewrite.errors import InputError, first_line
 from rewrite.frontends.calls import distinct_calls, split_runs
 from rewrite.ir import Graph, ModuleCall, Node, Stack
@@ -122,66 +123,6 @@ def _scopes(names: list[str] | None, classes: list[str] | None
     if names is None or classes is None or len(names) != len(classes) or not names:
         return None
     return names, classes
-
-
-_GRAPH_KINDS: tuple = ()
-
-
-def _graph_kinds() -> tuple:
-    global _GRAPH_KINDS
-    if not _GRAPH_KINDS:
-        import onnx_ir as ir
-
-        _GRAPH_KINDS = (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS)
-    return _GRAPH_KINDS
-
-
-def attribute_values(node: "ir.Node") -> Iterable["ir.Attr"]:
-    """``node.attributes.values()``, read from the underlying dict when there is one (the
-    mapping view of ``onnx_ir``'s ``UserDict`` is several times slower; most callers are hot)."""
-    attrs = node.attributes
-    return getattr(attrs, "data", attrs).values()
-
-
-def holds_graphs(node: "ir.Node") -> bool:
-    """Whether an attribute of ``node`` may hold a graph (cheap; most nodes hold none)."""
-    attrs = node.attributes
-    attrs = getattr(attrs, "data", attrs)
-    if not attrs:
-        return False
-    kinds = _GRAPH_KINDS or _graph_kinds()
-    for attr in attrs.values():
-        if attr.type in kinds:
-            return True
-    return False
-
-
-def subgraph_captures(node: "ir.Node") -> Iterator["ir.Value"]:
-    """Outer-scope values read by the nodes of ``node``'s subgraphs (recursively)."""
-    import onnx_ir as ir
-
-    for attr in attribute_values(node):
-        if attr.type == ir.AttributeType.GRAPH:
-            graphs = [attr.as_graph()]
-        elif attr.type == ir.AttributeType.GRAPHS:
-            graphs = list(attr.as_graphs())
-        else:
-            continue
-        for graph in graphs:
-            yield from _graph_captures(graph)
-
-
-def _graph_captures(graph: "ir.Graph") -> Iterator["ir.Value"]:
-    local: set[int] = {id(v) for v in graph.inputs}
-    local.update(id(v) for v in graph.initializers.values())
-    for inner in graph:
-        for value in inner.inputs:
-            if value is not None and id(value) not in local:
-                yield value
-        for captured in subgraph_captures(inner):
-            if id(captured) not in local:
-                yield captured
-        local.update(id(v) for v in inner.outputs)
 
 
 def _scopes_key(text: str | None) -> str | tuple[str] | None:
@@ -356,7 +297,7 @@ def _edges(onnx_nodes: list["ir.Node"], index_of: dict["ir.Value", int],
     start = [0] * (first + 1)
     flat: list[int] = []
     get = index_of.get
-    kinds = _GRAPH_KINDS or _graph_kinds()
+    kinds = graph_kinds()
     for i, node in enumerate(onnx_nodes, first):
         row = dict.fromkeys(map(get, node.inputs))
         attributes = node.attributes

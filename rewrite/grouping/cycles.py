@@ -52,7 +52,7 @@ def cycle_nodes(graph: Graph, cycle: Cycle) -> tuple[str, ...]:
 
 
 def _where(segments: Segments, cycle: Cycle) -> str:
-    return "/".join(segments.key(s) for s in cycle.parent) or "the top level"
+    return segments.display(cycle.parent) or "the top level"
 
 
 def _reason(segments: Segments, cycle: Cycle) -> str:
@@ -88,7 +88,7 @@ def flatten_group(graph: Graph, segments: Segments, table: GroupTable, parent: n
     path = cycle.parent + (cycle.groups[0],)
     k = next(g for g in range(1, len(table)) if table.count[g] and table.path(g) == path)
     up = int(parent[k])
-    ids = ["/".join(segments.key(s) for s in table.path(g)) for g in (k, up)]
+    ids = [segments.display(table.path(g)) for g in (k, up)]
     group_of[group_of == k] = up
     parent[parent == k] = up
     return Flattened(ids[0], segments.calls[cycle.groups[0]], segments.rule(cycle.groups[0]), ids[1], _reason(segments, cycle),

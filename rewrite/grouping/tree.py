@@ -1,15 +1,22 @@
-"""The result of grouping: a tree of groups over the nodes of one graph.
+r"""The result of grouping: a tree of groups over the nodes of one graph.
 
 Grouping decides everything as columns (:class:`GroupTable`: per group its parent, what it
-stands for, its size; per node the group that holds it). The :class:`Group` records, their
-ids and the per-node views (:attr:`GroupTree.owner`, :attr:`GroupTree.tags`) are built from
-the columns on first use, once, like the graph's ``Node`` records: a caller that only needs
-the decisions does not pay for a million small objects.
+stands for, its size; per node the group that holds it). A group *is* its integer id in that
+table (``Group.index``; 0 is the root): backends read the table and the ids. The
+:class:`Group` records, their display ids and the per-node views (:attr:`GroupTree.owner`,
+:attr:`GroupTree.tags`) are built from the columns on first use, once, like the graph's
+``Node`` records: a caller that only needs the decisions does not pay for a million small
+objects.
+
+Display ids (``Group.id``, ``explain --json``) are the keys of a group's path joined by ``/``
+(``h.0/h.0.attn``), with ``/`` and ``\`` inside a key escaped by a ``\`` (a split tag value
+``enc/x`` is ``enc\/x``, its member ``a`` is ``enc\/x/a``): one group, one id. They are for
+people and files; code that walks the tree uses ``Group.index`` and the table.
 """
 
 from __future__ import annotations
 
-from typing import Iterator, Mapping, Sequence
+from typing import Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 from attrs import field, frozen
@@ -30,7 +37,8 @@ class Group:
     """A set of nodes that becomes one ONNX function / one FX submodule."""
 
     id: str
-    """Unique in the tree: the keys from the root joined by ``/`` (``h.0/h.0.attn``)."""
+    """Display id, unique in the tree: the escaped keys from the root joined by ``/``
+    (``h.0/h.0.attn``; see the module docstring)."""
     kind: str
     """``root``, ``module`` (one module call) or ``component`` (one split component)."""
     call: ModuleCall | None
@@ -47,11 +55,11 @@ class Group:
     """Number of nodes in the group and all its descendants."""
     tag_value: str | None = None
     """The tag value of a split component."""
-
-    @property
-    def key(self) -> str:
-        """The last part of :attr:`id`: the call key (``h.0``, ``shared@1``) or tag value."""
-        return self.id.rsplit("/", 1)[-1]
+    key: str = field(kw_only=True)
+    """What the group stands for under its parent: the call key (``h.0``, ``shared@1``) or
+    the component name (``""`` for the root)."""
+    index: int = field(kw_only=True, eq=False, repr=False)
+    """The group's id in :attr:`GroupTree.table` (0: the root)."""
 
     @property
     def origin(self) -> str | None:
@@ -73,6 +81,12 @@ class Group:
         return out
 
 
+def _escaped(key: str) -> str:
+    if "/" not in key and "\\" not in key:
+        return key
+    return key.replace("\\", "\\\\").replace("/", "\\/")
+
+
 @frozen
 class Segments:
     """What the last segment of a group's path stands for: a module call (id >= 0) or a
@@ -87,6 +101,10 @@ class Segments:
         if segment >= 0:
             return self.calls[segment].key
         return self.components[-1 - segment].name
+
+    def display(self, path: Iterable[int]) -> str:
+        """The display id of a path of segments (:meth:`GroupTable.path`; ``""``: the root)."""
+        return "/".join([_escaped(self.key(segment)) for segment in path])
 
     def rule(self, segment: int) -> Rule | Split | None:
         if segment >= 0:
@@ -152,16 +170,21 @@ class GroupTree:
     @property
     def root(self) -> Group:
         """The root group (the records are built on first use)."""
-        if "root" not in self._made:
-            self._made["root"] = self._build()
-        return self._made["root"]
+        return self.records[0]  # type: ignore[return-value]
+
+    @property
+    def records(self) -> Sequence[Group | None]:
+        """Per group id (:attr:`table`), its record; None for a group that holds no node."""
+        if "records" not in self._made:
+            self._made["records"] = self._build()
+        return self._made["records"]
 
     @property
     def owner(self) -> tuple[str, ...]:
         """For each node, the id of the innermost group that holds it (``""``: the root)."""
         if "owner" not in self._made:
             names = np.empty(len(self.table), dtype=object)
-            names[:] = self._ids()
+            names[:] = self.ids
             self._made["owner"] = tuple(names[self.group_of].tolist())
         return self._made["owner"]
 
@@ -185,23 +208,25 @@ class GroupTree:
                 return group
         return None
 
-    def _ids(self) -> list[str]:
-        """Per group id: the ``/``-joined keys of its path (``""`` for the root)."""
+    @property
+    def ids(self) -> Sequence[str]:
+        """Per group id (:attr:`table`), its display id (``""`` for the root); each is made
+        from its parent's (parents come first)."""
         if "ids" not in self._made:
             key = self.segments.key
             names = [""] * len(self.table)
             for k, (parent, segment) in enumerate(zip(self.table.parent.tolist(),
                                                       self.table.segment.tolist())):
                 if k:
-                    above = names[parent]
-                    names[k] = f"{above}/{key(segment)}" if above else key(segment)
+                    above, own = names[parent], _escaped(key(segment))
+                    names[k] = f"{above}/{own}" if above else own
             self._made["ids"] = names
         return self._made["ids"]
 
-    def _build(self) -> Group:
+    def _build(self) -> list[Group | None]:
         """The records: children in order of their first node (split components in their
         order), each group's direct nodes in graph order. Bottom-up, one pass."""
-        table, names = self.table, self._ids()
+        table, names = self.table, self.ids
         size = len(table)
         order = np.argsort(self.group_of, kind="stable").tolist()
         bounds = np.zeros(size + 1, dtype=np.int64)
@@ -235,14 +260,17 @@ class GroupTree:
                 assert rule is not None
                 made[k] = Group(names[k], "module", call, rule,
                                 render(rule.name_template, call),
-                                render(rule.domain_template, call), kids, own, count[k])
+                                render(rule.domain_template, call), kids, own, count[k],
+                                key=call.key, index=k)
             else:
                 component = components[-1 - segment]
                 made[k] = Group(names[k], "component", None, split, component.name,
-                                SPLIT_DOMAIN, kids, own, count[k], tag_value=component.value)
+                                SPLIT_DOMAIN, kids, own, count[k], tag_value=component.value,
+                                key=component.name, index=k)
         top = children.get(0, [])
         top.sort(key=rank)
         kids = tuple([made[g] for g in top])
         own = tuple(order[bounds[0]:bounds[1]])
-        return Group("", "root", None, None, self.graph.root_class or "main", "", kids, own,
-                     len(own) + sum(kid.size for kid in kids))
+        made[0] = Group("", "root", None, None, self.graph.root_class or "main", "", kids, own,
+                        len(own) + sum(kid.size for kid in kids), key="", index=0)
+        return made

@@ -1,4 +1,4 @@
-"""Stage 2: the graph IR every frontend produces and every matcher reads."""
+"""The graph IR: what stage 3 (frontends) produces and stage 4 (grouping) reads."""
 
 from rewrite.ir.columns import Columns
 from rewrite.ir.model import Graph, ModuleCall, Node, Stack

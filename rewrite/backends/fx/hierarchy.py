@@ -1,13 +1,15 @@
 """The group tree as integer-indexed arrays over FX nodes (what the passes below walk).
 
-Group ids (``gid``) number the groups in pre-order, the root is 0. Groups whose subtree holds
-no computation (only attribute reads) are dropped: they would be empty submodules.
+Read from the tree's :class:`~rewrite.grouping.tree.GroupTable` and records. Its own ids
+(``gid``) number the groups it keeps in pre-order, the root is 0: groups whose subtree holds
+no computation (only attribute reads) are dropped, they would be empty submodules.
 """
 
 from __future__ import annotations
 
 from typing import Mapping
 
+import numpy as np
 import torch
 from attrs import field, frozen
 
@@ -66,30 +68,22 @@ def build_hierarchy(tree: GroupTree, source: FxSource) -> Hierarchy:
     position = {node: i for i, node in enumerate(nodes)}
     computes = [is_computation(node, source) for node in nodes]
 
-    by_id: dict[str, Group] = {}
-    order: list[Group] = []
-    for group in tree.root.walk():
-        by_id[group.id] = group
-        order.append(group)
-    # which groups hold computation somewhere below them
-    busy: set[str] = {""}
-    for i, group_id in enumerate(tree.owner):
-        if computes[i] and group_id not in busy:
-            parts = group_id.split("/")
-            for depth in range(len(parts), 0, -1):
-                prefix = "/".join(parts[:depth])
-                if prefix in busy:
-                    break
-                busy.add(prefix)
-
-    kept = [g for g in order if g.id in busy]
-    gid_of = {g.id: i for i, g in enumerate(kept)}
+    # the groups with computation somewhere below them (parents have smaller ids)
+    up = tree.table.parent.tolist()
+    busy = [False] * len(up)
+    busy[0] = True
+    for k in np.unique(tree.group_of[np.asarray(computes, dtype=bool)]).tolist():
+        while not busy[k]:
+            busy[k] = True
+            k = up[k]
+    kept = [g for g in tree.root.walk() if busy[g.index]]
+    gid_of = {g.index: i for i, g in enumerate(kept)}
     parent = [-1] * len(kept)
     depth = [0] * len(kept)
     children: list[list[int]] = [[] for _ in kept]
     for gid, group in enumerate(kept):
         for child in group.children:
-            cid = gid_of.get(child.id)
+            cid = gid_of.get(child.index)
             if cid is not None:
                 parent[cid] = gid
                 depth[cid] = depth[gid] + 1
@@ -98,10 +92,11 @@ def build_hierarchy(tree: GroupTree, source: FxSource) -> Hierarchy:
     owner: dict[torch.fx.Node, int] = {}
     direct: list[list[torch.fx.Node]] = [[] for _ in kept]
     first = [len(nodes)] * len(kept)
+    group_of = tree.group_of.tolist()
     for i, node in enumerate(nodes):
         if not computes[i]:
             continue
-        gid = gid_of[tree.owner[i]]
+        gid = gid_of[group_of[i]]
         owner[node] = gid
         direct[gid].append(node)
         g = gid

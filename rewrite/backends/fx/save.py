@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from rewrite.backends.fx.lower import to_fx
 from rewrite.outputs import write_text_atomic
 
 if TYPE_CHECKING:
@@ -13,7 +14,7 @@ if TYPE_CHECKING:
 
 def python_text(result: "Result") -> str:
     """A header naming the model and rules, then ``print_readable()`` of ``to_fx()``."""
-    module = result.to_fx()
+    module = to_fx(result)
     model = result.model if isinstance(result.model, (str, Path)) else type(result.model).__name__
     files = getattr(result.rules, "files", ())
     header = [

@@ -10,7 +10,8 @@
   body keys for dedup; ``repeats``: repeated blocks matched node by node; ``constants``: the
   constant policy; ``remat``: shared cheap nodes recomputed; ``naming``; ``opsets``);
 * ``lower``: the pipeline (``clone``: the copy a given model is outlined in); ``save``:
-  writing; ``summary``: the function tree; ``progress``.
+  writing; ``summary``: the function tree as data; ``progress``: how it reports (rendered
+  by the caller: the CLI draws it on the console).
 """
 
 from __future__ import annotations
@@ -20,8 +21,8 @@ from typing import TYPE_CHECKING, Any
 
 from rewrite.backends.onnx.lower import Lowering, lower
 from rewrite.backends.onnx.options import OnnxOptions
-from rewrite.backends.onnx.progress import Progress
-from rewrite.backends.onnx.summary import function_tree, summarize
+from rewrite.backends.onnx.progress import SILENT, Progress
+from rewrite.backends.onnx.summary import summarize
 
 if TYPE_CHECKING:
     import onnx_ir as ir
@@ -30,40 +31,49 @@ if TYPE_CHECKING:
     from rewrite.api import Result
 
 
-def to_onnx(result: "Result", *, console: "Console | None" = None, **options: Any) -> "ir.Model":
+def _progress(progress: Progress | None, console: "Console | None") -> Progress:
+    """``progress``; a rich ``console`` (the older keyword) shows it with the CLI's steps."""
+    if progress is None and console is not None:
+        from rewrite.cli.steps import Steps
+
+        return Steps(console)
+    return progress or SILENT
+
+
+def to_onnx(result: "Result", *, progress: Progress | None = None,
+            console: "Console | None" = None, **options: Any) -> "ir.Model":
     """An ``onnx_ir.Model`` whose groups are nested, deduplicated model-local functions.
 
     ``options`` are the fields of :class:`OnnxOptions` (``constants``, ``constant_limit``,
-    ``optimize``)."""
-    return lower(result, OnnxOptions(**options), Progress(console)).model
+    ``optimize``); ``progress`` hears about the long steps (or ``console`` shows them)."""
+    return lower(result, OnnxOptions(**options), _progress(progress, console)).model
 
 
-def save_onnx(result: "Result", output_path: str | Path, *, console: "Console | None" = None,
-              **options: Any) -> Lowering:
+def save_onnx(result: "Result", output_path: str | Path, *, progress: Progress | None = None,
+              console: "Console | None" = None, **options: Any) -> Lowering:
     """Lower ``result`` and write it to ``output_path`` (never a partial file).
 
-    Weights go to ``<output>.data`` when larger than ``external_data_threshold`` bytes."""
+    Weights go to ``<output>.data`` when larger than ``external_data_threshold`` bytes.
+    ``progress`` hears about the steps, the warnings and what was written (or ``console``
+    shows them)."""
     from rewrite.backends.onnx.save import write_model
     from rewrite.outputs import check_output_path
 
     given = [result.model] if isinstance(result.model, (str, Path)) else []
     output = check_output_path(output_path, given)
     opts = OnnxOptions(**options)
-    progress = Progress(console)
-    lowering = lower(result, opts, progress)
-    if console is not None:
-        for warning in lowering.warnings:
-            console.print(warning.render(), markup=False, highlight=False)
-    with progress.step(f"writing {output}"):
+    report = _progress(progress, console)
+    lowering = lower(result, opts, report)
+    for warning in lowering.warnings:
+        report.note(warning.render())
+    with report.step(f"writing {output}"):
         external = write_model(lowering.model, output, threshold=opts.external_data_threshold)
-    if console is not None:
-        calls = lowering.outlined.calls
-        text = f"{len(lowering.model.functions)} functions, {sum(calls.values())} call sites"
-        if external:
-            text += f"; weights in {output.name}.data"
-        console.print(text, markup=False, highlight=False)
+    calls = lowering.outlined.calls
+    text = f"{len(lowering.model.functions)} functions, {sum(calls.values())} call sites"
+    if external:
+        text += f"; weights in {output.name}.data"
+    report.note(text)
     return lowering
 
 
-__all__ = ["Lowering", "OnnxOptions", "function_tree", "lower", "save_onnx", "summarize",
-           "to_onnx"]
+__all__ = ["Lowering", "OnnxOptions", "Progress", "lower", "save_onnx", "summarize", "to_onnx"]

@@ -10,9 +10,7 @@ from typing import Collection, Iterator, Mapping
 
 import onnx_ir as ir
 
-from rewrite.frontends.onnx import attribute_values, holds_graphs, subgraph_captures
-
-_GRAPH_KINDS = (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS)
+from rewrite._onnx_ir import attribute_values, graph_kinds, holds_graphs, subgraph_captures
 
 
 def subgraphs(node: ir.Node) -> Iterator[ir.Graph]:
@@ -37,10 +35,11 @@ def inner_nodes(node: ir.Node) -> Iterator[ir.Node]:
 def owners(graph: ir.Graph) -> dict[ir.Node, ir.Node]:
     """For every node inside a subgraph, the main-graph node that holds it."""
     owner: dict[ir.Node, ir.Node] = {}
+    kinds = graph_kinds()
     for node in graph:
         attributes = node.attributes
         for attr in getattr(attributes, "data", attributes).values():  # holds_graphs, inlined
-            if attr.type in _GRAPH_KINDS:
+            if attr.type in kinds:
                 owner.update(dict.fromkeys(inner_nodes(node), node))
                 break
     return owner

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import onnx_ir as ir
 
-from rewrite.frontends.onnx import attribute_values, holds_graphs
+from rewrite._onnx_ir import attribute_values, holds_graphs
 
 Owner = ir.Value | ir.Node | ir.Graph
 """What carries ``metadata_props`` and ``meta``."""

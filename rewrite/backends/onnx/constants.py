@@ -138,5 +138,5 @@ def hoist_constants(members: Membership, options: OnnxOptions, keyer: Keyer) -> 
     for node in moved:
         position = members.position[node]
         members.discard(node)
-        members.add(node, "", position)
+        members.add(node, 0, position)
     return len(moved)

@@ -27,11 +27,12 @@ from rewrite.backends.onnx.opsets import fix_opsets
 from rewrite.backends.onnx.optimize import optimize
 from rewrite.backends.onnx.options import OnnxOptions
 from rewrite.backends.onnx.outline import Outlined, outline
-from rewrite.backends.onnx.progress import Progress
+from rewrite.backends.onnx.progress import SILENT, Progress
 from rewrite.backends.onnx.perbody import Unsupported, check, lower_per_body
 from rewrite.backends.onnx.remap import regroup, regroup_with
 from rewrite.errors import Diagnostic, InputError, first_line
-from rewrite.grouping import GroupTree
+from rewrite.frontends import load_graph
+from rewrite.grouping import GroupTree, group_graph
 from rewrite.ir import Graph
 
 if TYPE_CHECKING:
@@ -65,10 +66,8 @@ def _onnx_model(result: "Result") -> tuple[ir.Model, GroupTree]:
         with gc_paused():
             return copy_model(tree.graph.source), tree
     model: ir.Model = tree.graph.source
-    if model.meta.get(_OUTLINED):
-        from rewrite.api import apply
-
-        tree = apply(result.rules, result.model).tree
+    if model.meta.get(_OUTLINED):  # read the file again and group it as ``apply`` did
+        tree = group_graph(result.rules, load_graph(result.model))
         model = tree.graph.source
     model.meta[_OUTLINED] = True
     return model, tree
@@ -78,7 +77,7 @@ def lower(result: "Result", options: OnnxOptions | None = None,
           progress: Progress | None = None) -> Lowering:
     """Lower ``result`` (see the module docstring)."""
     options = options or OnnxOptions()
-    progress = progress or Progress()
+    progress = progress or SILENT
     tree = result.tree
     source = tree.graph.source
     warnings: list[Diagnostic] = []
@@ -144,9 +143,9 @@ def finish(model: ir.Model, tree: GroupTree, outlined: Outlined, options: OnnxOp
            optimized: bool) -> Outlined:
     """Optimize the outlined ``model`` if asked, then merge functions (:mod:`merge`);
     ``outlined`` with merged functions replaced."""
-    groups = {group.id: group for group in tree.groups()}
-    identity = {fid: (groups[gid].domain, groups[gid].function_name)
-                for gid, fid in outlined.function_of.items() if fid is not None}
+    records = tree.records
+    identity = {fid: (records[k].domain, records[k].function_name)  # type: ignore[union-attr]
+                for k, fid in outlined.by_group.items() if fid is not None}
     exported_opsets = dict(model.opset_imports)
     with gc_paused():
         if optimized:
@@ -157,9 +156,9 @@ def finish(model: ir.Model, tree: GroupTree, outlined: Outlined, options: OnnxOp
         _initializers_in_first_use_order(model.graph)
     if not merged:
         return outlined
-    function_of = {gid: merged.get(fid, fid) if fid is not None else None
-                   for gid, fid in outlined.function_of.items()}
-    return Outlined(function_of, functions, outlined.recomputed)
+    by_group = {k: merged.get(fid, fid) if fid is not None else None
+                for k, fid in outlined.by_group.items()}
+    return Outlined(by_group, functions, outlined.recomputed, outlined.ids)
 
 
 def _initializers_in_first_use_order(graph: ir.Graph) -> None:

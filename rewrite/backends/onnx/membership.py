@@ -1,4 +1,7 @@
-"""Which main-graph ONNX nodes each group holds directly, and their canonical order."""
+"""Which main-graph ONNX nodes each group holds directly, and their canonical order.
+
+Groups are the tree's integer ids (:attr:`GroupTree.table`; 0: the top level).
+"""
 
 from __future__ import annotations
 
@@ -15,16 +18,19 @@ Position = tuple[int, int, int]
 
 @define
 class Membership:
-    """Direct ONNX members per group id (``""`` = top level), with an order key per node.
+    """Direct ONNX members per group id (0 = top level), with an order key per node.
 
     Starts as the group tree says; ``remat`` adds recomputed copies and drops dead nodes."""
 
-    nodes: dict[str, list[ir.Node]] = field(factory=lambda: defaultdict(list))
-    group_of: dict[ir.Node, str] = field(factory=dict)
+    parent: list[int] = field(factory=lambda: [-1])
+    """Per group id, its parent's (the tree's :attr:`GroupTable.parent`)."""
+    nodes: dict[int, list[ir.Node]] = field(factory=lambda: defaultdict(list))
+    group_of: dict[ir.Node, int] = field(factory=dict)
     position: dict[ir.Node, Position] = field(factory=dict)
     leaving: list[ir.Node] = field(factory=list)
     """Nodes with a value read by a node of another group (or of the top level), in graph
     order, as the tree's edges say; empty for nodes at the top level."""
+    _paths: dict[int, tuple[int, ...]] = field(factory=dict, init=False, repr=False)
 
     @classmethod
     def from_tree(cls, tree: GroupTree, graph: ir.Graph) -> "Membership":
@@ -39,27 +45,33 @@ class Membership:
                              f"{len(nodes)}: it was built on another graph")
         slot = np.full(len(is_io), -1, dtype=np.int64)  # tree node index -> index in nodes
         slot[indices] = np.arange(len(nodes))
-        number = np.zeros(len(is_io), dtype=np.int32)  # tree node index -> group (0: top)
-        members = cls(group_of=dict.fromkeys(nodes, ""),
+        number = np.where(is_io, 0, tree.group_of)  # tree node index -> group (0: top)
+        members = cls(parent=tree.table.parent.tolist(), group_of=dict.fromkeys(nodes, 0),
                       position=dict(zip(nodes, [(i, 0, 0) for i in indices.tolist()])))
-        for k, group in enumerate(tree.groups(), 1):
+        for group in tree.groups():
             if not group.nodes:
                 continue
-            at = np.asarray(group.nodes, dtype=np.int64)
-            number[at] = k
-            direct = [nodes[j] for j in slot[at].tolist()]
-            members.nodes[group.id] = direct
-            members.group_of.update(dict.fromkeys(direct, group.id))
+            direct = [nodes[j] for j in slot[np.asarray(group.nodes, dtype=np.int64)].tolist()]
+            members.nodes[group.index] = direct
+            members.group_of.update(dict.fromkeys(direct, group.index))
         top = slot[(number == 0) & ~is_io].tolist()
         if top:
-            members.nodes[""] = [nodes[j] for j in top]
+            members.nodes[0] = [nodes[j] for j in top]
         producer, consumer = columns.edges()
         home = number[producer]
         crossing = (home != 0) & (home != number[consumer]) & ~is_io[consumer]
         members.leaving = [nodes[j] for j in slot[np.unique(producer[crossing])].tolist()]
         return members
 
-    def add(self, node: ir.Node, group: str, position: Position) -> None:
+    def path(self, group: int) -> tuple[int, ...]:
+        """The groups from the top level's child down to ``group`` (``()`` for the top)."""
+        found = self._paths.get(group)
+        if found is None:
+            up = self.parent[group]
+            found = self._paths[group] = self.path(up) + (group,) if up >= 0 else ()
+        return found
+
+    def add(self, node: ir.Node, group: int, position: Position) -> None:
         self.nodes[group].append(node)
         self.group_of[node] = group
         self.position[node] = position
@@ -69,5 +81,5 @@ class Membership:
         self.nodes[group].remove(node)
         del self.position[node]
 
-    def of(self, group: str) -> list[ir.Node]:
+    def of(self, group: int) -> list[ir.Node]:
         return self.nodes.get(group, [])

@@ -14,11 +14,11 @@ node can be placed; the main graph and each body are topologically sorted once b
 from __future__ import annotations
 
 from collections import Counter
-from typing import Callable
+from typing import Callable, Sequence
 
 import onnx_ir as ir
 import onnx_ir.passes.common
-from attrs import frozen
+from attrs import field, frozen
 
 from rewrite._gc import gc_paused
 from rewrite.backends.onnx import naming
@@ -35,6 +35,7 @@ from rewrite.backends.onnx.options import OnnxOptions
 from rewrite.backends.onnx.remat import recompute_shared
 from rewrite.backends.onnx.repeats import Reference, Repeats
 from rewrite.backends.onnx.structure import Key, Keyer
+from rewrite.backends.onnx.summary import FunctionId
 from rewrite.grouping import Group, GroupTree
 
 
@@ -42,17 +43,25 @@ from rewrite.grouping import Group, GroupTree
 class Outlined:
     """What outlining did: per group, the function called (``None`` when left flat)."""
 
-    function_of: dict[str, tuple[str, str, str] | None]
-    """Group id -> function identifier ``(domain, name, overload)``."""
-    functions: tuple[tuple[str, str, str], ...]
+    by_group: dict[int, FunctionId | None]
+    """Group id (in the tree's :attr:`~GroupTree.table`) -> the function its call calls."""
+    functions: tuple[FunctionId, ...]
     """The functions made, in the order they were made."""
     recomputed: int = 0
     """Nodes copied into groups by ``remat`` (shared cheap nodes recomputed per group)."""
+    ids: Sequence[str] = field(default=(), repr=False)
+    """The tree's display ids (:attr:`GroupTree.ids`), for :attr:`function_of`."""
+
+    @property
+    def function_of(self) -> dict[str, FunctionId | None]:
+        """:attr:`by_group` by display id (``h.0/h.0.attn``), for people and reports."""
+        ids = self.ids
+        return {ids[k]: fid for k, fid in self.by_group.items()}
 
     @property
     def calls(self) -> Counter:
         """Call sites per function (one per outlined group)."""
-        return Counter(f for f in self.function_of.values() if f is not None)
+        return Counter(f for f in self.by_group.values() if f is not None)
 
 
 class _Outliner:
@@ -76,7 +85,7 @@ class _Outliner:
         self.registry: dict[Key, ir.Function] = {}
         self.repeats = Repeats(self.keyer)
         self.holders = set(self.owner.values())
-        self.function_of: dict[str, tuple[str, str, str] | None] = {}
+        self.function_of: dict[int, FunctionId | None] = {}
         self.made: list[ir.Function] = []
 
     def run(self) -> Outlined:
@@ -87,18 +96,18 @@ class _Outliner:
         ir.passes.common.RemoveUnusedNodesPass()(self.model)
         fix_opsets(self.model, self.made)
         return Outlined(self.function_of, tuple(f.identifier() for f in self.made),
-                        self.recomputed)
+                        self.recomputed, self.tree.ids)
 
     def _lower(self, group: Group, chain: list[Group]) -> list[ir.Node]:
         """Outline ``group``; returns what stands for it in its parent's members."""
         naming.check_identity(group)
-        members = list(self.members.of(group.id))
+        members = list(self.members.of(group.index))
         for child in group.children:
             members.extend(self._lower(child, chain + [child]))
         if self.on_group is not None:
             self.on_group(group)
         if not members:
-            self.function_of[group.id] = None
+            self.function_of[group.index] = None
             return []
         member_set = set(members)
         first = min(self.position[m] for m in members)
@@ -126,7 +135,7 @@ class _Outliner:
         members = self.keyer.canonical_order(by_position, rank, self._constant_key)
         inputs, outputs = boundary(members, member_set, self.owner)
         if not outputs:  # nothing it computes is used: leave it flat (dead code)
-            self.function_of[group.id] = None
+            self.function_of[group.index] = None
             return members
         args, embedded = self._split(inputs)
         key = self.keyer.body(identity, members, args, {v: e.key for v, e in embedded.items()},
@@ -140,7 +149,7 @@ class _Outliner:
             rewire(self.graph, outputs, list(call.outputs), member_set, self.owner)
             function = self.registry[key] = self._make_function(group, name, members, args,
                                                                 embedded, outputs)
-            self.function_of[group.id] = function.identifier()
+            self.function_of[group.index] = function.identifier()
             self.position[call] = first
         if body is not None:
             arg_index = {v: i for i, v in enumerate(raw_args)}
@@ -157,7 +166,7 @@ class _Outliner:
         call = self._call(group, chain, function.name, args, outputs, members)
         rewire(self.graph, outputs, list(call.outputs), member_set, self.owner)
         self._drop(members, member_set)
-        self.function_of[group.id] = function.identifier()
+        self.function_of[group.index] = function.identifier()
         self.position[call] = first
         return call
 

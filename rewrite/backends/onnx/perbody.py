@@ -158,17 +158,17 @@ def _subgraph(owner: torch.fx.GraphModule, nodes: list[torch.fx.Node],
 
 def _selected(tree: GroupTree, by_index) -> list[tuple[Group, list[torch.fx.Node]]]:
     """The outermost groups whose body repeats (descending into groups that do not)."""
-    keyed: dict[str, tuple[Hashable, list]] = {}
+    keyed: dict[int, tuple[Hashable, list]] = {}
     counts: dict[Hashable, int] = {}
 
     def visit(group: Group) -> None:
         nodes = [by_index(i) for i in group.all_nodes()]
         if any(n.op != "call_function" or isinstance(n.target, torch._ops.HigherOrderOperator)
                for n in nodes):
-            key = ("not shared", group.id)  # a subgraph or a constant inside: not a body
+            key = ("not shared", group.index)  # a subgraph or a constant inside: not a body
         else:
             key, _ = _body_key(nodes)
-        keyed[group.id] = (key, nodes)
+        keyed[group.index] = (key, nodes)
         counts[key] = counts.get(key, 0) + 1
 
     level = list(tree.root.children)
@@ -178,7 +178,7 @@ def _selected(tree: GroupTree, by_index) -> list[tuple[Group, list[torch.fx.Node
             visit(group)
         below = []
         for group in level:
-            key, nodes = keyed[group.id]
+            key, nodes = keyed[group.index]
             if counts[key] > 1:
                 chosen.append((group, nodes))
             else:

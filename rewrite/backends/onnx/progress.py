@@ -1,38 +1,45 @@
-"""Progress of long steps (export, outlining) on a rich console; silent without one."""
+"""How the ONNX backend reports on its long steps: through a :class:`Progress` the caller
+passes, which renders it (the CLI's :class:`rewrite.cli.steps.Steps` on a console) or not.
+
+The backend only calls it: ``with progress.step("exporting"):`` around a long step,
+``progress.update(text)`` while one runs (cheap, call it freely), ``progress.note(text)``
+for a line worth showing (a warning, what was written). :data:`SILENT` shows nothing.
+"""
 
 from __future__ import annotations
 
 import contextlib
-import time
-from typing import TYPE_CHECKING, Iterator
-
-if TYPE_CHECKING:
-    from rich.console import Console
+from typing import ContextManager, Iterator, Protocol
 
 
-class Progress:
-    """``with progress.step("exporting"):`` shows a spinner, then the step's time."""
+class Progress(Protocol):
+    """What the backend calls to report (see the module docstring)."""
 
-    def __init__(self, console: "Console | None" = None) -> None:
-        self.console = console
-        self._status = None
+    def step(self, text: str) -> ContextManager[None]:
+        """Around a long step named ``text``."""
+        ...
+
+    def update(self, text: str) -> None:
+        """The running step's text changes (``outlining groups: 3/12``)."""
+        ...
+
+    def note(self, text: str) -> None:
+        """A line of information (a rendered warning, a summary)."""
+        ...
+
+
+class _Silent:
+    """Reports nothing: the default of library calls."""
 
     @contextlib.contextmanager
     def step(self, text: str) -> Iterator[None]:
-        if self.console is None:
-            yield
-            return
-        start = time.perf_counter()
-        with self.console.status(text + "...") as status:
-            self._status = status
-            try:
-                yield
-            finally:
-                self._status = None
-        self.console.print(f"{text}: done in {time.perf_counter() - start:.1f}s",
-                           markup=False, highlight=False)
+        yield
 
     def update(self, text: str) -> None:
-        """Change the text of the running step's spinner (cheap; call it freely)."""
-        if self._status is not None:
-            self._status.update(text)
+        pass
+
+    def note(self, text: str) -> None:
+        pass
+
+
+SILENT: Progress = _Silent()

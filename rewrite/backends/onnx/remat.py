@@ -19,7 +19,6 @@ a shared computation, and is never copied (a group of a few cheap ops would vani
 
 from __future__ import annotations
 
-import functools
 from typing import Mapping
 
 import onnx_ir as ir
@@ -27,7 +26,7 @@ import onnx_ir as ir
 from rewrite.backends.onnx.boundary import detach, owners
 from rewrite.backends.onnx.constants import is_weight
 from rewrite.backends.onnx.membership import Membership
-from rewrite.frontends.onnx import holds_graphs
+from rewrite._onnx_ir import holds_graphs
 
 LIMIT = 8
 """Most nodes copied for one shared value."""
@@ -36,12 +35,8 @@ NONDETERMINISTIC = {"RandomNormal", "RandomNormalLike", "RandomUniform", "Random
                     "Multinomial", "Bernoulli", "Dropout"}
 
 
-Path = tuple[str, ...]
-
-
-@functools.lru_cache(maxsize=4096)  # a few paths, asked once per use that crosses groups
-def _path(group: str) -> Path:
-    return tuple(group.split("/")) if group else ()
+Path = tuple[int, ...]
+"""Group ids from the top level's child down to a group (:meth:`Membership.path`)."""
 
 
 def _within(path: Path, prefix: Path) -> bool:
@@ -59,7 +54,7 @@ class _Recomputer:
         self.count = 0
 
     def where(self, node: ir.Node) -> Path:
-        return _path(self.members.group_of.get(node, ""))
+        return self.members.path(self.members.group_of.get(node, 0))
 
     def cone(self, node: ir.Node, level: Path) -> list[ir.Node] | None:
         """Nodes to copy (producers first) to recompute ``node`` from values made outside its
@@ -117,7 +112,7 @@ class _Recomputer:
                         outputs=outputs, version=node.version, metadata_props=props)
         self.graph.insert_before(before, clone)
         position = self.members.position[before]
-        self.members.add(clone, "/".join(target), (position[0], -1, rank))
+        self.members.add(clone, target[-1] if target else 0, (position[0], -1, rank))
         self.copies[key] = clone
         self.count += 1
         return clone
@@ -128,7 +123,7 @@ class _Recomputer:
             if node.graph is not self.graph or node not in group_of:
                 continue
             group = group_of[node]
-            home = _path(group)
+            home = self.members.path(group)
             if not home:
                 continue
             for value in node.outputs:

@@ -22,7 +22,7 @@ from typing import Callable, Hashable, Mapping
 
 import onnx_ir as ir
 
-from rewrite.frontends.onnx import holds_graphs
+from rewrite._onnx_ir import holds_graphs
 
 Key = Hashable
 _KIND_NAMES = {kind: kind.name for kind in ir.AttributeType}
@@ -181,7 +181,7 @@ class Keyer:
 def _read_values(node: ir.Node):
     yield from (v for v in node.inputs if v is not None)
     if holds_graphs(node):
-        from rewrite.frontends.onnx import subgraph_captures
+        from rewrite._onnx_ir import subgraph_captures
 
         yield from subgraph_captures(node)
 

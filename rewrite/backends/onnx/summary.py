@@ -1,4 +1,5 @@
-"""The function tree of a model: which function calls which, how often."""
+"""The function tree of a model as data: which function calls which, how often (the CLI
+renders it: :func:`rewrite.cli.render.function_tree`)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,6 @@ from collections import Counter
 
 import onnx_ir as ir
 from attrs import frozen
-from rich.tree import Tree
 
 FunctionId = tuple[str, str, str]
 
@@ -67,24 +67,3 @@ def summarize(model: ir.Model) -> dict[FunctionId, FunctionSummary]:
         fid: FunctionSummary(fid, len(functions[fid]), callees[fid], instances[fid])
         for fid in functions
     }
-
-
-def function_tree(model: ir.Model, title: str = "functions") -> Tree:
-    """A rich tree: top-level calls, then each function's callees (``xN`` = call sites)."""
-    summaries = summarize(model)
-    root = Tree(f"[bold]{title}[/bold]: {len(summaries)} functions, "
-                f"{len(model.graph)} nodes in the main graph")
-
-    def add(parent: Tree, fid: FunctionId, sites: int, depth: int) -> None:
-        info = summaries[fid]
-        branch = parent.add(
-            f"[green]{info.label}[/green] x{sites}  [dim]{info.nodes} nodes, runs "
-            f"{info.instances}x[/dim]"
-        )
-        if depth < 32:
-            for callee, n in info.calls.items():
-                add(branch, callee, n, depth + 1)
-
-    for fid, n in top_calls(model).items():
-        add(root, fid, n, 0)
-    return root

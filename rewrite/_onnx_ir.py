@@ -1,0 +1,72 @@
+"""Small ``onnx_ir`` helpers that the ONNX frontend and the ONNX backend both use.
+
+Reading attributes and subgraphs quickly: ``onnx_ir`` is imported on first use, not when
+this module is (the frontend is imported by ``rewrite.apply`` for every model).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Iterable, Iterator
+
+if TYPE_CHECKING:
+    import onnx_ir as ir
+
+_GRAPH_KINDS: tuple = ()
+
+
+def graph_kinds() -> tuple:
+    """The attribute types that hold graphs (``GRAPH``, ``GRAPHS``)."""
+    global _GRAPH_KINDS
+    if not _GRAPH_KINDS:
+        import onnx_ir as ir
+
+        _GRAPH_KINDS = (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS)
+    return _GRAPH_KINDS
+
+
+def attribute_values(node: "ir.Node") -> Iterable["ir.Attr"]:
+    """``node.attributes.values()``, read from the underlying dict when there is one (the
+    mapping view of ``onnx_ir``'s ``UserDict`` is several times slower; most callers are hot)."""
+    attrs = node.attributes
+    return getattr(attrs, "data", attrs).values()
+
+
+def holds_graphs(node: "ir.Node") -> bool:
+    """Whether an attribute of ``node`` may hold a graph (cheap; most nodes hold none)."""
+    attrs = node.attributes
+    attrs = getattr(attrs, "data", attrs)
+    if not attrs:
+        return False
+    kinds = _GRAPH_KINDS or graph_kinds()
+    for attr in attrs.values():
+        if attr.type in kinds:
+            return True
+    return False
+
+
+def subgraph_captures(node: "ir.Node") -> Iterator["ir.Value"]:
+    """Outer-scope values read by the nodes of ``node``'s subgraphs (recursively)."""
+    import onnx_ir as ir
+
+    for attr in attribute_values(node):
+        if attr.type == ir.AttributeType.GRAPH:
+            graphs = [attr.as_graph()]
+        elif attr.type == ir.AttributeType.GRAPHS:
+            graphs = list(attr.as_graphs())
+        else:
+            continue
+        for graph in graphs:
+            yield from _graph_captures(graph)
+
+
+def _graph_captures(graph: "ir.Graph") -> Iterator["ir.Value"]:
+    local: set[int] = {id(v) for v in graph.inputs}
+    local.update(id(v) for v in graph.initializers.values())
+    for inner in graph:
+        for value in inner.inputs:
+            if value is not None and id(value) not in local:
+                yield value
+        for captured in subgraph_captures(inner):
+            if id(captured) not in local:
+                yield captured
+        local.update(id(v) for v in inner.outputs)
