@@ -17,6 +17,7 @@ from rich.console import Console
 import rewrite
 from rewrite.backends.onnx import save_onnx
 from rewrite.backends.onnx import save as save_module
+from rewrite.cli.steps import Steps
 from rewrite.errors import InputError
 from tests import models
 from tests.onnx_fixtures import (
@@ -139,7 +140,7 @@ def test_progress_goes_to_the_console_and_is_silent_without_one(shared_program, 
                                                                 capsys):
     result = rewrite.apply(MODULARIZE, shared_program)
     buffer = io.StringIO()
-    save_onnx(result, tmp_path / "a.onnx", console=Console(file=buffer, width=200))
+    save_onnx(result, tmp_path / "a.onnx", progress=Steps(Console(file=buffer, width=200)))
     text = buffer.getvalue()
     assert "torch.onnx" in text and "outlining" in text and "functions" in text
     capsys.readouterr()

@@ -26,43 +26,33 @@ from rewrite.backends.onnx.summary import summarize
 
 if TYPE_CHECKING:
     import onnx_ir as ir
-    from rich.console import Console
 
     from rewrite.api import Result
 
 
-def _progress(progress: Progress | None, console: "Console | None") -> Progress:
-    """``progress``; a rich ``console`` (the older keyword) shows it with the CLI's steps."""
-    if progress is None and console is not None:
-        from rewrite.cli.steps import Steps
-
-        return Steps(console)
-    return progress or SILENT
-
-
 def to_onnx(result: "Result", *, progress: Progress | None = None,
-            console: "Console | None" = None, **options: Any) -> "ir.Model":
+            **options: Any) -> "ir.Model":
     """An ``onnx_ir.Model`` whose groups are nested, deduplicated model-local functions.
 
     ``options`` are the fields of :class:`OnnxOptions` (``constants``, ``constant_limit``,
-    ``optimize``); ``progress`` hears about the long steps (or ``console`` shows them)."""
-    return lower(result, OnnxOptions(**options), _progress(progress, console)).model
+    ``optimize``); ``progress`` hears about the long steps (the CLI's
+    :class:`rewrite.cli.steps.Steps` draws them on a console)."""
+    return lower(result, OnnxOptions(**options), progress or SILENT).model
 
 
 def save_onnx(result: "Result", output_path: str | Path, *, progress: Progress | None = None,
-              console: "Console | None" = None, **options: Any) -> Lowering:
+              **options: Any) -> Lowering:
     """Lower ``result`` and write it to ``output_path`` (never a partial file).
 
     Weights go to ``<output>.data`` when larger than ``external_data_threshold`` bytes.
-    ``progress`` hears about the steps, the warnings and what was written (or ``console``
-    shows them)."""
+    ``progress`` hears about the steps, the warnings and what was written."""
     from rewrite.backends.onnx.save import write_model
     from rewrite.outputs import check_output_path
 
     given = [result.model] if isinstance(result.model, (str, Path)) else []
     output = check_output_path(output_path, given)
     opts = OnnxOptions(**options)
-    report = _progress(progress, console)
+    report = progress or SILENT
     lowering = lower(result, opts, report)
     for warning in lowering.warnings:
         report.note(warning.render())
