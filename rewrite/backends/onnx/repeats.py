@@ -6,9 +6,10 @@ and outputs in graph order exactly like the 1st, so they can reuse its function 
 permutations into canonical order. Each body that got a function is kept as a
 :class:`Reference` (taken before outlining moves its nodes); a later body is compared node by
 node with the references of its class (group identity and sizes), stopping at the first
-difference. Equal here means equal :meth:`Keyer.body` keys of the raw (graph-order) bodies:
-same ops, overloads, attributes, flow between members, which argument or embedded constant
-each input reads, same outputs, same argument types and shapes.
+difference. Equal here means equal :meth:`Keyer.body` keys of the raw (graph-order) bodies,
+compared through the Keyer's own parts (there is one definition of "identical body", in
+:mod:`structure`): same ops, overloads, attributes, flow between members, which argument or
+embedded constant each input reads, same outputs, same argument types and shapes.
 """
 
 from __future__ import annotations
@@ -18,24 +19,17 @@ from typing import Mapping
 import onnx_ir as ir
 from attrs import frozen
 
-from rewrite.backends.onnx.structure import Key, Keyer
-
-_SCALARS = (ir.AttributeType.INT, ir.AttributeType.STRING)
-_LISTS = (ir.AttributeType.INTS, ir.AttributeType.STRINGS)
-_FLOAT, _TENSOR = ir.AttributeType.FLOAT, ir.AttributeType.TENSOR
-_PLAIN = (int, str)
-
-Op = tuple[str, str, str, int]
-"""``(domain, op_type, overload, number of outputs)``."""
+from rewrite.backends.onnx.structure import Key, Keyer, Refs
 
 
 @frozen
 class Step:
     """One member of a reference body."""
 
-    op: Op
+    op: tuple[str, str, str, int]
+    """:meth:`Keyer.head` of the member."""
     inputs: tuple[Key, ...]
-    """How each input is referred to (see :func:`_codes`)."""
+    """How each input is referred to (:meth:`Keyer.input`)."""
     attributes: Mapping[str, ir.Attr]
 
 
@@ -65,26 +59,6 @@ class Reference:
     output_order: list[int]
 
 
-def _op(node: ir.Node) -> Op:
-    return (node.domain, node.op_type, node.overload, len(node.outputs))
-
-
-def _codes(members: list[ir.Node], args: list[ir.Value],
-           constants: Mapping[ir.Value, Key]) -> dict[ir.Value, Key]:
-    """How the body refers to values: ``("arg", k)``, a constant's key, ``(member, output)``
-    (values from elsewhere are ``("outer", name)``, as in :meth:`Keyer.body`)."""
-    codes: dict[ir.Value, Key] = {v: ("arg", k) for k, v in enumerate(args)}
-    codes.update(constants)
-    for j, node in enumerate(members):
-        for t, value in enumerate(node.outputs):
-            codes[value] = (j, t)
-    return codes
-
-
-def _types(args: list[ir.Value]) -> tuple[tuple[str, str], ...]:
-    return tuple((str(v.type), str(v.shape)) for v in args)
-
-
 class Repeats:
     """References by class: ``snapshot`` a body, ``add`` it with its function, ``find``."""
 
@@ -92,18 +66,18 @@ class Repeats:
         self._keyer = keyer
         self._references: dict[Class, list[Reference]] = {}
 
-    @staticmethod
-    def snapshot(identity: tuple[str, str], members: list[ir.Node], args: list[ir.Value],
+    def snapshot(self, identity: tuple[str, str], members: list[ir.Node], args: list[ir.Value],
                  constants: Mapping[ir.Value, Key], outputs: list[ir.Value]) -> Body:
         """The body as it is now (outlining then moves and rewires its nodes)."""
-        codes = _codes(members, args, constants)
+        keyer = self._keyer
+        refs = keyer.refs(members, args, constants)
         steps = tuple(
-            Step(_op(node), tuple(_code(codes, v) for v in node.inputs),
+            Step(keyer.head(node), tuple(keyer.input(v, refs) for v in node.inputs),
                  dict(_attribute_dict(node)))
             for node in members
         )
         return Body((identity, len(members), len(args), len(outputs)), steps,
-                    tuple(codes[v] for v in outputs), _types(args))
+                    tuple(refs[id(v)] for v in outputs), keyer.types(args))
 
     def add(self, reference: Reference) -> None:
         self._references.setdefault(reference.body.cls, []).append(reference)
@@ -114,68 +88,43 @@ class Repeats:
         found = self._references.get((identity, len(members), len(args), len(outputs)))
         if not found:
             return None
-        codes = _codes(members, args, constants)
+        refs = self._keyer.refs(members, args, constants)
         types: tuple | None = None
         for reference in found:
             body = reference.body
-            if not self._same_steps(body.steps, members, codes):
+            if not self._same_steps(body.steps, members, refs):
                 continue
-            if tuple(codes[v] for v in outputs) != body.returned:
+            if tuple(refs[id(v)] for v in outputs) != body.returned:
                 continue
-            types = _types(args) if types is None else types
+            types = self._keyer.types(args) if types is None else types
             if types == body.types:
                 return reference
         return None
 
-    def _same_steps(self, steps: tuple[Step, ...], members: list[ir.Node],
-                    codes: dict[ir.Value, Key]) -> bool:
-        get = codes.get
+    def _same_steps(self, steps: tuple[Step, ...], members: list[ir.Node], refs: Refs) -> bool:
+        """Whether each member's :meth:`Keyer.node` key equals its step's (early exit)."""
+        keyer = self._keyer
+        head, reference, same_attribute = keyer.head, keyer.input, keyer.same_attribute
         for node, step in zip(members, steps):
-            if _op(node) != step.op:
+            if head(node) != step.op:
                 return False
             inputs = node.inputs
             expected = step.inputs
             if len(inputs) != len(expected):
                 return False
             for value, code in zip(inputs, expected):
-                if value is None:
-                    if code is not None:
-                        return False
-                elif (get(value) or ("outer", value.name)) != code:
+                if reference(value, refs) != code:
                     return False
-            attributes = node.attributes
-            attributes = getattr(attributes, "data", attributes)
+            attributes = _attribute_dict(node)
             theirs = step.attributes
             if attributes or theirs:
                 if len(attributes) != len(theirs):
                     return False
                 for name, attr in attributes.items():
                     other = theirs.get(name)
-                    if other is None or not (attr is other or self._same_attribute(attr, other)):
+                    if other is None or not same_attribute(attr, other):
                         return False
         return True
-
-    def _same_attribute(self, attr: ir.Attr, other: ir.Attr) -> bool:
-        """Whether the two attributes have equal keys (:meth:`Keyer.attribute`)."""
-        kind = attr.type
-        if kind is not other.type or attr.is_ref() or other.is_ref():
-            return self._keyer.attribute(attr, {}, 0) == self._keyer.attribute(other, {}, 0)
-        mine, theirs = attr.value, other.value
-        if kind in _LISTS:
-            return tuple(mine) == tuple(theirs)
-        if kind in _SCALARS and type(mine) in _PLAIN:
-            return type(mine) is type(theirs) and mine == theirs
-        if kind is _FLOAT:
-            return float(mine).hex() == float(theirs).hex()
-        if kind is _TENSOR:
-            return mine is theirs or self._keyer.tensor(mine) == self._keyer.tensor(theirs)
-        return self._keyer.attribute(attr, {}, 0) == self._keyer.attribute(other, {}, 0)
-
-
-def _code(codes: Mapping[ir.Value, Key], value: ir.Value | None) -> Key:
-    if value is None:
-        return None
-    return codes.get(value) or ("outer", value.name)
 
 
 def _attribute_dict(node: ir.Node) -> Mapping[str, ir.Attr]:

@@ -11,6 +11,11 @@ A key is equal for bodies that are equal up to value names, metadata and weight 
 nodes (domain, op, overload, attributes, subgraphs), how values flow between them, which
 input or embedded constant each reads, which values are returned, and the types and shapes of
 the inputs. Embedded constants and tensor attributes are compared by content.
+
+This is the one definition of "identical body": :mod:`repeats` compares a body with an
+earlier one piece by piece (stopping at the first difference) through the same parts
+(:meth:`Keyer.head`, :meth:`Keyer.refs`, :meth:`Keyer.input`, :meth:`Keyer.same_attribute`,
+:meth:`Keyer.types`), and ``merge`` extends the Keyer (scalars seen by kind).
 """
 
 from __future__ import annotations
@@ -70,13 +75,41 @@ class Keyer:
             return ("g", self.graph(value, refs, depth + 1))
         if kind == ir.AttributeType.GRAPHS:
             return ("gs", tuple(self.graph(g, refs, depth + 1) for g in value))
-        if kind in (ir.AttributeType.INTS, ir.AttributeType.STRINGS):
-            return (kind.name, tuple(value))
         return (kind.name, value if isinstance(value, (int, str, bytes)) else repr(value))
+
+    def same_attribute(self, attr: ir.Attr, other: ir.Attr) -> bool:
+        """``attribute(attr) == attribute(other)`` (outside subgraphs), without building the
+        keys of the common kinds."""
+        if attr is other:
+            return True
+        kind = attr.type
+        if kind is other.type and not attr.is_ref() and not other.is_ref():
+            if kind in _LISTS:
+                return tuple(attr.value) == tuple(other.value)
+            if kind == ir.AttributeType.FLOAT:
+                return float(attr.value).hex() == float(other.value).hex()
+            if kind == ir.AttributeType.TENSOR:
+                return attr.value is other.value or self.tensor(attr.value) == self.tensor(
+                    other.value)
+        return self.attribute(attr, {}, 0) == self.attribute(other, {}, 0)
+
+    @staticmethod
+    def head(node: ir.Node) -> tuple[str, str, str, int]:
+        """What a node's key starts with: ``(domain, op_type, overload, number of outputs)``."""
+        return (node.domain, node.op_type, node.overload, len(node.outputs))
+
+    @staticmethod
+    def input(value: ir.Value | None, refs: Refs) -> Key:
+        """How a body refers to the value one of its nodes reads: ``refs``' key, ``None`` for
+        a missing input, ``("outer", name)`` for a value from outside the body."""
+        if value is None:
+            return None
+        # keys are non-empty tuples: build the default only when missing (cheaper)
+        return refs.get(id(value)) or ("outer", value.name)
 
     def node(self, node: ir.Node, refs: Refs, depth: int = 0) -> Key:
         get = refs.get
-        # keys are non-empty tuples: build the default only when missing (cheaper)
+        # Keyer.input, inlined (the hottest loop of keying)
         inputs = tuple([None if v is None else (get(id(v)) or ("outer", v.name))
                         for v in node.inputs])
         attributes = node.attributes
@@ -90,7 +123,7 @@ class Keyer:
             attrs = tuple(sorted(
                 (name, self.attribute(a, refs, depth)) for name, a in attributes.items()
             ))
-        return (node.domain, node.op_type, node.overload, len(node.outputs), inputs, attrs)
+        return self.head(node) + (inputs, attrs)
 
     def graph(self, graph: ir.Graph, outer: Refs, depth: int) -> Key:
         """Key of a subgraph; values it captures are keyed as the outer body refers to them."""
@@ -122,18 +155,28 @@ class Keyer:
         outputs: list[ir.Value],
     ) -> Key:
         """Key of a function body (``identity`` is the group's domain and base name)."""
-        refs: dict[int, Key] = {}
-        for k, value in enumerate(args):
-            refs[id(value)] = ("arg", k)
+        refs = self.refs(members, args, constants)
+        nodes = [self.node(node, refs) for node in members]
+        returned = tuple(refs[id(v)] for v in outputs)
+        return (identity, tuple(nodes), returned, self.types(args))
+
+    @staticmethod
+    def refs(members: list[ir.Node], args: list[ir.Value],
+             constants: Mapping[ir.Value, Key]) -> dict[int, Key]:
+        """How a body refers to the values its nodes read: ``("arg", k)``, an embedded
+        constant's key, ``(member, output)``."""
+        refs: dict[int, Key] = {id(value): ("arg", k) for k, value in enumerate(args)}
         for value, key in constants.items():
             refs[id(value)] = key
         for j, node in enumerate(members):
             for t, value in enumerate(node.outputs):
                 refs[id(value)] = (j, t)
-        nodes = [self.node(node, refs) for node in members]
-        returned = tuple(refs[id(v)] for v in outputs)
-        types = tuple((str(v.type), str(v.shape)) for v in args)
-        return (identity, tuple(nodes), returned, types)
+        return refs
+
+    @staticmethod
+    def types(args: list[ir.Value]) -> tuple[tuple[str, str], ...]:
+        """The part of a body's key that says its inputs' types and shapes."""
+        return tuple((str(v.type), str(v.shape)) for v in args)
 
 
     def attribute_labels(self, node: ir.Node) -> list[str]:
