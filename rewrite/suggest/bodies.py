@@ -13,10 +13,12 @@ the same body when the backend that lowers the model would say so, by its own de
   constant policy embeds them (``ConstantPolicy``): the key the outliner gives a body in graph
   order (``repeats``).
 
-An estimate, exact for the usual repeated blocks: the outliner also recomputes shared nodes
-per group, keys bodies in a canonical order (two bodies alike but for the order of their
-nodes count twice here) and merges bodies that differ only in a scalar (the default
-``attribute`` policy), and the optimizer may make two bodies equal or different.
+Both count a model's ``.pt2`` and its torch.onnx export alike: as many bodies as the ONNX
+backend makes functions under the ``embed`` constant policy. An estimate, exact for the usual
+repeated blocks: the outliner also recomputes shared nodes per group and keys bodies in a
+canonical order (two bodies alike but for the order of their nodes count twice here), the
+default ``attribute`` policy merges bodies that differ only in a scalar (an eps, a scale)
+into one function, and the optimizer may make two bodies equal or different.
 """
 
 from __future__ import annotations
