@@ -23,11 +23,13 @@ into one function, and the optimizer may make two bodies equal or different.
 
 from __future__ import annotations
 
-from typing import Hashable, Iterable, Sequence
+from typing import TYPE_CHECKING, Callable, Hashable, Iterable, Sequence
 
-import onnx_ir as ir
-
+from rewrite._fx_keys import body_key
 from rewrite.ir import Graph, ModuleCall, Node
+
+if TYPE_CHECKING:
+    import onnx_ir as ir
 
 
 def body_keys(graph: Graph, calls: Iterable[ModuleCall]) -> dict[ModuleCall, Hashable]:
@@ -40,19 +42,17 @@ def body_keys(graph: Graph, calls: Iterable[ModuleCall]) -> dict[ModuleCall, Has
         for call in node.stack:
             if call in wanted:
                 members[call].append(node)
-    if isinstance(graph.source, ir.Model):
-        key = _onnx_keys(graph.source)
-    else:
-        from rewrite._fx_keys import body_key
-
-        def key(sources: Sequence) -> Hashable:
-            return body_key(sources)[0]
-
+    key = _onnx_key(graph.source) if graph.kind == "onnx" else _fx_key
     return {call: key([n.source for n in inside]) for call, inside in members.items()}
 
 
-def _onnx_keys(model: ir.Model):
-    """The outliner's body key, for bodies of ``model``'s main graph."""
+def _fx_key(nodes: Sequence) -> Hashable:
+    return body_key(nodes)[0]
+
+
+def _onnx_key(model: ir.Model) -> Callable[[Sequence[ir.Node]], Hashable]:
+    """The outliner's body key, for bodies of ``model``'s main graph (the backend is imported
+    here, for ONNX-sourced graphs only: it imports torch.onnx and onnxscript)."""
     from rewrite.backends.onnx.boundary import boundary, owners
     from rewrite.backends.onnx.constants import ConstantPolicy, weight_names
     from rewrite.backends.onnx.options import OnnxOptions
