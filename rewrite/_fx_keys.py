@@ -1,10 +1,15 @@
-"""Hashable stand-ins for FX node arguments: the one definition both backends use to decide
-that two graphs' nodes take the same arguments (the FX backend's code keys, the per-body ONNX
-lowering's body keys)."""
+"""When two FX nodes, or two FX bodies, count as the same: the one definition the FX backend
+(code keys), the per-body ONNX lowering (which calls share one decomposed body) and ``rewrite
+suggest`` (distinct bodies per class) use.
+
+* :func:`freeze`: a node argument as a hashable key;
+* :func:`target_key`: a node target as a hashable key;
+* :func:`body_key`: a run of nodes, up to node names, as a hashable key.
+"""
 
 from __future__ import annotations
 
-from typing import Any, Hashable
+from typing import Any, Hashable, Sequence
 
 import torch
 
@@ -30,3 +35,47 @@ def freeze(arg: Any) -> Hashable:
     if kind in _BY_REPR:
         return (kind, repr(arg))
     return (kind, id(arg))  # the very object (a global of the generated code)
+
+
+def target_key(node: torch.fx.Node) -> Hashable:
+    """A node's target: an attribute or method name by value, an op or function by identity
+    (code generation names globals after the objects)."""
+    target = node.target
+    if isinstance(target, str):
+        return target
+    return ("id", id(target))
+
+
+class _Ref(tuple):
+    """A node argument inside a body: ``("in", i)`` or ``("node", i)``."""
+
+
+def body_key(nodes: Sequence[torch.fx.Node]) -> tuple[Hashable, list[torch.fx.Node]]:
+    """Structural key of a body (``nodes``, in graph order), and its inputs (values from
+    outside, in order of first use).
+
+    Equal keys: the same ops, targets and constant arguments (:func:`freeze`), node by node;
+    each argument reads the same member, or the same input; the inputs have the same types
+    and shapes. Node names and which values leave the body do not count."""
+    position = {node: i for i, node in enumerate(nodes)}
+    inputs: dict[torch.fx.Node, int] = {}
+
+    def ref(arg: torch.fx.Node) -> _Ref:
+        if arg in position:
+            return _Ref(("node", position[arg]))
+        return _Ref(("in", inputs.setdefault(arg, len(inputs))))
+
+    parts = []
+    for node in nodes:
+        args = torch.fx.node.map_arg(node.args, ref)
+        kwargs = torch.fx.node.map_arg(node.kwargs, ref)
+        parts.append((node.op, target_key(node), freeze(args), freeze(kwargs)))
+    types = tuple([_value_type(value.meta.get("val")) for value in inputs])
+    return (tuple(parts), types), list(inputs)
+
+
+def _value_type(val: Any) -> Hashable:
+    """The type and shape of an example value (symbolic sizes by name)."""
+    if isinstance(val, torch.Tensor):
+        return (tuple([d if type(d) is int else str(d) for d in val.shape]), val.dtype)
+    return repr(val)

@@ -183,6 +183,39 @@ def test_split_components_become_functions(staged_program, staged_model):
     assert {f[0] for f in model.functions} == {"pkg.rewrite"}
 
 
+class _Four(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.s0, self.s1, self.s2, self.s3 = (models.Sub() for _ in range(4))
+
+    def forward(self, x):
+        return self.s3(self.s2(self.s1(self.s0(x))))
+
+
+def test_split_runs_never_take_the_name_of_another_value():
+    """Runs a, b, a, a_1: the second run of a is named a_2, a_1 is the value's own."""
+    torch.manual_seed(0)
+    triple = (_Four().eval(), (torch.randn(2, 4),), {})
+    rules = rewrite.parse_rules(
+        'tag path s0 or path s2 with stage = "a"\n'
+        'tag path s1 with stage = "b"\n'
+        'tag path s3 with stage = "a_1"\n'
+        "split by stage\n")
+    result = rewrite.apply(rules, models.export(triple))
+    components = result.tree.root.children
+    assert [(c.id, c.tag_value) for c in components] == [
+        ("a", "a"), ("b", "b"), ("a_2", "a"), ("a_1", "a_1")]
+    model = result.to_onnx()
+    checked_proto(model)
+    assert_matches_eager(model, triple)
+    groups = [n.metadata_props["pkg.rewrite.group"] for n in model.graph
+              if "pkg.rewrite.group" in n.metadata_props]
+    assert groups == ["a", "b", "a_2", "a_1"]
+    gm = result.to_fx()
+    assert [n.target for n in gm.graph.nodes if n.op == "call_module"] == [
+        "a", "b", "a_2", "a_1"]
+
+
 # --- user mistakes ------------------------------------------------------------------------------
 
 

@@ -12,7 +12,8 @@
   reads from a later component is an error naming both nodes. Without an order, when a
   value's region comes back after another (A, B, A) so that one component per value would
   form a cycle, each contiguous run becomes its own component: ``A``, ``B``, ``A_1``
-  (``split_by_tags`` fails there);
+  (``split_by_tags`` fails there); a suffix that names another value's component is
+  skipped (with a value ``A_1`` too: ``A``, ``B``, ``A_2``, ``A_1``);
 * with an explicit order, a tagged node whose value the order does not list is an error.
 
 Module groups nest inside components: a module call cut by the split becomes one group per
@@ -140,15 +141,31 @@ def _split_runs(columns: Columns, value: np.ndarray, names: list[str]
     tagged = np.flatnonzero(value >= 0)
     values = value[tagged]
     starts = np.flatnonzero(np.r_[True, values[1:] != values[:-1]])
-    components: list[Component] = []
-    seen: dict[str, int] = {}
-    for v in values[starts].tolist():
-        name = names[v]
-        n = seen.get(name, 0)
-        seen[name] = n + 1
-        components.append(Component(name if n == 0 else f"{name}_{n}", name))
+    runs = [names[v] for v in values[starts].tolist()]
+    components = [Component(name, run) for name, run in zip(_run_names(runs), runs)]
     comp = np.full(columns.size, -1, dtype=np.int64)
     run = np.zeros(len(values), dtype=np.int64)
     run[starts[1:]] = 1
     comp[tagged] = np.cumsum(run)
     return components, _place_untagged(columns, comp)
+
+
+def _run_names(runs: list[str]) -> list[str]:
+    """A unique name per run (``runs``: the value of each): a value's first run is named
+    after it, its later runs ``value_1``, ``value_2``..., skipping a name that another value
+    or an earlier run has."""
+    taken = set(runs)
+    suffix: dict[str, int] = {}
+    out = []
+    for value in runs:
+        if value not in suffix:
+            suffix[value] = 1
+            out.append(value)
+            continue
+        n = suffix[value]
+        while f"{value}_{n}" in taken:
+            n += 1
+        suffix[value] = n + 1
+        taken.add(f"{value}_{n}")
+        out.append(f"{value}_{n}")
+    return out

@@ -1,20 +1,35 @@
 """How many structurally distinct bodies the calls of one class have (an estimate).
 
-Two calls have the same *body key* when their nodes (those of nested calls included), in
-graph order, have the same targets and constant arguments (FX arguments that are not values,
-ONNX attributes), read each other in the same way, and read the same types and shapes from
-outside. That is close to what the ONNX backend compares when it shares one function between
-calls (:mod:`rewrite.backends.onnx.structure`), without lowering: an estimate, exact for the
-usual repeated blocks, that may count two bodies the optimizer would make equal (or the
-reverse).
+A call's *body* is its nodes, those of nested calls included, in graph order. Two calls have
+the same body when the backend that lowers the model would say so, by its own definition:
+
+* FX-sourced graphs (``.pt2``, ExportedProgram, GraphModule): :func:`rewrite._fx_keys.body_key`,
+  the key by which the per-body ONNX lowering shares one decomposed body between calls (same
+  ops, constant arguments, data flow, input types and shapes). The FX backend's own key,
+  :func:`rewrite.backends.fx.compile.code_key`, is not used: it compares generated code, node
+  names included, which only the FX backend's renaming makes equal between blocks.
+* ONNX-sourced graphs: :meth:`rewrite.backends.onnx.structure.Keyer.body` over the body's
+  inputs and outputs (``boundary``), small constants compared by content as the default
+  constant policy embeds them (``ConstantPolicy``): the key the outliner gives a body in graph
+  order (``repeats``).
+
+Both count a model's ``.pt2`` and its torch.onnx export alike: as many bodies as the ONNX
+backend makes functions under the ``embed`` constant policy. An estimate, exact for the usual
+repeated blocks: the outliner also recomputes shared nodes per group and keys bodies in a
+canonical order (two bodies alike but for the order of their nodes count twice here), the
+default ``attribute`` policy merges bodies that differ only in a scalar (an eps, a scale)
+into one function, and the optimizer may make two bodies equal or different.
 """
 
 from __future__ import annotations
 
-import hashlib
-from typing import Any, Hashable, Iterable, Sequence
+from typing import TYPE_CHECKING, Callable, Hashable, Iterable, Sequence
 
+from rewrite._fx_keys import body_key
 from rewrite.ir import Graph, ModuleCall, Node
+
+if TYPE_CHECKING:
+    import onnx_ir as ir
 
 
 def body_keys(graph: Graph, calls: Iterable[ModuleCall]) -> dict[ModuleCall, Hashable]:
@@ -27,68 +42,35 @@ def body_keys(graph: Graph, calls: Iterable[ModuleCall]) -> dict[ModuleCall, Has
         for call in node.stack:
             if call in wanted:
                 members[call].append(node)
-    nodes = graph.nodes
-    return {call: _key(inside, nodes) for call, inside in members.items()}
+    key = _onnx_key(graph.source) if graph.kind == "onnx" else _fx_key
+    return {call: key([n.source for n in inside]) for call, inside in members.items()}
 
 
-def _key(inside: list[Node], nodes: Sequence[Node]) -> Hashable:
-    local = {n.index: k for k, n in enumerate(inside)}
-    outside: dict[int, int] = {}
-    parts = []
-    for node in inside:
-        refs = []
-        for i in node.inputs:
-            if i in local:
-                refs.append(local[i])
+def _fx_key(nodes: Sequence) -> Hashable:
+    return body_key(nodes)[0]
+
+
+def _onnx_key(model: ir.Model) -> Callable[[Sequence[ir.Node]], Hashable]:
+    """The outliner's body key, for bodies of ``model``'s main graph (the backend is imported
+    here, for ONNX-sourced graphs only: it imports torch.onnx and onnxscript)."""
+    from rewrite.backends.onnx.boundary import boundary, owners
+    from rewrite.backends.onnx.constants import ConstantPolicy, weight_names
+    from rewrite.backends.onnx.options import OnnxOptions
+    from rewrite.backends.onnx.structure import Keyer
+
+    keyer = Keyer()
+    policy = ConstantPolicy(OnnxOptions(), keyer, weight_names(model))
+    owner = owners(model.graph)
+
+    def key(members: Sequence[ir.Node]) -> Hashable:
+        inputs, outputs = boundary(list(members), set(members), owner)
+        args, constants = [], {}
+        for value in inputs:
+            embedded = policy.embedded(value)
+            if embedded is None:
+                args.append(value)
             else:
-                if i not in outside:
-                    outside[i] = len(outside)
-                refs.append(("in", outside[i], _value_type(nodes[i])))
-        parts.append((node.target, _constants(node.source), tuple(refs)))
-    return hashlib.blake2b(repr(parts).encode(), digest_size=16).hexdigest()
+                constants[value] = embedded.key
+        return keyer.body(("", ""), list(members), args, constants, outputs)
 
-
-def _constants(source: Any) -> Hashable:
-    """The constant settings of a node: FX arguments that are not values, ONNX attributes."""
-    if source is None:
-        return None
-    attributes = getattr(source, "attributes", None)
-    if attributes is not None:  # an onnx_ir.Node
-        return tuple((name, _attribute(attr)) for name, attr in attributes.items())
-    args, kwargs = getattr(source, "args", None), getattr(source, "kwargs", None)
-    if args is None:
-        return None
-    import torch.fx
-
-    strip = lambda a: torch.fx.node.map_arg(a, lambda _: "%")  # noqa: E731
-    return repr((strip(args), strip(kwargs)))
-
-
-def _attribute(attr: Any) -> Hashable:
-    value = attr.value
-    if hasattr(value, "tobytes"):  # a tensor attribute: by content
-        return (str(getattr(value, "dtype", "")), hashlib.blake2b(
-            value.tobytes(), digest_size=16).hexdigest())
-    return repr(value)
-
-
-def _value_type(node: Node) -> Hashable:
-    """The types and shapes of what a node produces, as far as the source says."""
-    source = node.source
-    if source is None:
-        return None
-    meta = getattr(source, "meta", None)
-    if isinstance(meta, dict) and "val" in meta:  # a torch.fx.Node
-        return _fake_type(meta["val"])
-    outputs = getattr(source, "outputs", None)
-    values = outputs if outputs is not None else [source]  # an onnx_ir.Node, or Value
-    return tuple((str(v.dtype), str(v.shape)) for v in values)
-
-
-def _fake_type(value: Any) -> Hashable:
-    if isinstance(value, (list, tuple)):
-        return tuple(_fake_type(v) for v in value)
-    shape = getattr(value, "shape", None)
-    if shape is None:
-        return repr(type(value).__name__)
-    return (str(getattr(value, "dtype", "")), tuple(str(d) for d in shape))
+    return key

@@ -20,22 +20,19 @@ from typing import Hashable, Iterable
 
 import torch
 
-from rewrite._fx_keys import freeze
+from rewrite._fx_keys import freeze, target_key
 from rewrite._torch_private import real_recompile
 from rewrite.backends.fx.module import LoweredModule
 
 _CODE_FIELDS = ("_code", "_lineno_map", "_prologue_start")
 
 
-def _target(node: torch.fx.Node) -> Hashable:
-    target = node.target
-    if isinstance(target, str):
-        return target
-    return ("id", id(target))  # the very object: codegen names globals after objects
-
-
 def code_key(graph: torch.fx.Graph) -> Hashable | None:
-    """Everything the generated (non-verbose) code of ``graph`` depends on, or None."""
+    """Everything the generated (non-verbose) code of ``graph`` depends on, or None.
+
+    Not :func:`rewrite._fx_keys.body_key`: two modules share compiled code only when their
+    code *text* is the same, so node names, stack traces and code comments count here,
+    where a structural body key ignores them (arguments are compared alike: ``freeze``)."""
     if os.environ.get("FX_GRAPH_SHOW_META", "0") == "1":
         return None
     parts = []
@@ -43,7 +40,7 @@ def code_key(graph: torch.fx.Graph) -> Hashable | None:
         meta = node.meta
         custom = meta.get("custom")
         parts.append((
-            node.op, _target(node), node.name, freeze(node.args), freeze(node.kwargs),
+            node.op, target_key(node), node.name, freeze(node.args), freeze(node.kwargs),
             node.type, meta.get("stack_trace"), repr(custom) if custom else None,
             repr(meta.get("recompute")), repr(meta.get("ac_graph_id")),
         ))

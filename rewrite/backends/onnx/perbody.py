@@ -34,7 +34,7 @@ import torch
 from attrs import frozen
 from onnxscript.version_converter import convert_version
 
-from rewrite._fx_keys import freeze
+from rewrite._fx_keys import body_key
 from rewrite.backends.onnx import torch_private
 from rewrite.frontends.onnx import NodeFacts, Resolver, onnx_target, read_scopes
 from rewrite.grouping import GroupTree
@@ -57,10 +57,6 @@ repeated bodies (a group holding one is not made a shared body)."""
 
 class Unsupported(Exception):
     """Why this program cannot be lowered per body."""
-
-
-class _Ref(tuple):
-    """A node argument inside a body: ``("in", i)`` or ``("node", i)``."""
 
 
 @frozen
@@ -115,28 +111,6 @@ def check(program: torch.export.ExportedProgram, custom_translation_table) -> No
 # --- 1. the program with invoke_subgraph calls -----------------------------------------------
 
 
-def _body_key(nodes: list[torch.fx.Node]) -> tuple[Hashable, list[torch.fx.Node]]:
-    """Structural key of a call's body, and its inputs (values from outside, in first use)."""
-    position = {node: i for i, node in enumerate(nodes)}
-    inputs: dict[torch.fx.Node, int] = {}
-
-    def ref(arg: torch.fx.Node) -> _Ref:
-        if arg in position:
-            return _Ref(("node", position[arg]))
-        return _Ref(("in", inputs.setdefault(arg, len(inputs))))
-
-    parts = []
-    for node in nodes:
-        args = torch.fx.node.map_arg(node.args, ref)
-        kwargs = torch.fx.node.map_arg(node.kwargs, ref)
-        parts.append((node.op, ("id", id(node.target)), freeze(args), freeze(kwargs)))
-    shapes = []
-    for value in inputs:
-        val = value.meta.get("val")
-        shapes.append((tuple(val.shape), val.dtype) if isinstance(val, torch.Tensor) else repr(val))
-    return (tuple(parts), tuple(shapes)), list(inputs)
-
-
 def _outputs(nodes: list[torch.fx.Node]) -> list[torch.fx.Node]:
     members = set(nodes)
     return [n for n in nodes if any(user not in members for user in n.users)]
@@ -167,7 +141,7 @@ def _selected(tree: GroupTree, by_index) -> list[tuple[Group, list[torch.fx.Node
                for n in nodes):
             key = ("not shared", group.index)  # a subgraph or a constant inside: not a body
         else:
-            key, _ = _body_key(nodes)
+            key, _ = body_key(nodes)
         keyed[group.index] = (key, nodes)
         counts[key] = counts.get(key, 0) + 1
 
@@ -199,7 +173,7 @@ def rebuild(program: torch.export.ExportedProgram, tree: GroupTree
     plans = []
     calls: list[_Call] = []
     for index, (group, nodes) in enumerate(chosen):
-        key, inputs = _body_key(nodes)
+        key, inputs = body_key(nodes)
         if key not in bodies:
             attr = f"body_{len(bodies)}"
             gm.register_module(attr, _subgraph(source, nodes, inputs))
