@@ -13,6 +13,12 @@ traces each subgraph identifier once.
 
 Anything missing or changed raises :class:`Unavailable`; the caller then lowers the flat
 program (the public ``torch.onnx.export``).
+
+One private API of onnxscript (checked with 0.7.2), also here: its version converter's
+node-by-node conversion (``_version_converter.convert_version``), which the public
+``convert_version`` runs after inlining every function; :func:`convert_opset` runs it on the
+model before inlining, so each distinct body is converted once (the public one is the
+fallback).
 """
 
 from __future__ import annotations
@@ -152,6 +158,27 @@ def translate(decomposed: torch.export.ExportedProgram) -> "ir.Model":
     """torch.onnx's translation of a decomposed program (each submodule: one function)."""
     registry, _, _ = _registry_and_tables()
     return _apis()["to_onnx_program"](decomposed, registry=registry).model
+
+
+def convert_opset(model: "ir.Model") -> None:
+    """Convert ``model``'s main graph and each of its functions to :func:`target_opset` (as
+    ``torch.onnx.export`` converts its model), functions left in place. Without onnxscript's
+    private converter, or when a function's node reads a function attribute (the converter
+    refuses those): the public converter, which inlines every function first."""
+    target = target_opset()
+    if model.opset_imports.get("") == target:
+        return
+    refs = any(attr.is_ref() for function in model.functions.values() for node in function
+               for attr in node.attributes.values())
+    try:
+        from onnxscript.version_converter import _version_converter
+        convert = _version_converter.convert_version
+    except (ImportError, AttributeError):
+        refs = True
+    if refs:
+        from onnxscript.version_converter import convert_version
+        convert = convert_version
+    convert(model, target_version=target)
 
 
 def target_opset() -> int:
