@@ -38,7 +38,13 @@ from rewrite._fx_keys import freeze
 from rewrite._gc import gc_paused
 from rewrite.backends.onnx import torch_private
 from rewrite.backends.onnx.inline import inline_functions
-from rewrite.frontends.onnx import NodeFacts, Resolver, onnx_target, read_scopes
+from rewrite.frontends.onnx import (
+    CLASS_HIERARCHY,
+    NodeFacts,
+    Resolver,
+    onnx_target,
+    read_scopes,
+)
 from rewrite.grouping import GroupTree
 from rewrite.grouping.tree import Group
 
@@ -308,22 +314,26 @@ def _path_map(first: "list[Node]", this: "list[Node]") -> dict[str, str]:
     return out
 
 
-def _repath(props: dict[str, str], paths: dict[str, str]) -> None:
+def _repath(props: dict[str, str], paths: dict[str, str], parsed: dict[str, Any]) -> None:
+    """Module paths in a node's ``name_scopes`` / ``namespace`` mapped by ``paths``;
+    ``parsed`` caches the texts' parts."""
     scopes = props.get(NAME_SCOPES)
     if scopes:
-        try:
-            items = ast.literal_eval(scopes)
-        except (ValueError, SyntaxError):
-            items = None
+        if scopes not in parsed:
+            try:
+                parsed[scopes] = ast.literal_eval(scopes)
+            except (ValueError, SyntaxError):
+                parsed[scopes] = None
+        items = parsed[scopes]
         if isinstance(items, list):
             props[NAME_SCOPES] = repr([paths.get(s, s) for s in items])
     namespace = props.get(NAMESPACE)
     if namespace:
-        parts = []
-        for part in namespace.split("/"):
-            path, sep, rest = part.partition(": ")
-            parts.append(paths.get(path, path) + sep + rest)
-        props[NAMESPACE] = "/".join(parts)
+        key = ("namespace", namespace)
+        if key not in parsed:
+            parsed[key] = [part.partition(": ") for part in namespace.split("/")]
+        props[NAMESPACE] = "/".join(paths.get(path, path) + sep + rest
+                                    for path, sep, rest in parsed[key])
 
 
 def lower_per_body(program: torch.export.ExportedProgram, tree: GroupTree) -> PerBody:
@@ -374,16 +384,30 @@ def _lower_per_body(program: torch.export.ExportedProgram, tree: GroupTree) -> P
     ir_nodes = [[graph.nodes[i] for i in call.group.all_nodes()] for call in calls]
     path_maps = {i: _path_map(ir_nodes[call.first], ir_nodes[i]) for i, call in enumerate(calls)
                  if call.first != i}
-    first_names = {i: {n.name: n for n in calls[call.first].nodes} for i, call in enumerate(calls)}
-    for node in model.graph:
-        mark = node.metadata_props.get(CALL_KEY)
-        if mark is not None and int(mark) in path_maps:
-            _repath(node.metadata_props, path_maps[int(mark)])
+    first_names = {first: {n.name: n for n in calls[first].nodes}
+                   for first in {call.first for call in calls}}
     facts: dict[int, NodeFacts | None] = {}
+    # the nodes of every call of one body carry the same metadata texts until repathed, and
+    # come from the same decomposed body nodes: parsed and traced back once per body node
+    scopes_of: dict[tuple, Any] = {}
+    position_of: dict[tuple[int, str], int | None] = {}
+
+    def position(call: _Call, fx_name: str, body: dict[str, torch.fx.Node]) -> int | None:
+        key = (call.first, fx_name)
+        if key not in position_of:
+            fx = body.get(fx_name)
+            source = _original(fx, first_names[call.first]) if fx is not None else None
+            position_of[key] = (body_index[call.first].get(source.name)
+                                if source is not None else None)
+        return position_of[key]
 
     def resolve(onnx_node: ir.Node) -> NodeFacts:
-        scopes = read_scopes(onnx_node)
-        mark = onnx_node.metadata_props.get(CALL_KEY)
+        props = onnx_node.metadata_props
+        key = (props.get(NAME_SCOPES), props.get(CLASS_HIERARCHY))
+        if key not in scopes_of:
+            scopes_of[key] = read_scopes(onnx_node)
+        scopes = scopes_of[key]
+        mark = props.get(CALL_KEY)
         original = None
         if scopes is not None and mark is None:
             fx = main.get(scopes[0][-1])
@@ -392,12 +416,9 @@ def _lower_per_body(program: torch.export.ExportedProgram, tree: GroupTree) -> P
         elif scopes is not None:
             index = int(mark)
             call = calls[index]
-            fx = decomposed_body.get(index, {}).get(scopes[0][-1])
-            source = _original(fx, first_names[index]) if fx is not None else None
-            if source is not None:
-                position = body_index[call.first].get(source.name)
-                if position is not None:
-                    original = ir_by_name.get(call.nodes[position].name)
+            at = position(call, scopes[0][-1], decomposed_body.get(index, {}))
+            if at is not None:
+                original = ir_by_name.get(call.nodes[at].name)
         if original is None or original.is_io:
             return NodeFacts(None, onnx_target(onnx_node))
         return NodeFacts(original.stack, original.target, original.tags)
@@ -408,9 +429,12 @@ def _lower_per_body(program: torch.export.ExportedProgram, tree: GroupTree) -> P
             facts[key] = resolve(onnx_node)
         return facts[key]
 
-    for node in model.graph:  # resolve while the marks are there, then drop them
+    parsed: dict[str, Any] = {}
+    for node in model.graph:  # resolve while the marks are there, then repath, drop them
         resolver(node)
-        node.metadata_props.pop(CALL_KEY, None)
+        mark = node.metadata_props.pop(CALL_KEY, None)
+        if mark is not None and int(mark) in path_maps:
+            _repath(node.metadata_props, path_maps[int(mark)], parsed)
     distinct = len({call.first for call in calls})
     return PerBody(model, resolver, distinct, len(calls))
 
