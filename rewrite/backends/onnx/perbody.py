@@ -5,15 +5,16 @@ translates it op by op: a 48-block model is decomposed and translated 48 times. 
 
 1. The outermost groups whose bodies repeat become calls of one shared subgraph per distinct
    body: ``torch.ops.higher_order.invoke_subgraph(body, identifier, *inputs)``, weights and
-   every value from outside passed as inputs (:func:`rebuild`). Bodies are the same when
-   their nodes are (ops, arguments, scalars; the shapes and types of their inputs).
+   every value from outside passed as inputs (:func:`subgraphs.rebuild`). Bodies are the
+   same when their nodes are (ops, arguments, scalars; the shapes and types of their inputs).
 2. :mod:`torch_private` decomposes that program with torch.onnx's decomposition table
    (``make_fx``; the TracingContext's invoke_subgraph cache traces each body once) and
    translates it with torch.onnx's translator, which makes one ONNX function per subgraph.
-3. Those functions are inlined back (:func:`inline_bodies`) into the flat ONNX graph torch.onnx
-   would have written, each inlined node marked with its call, its metadata (module paths in
-   ``name_scopes`` / ``namespace``) that of its own call; a :data:`Resolver` gives each node
-   the module stack, op target and tags of the node of the grouped program it came from.
+3. Each body is converted to torch.onnx.export's opset once, then the functions are inlined
+   back (:mod:`inline`) into the flat ONNX graph torch.onnx would have written, each inlined
+   node marked with its call, its metadata (module paths in ``name_scopes`` / ``namespace``)
+   that of its own call; a :data:`Resolver` gives each node the module stack, op target and
+   tags of the node of the grouped program it came from (worked out once per body node).
 
 The rest of the ``.pt2`` path (regroup, outline, optimize, merge) is unchanged, so the result
 is what the flat path gives. Inlining and outlining again costs a pass over the ONNX nodes,
@@ -25,19 +26,17 @@ far less than decomposing every block.
 from __future__ import annotations
 
 import ast
-import copy
-import operator
-from typing import TYPE_CHECKING, Any, Hashable
+from typing import TYPE_CHECKING, Any
 
 import onnx_ir as ir
 import torch
 from attrs import frozen
 from onnx_ir.passes import common as common_passes
 
-from rewrite._fx_keys import freeze
 from rewrite._gc import gc_paused
 from rewrite.backends.onnx import torch_private
 from rewrite.backends.onnx.inline import inline_functions
+from rewrite.backends.onnx.subgraphs import Unsupported, Call, rebuild
 from rewrite.frontends.onnx import (
     CLASS_HIERARCHY,
     NodeFacts,
@@ -46,7 +45,6 @@ from rewrite.frontends.onnx import (
     read_scopes,
 )
 from rewrite.grouping import GroupTree
-from rewrite.grouping.tree import Group
 
 if TYPE_CHECKING:
     from rewrite.ir import Node
@@ -61,27 +59,7 @@ _INLINED_HOPS = tuple(getattr(torch.ops.higher_order, name) for name in (
     if hasattr(torch.ops.higher_order, name))
 """Higher-order ops that decomposition inlines (their bodies are plain ops), outside the
 repeated bodies (a group holding one is not made a shared body)."""
-
-
-class Unsupported(Exception):
-    """Why this program cannot be lowered per body."""
-
-
-class _Ref(tuple):
-    """A node argument inside a body: ``("in", i)`` or ``("node", i)``."""
-
-
-@frozen
-class _Call:
-    """One grouped call turned into an ``invoke_subgraph`` call."""
-
-    group: Group
-    nodes: tuple[torch.fx.Node, ...]
-    """The call's nodes in the grouped program, in body order."""
-    first: int
-    """Index (in the list of calls) of the first call of the same body: its subgraph's source."""
-    name: str
-    """Name of the ``invoke_subgraph`` node in the rebuilt program."""
+__all__ = ["PerBody", "Unsupported", "check", "lower_per_body"]
 
 
 @frozen
@@ -118,166 +96,6 @@ def check(program: torch.export.ExportedProgram, custom_translation_table) -> No
         val = node.meta.get("val")
         if isinstance(val, torch.Tensor) and not all(isinstance(d, int) for d in val.shape):
             raise Unsupported("the program has dynamic shapes")
-
-
-# --- 1. the program with invoke_subgraph calls -----------------------------------------------
-
-
-def _body_key(nodes: list[torch.fx.Node]) -> tuple[Hashable, list[torch.fx.Node]]:
-    """Structural key of a call's body, and its inputs (values from outside, in first use)."""
-    position = {node: i for i, node in enumerate(nodes)}
-    inputs: dict[torch.fx.Node, int] = {}
-
-    def ref(arg: torch.fx.Node) -> _Ref:
-        if arg in position:
-            return _Ref(("node", position[arg]))
-        return _Ref(("in", inputs.setdefault(arg, len(inputs))))
-
-    parts = []
-    for node in nodes:
-        args = torch.fx.node.map_arg(node.args, ref)
-        kwargs = torch.fx.node.map_arg(node.kwargs, ref)
-        parts.append((node.op, ("id", id(node.target)), freeze(args), freeze(kwargs)))
-    shapes = []
-    for value in inputs:
-        val = value.meta.get("val")
-        shapes.append((tuple(val.shape), val.dtype) if isinstance(val, torch.Tensor) else repr(val))
-    return (tuple(parts), tuple(shapes)), list(inputs)
-
-
-def _outputs(nodes: list[torch.fx.Node]) -> list[torch.fx.Node]:
-    members = set(nodes)
-    return [n for n in nodes if any(user not in members for user in n.users)]
-
-
-def _subgraph(owner: torch.fx.GraphModule, nodes: list[torch.fx.Node],
-              inputs: list[torch.fx.Node]) -> torch.fx.GraphModule:
-    graph = torch.fx.Graph()
-    env: dict[torch.fx.Node, torch.fx.Node] = {}
-    for i, value in enumerate(inputs):
-        placeholder = graph.placeholder(f"input_{i}")
-        placeholder.meta["val"] = value.meta.get("val")
-        env[value] = placeholder
-    for node in nodes:
-        env[node] = graph.node_copy(node, lambda a: env[a])
-    graph.output(tuple(env[o] for o in _outputs(nodes)))
-    return torch.fx.GraphModule(owner, graph)
-
-
-def _selected(tree: GroupTree, by_index) -> list[tuple[Group, list[torch.fx.Node]]]:
-    """The outermost groups whose body repeats (descending into groups that do not)."""
-    keyed: dict[str, tuple[Hashable, list]] = {}
-    counts: dict[Hashable, int] = {}
-
-    def visit(group: Group) -> None:
-        nodes = [by_index(i) for i in group.all_nodes()]
-        if any(n.op != "call_function" or isinstance(n.target, torch._ops.HigherOrderOperator)
-               for n in nodes):
-            key = ("not shared", group.id)  # a subgraph or a constant inside: not a body
-        else:
-            key, _ = _body_key(nodes)
-        keyed[group.id] = (key, nodes)
-        counts[key] = counts.get(key, 0) + 1
-
-    level = list(tree.root.children)
-    chosen: list[tuple[Group, list[torch.fx.Node]]] = []
-    while level:
-        for group in level:
-            visit(group)
-        below = []
-        for group in level:
-            key, nodes = keyed[group.id]
-            if counts[key] > 1:
-                chosen.append((group, nodes))
-            else:
-                below.extend(group.children)
-        level = below
-    return chosen
-
-
-def rebuild(program: torch.export.ExportedProgram, tree: GroupTree
-            ) -> tuple[torch.export.ExportedProgram, list[_Call]]:
-    """A copy of ``program`` whose repeated groups call one shared subgraph per body."""
-    source = program.graph_module
-    nodes_of = tree.graph.nodes
-    chosen = _selected(tree, lambda i: nodes_of[i].source)
-    gm = torch.fx.GraphModule(source, torch.fx.Graph())
-    owner_of: dict[torch.fx.Node, int] = {}
-    bodies: dict[Hashable, tuple[str, int]] = {}
-    plans = []
-    calls: list[_Call] = []
-    for index, (group, nodes) in enumerate(chosen):
-        key, inputs = _body_key(nodes)
-        if key not in bodies:
-            attr = f"body_{len(bodies)}"
-            gm.register_module(attr, _subgraph(source, nodes, inputs))
-            bodies[key] = (attr, index)
-        attr, first = bodies[key]
-        plans.append((attr, inputs, _outputs(nodes)))
-        calls.append(_Call(group, tuple(nodes), first, f"rewrite_call_{index}"))
-        for node in nodes:
-            owner_of[node] = index
-
-    graph = gm.graph
-    env: dict[torch.fx.Node, torch.fx.Node] = {}
-    done_calls: set[int] = set()
-
-    def emit_call(index: int) -> None:
-        attr, inputs, outputs = plans[index]
-        getter = graph.get_attr(attr)
-        call = graph.create_node("call_function", torch.ops.higher_order.invoke_subgraph,
-                                 (getter, attr, *[env[v] for v in inputs]),
-                                 name=calls[index].name)
-        call.meta["val"] = tuple(o.meta.get("val") for o in outputs)
-        for j, out in enumerate(outputs):
-            # named as the node it stands for: the signature names program outputs
-            item = graph.create_node("call_function", operator.getitem, (call, j),
-                                     name=out.name)
-            item.meta["val"] = out.meta.get("val")
-            env[out] = item
-        done_calls.add(index)
-
-    # emit in the original order, a call when all its inputs exist and before any user of
-    # its outputs (a valid order exists: grouping checked that collapsing groups keeps a DAG)
-    pending = [n for n in source.graph.nodes]
-    ready_inputs = [set(plan[1]) for plan in plans]
-    while pending:
-        progressed = False
-        rest = []
-        for node in pending:
-            index = owner_of.get(node)
-            if index is not None:
-                if index in done_calls:
-                    continue
-                if all(v in env for v in ready_inputs[index]):
-                    emit_call(index)
-                    progressed = True
-                else:
-                    rest.append(node)
-                continue
-            if all(a in env for a in node.all_input_nodes):
-                env[node] = graph.node_copy(node, lambda a: env[a])
-                progressed = True
-            else:
-                rest.append(node)
-        if not progressed:
-            raise Unsupported("the grouped calls cannot be ordered (data leaves a group and "
-                              "comes back)")
-        pending = rest
-    for node in graph.nodes:  # subgraphs of the program's own higher-order ops
-        if node.op == "get_attr" and not hasattr(gm, node.target):
-            value = source.get_submodule(node.target) if "." not in node.target else None
-            if value is None:
-                raise Unsupported(f"cannot copy attribute {node.target}")
-            gm.register_module(node.target, value)
-    graph.lint()
-    gm.recompile()
-    rebuilt = copy.copy(program)  # same signature, state and constants; new graph
-    rebuilt._graph_module = gm
-    return rebuilt, calls
-
-
-# --- 3. inline the functions back, with their calls' metadata ---------------------------------
 
 
 def _sources(node: Any) -> tuple:
@@ -392,7 +210,7 @@ def _lower_per_body(program: torch.export.ExportedProgram, tree: GroupTree) -> P
     scopes_of: dict[tuple, Any] = {}
     position_of: dict[tuple[int, str], int | None] = {}
 
-    def position(call: _Call, fx_name: str, body: dict[str, torch.fx.Node]) -> int | None:
+    def position(call: Call, fx_name: str, body: dict[str, torch.fx.Node]) -> int | None:
         key = (call.first, fx_name)
         if key not in position_of:
             fx = body.get(fx_name)
