@@ -36,7 +36,7 @@ from onnx_ir.passes import common as common_passes
 from rewrite._gc import gc_paused
 from rewrite.backends.onnx import torch_private
 from rewrite.backends.onnx.inline import inline_functions
-from rewrite.backends.onnx.subgraphs import Unsupported, Call, rebuild
+from rewrite.backends.onnx.subgraphs import Call, Unsupported, rebuild
 from rewrite.frontends.onnx import (
     CLASS_HIERARCHY,
     NodeFacts,
