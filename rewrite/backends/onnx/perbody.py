@@ -26,7 +26,7 @@ far less than decomposing every block.
 from __future__ import annotations
 
 import ast
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Mapping
 
 import onnx_ir as ir
 import torch
@@ -74,13 +74,11 @@ class PerBody:
     """Grouped calls that reused them."""
 
 
-def check(program: torch.export.ExportedProgram, custom_translation_table) -> None:
+def check(program: torch.export.ExportedProgram) -> None:
     """Raise :class:`Unsupported` for programs this path does not handle."""
     reason = torch_private.available()
     if reason is not None:
         raise Unsupported(f"torch's private exporter APIs changed ({reason})")
-    if custom_translation_table:
-        raise Unsupported("a custom translation table is given")
     signature = program.graph_signature
     if signature.buffers_to_mutate or signature.user_inputs_to_mutate:
         raise Unsupported("the program mutates buffers or inputs")
@@ -154,19 +152,23 @@ def _repath(props: dict[str, str], paths: dict[str, str], parsed: dict[str, Any]
                                     for path, sep, rest in parsed[key])
 
 
-def lower_per_body(program: torch.export.ExportedProgram, tree: GroupTree) -> PerBody:
-    """The flat ONNX model of ``program`` and a resolver (see the module docstring)."""
+def lower_per_body(program: torch.export.ExportedProgram, tree: GroupTree,
+                   custom_translation_table: Mapping | None = None) -> PerBody:
+    """The flat ONNX model of ``program`` and a resolver (see the module docstring); ops
+    translated as ``torch.onnx.export(custom_translation_table=...)`` translates them."""
     # the collector paused: the many objects made here (fake tensors, FX and ONNX nodes) live
     # until the end, and each collection would also scan the program's (measured: the
     # inlining took 5-8x longer with it)
     with gc_paused():
-        return _lower_per_body(program, tree)
+        return _lower_per_body(program, tree, custom_translation_table)
 
 
-def _lower_per_body(program: torch.export.ExportedProgram, tree: GroupTree) -> PerBody:
+def _lower_per_body(program: torch.export.ExportedProgram, tree: GroupTree,
+                    custom_translation_table: Mapping | None) -> PerBody:
+    tables = torch_private.lowering_tables(custom_translation_table)
     rebuilt, calls = rebuild(program, tree)
-    decomposed = torch_private.decompose(rebuilt)
-    model = torch_private.translate(decomposed)
+    decomposed = torch_private.decompose(rebuilt, tables)
+    model = torch_private.translate(decomposed, tables)
 
     graph = tree.graph
     ir_by_name = {node.name: node for node in graph.nodes}
