@@ -1,9 +1,12 @@
 """Per-body ONNX lowering vs the flat path vs ``torch.onnx.export``, by model depth.
 
-    .venv/bin/python -m bench.onnx_perbody [--blocks 12 48] [--repeats 2]
+    .venv/bin/python -m bench.onnx_perbody [--blocks 12 48] [--repeats 2] [--sides ...]
+    .venv/bin/python -m bench.onnx_perbody --model llama --blocks 32 --hidden 1024
 
-For each depth, the random-weight GPT-2 of ``bench.onnx_apply`` (width 64, biases drawn), its
-program in memory, the same process, after a warm-up, sides in alternating order:
+For each depth, the random-weight GPT-2 of ``bench.onnx_apply`` (width 64, biases drawn), or
+with ``--model llama`` a random-weight LlamaModel (``--hidden`` wide, 4x as wide MLP, 16 heads,
+4 key/value heads, sequence 32: the headline "realistic depth" figure), its program in
+memory, the same process, after a warm-up, sides in alternating order:
 
 * ``rewrite.apply(rules, program).to_onnx(lowering="per-body")``: each distinct repeated body
   decomposed and translated once (issue 12);
@@ -25,7 +28,9 @@ import statistics
 import sys
 import time
 
-from bench.onnx_apply import RULES, build
+from bench.onnx_apply import OUT, RULES, build
+
+LLAMA_RULES = RULES.parent / "llama.rules"
 
 SIDES = ("per-body", "flat", "torch.onnx.export")
 
@@ -46,42 +51,67 @@ def _time(side: str, program, rules) -> float:
     return time.perf_counter() - start
 
 
+def build_llama(blocks: int, hidden: int):
+    """Save a random-weight LlamaModel's program; returns its path."""
+    import torch
+    from transformers import LlamaConfig, LlamaModel
+
+    config = LlamaConfig(num_hidden_layers=blocks, hidden_size=hidden,
+                         intermediate_size=4 * hidden, num_attention_heads=16,
+                         num_key_value_heads=4, vocab_size=1000, max_position_embeddings=64,
+                         use_cache=False, bos_token_id=0, eos_token_id=0, pad_token_id=0)
+    torch.manual_seed(0)
+    model = LlamaModel(config).eval()
+    ids = torch.randint(0, config.vocab_size, (1, 32))
+    program = torch.export.export(model, (ids,), kwargs={"return_dict": False,
+                                                         "use_cache": False})
+    OUT.mkdir(parents=True, exist_ok=True)
+    path = OUT / f"llama-{blocks}x{hidden}.pt2"
+    torch.export.save(program, str(path))
+    return path
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--blocks", type=int, nargs="+", default=[12, 48])
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--model", choices=("gpt2", "llama"), default="gpt2")
+    parser.add_argument("--hidden", type=int, default=1024, help="llama: hidden size")
+    parser.add_argument("--sides", nargs="+", choices=SIDES, default=list(SIDES),
+                        help="what to time (the flat path is the slowest to measure)")
     args = parser.parse_args(argv)
+    sides = tuple(args.sides)
 
     import torch
 
     import rewrite
 
-    rules = rewrite.load_rules(RULES)
+    rules = rewrite.load_rules(LLAMA_RULES if args.model == "llama" else RULES)
     medians: dict[int, dict[str, float]] = {}
     for blocks in args.blocks:
-        path, _ = build(blocks, 32)
+        path = build_llama(blocks, args.hidden) if args.model == "llama" else build(blocks, 32)[0]
         program = torch.export.load(str(path))
-        for side in SIDES:  # warm-up
+        for side in sides:  # warm-up
             _time(side, program, rules)
-        times: dict[str, list[float]] = {side: [] for side in SIDES}
+        times: dict[str, list[float]] = {side: [] for side in sides}
         for i in range(args.repeats):
-            for side in (SIDES if i % 2 == 0 else SIDES[::-1]):
+            for side in (sides if i % 2 == 0 else sides[::-1]):
                 times[side].append(_time(side, program, rules))
         medians[blocks] = {side: statistics.median(v) for side, v in times.items()}
         print(f"{blocks} blocks: " + ", ".join(
             f"{side} {', '.join(f'{t:.2f}' for t in v)} s" for side, v in times.items()),
             file=sys.stderr)
 
+    nan = float("nan")
     print(f"{'blocks':>6} {'per-body s':>11} {'flat s':>8} {'export s':>9} "
           f"{'export/per-body':>16} {'flat/per-body':>14}")
     for blocks, m in medians.items():
-        print(f"{blocks:>6} {m['per-body']:>11.2f} {m['flat']:>8.2f} "
-              f"{m['torch.onnx.export']:>9.2f} "
-              f"{m['torch.onnx.export'] / m['per-body']:>15.1f}x "
-              f"{m['flat'] / m['per-body']:>13.1f}x")
+        body, flat, plain = (m.get(side, nan) for side in SIDES)
+        print(f"{blocks:>6} {body:>11.2f} {flat:>8.2f} {plain:>9.2f} "
+              f"{plain / body:>15.1f}x {flat / body:>13.1f}x")
     if len(medians) > 1:
         low, high = min(medians), max(medians)
-        for side in SIDES:
+        for side in sides:
             growth = medians[high][side] / medians[low][side]
             print(f"{side}: {high} blocks / {low} blocks = {growth:.2f}x")
     return 0

@@ -87,13 +87,24 @@ def stack():
 
 def test_custom_op_translated_inside_the_block_function(stack):
     triple, result = stack
-    model = lower(result, OnnxOptions(custom_translation_table=TABLE)).model
+    lowering = lower(result, OnnxOptions(custom_translation_table=TABLE))
+    assert lowering.path == "per-body" and lowering.warnings == ()  # the table reaches it too
+    model = lowering.model
     checked_proto(model)
     assert_matches_eager(model, triple)
     assert top_calls(model) == {"GeluBlock": 3}
     (block,) = model.functions.values()
     assert {("", "Erf"), ("ai.onnx.ml", "Binarizer")} <= {(n.domain, n.op_type) for n in block}
     assert "ai.onnx.ml" in block.opset_imports and "ai.onnx.ml" in model.opset_imports
+
+
+def test_custom_translation_table_flat_path_equals(stack):
+    triple, result = stack
+    lowering = lower(result, OnnxOptions(custom_translation_table=TABLE, lowering="flat"))
+    assert lowering.path == "flat"
+    checked_proto(lowering.model)
+    assert_matches_eager(lowering.model, triple)
+    assert top_calls(lowering.model) == {"GeluBlock": 3}
 
 
 def test_without_a_translation_torch_is_named_as_the_cause(stack):

@@ -122,11 +122,6 @@ def test_mutation_falls_back_with_one_warning():
         lower(result, OnnxOptions(lowering="per-body"))
 
 
-def test_custom_translation_table_is_not_per_body(gpt2_program):
-    with pytest.raises(Exception, match="custom translation table"):
-        check(gpt2_program, {object(): object()})
-
-
 def test_dynamic_shapes_fall_back_with_one_warning():
     import torch
 

@@ -117,9 +117,9 @@ def _lower_program(result: "Result", program: torch.export.ExportedProgram,
     if options.lowering != "flat":
         try:
             with progress.step("torch.onnx: decomposing and translating each distinct body once"):
-                check(program, options.custom_translation_table)
+                check(program)
                 with quiet_exporter():
-                    lowered = lower_per_body(program, tree)
+                    lowered = lower_per_body(program, tree, options.custom_translation_table)
             onnx_tree, more = regroup_with(result.rules, tree, lowered.model, lowered.resolver)
             return lowered.model, onnx_tree, more, "per-body"
         except Unsupported as e:

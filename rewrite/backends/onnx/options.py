@@ -48,9 +48,10 @@ class OnnxOptions:
     input is outlined as it is). ``False`` gives the export's unoptimized ops."""
     custom_translation_table: Mapping[Callable, Callable | Sequence[Callable]] | None = field(
         default=None, eq=False)
-    """Passed to ``torch.onnx.export``: translations of ops torch.onnx does not know (custom
-    ops) into ONNX ops of any domain; nodes of other domains may sit inside functions, and
-    every function and the model import the domains they use."""
+    """Translations of ops torch.onnx does not know (custom ops) into ONNX ops of any domain,
+    as ``torch.onnx.export(custom_translation_table=...)`` takes them (both lowerings use
+    them); nodes of other domains may sit inside functions, and every function and the model
+    import the domains they use."""
     lowering: str = field(default="auto", validator=validators.in_(LOWERINGS))
     """How a ``.pt2`` / ExportedProgram becomes ONNX ops (see ``perbody``): ``"per-body"``
     decomposes and translates each distinct repeated body once (an error when the program

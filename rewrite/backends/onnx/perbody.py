@@ -5,15 +5,16 @@ translates it op by op: a 48-block model is decomposed and translated 48 times. 
 
 1. The outermost groups whose bodies repeat become calls of one shared subgraph per distinct
    body: ``torch.ops.higher_order.invoke_subgraph(body, identifier, *inputs)``, weights and
-   every value from outside passed as inputs (:func:`rebuild`). Bodies are the same when
-   their nodes are (ops, arguments, scalars; the shapes and types of their inputs).
+   every value from outside passed as inputs (:func:`subgraphs.rebuild`). Bodies are the
+   same when their nodes are (ops, arguments, scalars; the shapes and types of their inputs).
 2. :mod:`torch_private` decomposes that program with torch.onnx's decomposition table
    (``make_fx``; the TracingContext's invoke_subgraph cache traces each body once) and
    translates it with torch.onnx's translator, which makes one ONNX function per subgraph.
-3. Those functions are inlined back (:func:`inline_bodies`) into the flat ONNX graph torch.onnx
-   would have written, each inlined node marked with its call, its metadata (module paths in
-   ``name_scopes`` / ``namespace``) that of its own call; a :data:`Resolver` gives each node
-   the module stack, op target and tags of the node of the grouped program it came from.
+3. Each body is converted to torch.onnx.export's opset once, then the functions are inlined
+   back (:mod:`inline`) into the flat ONNX graph torch.onnx would have written, each inlined
+   node marked with its call, its metadata (module paths in ``name_scopes`` / ``namespace``)
+   that of its own call; a :data:`Resolver` gives each node the module stack, op target and
+   tags of the node of the grouped program it came from (worked out once per body node).
 
 The rest of the ``.pt2`` path (regroup, outline, optimize, merge) is unchanged, so the result
 is what the flat path gives. Inlining and outlining again costs a pass over the ONNX nodes,
@@ -25,20 +26,25 @@ far less than decomposing every block.
 from __future__ import annotations
 
 import ast
-import copy
-import operator
-from typing import TYPE_CHECKING, Any, Hashable
+from typing import TYPE_CHECKING, Any, Mapping
 
 import onnx_ir as ir
 import torch
 from attrs import frozen
-from onnxscript.version_converter import convert_version
+from onnx_ir.passes import common as common_passes
 
-from rewrite._fx_keys import body_key
+from rewrite._gc import gc_paused
 from rewrite.backends.onnx import torch_private
-from rewrite.frontends.onnx import NodeFacts, Resolver, onnx_target, read_scopes
+from rewrite.backends.onnx.inline import inline_functions
+from rewrite.backends.onnx.subgraphs import Call, Unsupported, rebuild
+from rewrite.frontends.onnx import (
+    CLASS_HIERARCHY,
+    NodeFacts,
+    Resolver,
+    onnx_target,
+    read_scopes,
+)
 from rewrite.grouping import GroupTree
-from rewrite.grouping.tree import Group
 
 if TYPE_CHECKING:
     from rewrite.ir import Node
@@ -53,23 +59,7 @@ _INLINED_HOPS = tuple(getattr(torch.ops.higher_order, name) for name in (
     if hasattr(torch.ops.higher_order, name))
 """Higher-order ops that decomposition inlines (their bodies are plain ops), outside the
 repeated bodies (a group holding one is not made a shared body)."""
-
-
-class Unsupported(Exception):
-    """Why this program cannot be lowered per body."""
-
-
-@frozen
-class _Call:
-    """One grouped call turned into an ``invoke_subgraph`` call."""
-
-    group: Group
-    nodes: tuple[torch.fx.Node, ...]
-    """The call's nodes in the grouped program, in body order."""
-    first: int
-    """Index (in the list of calls) of the first call of the same body: its subgraph's source."""
-    name: str
-    """Name of the ``invoke_subgraph`` node in the rebuilt program."""
+__all__ = ["PerBody", "Unsupported", "check", "lower_per_body"]
 
 
 @frozen
@@ -84,13 +74,11 @@ class PerBody:
     """Grouped calls that reused them."""
 
 
-def check(program: torch.export.ExportedProgram, custom_translation_table) -> None:
+def check(program: torch.export.ExportedProgram) -> None:
     """Raise :class:`Unsupported` for programs this path does not handle."""
     reason = torch_private.available()
     if reason is not None:
         raise Unsupported(f"torch's private exporter APIs changed ({reason})")
-    if custom_translation_table:
-        raise Unsupported("a custom translation table is given")
     signature = program.graph_signature
     if signature.buffers_to_mutate or signature.user_inputs_to_mutate:
         raise Unsupported("the program mutates buffers or inputs")
@@ -106,144 +94,6 @@ def check(program: torch.export.ExportedProgram, custom_translation_table) -> No
         val = node.meta.get("val")
         if isinstance(val, torch.Tensor) and not all(isinstance(d, int) for d in val.shape):
             raise Unsupported("the program has dynamic shapes")
-
-
-# --- 1. the program with invoke_subgraph calls -----------------------------------------------
-
-
-def _outputs(nodes: list[torch.fx.Node]) -> list[torch.fx.Node]:
-    members = set(nodes)
-    return [n for n in nodes if any(user not in members for user in n.users)]
-
-
-def _subgraph(owner: torch.fx.GraphModule, nodes: list[torch.fx.Node],
-              inputs: list[torch.fx.Node]) -> torch.fx.GraphModule:
-    graph = torch.fx.Graph()
-    env: dict[torch.fx.Node, torch.fx.Node] = {}
-    for i, value in enumerate(inputs):
-        placeholder = graph.placeholder(f"input_{i}")
-        placeholder.meta["val"] = value.meta.get("val")
-        env[value] = placeholder
-    for node in nodes:
-        env[node] = graph.node_copy(node, lambda a: env[a])
-    graph.output(tuple(env[o] for o in _outputs(nodes)))
-    return torch.fx.GraphModule(owner, graph)
-
-
-def _selected(tree: GroupTree, by_index) -> list[tuple[Group, list[torch.fx.Node]]]:
-    """The outermost groups whose body repeats (descending into groups that do not)."""
-    keyed: dict[int, tuple[Hashable, list]] = {}
-    counts: dict[Hashable, int] = {}
-
-    def visit(group: Group) -> None:
-        nodes = [by_index(i) for i in group.all_nodes()]
-        if any(n.op != "call_function" or isinstance(n.target, torch._ops.HigherOrderOperator)
-               for n in nodes):
-            key = ("not shared", group.index)  # a subgraph or a constant inside: not a body
-        else:
-            key, _ = body_key(nodes)
-        keyed[group.index] = (key, nodes)
-        counts[key] = counts.get(key, 0) + 1
-
-    level = list(tree.root.children)
-    chosen: list[tuple[Group, list[torch.fx.Node]]] = []
-    while level:
-        for group in level:
-            visit(group)
-        below = []
-        for group in level:
-            key, nodes = keyed[group.index]
-            if counts[key] > 1:
-                chosen.append((group, nodes))
-            else:
-                below.extend(group.children)
-        level = below
-    return chosen
-
-
-def rebuild(program: torch.export.ExportedProgram, tree: GroupTree
-            ) -> tuple[torch.export.ExportedProgram, list[_Call]]:
-    """A copy of ``program`` whose repeated groups call one shared subgraph per body."""
-    source = program.graph_module
-    nodes_of = tree.graph.nodes
-    chosen = _selected(tree, lambda i: nodes_of[i].source)
-    gm = torch.fx.GraphModule(source, torch.fx.Graph())
-    owner_of: dict[torch.fx.Node, int] = {}
-    bodies: dict[Hashable, tuple[str, int]] = {}
-    plans = []
-    calls: list[_Call] = []
-    for index, (group, nodes) in enumerate(chosen):
-        key, inputs = body_key(nodes)
-        if key not in bodies:
-            attr = f"body_{len(bodies)}"
-            gm.register_module(attr, _subgraph(source, nodes, inputs))
-            bodies[key] = (attr, index)
-        attr, first = bodies[key]
-        plans.append((attr, inputs, _outputs(nodes)))
-        calls.append(_Call(group, tuple(nodes), first, f"rewrite_call_{index}"))
-        for node in nodes:
-            owner_of[node] = index
-
-    graph = gm.graph
-    env: dict[torch.fx.Node, torch.fx.Node] = {}
-    done_calls: set[int] = set()
-
-    def emit_call(index: int) -> None:
-        attr, inputs, outputs = plans[index]
-        getter = graph.get_attr(attr)
-        call = graph.create_node("call_function", torch.ops.higher_order.invoke_subgraph,
-                                 (getter, attr, *[env[v] for v in inputs]),
-                                 name=calls[index].name)
-        call.meta["val"] = tuple(o.meta.get("val") for o in outputs)
-        for j, out in enumerate(outputs):
-            # named as the node it stands for: the signature names program outputs
-            item = graph.create_node("call_function", operator.getitem, (call, j),
-                                     name=out.name)
-            item.meta["val"] = out.meta.get("val")
-            env[out] = item
-        done_calls.add(index)
-
-    # emit in the original order, a call when all its inputs exist and before any user of
-    # its outputs (a valid order exists: grouping checked that collapsing groups keeps a DAG)
-    pending = [n for n in source.graph.nodes]
-    ready_inputs = [set(plan[1]) for plan in plans]
-    while pending:
-        progressed = False
-        rest = []
-        for node in pending:
-            index = owner_of.get(node)
-            if index is not None:
-                if index in done_calls:
-                    continue
-                if all(v in env for v in ready_inputs[index]):
-                    emit_call(index)
-                    progressed = True
-                else:
-                    rest.append(node)
-                continue
-            if all(a in env for a in node.all_input_nodes):
-                env[node] = graph.node_copy(node, lambda a: env[a])
-                progressed = True
-            else:
-                rest.append(node)
-        if not progressed:
-            raise Unsupported("the grouped calls cannot be ordered (data leaves a group and "
-                              "comes back)")
-        pending = rest
-    for node in graph.nodes:  # subgraphs of the program's own higher-order ops
-        if node.op == "get_attr" and not hasattr(gm, node.target):
-            value = source.get_submodule(node.target) if "." not in node.target else None
-            if value is None:
-                raise Unsupported(f"cannot copy attribute {node.target}")
-            gm.register_module(node.target, value)
-    graph.lint()
-    gm.recompile()
-    rebuilt = copy.copy(program)  # same signature, state and constants; new graph
-    rebuilt._graph_module = gm
-    return rebuilt, calls
-
-
-# --- 3. inline the functions back, with their calls' metadata ---------------------------------
 
 
 def _sources(node: Any) -> tuple:
@@ -280,29 +130,45 @@ def _path_map(first: "list[Node]", this: "list[Node]") -> dict[str, str]:
     return out
 
 
-def _repath(props: dict[str, str], paths: dict[str, str]) -> None:
+def _repath(props: dict[str, str], paths: dict[str, str], parsed: dict[str, Any]) -> None:
+    """Module paths in a node's ``name_scopes`` / ``namespace`` mapped by ``paths``;
+    ``parsed`` caches the texts' parts."""
     scopes = props.get(NAME_SCOPES)
     if scopes:
-        try:
-            items = ast.literal_eval(scopes)
-        except (ValueError, SyntaxError):
-            items = None
+        if scopes not in parsed:
+            try:
+                parsed[scopes] = ast.literal_eval(scopes)
+            except (ValueError, SyntaxError):
+                parsed[scopes] = None
+        items = parsed[scopes]
         if isinstance(items, list):
             props[NAME_SCOPES] = repr([paths.get(s, s) for s in items])
     namespace = props.get(NAMESPACE)
     if namespace:
-        parts = []
-        for part in namespace.split("/"):
-            path, sep, rest = part.partition(": ")
-            parts.append(paths.get(path, path) + sep + rest)
-        props[NAMESPACE] = "/".join(parts)
+        key = ("namespace", namespace)
+        if key not in parsed:
+            parsed[key] = [part.partition(": ") for part in namespace.split("/")]
+        props[NAMESPACE] = "/".join(paths.get(path, path) + sep + rest
+                                    for path, sep, rest in parsed[key])
 
 
-def lower_per_body(program: torch.export.ExportedProgram, tree: GroupTree) -> PerBody:
-    """The flat ONNX model of ``program`` and a resolver (see the module docstring)."""
+def lower_per_body(program: torch.export.ExportedProgram, tree: GroupTree,
+                   custom_translation_table: Mapping | None = None) -> PerBody:
+    """The flat ONNX model of ``program`` and a resolver (see the module docstring); ops
+    translated as ``torch.onnx.export(custom_translation_table=...)`` translates them."""
+    # the collector paused: the many objects made here (fake tensors, FX and ONNX nodes) live
+    # until the end, and each collection would also scan the program's (measured: the
+    # inlining took 5-8x longer with it)
+    with gc_paused():
+        return _lower_per_body(program, tree, custom_translation_table)
+
+
+def _lower_per_body(program: torch.export.ExportedProgram, tree: GroupTree,
+                    custom_translation_table: Mapping | None) -> PerBody:
+    tables = torch_private.lowering_tables(custom_translation_table)
     rebuilt, calls = rebuild(program, tree)
-    decomposed = torch_private.decompose(rebuilt)
-    model = torch_private.translate(decomposed)
+    decomposed = torch_private.decompose(rebuilt, tables)
+    model = torch_private.translate(decomposed, tables)
 
     graph = tree.graph
     ir_by_name = {node.name: node for node in graph.nodes}
@@ -325,27 +191,43 @@ def lower_per_body(program: torch.export.ExportedProgram, tree: GroupTree) -> Pe
         getter = fx_call.args[0]
         body = getattr(decomposed.graph_module, getter.target)
         decomposed_body[origin] = {n.name: n for n in body.graph.nodes}
-    # torch.onnx.export converts its model to its default opset; onnxscript's converter
-    # inlines every function first (the bodies, torchlib's helpers: each inlined node keeps
-    # its call's marks) and removes dead nodes after (the translation of a re-traced graph
-    # can leave a dead Constant that the flat export does not have; it would upset outlining)
-    convert_version(model, target_version=torch_private.target_opset())
-    if model.functions:
-        raise Unsupported("onnxscript's version converter left functions")
+    # torch.onnx.export converts its model to its default opset (onnxscript's converter
+    # inlines every function first): here each body is converted once, then inlined (the
+    # bodies, torchlib's helpers: each inlined node keeps its call's marks); dead nodes go
+    # (the translation of a re-traced graph can leave a dead Constant that the flat export
+    # does not have; it would upset outlining)
+    torch_private.convert_opset(model)
+    inline_functions(model)
+    for cleanup in (common_passes.RemoveUnusedNodesPass(), common_passes.RemoveUnusedOpsetsPass()):
+        cleanup(model)
 
     ir_nodes = [[graph.nodes[i] for i in call.group.all_nodes()] for call in calls]
     path_maps = {i: _path_map(ir_nodes[call.first], ir_nodes[i]) for i, call in enumerate(calls)
                  if call.first != i}
-    first_names = {i: {n.name: n for n in calls[call.first].nodes} for i, call in enumerate(calls)}
-    for node in model.graph:
-        mark = node.metadata_props.get(CALL_KEY)
-        if mark is not None and int(mark) in path_maps:
-            _repath(node.metadata_props, path_maps[int(mark)])
+    first_names = {first: {n.name: n for n in calls[first].nodes}
+                   for first in {call.first for call in calls}}
     facts: dict[int, NodeFacts | None] = {}
+    # the nodes of every call of one body carry the same metadata texts until repathed, and
+    # come from the same decomposed body nodes: parsed and traced back once per body node
+    scopes_of: dict[tuple, Any] = {}
+    position_of: dict[tuple[int, str], int | None] = {}
+
+    def position(call: Call, fx_name: str, body: dict[str, torch.fx.Node]) -> int | None:
+        key = (call.first, fx_name)
+        if key not in position_of:
+            fx = body.get(fx_name)
+            source = _original(fx, first_names[call.first]) if fx is not None else None
+            position_of[key] = (body_index[call.first].get(source.name)
+                                if source is not None else None)
+        return position_of[key]
 
     def resolve(onnx_node: ir.Node) -> NodeFacts:
-        scopes = read_scopes(onnx_node)
-        mark = onnx_node.metadata_props.get(CALL_KEY)
+        props = onnx_node.metadata_props
+        key = (props.get(NAME_SCOPES), props.get(CLASS_HIERARCHY))
+        if key not in scopes_of:
+            scopes_of[key] = read_scopes(onnx_node)
+        scopes = scopes_of[key]
+        mark = props.get(CALL_KEY)
         original = None
         if scopes is not None and mark is None:
             fx = main.get(scopes[0][-1])
@@ -354,12 +236,9 @@ def lower_per_body(program: torch.export.ExportedProgram, tree: GroupTree) -> Pe
         elif scopes is not None:
             index = int(mark)
             call = calls[index]
-            fx = decomposed_body.get(index, {}).get(scopes[0][-1])
-            source = _original(fx, first_names[index]) if fx is not None else None
-            if source is not None:
-                position = body_index[call.first].get(source.name)
-                if position is not None:
-                    original = ir_by_name.get(call.nodes[position].name)
+            at = position(call, scopes[0][-1], decomposed_body.get(index, {}))
+            if at is not None:
+                original = ir_by_name.get(call.nodes[at].name)
         if original is None or original.is_io:
             return NodeFacts(None, onnx_target(onnx_node))
         return NodeFacts(original.stack, original.target, original.tags)
@@ -370,9 +249,12 @@ def lower_per_body(program: torch.export.ExportedProgram, tree: GroupTree) -> Pe
             facts[key] = resolve(onnx_node)
         return facts[key]
 
-    for node in model.graph:  # resolve while the marks are there, then drop them
+    parsed: dict[str, Any] = {}
+    for node in model.graph:  # resolve while the marks are there, then repath, drop them
         resolver(node)
-        node.metadata_props.pop(CALL_KEY, None)
+        mark = node.metadata_props.pop(CALL_KEY, None)
+        if mark is not None and int(mark) in path_maps:
+            _repath(node.metadata_props, path_maps[int(mark)], parsed)
     distinct = len({call.first for call in calls})
     return PerBody(model, resolver, distinct, len(calls))
 

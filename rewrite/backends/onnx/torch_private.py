@@ -13,13 +13,19 @@ traces each subgraph identifier once.
 
 Anything missing or changed raises :class:`Unavailable`; the caller then lowers the flat
 program (the public ``torch.onnx.export``).
+
+One private API of onnxscript (checked with 0.7.2), also here: its version converter's
+node-by-node conversion (``_version_converter.convert_version``), which the public
+``convert_version`` runs after inlining every function; :func:`convert_opset` runs it on the
+model before inlining, so each distinct body is converted once (the public one is the
+fallback).
 """
 
 from __future__ import annotations
 
 import copy
 import functools
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import torch
 
@@ -85,17 +91,42 @@ def _registry_and_tables():
     # as torch.onnx.export (``_compat.export_compat``) builds it for its default opset
     registry = api["Registry"].from_torchlib(opset_version=max(api["default_opset"],
                                                               api["torchlib_opset"]))
-    table = api["friendly_table"](set(api["implemented"](registry)))
-    cia, python_table = api["split_table"](dict(table))
-    return registry, cia, python_table
+    return (registry, *_tables(registry))
 
 
-def decompose(program: torch.export.ExportedProgram) -> torch.export.ExportedProgram:
-    """``program`` decomposed as torch.onnx.export decomposes it, by a ``make_fx`` re-trace of
-    its graph module (placeholders and outputs keep their names: the signature stays valid).
-    The program must be functional (no mutations), with static shapes."""
+def _tables(registry) -> tuple[dict, dict]:
+    """The CompositeImplicitAutograd ops to keep and the decomposition table for ``registry``
+    (what it implements is not decomposed)."""
     api = _apis()
-    _, cia, table = _registry_and_tables()
+    table = api["friendly_table"](set(api["implemented"](registry)))
+    return api["split_table"](dict(table))
+
+
+def lowering_tables(custom_translation_table: Mapping | None = None) -> tuple:
+    """``(registry, cia, table)`` for :func:`decompose` and :func:`translate`: torchlib's,
+    built once per process; with a custom translation table, a copy of that registry with
+    the table's translations registered first, as torch.onnx.export registers them (and the
+    tables of what it implements)."""
+    if not custom_translation_table:
+        return _registry_and_tables()
+    base = _registry_and_tables()[0]
+    registry = copy.copy(base)
+    registry.functions = {key: list(value) for key, value in base.functions.items()}
+    for torch_op, onnx_op in custom_translation_table.items():
+        if isinstance(onnx_op, Sequence):  # torch.onnx.export refuses these (TypeError)
+            raise Unavailable("a custom translation is a sequence of functions")
+        registry.register_op(torch_op, onnx_op, is_complex=False)
+    return (registry, *_tables(registry))
+
+
+def decompose(program: torch.export.ExportedProgram, tables: tuple
+              ) -> torch.export.ExportedProgram:
+    """``program`` decomposed as torch.onnx.export decomposes it, by a ``make_fx`` re-trace of
+    its graph module (placeholders and outputs keep their names: the signature stays valid),
+    with the tables of :func:`lowering_tables`. The program must be functional (no
+    mutations), with static shapes."""
+    api = _apis()
+    _, cia, table = tables
     gm = program.graph_module
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     values = [n.meta["val"] for n in placeholders]
@@ -148,10 +179,32 @@ def _keep_names(old: torch.fx.Graph, new: torch.fx.Graph, placeholders: list) ->
         by_name[o.name] = n
 
 
-def translate(decomposed: torch.export.ExportedProgram) -> "ir.Model":
-    """torch.onnx's translation of a decomposed program (each submodule: one function)."""
-    registry, _, _ = _registry_and_tables()
+def translate(decomposed: torch.export.ExportedProgram, tables: tuple) -> "ir.Model":
+    """torch.onnx's translation of a decomposed program (each submodule: one function), with
+    the registry of :func:`lowering_tables`."""
+    registry = tables[0]
     return _apis()["to_onnx_program"](decomposed, registry=registry).model
+
+
+def convert_opset(model: "ir.Model") -> None:
+    """Convert ``model``'s main graph and each of its functions to :func:`target_opset` (as
+    ``torch.onnx.export`` converts its model), functions left in place. Without onnxscript's
+    private converter, or when a function's node reads a function attribute (the converter
+    refuses those): the public converter, which inlines every function first."""
+    target = target_opset()
+    if model.opset_imports.get("") == target:
+        return
+    refs = any(attr.is_ref() for function in model.functions.values() for node in function
+               for attr in node.attributes.values())
+    try:
+        from onnxscript.version_converter import _version_converter
+        convert = _version_converter.convert_version
+    except (ImportError, AttributeError):
+        refs = True
+    if refs:
+        from onnxscript.version_converter import convert_version
+        convert = convert_version
+    convert(model, target_version=target)
 
 
 def target_opset() -> int:

@@ -1,0 +1,169 @@
+"""Step 1 of the per-body lowering (:mod:`perbody`): the program with ``invoke_subgraph`` calls.
+
+The outermost groups whose bodies repeat become calls of one shared subgraph per distinct
+body: ``torch.ops.higher_order.invoke_subgraph(body, identifier, *inputs)``, weights and every
+value from outside passed as inputs (:func:`rebuild`). Bodies are the same when their nodes
+are (ops, arguments, scalars; the shapes and types of their inputs).
+"""
+
+from __future__ import annotations
+
+import copy
+import operator
+from typing import Hashable
+
+import torch
+from attrs import frozen
+
+from rewrite._fx_keys import body_key
+from rewrite.grouping import GroupTree
+from rewrite.grouping.tree import Group
+
+
+class Unsupported(Exception):
+    """Why this program cannot be lowered per body."""
+
+
+@frozen
+class Call:
+    """One grouped call turned into an ``invoke_subgraph`` call."""
+
+    group: Group
+    nodes: tuple[torch.fx.Node, ...]
+    """The call's nodes in the grouped program, in body order."""
+    first: int
+    """Index (in the list of calls) of the first call of the same body: its subgraph's source."""
+    name: str
+    """Name of the ``invoke_subgraph`` node in the rebuilt program."""
+
+
+def _outputs(nodes: list[torch.fx.Node]) -> list[torch.fx.Node]:
+    members = set(nodes)
+    return [n for n in nodes if any(user not in members for user in n.users)]
+
+
+def _subgraph(owner: torch.fx.GraphModule, nodes: list[torch.fx.Node],
+              inputs: list[torch.fx.Node]) -> torch.fx.GraphModule:
+    graph = torch.fx.Graph()
+    env: dict[torch.fx.Node, torch.fx.Node] = {}
+    for i, value in enumerate(inputs):
+        placeholder = graph.placeholder(f"input_{i}")
+        placeholder.meta["val"] = value.meta.get("val")
+        env[value] = placeholder
+    for node in nodes:
+        env[node] = graph.node_copy(node, lambda a: env[a])
+    graph.output(tuple(env[o] for o in _outputs(nodes)))
+    return torch.fx.GraphModule(owner, graph)
+
+
+def _selected(tree: GroupTree, by_index) -> list[tuple[Group, list[torch.fx.Node]]]:
+    """The outermost groups whose body repeats (descending into groups that do not)."""
+    keyed: dict[str, tuple[Hashable, list]] = {}
+    counts: dict[Hashable, int] = {}
+
+    def visit(group: Group) -> None:
+        nodes = [by_index(i) for i in group.all_nodes()]
+        if any(n.op != "call_function" or isinstance(n.target, torch._ops.HigherOrderOperator)
+               for n in nodes):
+            key = ("not shared", group.index)  # a subgraph or a constant inside: not a body
+        else:
+            key, _ = body_key(nodes)
+        keyed[group.index] = (key, nodes)
+        counts[key] = counts.get(key, 0) + 1
+
+    level = list(tree.root.children)
+    chosen: list[tuple[Group, list[torch.fx.Node]]] = []
+    while level:
+        for group in level:
+            visit(group)
+        below = []
+        for group in level:
+            key, nodes = keyed[group.index]
+            if counts[key] > 1:
+                chosen.append((group, nodes))
+            else:
+                below.extend(group.children)
+        level = below
+    return chosen
+
+
+def rebuild(program: torch.export.ExportedProgram, tree: GroupTree
+            ) -> tuple[torch.export.ExportedProgram, list[Call]]:
+    """A copy of ``program`` whose repeated groups call one shared subgraph per body."""
+    source = program.graph_module
+    nodes_of = tree.graph.nodes
+    chosen = _selected(tree, lambda i: nodes_of[i].source)
+    gm = torch.fx.GraphModule(source, torch.fx.Graph())
+    owner_of: dict[torch.fx.Node, int] = {}
+    bodies: dict[Hashable, tuple[str, int]] = {}
+    plans = []
+    calls: list[Call] = []
+    for index, (group, nodes) in enumerate(chosen):
+        key, inputs = body_key(nodes)
+        if key not in bodies:
+            attr = f"body_{len(bodies)}"
+            gm.register_module(attr, _subgraph(source, nodes, inputs))
+            bodies[key] = (attr, index)
+        attr, first = bodies[key]
+        plans.append((attr, inputs, _outputs(nodes)))
+        calls.append(Call(group, tuple(nodes), first, f"rewrite_call_{index}"))
+        for node in nodes:
+            owner_of[node] = index
+
+    graph = gm.graph
+    env: dict[torch.fx.Node, torch.fx.Node] = {}
+    done_calls: set[int] = set()
+
+    def emit_call(index: int) -> None:
+        attr, inputs, outputs = plans[index]
+        getter = graph.get_attr(attr)
+        call = graph.create_node("call_function", torch.ops.higher_order.invoke_subgraph,
+                                 (getter, attr, *[env[v] for v in inputs]),
+                                 name=calls[index].name)
+        call.meta["val"] = tuple(o.meta.get("val") for o in outputs)
+        for j, out in enumerate(outputs):
+            # named as the node it stands for: the signature names program outputs
+            item = graph.create_node("call_function", operator.getitem, (call, j),
+                                     name=out.name)
+            item.meta["val"] = out.meta.get("val")
+            env[out] = item
+        done_calls.add(index)
+
+    # emit in the original order, a call when all its inputs exist and before any user of
+    # its outputs (a valid order exists: grouping checked that collapsing groups keeps a DAG)
+    pending = [n for n in source.graph.nodes]
+    ready_inputs = [set(plan[1]) for plan in plans]
+    while pending:
+        progressed = False
+        rest = []
+        for node in pending:
+            index = owner_of.get(node)
+            if index is not None:
+                if index in done_calls:
+                    continue
+                if all(v in env for v in ready_inputs[index]):
+                    emit_call(index)
+                    progressed = True
+                else:
+                    rest.append(node)
+                continue
+            if all(a in env for a in node.all_input_nodes):
+                env[node] = graph.node_copy(node, lambda a: env[a])
+                progressed = True
+            else:
+                rest.append(node)
+        if not progressed:
+            raise Unsupported("the grouped calls cannot be ordered (data leaves a group and "
+                              "comes back)")
+        pending = rest
+    for node in graph.nodes:  # subgraphs of the program's own higher-order ops
+        if node.op == "get_attr" and not hasattr(gm, node.target):
+            value = source.get_submodule(node.target) if "." not in node.target else None
+            if value is None:
+                raise Unsupported(f"cannot copy attribute {node.target}")
+            gm.register_module(node.target, value)
+    graph.lint()
+    gm.recompile()
+    rebuilt = copy.copy(program)  # same signature, state and constants; new graph
+    rebuilt._graph_module = gm
+    return rebuilt, calls
