@@ -43,7 +43,7 @@ class Placement:
 
 def place_nodes(columns: Columns, table: StackTable) -> Placement:
     """Place the nodes whose stack is unknown (see the module docstring)."""
-    sid = table.canon[columns.stack_id]
+    sid = columns.stack_id.astype(np.int64)
     sid[columns.is_io] = table.empty
     is_unknown = table.is_unknown()[sid]
     enclosed = enclosed_at_root(columns, table, sid)
