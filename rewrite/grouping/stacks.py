@@ -16,7 +16,6 @@ import numpy as np
 
 from rewrite.ir import Columns, ModuleCall
 from rewrite.ir.columns import CallColumns
-from rewrite.ir.stacks import EMPTY
 
 
 class StackTable:
@@ -24,7 +23,8 @@ class StackTable:
     complete, as every frontend builds it) and its calls, with what grouping asks of them.
 
     Stack ids are the columns' (:data:`~rewrite.ir.stacks.EMPTY` the top level, a depth of
-    -1 the unknown stack); call ids index :attr:`calls`.
+    -1 the unknown stack); call ids index :attr:`calls`. ``parent``, ``last``, ``depth``:
+    arrays per stack id.
     """
 
     def __init__(self, columns: Columns, calls: Sequence[ModuleCall]) -> None:
@@ -33,7 +33,6 @@ class StackTable:
         self.parent: np.ndarray = columns.stack_parent
         self.last: np.ndarray = columns.stack_last
         self.depth: np.ndarray = columns.stack_depth
-        self.empty = EMPTY
         self._levels: list[np.ndarray] | None = None
         self._lists: tuple[list[int], list[int]] | None = None
         self._prefix: dict[tuple[int, int], int] = {}
@@ -42,17 +41,15 @@ class StackTable:
     def __len__(self) -> int:
         return len(self.parent)
 
-    def is_unknown(self) -> np.ndarray:
-        """Bool per stack id: the stack is unknown."""
-        return self.depth < 0
-
-    def depths(self) -> np.ndarray:
-        """Per stack id, its number of calls (-1 for the unknown stack)."""
-        return self.depth
+    def _as_lists(self) -> tuple[list[int], list[int]]:
+        """``parent`` and ``depth`` as lists, for the one-at-a-time questions below."""
+        if self._lists is None:
+            self._lists = (self.parent.tolist(), self.depth.tolist())
+        return self._lists
 
     def depth_of(self, stack: int) -> int:
         """The number of calls of a stack (-1 for the unknown one)."""
-        return int(self.depth[stack])
+        return self._as_lists()[1][stack]
 
     def common_prefix(self, a: int, b: int) -> int:
         """The id of the longest common prefix of two known stacks (up the tree)."""
@@ -61,9 +58,7 @@ class StackTable:
         key = (a, b) if a < b else (b, a)
         found = self._prefix.get(key)
         if found is None:
-            if self._lists is None:
-                self._lists = (self.parent.tolist(), self.depth.tolist())
-            parent, depth = self._lists
+            parent, depth = self._as_lists()
             assert depth[a] >= 0 and depth[b] >= 0
             x, y = a, b
             while depth[x] > depth[y]:
@@ -110,10 +105,6 @@ class StackTable:
         return out
 
     # --- per-call columns for selectors ------------------------------------------------------
-
-    @property
-    def paths(self) -> Sequence[str]:
-        return self.call_columns.paths
 
     @property
     def indices(self) -> tuple[list[str], np.ndarray]:
