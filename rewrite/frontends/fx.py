@@ -122,7 +122,7 @@ def _read(graph: torch.fx.Graph, source: Any, root_class: str | None,
     del metas
 
     tree = reader.tree
-    if not reader.saw_root and len(tree) > 2:
+    if not reader.saw_root and tree.calls:
         # symbolic_trace: a node traced in the root module's forward carries no stack
         root_ops = _ROOT_LEVEL_OPS
         at_root = np.fromiter(map(root_ops.__contains__, ops), dtype=bool, count=size)
