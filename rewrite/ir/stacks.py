@@ -149,8 +149,8 @@ class StackTreeBuilder:
     # --- stacks ----------------------------------------------------------------------------
 
     def child(self, parent: int, call: int) -> int:
-        """The id of stack ``parent`` plus call id ``call`` (added if new). The unknown
-        stack's children are the empty stack's: a call is a known stack."""
+        """The id of stack ``parent`` plus call id ``call`` (added if new). A call below the
+        unknown stack is read as below the top level (its stack is known from there)."""
         if parent == UNKNOWN:
             parent = EMPTY
         if self._ends_stack[call]:  # uncommon: look the pair up (index made on first need)
