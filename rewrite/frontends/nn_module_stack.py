@@ -28,10 +28,7 @@ def class_name(cls: Any) -> str:
     return text
 
 
-def _call_index(key: str) -> int:
-    """``N`` of a key ``path@N``, 0 without one."""
-    number = ModuleCall.split_key(key)[1]
-    return int(number) if number is not None else 0
+_split_key = ModuleCall.split_key
 
 
 class NnModuleStacks:
@@ -81,8 +78,10 @@ class NnModuleStacks:
             cls_name = None
         if type(path) is not str or not path or cls_name is None or last == EMPTY_STACK_KEY:
             return self._read_entry(raw, keys, parent)
+        number = _split_key(last)[1]
         tree = self.tree
-        found = ids[keys] = tree.child(parent, tree.call(path, cls_name, _call_index(last)))
+        call = tree.call(path, cls_name, int(number) if number is not None else 0)
+        found = ids[keys] = tree.child(parent, call)
         return found
 
     def _read_entry(self, raw: Mapping, keys: tuple, parent: int) -> int:
@@ -112,7 +111,7 @@ class NnModuleStacks:
     def _call(self, key: Any, value: Any) -> int | None:
         """The call id of one entry (None: the root entry)."""
         key = key if type(key) is str else str(key)
-        head, number = ModuleCall.split_key(key)
+        head, number = _split_key(key)
         if type(value) is tuple and len(value) == 2:
             path, cls = value
             if type(path) is not str:

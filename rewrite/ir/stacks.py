@@ -126,18 +126,18 @@ class StackTreeBuilder:
 
     def call(self, path: str, cls: str, index: int = 0) -> int:
         """The id of the call ``(path, cls, index)`` (numbered if new)."""
-        found = self._call_ids.get((path, cls, index))
-        if found is None:
-            found = self._new_call(ModuleCall(path, cls, index))
-        return found
+        key = (path, cls, index)
+        found = self._call_ids.get(key)
+        return self._new_call(key, ModuleCall(path, cls, index)) if found is None else found
 
     def add_call(self, call: ModuleCall) -> int:
         """The id of ``call`` (numbered if new, keeping this object)."""
-        found = self._call_ids.get((call.path, call.cls, call.index))
-        return self._new_call(call) if found is None else found
+        key = (call.path, call.cls, call.index)
+        found = self._call_ids.get(key)
+        return self._new_call(key, call) if found is None else found
 
-    def _new_call(self, call: ModuleCall) -> int:
-        found = self._call_ids[(call.path, call.cls, call.index)] = len(self.calls)
+    def _new_call(self, key: tuple[str, str, int], call: ModuleCall) -> int:
+        found = self._call_ids[key] = len(self.calls)
         self.calls.append(call)
         self._paths.append(call.path)
         self._path_id.append(self._path_ids.setdefault(call.path, len(self._path_ids)))
