@@ -153,7 +153,7 @@ def test_masks_agree_with_reference_predicates(selector):
     (rule,) = rewrite.parse_rules(f"group {selector}").rules
     columns = GRAPH.columns
     table = StackTable(columns, GRAPH.calls)
-    sid = table.canon[columns.stack_id]
+    sid = columns.stack_id.astype(np.int64)
     subjects = CallSubjects(table, sid, ~columns.is_io, columns.target_id, columns.targets,
                             columns.tags_id, columns.tag_sets,
                             CallMeasures(table, sid, ~columns.is_io))

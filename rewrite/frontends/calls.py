@@ -62,17 +62,3 @@ def split_runs(stacks: Sequence[Stack | None]) -> list[Stack | None]:
             prev_in = stack
         out.append(prev_out)
     return out
-
-
-def distinct_calls(stacks: Sequence[Stack | None]) -> tuple[ModuleCall, ...]:
-    """Every module call of the stacks, in order of first appearance."""
-    seen: dict[ModuleCall, None] = {}
-    last: object = None
-    for stack in stacks:
-        if stack is None or stack is last:
-            continue
-        last = stack
-        for call in stack:
-            if call not in seen:
-                seen[call] = None
-    return tuple(seen)

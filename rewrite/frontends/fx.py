@@ -27,47 +27,31 @@ Tags come from ``node.meta["custom"]`` (``torch.fx.traceback.annotate``; keys st
 
 The frontend also fills the graph's :class:`~rewrite.ir.columns.Columns` as it reads, with
 one dictionary lookup per node for its stack, target and tags (each distinct value is parsed
-once) and the garbage collector paused.
+once: stacks by :mod:`rewrite.frontends.nn_module_stack` into the one stack-tree builder,
+:class:`~rewrite.ir.stacks.StackTreeBuilder`) and the garbage collector paused.
 """
 
 from __future__ import annotations
 
 from itertools import chain, islice
 from operator import ne
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 import torch
 
 from rewrite._gc import gc_paused
 from rewrite._torch_private import is_op_overload
-from rewrite.frontends.calls import distinct_calls, split_runs
+from rewrite.frontends.calls import split_runs
+from rewrite.frontends.nn_module_stack import EMPTY_STACK_KEY, STACK, NnModuleStacks, class_name
 from rewrite.frontends.regions import region_stacks
-from rewrite.ir import Graph, ModuleCall, Node, Stack
-from rewrite.ir.columns import (EMPTY_TAGS, CallColumns, StackInterner, StackSequence, TagSets,
-                                build_columns, call_columns_of)
+from rewrite.ir import Graph, Node
+from rewrite.ir.columns import EMPTY_TAGS, TagSets, build_columns
 from rewrite.ir.nodes import LazyNodes
+from rewrite.ir.stacks import EMPTY, UNKNOWN, StackTreeBuilder
 
-EMPTY_STACK_KEY = "_empty_nn_module_stack_from_metadata_hook"
-_STACK = "nn_module_stack"
 _IO_OPS = frozenset(("placeholder", "output"))
 _ROOT_LEVEL_OPS = frozenset(("call_function", "call_method", "call_module"))
-_EMPTY: Stack = ()
-
-
-def class_name(cls: Any) -> str:
-    """Qualified name of a class given as a type or a string (``"<class 'a.B'>"`` too)."""
-    if isinstance(cls, type):
-        return f"{cls.__module__}.{cls.__qualname__}"
-    text = str(cls)
-    if text.startswith("<class '") and text.endswith("'>"):
-        return text[len("<class '") : -2]
-    return text
-
-
-def _readonly(array: np.ndarray) -> np.ndarray:
-    array.flags.writeable = False
-    return array
 
 
 def _target_text(target: Any) -> str:
@@ -78,185 +62,6 @@ def _target_text(target: Any) -> str:
     module = getattr(target, "__module__", None) or ""
     name = getattr(target, "__qualname__", None) or getattr(target, "__name__", None) or str(target)
     return f"{module}.{name}" if module else name
-
-
-class _StackReader:
-    """Parses ``nn_module_stack`` dicts into interned stacks, once per distinct tuple of keys.
-
-    :meth:`read_all` gives each distinct tuple of keys the id of its stack; equal stacks
-    share one id and one tuple, every call is one :class:`ModuleCall` object, numbered in
-    order of first appearance (outer calls first), and each stack is also known by its call
-    numbers (:attr:`calls`) and its parent stack (:attr:`parents`). The reader is its own
-    stack table (``stacks``, ``calls``, ``parents``, ``lasts``, ``depths``, as
-    :class:`StackInterner`), with the tuples made on demand.
-    """
-
-    def __init__(self) -> None:
-        # the stacks as a tree: per stack its parent stack, last call number and depth; the
-        # tuples (stacks, calls) are made on demand (StackSequence)
-        self.parents: list[int] = [-1, -1]
-        self._lasts: list[int] = [-1, -1]
-        self._depths: list[int] = [0, -1]
-        self._by_pair: dict[int, int] | None = None  # (parent, last call) -> stack id
-        self.empty, self.unknown = 0, 1
-        self._ids: dict[tuple, int] = {(): 1}  # tuple of keys -> stack id
-        self._classes: dict[Any, str] = {}
-        self._calls: dict[tuple[str, str, int], int] = {}  # (path, class, index) -> number
-        self._call_list: list[ModuleCall] = []  # by number (no tuple per call to track)
-        self._paths: dict[str, int] = {}  # distinct call paths, numbered
-        self._path_id: list[int] = []  # per call number
-        self.stacks = StackSequence(self.parents, self._lasts, self._depths, self._call_list)
-        """Per stack id, its tuple of calls (None: unknown), made on first access."""
-        self.calls = StackSequence(self.parents, self._lasts, self._depths)
-        """Per stack id, its tuple of call numbers, made on first access."""
-        self.root_class: str | None = None
-        self.saw_root = False
-        self.legacy = False
-        """Whether some entry had the ``{path: cls}`` form (no call indices)."""
-
-    @property
-    def module_calls(self) -> tuple[ModuleCall, ...]:
-        """Every call, in order of first appearance (outer calls before inner ones)."""
-        return tuple(self._call_list)
-
-    @property
-    def lasts(self) -> list[int]:
-        """Per stack, the number of its last call (-1: empty or unknown)."""
-        return self._lasts
-
-    @property
-    def depths(self) -> list[int]:
-        """Per stack, its number of calls (-1: unknown)."""
-        return self._depths
-
-    def _add(self, parent: int, number: int) -> int:
-        """A new stack: stack ``parent`` plus call ``number``."""
-        if parent == self.unknown:
-            parent = self.empty
-        found = len(self.parents)
-        self.parents.append(parent)
-        self._lasts.append(number)
-        self._depths.append(self._depths[parent] + 1)
-        if self._by_pair is not None:
-            self._by_pair[parent << 32 | number] = found
-        return found
-
-    def _find(self, parent: int, number: int) -> int | None:
-        """The stack ``parent`` plus call ``number``, if there is one."""
-        if parent == self.unknown:
-            parent = self.empty
-        if self._by_pair is None:  # the uncommon case (another spelling of a call): index
-            self._by_pair = {p << 32 | c: k for k, (p, c) in
-                             enumerate(zip(self.parents, self._lasts)) if c >= 0}
-        return self._by_pair.get(parent << 32 | number)
-
-    def call_columns(self) -> CallColumns:
-        """The calls (:attr:`module_calls`) as columns."""
-        paths, classes, index = zip(*self._calls) if self._calls else ((), (), ())
-        names = {name: i for i, name in enumerate(dict.fromkeys(classes))}
-        class_id = np.fromiter(map(names.__getitem__, classes), dtype=np.int64,
-                               count=len(classes))
-        return CallColumns(paths, tuple(names), _readonly(class_id),
-                           _readonly(np.array(index, dtype=np.int64)),
-                           _readonly(np.array(self._path_id, dtype=np.int64)), self._paths)
-
-    def read_all(self, distinct: Mapping[tuple, Mapping]) -> dict[tuple, int]:
-        """The stack id of each tuple of keys (``distinct``: keys -> a meta dict whose
-        ``nn_module_stack`` has these keys), numbered in the order of ``distinct``."""
-        ids = self._ids
-        read = self._read
-        for keys, meta in distinct.items():
-            if keys not in ids:  # else: parsed already, as the parent of another stack
-                read(meta[_STACK], keys)
-        return ids
-
-    def _read(self, raw: Mapping, keys: tuple) -> int:
-        """Parse the stack of ``keys`` from the stack of ``keys[:-1]`` (memoized too).
-
-        Hot: one call per distinct stack. The usual case, a new call in the
-        ``torch.export`` form (``key: (path, cls)``), is written out here; everything else
-        goes through :meth:`_read_entry`."""
-        ids = self._ids
-        parent = ids.get(keys[:-1])  # () is the unknown stack
-        if parent is None:
-            parent = self._read(raw, keys[:-1])
-        last = keys[-1]
-        value = raw[last]
-        if type(value) is not tuple or len(value) != 2 or type(last) is not str:
-            return self._read_entry(raw, keys, parent)
-        path, cls = value
-        try:
-            cls_name = self._classes.get(cls)
-        except TypeError:  # unhashable
-            cls_name = None
-        if type(path) is not str or not path or cls_name is None or last == EMPTY_STACK_KEY:
-            return self._read_entry(raw, keys, parent)
-        at = last.rfind("@")
-        index = int(last[at + 1:]) if at >= 0 and last[at + 1:].isdigit() else 0
-        ident = (path, cls_name, index)
-        known_calls = self._calls
-        if ident in known_calls:  # another spelling of a known call
-            return self._read_entry(raw, keys, parent)
-        number = known_calls[ident] = len(known_calls)
-        self._call_list.append(ModuleCall(path, cls_name, index))
-        self._path_id.append(self._paths.setdefault(path, len(self._paths)))
-        found = ids[keys] = self._add(parent, number)
-        return found
-
-    def _read_entry(self, raw: Mapping, keys: tuple, parent: int) -> int:
-        """The stack of ``keys`` (any form), given the id of the stack of ``keys[:-1]``."""
-        ids = self._ids
-        last = keys[-1]
-        if last == EMPTY_STACK_KEY:
-            ids[keys] = parent
-            return parent
-        call, number, new = self._entry(last, raw[last])
-        if call is None:  # the root entry
-            found = parent if parent != 1 else 0
-        else:
-            # a new call is in no stack yet; a known one (another spelling) may be
-            found = None if new else self._find(parent, number)
-            if found is None:
-                found = self._add(parent, number)
-        ids[keys] = found
-        return found
-
-    def _class(self, cls: Any) -> str:
-        try:
-            name = self._classes.get(cls)
-        except TypeError:  # unhashable
-            return class_name(cls)
-        if name is None:
-            name = self._classes[cls] = class_name(cls)
-        return name
-
-    def _entry(self, key: Any, value: Any) -> tuple[ModuleCall | None, int, bool]:
-        """The call of one entry, its number and whether it is new (None: the root entry)."""
-        if type(value) is tuple and len(value) == 2:
-            path, cls = value
-            if type(path) is not str:
-                path = str(path)
-        else:  # {path: cls}
-            self.legacy = True
-            path, cls = str(key).rpartition("@")[0] or str(key), value
-        if path == "":
-            self.saw_root = True
-            if self.root_class is None:
-                self.root_class = self._class(cls)
-            return None, -1, False
-        if type(key) is not str:
-            key = str(key)
-        at = key.rfind("@")
-        index = int(key[at + 1:]) if at >= 0 and key[at + 1:].isdigit() else 0
-        cls_name = self._class(cls)
-        known = self._calls.get((path, cls_name, index))
-        if known is not None:  # two keys may name one call (another tracer's spelling)
-            return self._call_list[known], known, False
-        call = ModuleCall(path, cls_name, index)
-        number = self._calls[(path, cls_name, index)] = len(self._calls)
-        self._call_list.append(call)
-        self._path_id.append(self._paths.setdefault(path, len(self._paths)))
-        return call, number, True
 
 
 def from_fx_graph(
@@ -287,13 +92,13 @@ def _read(graph: torch.fx.Graph, source: Any, root_class: str | None,
     if stacks:
         position = {node: i for i, node in enumerate(fx_nodes)}
         for node, stack in stacks.items():
-            metas[position[node]] = {**node.meta, _STACK: stack}
+            metas[position[node]] = {**node.meta, STACK: stack}
     is_io = list(map(_IO_OPS.__contains__, ops))
     io = np.fromiter(is_io, dtype=bool, count=size)
 
-    reader = _StackReader()
+    reader = NnModuleStacks()
     # graph inputs and outputs are at the top level whatever their metadata says: not read
-    keys = [tuple(r) if not x and (r := m.get(_STACK)) else None
+    keys = [tuple(r) if not x and (r := m.get(STACK)) else None
             for m, x in zip(metas, is_io)]
     # neighbours mostly share their stack: look keys up once per run of equal ones
     change = np.fromiter(map(ne, islice(keys, 1, None), keys), dtype=bool,
@@ -304,10 +109,10 @@ def _read(graph: torch.fx.Graph, source: Any, root_class: str | None,
     distinct = dict(zip(run_keys, map(metas.__getitem__, starts.tolist())))  # first seen order
     distinct.pop(None, None)
     ids = reader.read_all(distinct)
-    ids[None] = reader.unknown  # type: ignore[index]
+    ids[None] = UNKNOWN  # type: ignore[index]
     stack_id = _repeat_runs(np.fromiter(map(ids.__getitem__, run_keys), dtype=np.int32,
                                         count=len(run_keys)), starts, size)
-    stack_id[io] = reader.empty
+    stack_id[io] = EMPTY
     del run_keys, distinct, ids
 
     targets, target_id = _target_ids(fx_nodes)
@@ -316,52 +121,26 @@ def _read(graph: torch.fx.Graph, source: Any, root_class: str | None,
     start, flat = _edges(fx_nodes)
     del metas
 
-    table: Any = reader
-    if not reader.saw_root and len(table.stacks) > 2:
+    tree = reader.tree
+    if not reader.saw_root and tree.calls:
         # symbolic_trace: a node traced in the root module's forward carries no stack
         root_ops = _ROOT_LEVEL_OPS
         at_root = np.fromiter(map(root_ops.__contains__, ops), dtype=bool, count=size)
-        stack_id = np.where(at_root & (stack_id == reader.unknown), reader.empty,
-                            stack_id).astype(np.int32)
+        stack_id = np.where(at_root & (stack_id == UNKNOWN), EMPTY, stack_id).astype(np.int32)
     if reader.legacy if split_calls is None else split_calls:
-        split = split_runs([None if x else table.stacks[k]
+        split = split_runs([None if x else tree.stacks[k]
                             for x, k in zip(is_io, stack_id.tolist())])
-        calls = distinct_calls(split)
-        table, stack_id = _renumber(calls, split, is_io)
-        call_columns = call_columns_of(calls)
-    else:
-        calls = reader.module_calls
-        call_columns = reader.call_columns()
+        tree = StackTreeBuilder()
+        stack_id = np.array(tree.ids(split), dtype=np.int32)
+        stack_id[io] = EMPTY
+    calls = tuple(tree.calls)
 
-    columns = build_columns(table.stacks, stack_id, targets, target_id, tag_sets.values,
-                            tags_id, io, start, flat, table.calls, table.parents,
-                            stack_last=table.lasts, stack_depth=table.depths,
-                            call_columns=call_columns)
-    nodes = _lazy_nodes(fx_nodes, ops, targets, target_id, table.stacks, stack_id,
+    columns = build_columns(tree, stack_id, targets, target_id, tag_sets.values, tags_id, io,
+                            start, flat)
+    nodes = _lazy_nodes(fx_nodes, ops, targets, target_id, tree.stacks, stack_id,
                         tag_sets.values, tags_id, is_io, flat, start)
     return Graph(nodes, calls, "fx", root_class or reader.root_class, source,
                  columns=columns)
-
-
-def _renumber(calls: tuple[ModuleCall, ...], stacks: list[Stack | None], is_io: list[bool]
-              ) -> tuple[StackInterner, list[int]]:
-    """Intern split stacks (calls numbered as in ``calls``) and give each node its stack id."""
-    number = {id(c): i for i, c in enumerate(calls)}
-    table = StackInterner()
-    empty = table.id((), ())
-    table.id(None, None)
-    out = []
-    for io, stack in zip(is_io, stacks):
-        if io or stack is None:
-            out.append(empty if io else table.get(None))
-            continue
-        ids = tuple(number[id(c)] for c in stack)
-        found = table.get(ids)
-        if found is None:
-            parent = table.get(ids[:-1])
-            found = table.id(ids, stack, -1 if parent is None else parent)
-        out.append(found)
-    return table, out
 
 
 def _target_ids(fx_nodes: list[torch.fx.Node]) -> tuple[list[str], np.ndarray]:
@@ -522,5 +301,5 @@ def from_exported_program(program: torch.export.ExportedProgram) -> Graph:
     return from_fx_graph(program.graph_module.graph, source=program)
 
 
-__all__ = ["EMPTY_TAGS", "class_name", "from_exported_program", "from_fx_graph",
-           "from_graph_module", "gc_paused"]
+__all__ = ["EMPTY_STACK_KEY", "EMPTY_TAGS", "class_name", "from_exported_program",
+           "from_fx_graph", "from_graph_module", "gc_paused"]

@@ -54,11 +54,11 @@ from attrs import field, frozen
 from rewrite._gc import gc_paused
 from rewrite._onnx_ir import graph_kinds, subgraph_captures
 from rewrite.errors import InputError, first_line
-from rewrite.frontends.calls import distinct_calls, split_runs
+from rewrite.frontends.calls import split_runs
 from rewrite.ir import Graph, ModuleCall, Node, Stack
-from rewrite.ir.columns import (Columns, Interner, StackInterner, TagSets, build_columns,
-                                call_columns_of)
+from rewrite.ir.columns import Columns, Interner, TagSets, build_columns
 from rewrite.ir.nodes import LazyNodes
+from rewrite.ir.stacks import EMPTY, StackTreeBuilder
 
 if TYPE_CHECKING:
     import onnx_ir as ir
@@ -240,11 +240,8 @@ def _read(model: "ir.Model", resolve: Resolver | None, root_class: str | None) -
         stacks = [f.stack for f in facts]
         target_ids = [targets.id(f.target) for f in facts]
         tag_ids = [tag_sets.id(f.tags) for f in facts]
-    calls = distinct_calls(stacks)
-    table = StackInterner()
-    empty = table.id((), ())
-    table.id(None, None)
-    stack_ids = _stack_ids(stacks, calls, table)
+    tree = StackTreeBuilder()
+    stack_ids = tree.ids(stacks)
 
     index_of: dict["ir.Value", int] = dict(zip(io_values, range(first)))
     start, flat = _edges(onnx_nodes, index_of, first)
@@ -254,41 +251,13 @@ def _read(model: "ir.Model", resolve: Resolver | None, root_class: str | None) -
 
     io = [True] * first + [False] * count + [True]
     columns = build_columns(
-        table.stacks, [empty] * first + stack_ids + [empty], targets.values,
+        tree, [EMPTY] * first + stack_ids + [EMPTY], targets.values,
         [_INPUT] * len(inputs) + [_INITIALIZER] * (first - len(inputs)) + target_ids + [_OUTPUT],
-        tag_sets.values, [0] * first + tag_ids + [0], io, start, flat, table.calls,
-        table.parents, stack_last=table.lasts, stack_depth=table.depths,
-        call_columns=call_columns_of(calls),
+        tag_sets.values, [0] * first + tag_ids + [0], io, start, flat,
     )
     layout = _Layout(io_values, len(inputs), onnx_nodes, columns, flat)
-    return Graph(LazyNodes(first + count + 1, layout.node), calls, "onnx", root_class, model,
-                 columns=columns)
-
-
-def _stack_ids(stacks: list[Stack | None], calls: tuple[ModuleCall, ...],
-               table: StackInterner) -> list[int]:
-    """Per node, the id of its stack in ``table`` (calls numbered as in ``calls``); the work
-    is per change of stack object (consecutive nodes share one)."""
-    number = {call: i for i, call in enumerate(calls)}
-
-    def intern(stack: Stack | None) -> int:
-        if stack is None:
-            return table.get(None)  # type: ignore[return-value]
-        ids = tuple([number[call] for call in stack])
-        found = table.get(ids)
-        if found is None:
-            parent = intern(stack[:-1]) if len(stack) > 1 else table.get(())
-            found = table.id(ids, stack, parent)  # type: ignore[arg-type]
-        return found
-
-    out: list[int] = []
-    last: object = _UNSEEN
-    last_id = -1
-    for stack in stacks:
-        if stack is not last:
-            last, last_id = stack, intern(stack)
-        out.append(last_id)
-    return out
+    return Graph(LazyNodes(first + count + 1, layout.node), tuple(tree.calls), "onnx",
+                 root_class, model, columns=columns)
 
 
 def _edges(onnx_nodes: list["ir.Node"], index_of: dict["ir.Value", int],

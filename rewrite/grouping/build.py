@@ -46,7 +46,6 @@ def _group(rules: RuleSet, graph: Graph) -> GroupTree:
     columns = graph.columns
     table = StackTable(columns, graph.calls)
     placement = place_nodes(columns, table)
-    table.tree()  # placement may have added stacks; from here on the table is fixed
     sid = placement.stack
     hits: Counter = Counter()
     tag_table = TagSets(columns.tag_sets)  # grows as tag rules add tags

@@ -26,6 +26,7 @@ from attrs import frozen
 
 from rewrite.grouping.stacks import StackTable
 from rewrite.ir import Columns
+from rewrite.ir.stacks import EMPTY
 
 _UNPLACED = -1
 
@@ -43,9 +44,9 @@ class Placement:
 
 def place_nodes(columns: Columns, table: StackTable) -> Placement:
     """Place the nodes whose stack is unknown (see the module docstring)."""
-    sid = table.canon[columns.stack_id]
-    sid[columns.is_io] = table.empty
-    is_unknown = table.is_unknown()[sid]
+    sid = columns.stack_id.astype(np.int64)
+    sid[columns.is_io] = EMPTY
+    is_unknown = table.depth[sid] < 0
     enclosed = enclosed_at_root(columns, table, sid)
     if enclosed.size:
         is_unknown[enclosed] = True
@@ -92,11 +93,11 @@ def enclosed_at_root(columns: Columns, table: StackTable, sid: np.ndarray) -> np
     strict export recorded at the root). Placed like nodes without a stack, they go into that
     call; left at the top level, data would leave the call and come back."""
     is_io = columns.is_io
-    root = (sid == table.empty) & ~is_io
+    root = (sid == EMPTY) & ~is_io
     roots = np.flatnonzero(root)
     if roots.size == 0:
         return roots
-    deep = table.depths()[sid] >= 1
+    deep = table.depth[sid] >= 1
     start, inputs = columns.input_start, columns.input_index
     # seeds: top-level nodes with a producer inside a call (from the CSR inputs of the
     # top-level nodes alone: the edge list is only made when there is a seed)
@@ -179,7 +180,6 @@ def _place_rest(columns: Columns, table: StackTable, sid: np.ndarray, unknown: n
         placed[i] = _UNPLACED
     anchors = anchor.tolist()
     is_io = columns.is_io
-    empty = table.empty
     for k, node in zip(reversed(rest.tolist()), reversed(nodes)):
         found = _UNPLACED
         users = user_of[low[k]:high[k]].tolist()
@@ -190,7 +190,7 @@ def _place_rest(columns: Columns, table: StackTable, sid: np.ndarray, unknown: n
             if s == _UNPLACED:
                 continue
             if is_io[u]:
-                found = empty
+                found = EMPTY
                 continue
             inside.add(s)
             found = s if found == _UNPLACED else table.common_prefix(found, s)
@@ -208,8 +208,8 @@ def _place_rest(columns: Columns, table: StackTable, sid: np.ndarray, unknown: n
             continue
         found = _UNPLACED  # dead code: go with the producers
         for p in inputs[start[i]:start[i + 1]].tolist():
-            s = placed[p] if placed[p] != _UNPLACED else empty
+            s = placed[p] if placed[p] != _UNPLACED else EMPTY
             found = s if found == _UNPLACED else table.common_prefix(found, s)
-        placed[i] = empty if found == _UNPLACED else found
+        placed[i] = EMPTY if found == _UNPLACED else found
     sid[unknown[rest]] = [placed[i] for i in nodes]
     anchor[unknown[rest]] = [anchors[i] for i in nodes]

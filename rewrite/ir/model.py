@@ -100,7 +100,7 @@ class Graph:
         """Per-node ids and edges as arrays (see :mod:`rewrite.ir.columns`); built on demand
         when the frontend did not supply them."""
         if self._columns is None:
-            object.__setattr__(self, "_columns", columns_of(self.nodes))
+            object.__setattr__(self, "_columns", columns_of(self.nodes, self.calls))
         return self._columns  # type: ignore[return-value]
 
     def users(self) -> list[list[int]]:
