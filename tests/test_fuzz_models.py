@@ -42,12 +42,14 @@ def _first_case(base, mutate, wanted: str, tmp_path):
      "'<' not supported between instances of 'str' and 'bytes'"),
     ("a name_scopes value", b"['', 'h.0", b"['', '\xf5.0",
      "'utf-8' codec can't decode byte 0xf5 in position 6: invalid start byte"),
+    ("the graph signature", b"target='", b"t\xf5rget='",
+     "'utf-8' codec can't decode byte 0xf5 in position 35: invalid start byte"),
 ])
 def test_text_that_is_not_utf8_in_an_onnx_file_is_an_input_error(bases, tmp_path, where,
                                                                  before, after, reason):
     """Found by fuzzing: flipped bits in metadata; the checker passes them, onnx_ir reads the
-    text as bytes: the frontend's parsing (a name_scopes value) and writing the output (a
-    metadata key) failed with exit 3."""
+    text as bytes: the frontend's parsing (a name_scopes value), reading the weights' names
+    from the graph signature and writing the output (a metadata key) failed with exit 3."""
     data = bases["shared" if where == "a metadata key" else "gpt2"].path.read_bytes()
     assert before in data
     path = tmp_path / "bad_text.onnx"

@@ -45,7 +45,10 @@ _LIST_ATTRS = (ir.AttributeType.FLOATS, ir.AttributeType.INTS, ir.AttributeType.
 
 def weight_names(model: ir.Model) -> set[str]:
     """Names of the torch program's parameters, buffers and lifted constants."""
-    names = set(_TARGET.findall(model.graph.metadata_props.get(SIGNATURE_KEY, "")))
+    signature = model.graph.metadata_props.get(SIGNATURE_KEY, "")
+    # bytes when the file's text is not UTF-8 (a corrupt file): no names from it here; writing
+    # the model refuses it (``frontends.onnx_check.unwritable_input``)
+    names = set(_TARGET.findall(signature)) if isinstance(signature, str) else set()
     for name, value in model.graph.initializers.items():
         if any(mark in value.metadata_props for mark in WEIGHT_MARKS):
             names.add(name)
