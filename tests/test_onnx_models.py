@@ -10,7 +10,9 @@ from __future__ import annotations
 import re
 
 import onnx_ir as ir
+import torch
 
+import rewrite
 from rewrite.backends.onnx import OnnxOptions
 from rewrite.backends.onnx.naming import GROUP_KEY, NAMESPACE_KEY, RULE_KEY
 from tests.onnx_fixtures import (  # noqa: F401  (fixtures)
@@ -155,12 +157,12 @@ def test_shared_module_called_twice_is_two_calls_of_one_function(shared_lowered)
     model = lowering.model
     calls = {n.name: n for n in model.graph if n.domain.startswith("pkg.")}
     # shared (twice) and layers.0-2 are the same Sub: one function, five calls
-    assert top_calls(model)["Sub"] == 5
+    assert top_calls(model)["Sub_1"] == 5  # "Sub" is an ONNX operator's name: never a function's
     assert {"shared", "shared@1", "layers.0", "layers.1", "layers.2"} <= set(calls)
-    assert calls["shared"].op_type == calls["shared@1"].op_type == "Sub"
+    assert calls["shared"].op_type == calls["shared@1"].op_type == "Sub_1"
     # the second call reads the first call's output
     assert calls["shared@1"].inputs[0] is calls["shared"].outputs[0]
-    assert callees(model, "Sub") == {"Linear": 1}
+    assert callees(model, "Sub_1") == {"Linear": 1}
     # a Linear of another shape is another function
     assert callees(model, "SplitHeads") == {"Linear_1": 1}
 
@@ -190,3 +192,33 @@ def test_to_onnx_returns_a_fresh_model_each_time(shared_program):
     first, second = result.to_onnx(), result.to_onnx()
     assert isinstance(first, ir.Model) and first is not second
     assert ir.to_proto(first).SerializeToString() == ir.to_proto(second).SerializeToString()
+
+
+# --- function names that are ONNX operators' ---------------------------------------------------
+
+
+class Add(torch.nn.Module):
+    """A module class named like an ONNX operator, whose function has one input."""
+
+    def forward(self, x):
+        return x + 1.0
+
+
+class Mul(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.add = Add()
+
+    def forward(self, x):
+        return self.add(x) * 2.0
+
+
+def test_a_class_named_like_an_operator_runs_in_onnxruntime():
+    """onnxruntime takes a function named like an ONNX operator for it, whatever its domain, and
+    crashes on a one-input ``Add`` or ``Mul``: such functions are named ``Add_1``, ``Mul_1``."""
+    model = Mul()
+    triple = (model, (torch.randn(2, 3),), {})
+    lowered = rewrite.apply("modularize", torch.export.export(model, triple[1])).to_onnx()
+    assert sorted(f.name for f in lowered.functions.values()) == ["Add_1"]
+    checked_proto(lowered)
+    assert_matches_eager(lowered, triple)

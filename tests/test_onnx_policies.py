@@ -158,7 +158,7 @@ def test_calls_apart_are_separate_calls_in_an_onnx_file(tmp_path):
     model = result.to_onnx()
     checked_proto(model)
     assert_matches_eager(model, triple)
-    assert top_calls(model) == {"Sub": 3}
+    assert top_calls(model) == {"Sub_1": 3}  # Sub: an ONNX operator's name
 
 
 def test_back_to_back_calls_merge_in_an_onnx_file(shared_program, shared_model, tmp_path):

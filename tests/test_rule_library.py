@@ -40,7 +40,7 @@ def test_llama_rules(llama_program):
     result = rewrite.apply("llama", llama_program)
     assert tree_shape(result) == [
         ("embed_tokens", "Embedding", "TokenEmbedding", ()),
-        ("rotary_emb", "LlamaRotaryEmbedding", "RotaryEmbedding", ()),
+        ("rotary_emb", "LlamaRotaryEmbedding", "LlamaRotaryEmbedding", ()),
         llama_layer(0),
         llama_layer(1),
         ("norm", "LlamaRMSNorm", "LlamaRMSNorm", ()),

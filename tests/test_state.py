@@ -176,7 +176,7 @@ def test_static_cache_decoder_onnx(static_cache_llama):
     checked_proto(onnx_model)
     names = function_names(onnx_model)
     assert names["LlamaDecoderLayer"] == 1 and names["LlamaAttention"] == 1, names
-    assert names["RotaryEmbedding"] == 1, names  # its no-grad region keeps its module
+    assert names["LlamaRotaryEmbedding"] == 1, names  # its no-grad region keeps its module
     np.testing.assert_allclose(run_onnx(onnx_model, (ids, pos))[0],
                                run_onnx(flat, (ids, pos))[0], atol=1e-5)
     with pytest.raises(rewrite.InputError, match="torch.onnx.export cannot convert"):

@@ -28,7 +28,7 @@ from typing import Mapping
 import onnx_ir as ir
 from attrs import frozen
 
-from rewrite.backends.onnx.naming import FunctionNames
+from rewrite.backends.onnx.naming import FunctionNames, function_name
 from rewrite.backends.onnx.structure import Key, Keyer, Refs
 
 Identifier = tuple[str, str, str]
@@ -174,7 +174,7 @@ def _renumber(model: ir.Model, identity: Mapping[Identifier, tuple[str, str]]
     renamed: dict[Identifier, Identifier] = {}
     for (domain, base), fids in made.items():
         for k, fid in enumerate(fids):
-            name = base if k == 0 else f"{base}_{k}"
+            name = function_name(base, k)
             if fid[1] == name or (domain, name) in taken:
                 continue
             taken.discard((domain, fid[1]))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import itertools
 from typing import Iterable
 
 import onnx_ir as ir
@@ -16,21 +18,44 @@ RESERVED_DOMAINS = ("", "ai.onnx", "ai.onnx.ml", "ai.onnx.training", "ai.onnx.pr
 
 
 class FunctionNames:
-    """Hands out ``Name``, ``Name_1``, ``Name_2``... per domain, never reusing a taken one."""
+    """Hands out ``Name``, ``Name_1``, ``Name_2``... per domain, never reusing a taken one;
+    with ``functions=True`` never a standard ONNX operator's name either (see
+    :func:`is_onnx_operator`)."""
 
-    def __init__(self, taken: Iterable[tuple[str, str]] = ()) -> None:
+    def __init__(self, taken: Iterable[tuple[str, str]] = (), *, functions: bool = False) -> None:
         self._taken = set(taken)
         self._next: dict[tuple[str, str], int] = {}
+        self._functions = functions
 
     def new(self, domain: str, base: str) -> str:
         name = base
         n = self._next.get((domain, base), 0)
-        while (domain, name) in self._taken:
+        if n:
+            name = f"{base}_{n}"
+        while (domain, name) in self._taken or (self._functions and is_onnx_operator(name)):
             n += 1
             name = f"{base}_{n}"
         self._next[(domain, base)] = n
         self._taken.add((domain, name))
         return name
+
+
+def function_name(base: str, k: int) -> str:
+    """The ``k``-th name of functions named from ``base``: ``base``, ``base_1``... skipping
+    standard ONNX operators' names (``Sub`` -> ``Sub_1``, ``Sub_2``...)."""
+    names = (base if i == 0 else f"{base}_{i}" for i in itertools.count())
+    return next(itertools.islice((n for n in names if not is_onnx_operator(n)), k, None))
+
+
+@functools.lru_cache(maxsize=None)
+def is_onnx_operator(name: str) -> bool:
+    """Whether ``name`` is a standard ONNX operator's. A function is never named so:
+    onnxruntime takes such a function for the operator, whatever its domain (1.32 crashes
+    creating a session for a one-input function named ``Sub``, ``Add``, ``Mul`` or ``Div``,
+    even with its graph optimizations off)."""
+    import onnx.defs
+
+    return onnx.defs.has(name)
 
 
 def check_identity(group: Group) -> None:

@@ -81,7 +81,8 @@ class _Outliner:
         self.keyer = Keyer()
         hoist_constants(self.members, options, self.keyer)
         self.constants = ConstantPolicy(options, self.keyer, weights)
-        self.names = naming.FunctionNames((f.domain, f.name) for f in model.functions.values())
+        self.names = naming.FunctionNames(((f.domain, f.name) for f in model.functions.values()),
+                                           functions=True)
         self.registry: dict[Key, ir.Function] = {}
         self.repeats = Repeats(self.keyer)
         self.holders = set(self.owner.values())
