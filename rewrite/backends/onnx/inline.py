@@ -40,7 +40,10 @@ def linear_unique_names() -> Iterator[bool]:
     memo: dict[int, tuple[set[str], dict[str, int]]] = {}
 
     def make_unique_name(name: str, callstack: object, used_names: set[str]) -> str:
-        _, next_of = memo.setdefault(id(used_names), (used_names, {}))
+        entry = memo.get(id(used_names))
+        if entry is None:
+            entry = memo[id(used_names)] = (used_names, {})
+        next_of = entry[1]
         i = next_of.get(name, 1)
         candidate = name if i == 1 else f"{name}_{i}"
         while candidate in used_names:

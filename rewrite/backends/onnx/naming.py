@@ -30,8 +30,6 @@ class FunctionNames:
     def new(self, domain: str, base: str) -> str:
         name = base
         n = self._next.get((domain, base), 0)
-        if n:
-            name = f"{base}_{n}"
         while (domain, name) in self._taken or (self._functions and is_onnx_operator(name)):
             n += 1
             name = f"{base}_{n}"
