@@ -24,7 +24,8 @@ EMPTY_TAGS: Mapping[str, str] = MappingProxyType({})
 """The tag set of an untagged node (shared, read-only)."""
 
 
-def _array(values: Sequence[int] | np.ndarray, dtype=np.int32) -> np.ndarray:
+def frozen_array(values: Sequence[int] | np.ndarray, dtype=np.int32) -> np.ndarray:
+    """``values`` as a read-only numpy array (the columns are shared, never written)."""
     array = np.asarray(values, dtype=dtype)
     array.flags.writeable = False
     return array
@@ -192,11 +193,13 @@ def build_columns(
 ) -> Columns:
     """Freeze what a frontend collected (the stacks and calls in ``tree``) into
     :class:`Columns`."""
+    wide = np.int64
     columns = Columns(
-        tree.stacks, _array(stack_id), tuple(targets), _array(target_id), tuple(tag_sets),
-        _array(tags_id), _array(is_io, bool), _array(input_start, np.int64),
-        _array(input_index, np.int64), tree.stack_calls, _array(tree.parent, np.int64),
-        _array(tree.last, np.int64), _array(tree.depth, np.int64), tree.call_columns(),
+        tree.stacks, frozen_array(stack_id), tuple(targets), frozen_array(target_id),
+        tuple(tag_sets), frozen_array(tags_id), frozen_array(is_io, bool),
+        frozen_array(input_start, wide), frozen_array(input_index, wide), tree.stack_calls,
+        frozen_array(tree.parent, wide), frozen_array(tree.last, wide),
+        frozen_array(tree.depth, wide), tree.call_columns(),
     )
     columns.edges()  # part of the IR: every whole-graph pass reads them
     return columns

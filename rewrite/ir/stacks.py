@@ -20,7 +20,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from rewrite.ir.columns import CallColumns, _array
+from rewrite.ir.columns import CallColumns, frozen_array
 from rewrite.ir.model import ModuleCall, Stack
 
 EMPTY = 0
@@ -197,5 +197,6 @@ class StackTreeBuilder:
     def call_columns(self) -> CallColumns:
         """The calls as columns."""
         return CallColumns(tuple(self._paths), tuple(self._class_ids),
-                           _array(self._class_id, np.int64), _array(self._index, np.int64),
-                           _array(self._path_id, np.int64), self._path_ids)
+                           frozen_array(self._class_id, np.int64),
+                           frozen_array(self._index, np.int64),
+                           frozen_array(self._path_id, np.int64), self._path_ids)
