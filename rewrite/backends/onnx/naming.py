@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 import itertools
-from typing import Iterable
+from typing import Iterable, Iterator
 
 import onnx_ir as ir
 
@@ -28,21 +28,27 @@ class FunctionNames:
         self._functions = functions
 
     def new(self, domain: str, base: str) -> str:
-        name = base
-        n = self._next.get((domain, base), 0)
-        while (domain, name) in self._taken or (self._functions and is_onnx_operator(name)):
-            n += 1
-            name = f"{base}_{n}"
+        start = self._next.get((domain, base), 0)
+        for n, name in numbered(base, start):
+            if (domain, name) not in self._taken \
+                    and not (self._functions and is_onnx_operator(name)):
+                break
         self._next[(domain, base)] = n
         self._taken.add((domain, name))
         return name
 
 
+def numbered(base: str, start: int = 0) -> Iterator[tuple[int, str]]:
+    """``(n, name)`` for ``n`` from ``start``: ``base``, ``base_1``, ``base_2``..."""
+    for n in itertools.count(start):
+        yield n, base if n == 0 else f"{base}_{n}"
+
+
 def function_name(base: str, k: int) -> str:
     """The ``k``-th name of functions named from ``base``: ``base``, ``base_1``... skipping
     standard ONNX operators' names (``Sub`` -> ``Sub_1``, ``Sub_2``...)."""
-    names = (base if i == 0 else f"{base}_{i}" for i in itertools.count())
-    return next(itertools.islice((n for n in names if not is_onnx_operator(n)), k, None))
+    names = (name for _, name in numbered(base) if not is_onnx_operator(name))
+    return next(itertools.islice(names, k, None))
 
 
 @functools.lru_cache(maxsize=None)
