@@ -33,6 +33,8 @@ from typing import Any, Iterator
 
 import torch
 
+from rewrite._swap import swapped
+
 CHECKED_WITH = ("2.13.0",)
 """torch versions these private APIs were checked against."""
 
@@ -110,11 +112,5 @@ def memoized_pt2_type_hints() -> Iterator[None]:
     except ImportError:  # pragma: no cover - not in the checked versions
         yield
         return
-    if getattr(serialize, "typing", None) is not typing:  # pragma: no cover - changed
+    with swapped(serialize, "typing", _TypingWithCachedHints(), expected=typing):
         yield
-        return
-    serialize.typing = _TypingWithCachedHints()  # type: ignore[assignment]
-    try:
-        yield
-    finally:
-        serialize.typing = typing

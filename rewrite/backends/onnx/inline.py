@@ -22,6 +22,8 @@ from typing import Iterator
 import onnx_ir as ir
 from onnx_ir.passes.common import InlinePass
 
+from rewrite._swap import swapped
+
 try:  # the private module whose name search is replaced (see the module docstring)
     from onnx_ir.passes.common import inliner as _inliner
 except ImportError:  # pragma: no cover - a future onnx_ir
@@ -32,10 +34,6 @@ except ImportError:  # pragma: no cover - a future onnx_ir
 def linear_unique_names() -> Iterator[bool]:
     """Within the block, onnx_ir's inliner finds unique names in linear time; yields whether
     it does (False: onnx_ir changed, the pass runs as it is)."""
-    original = getattr(_inliner, "_make_unique_name", None)
-    if original is None:
-        yield False
-        return
     # per set of used names (kept alive here, so its id is not reused): the next suffix
     memo: dict[int, tuple[set[str], dict[str, int]]] = {}
 
@@ -53,11 +51,8 @@ def linear_unique_names() -> Iterator[bool]:
         used_names.add(candidate)
         return candidate
 
-    _inliner._make_unique_name = make_unique_name
-    try:
-        yield True
-    finally:
-        _inliner._make_unique_name = original
+    with swapped(_inliner, "_make_unique_name", make_unique_name) as done:
+        yield done
 
 
 def inline_functions(model: ir.Model) -> None:
