@@ -15,6 +15,7 @@ from tests.onnx_fixtures import (  # noqa: F401  (fixtures)
     assert_matches_eager,
     checked_proto,
     function_names,
+    GPT2_RULES,
     gpt2_lowered,
     top_calls,
 )
@@ -133,3 +134,53 @@ def test_an_optimizer_failure_names_the_function_and_the_way_around(gpt2_lowered
     with pytest.raises(InputError, match=r"optimizer failed on function pkg\.[a-z]+::\w+: "
                        r"folding exploded; lower without it \(rewrite apply --no-optimize"):
         lower(gpt2_lowered[0])
+
+
+# --- unnamed body nodes (OnnxOptions.body_node_names) -----------------------------------------
+
+
+def _ort_node_names(model: ir.Model, tmp_path) -> list[str]:
+    """The node names of the graph onnxruntime runs (its functions inlined, no optimizing)."""
+    import onnx
+    import onnxruntime as ort
+
+    source, dumped = tmp_path / "model.onnx", tmp_path / "ort.onnx"
+    ir.save(model, str(source))
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    options.optimized_model_filepath = str(dumped)
+    ort.InferenceSession(str(source), options, providers=["CPUExecutionProvider"])
+    return [node.name for node in onnx.load(str(dumped)).graph.node]
+
+
+def test_body_nodes_unnamed_on_request(gpt2_lowered, gpt2_model, tmp_path):
+    result, named = gpt2_lowered
+    model = lower(result, OnnxOptions(body_node_names=False)).model
+    checked_proto(model)
+    assert_matches_eager(model, gpt2_model)
+    assert _sizes(model) == _sizes(named.model)  # the same functions, only unnamed
+    assert all(not node.name for f in model.functions.values()
+               for node in ir.traversal.RecursiveGraphIterator(f))
+    assert all(node.name for node in model.graph)  # the main graph keeps its names
+    # what it is for: onnxruntime names the nodes it inlines from named bodies
+    # _inlfunc_<function>_<node>, and leaves those of unnamed bodies unnamed
+    assert any(n.startswith("_inlfunc_") for n in _ort_node_names(named.model, tmp_path))
+    assert not any(n.startswith("_inlfunc_") for n in _ort_node_names(model, tmp_path))
+
+
+def test_body_nodes_unnamed_on_the_command_line(run_cli, gpt2_lowered, tmp_path):
+    import torch
+
+    result, _ = gpt2_lowered
+    pt2 = tmp_path / "gpt2.pt2"
+    torch.export.save(result.tree.graph.source, str(pt2))
+    rules = GPT2_RULES
+    outputs = {}
+    for flags in ((), ("--no-body-node-names",)):
+        out = tmp_path / f"out{len(flags)}.onnx"
+        r = run_cli("apply", rules, pt2, "-o", out, *flags)
+        assert r.code == 0, r.err
+        outputs[flags] = ir.load(str(out))
+    named, unnamed = outputs.values()
+    assert all(node.name for f in named.functions.values() for node in f)
+    assert not any(node.name for f in unnamed.functions.values() for node in f)

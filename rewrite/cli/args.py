@@ -96,6 +96,9 @@ def build_parser() -> argparse.ArgumentParser:
                       "differing scalars as attributes (input)")
     onnx.add_argument("--no-optimize", dest="optimize", action="store_false",
                       help="leave the functions as torch.onnx translated them (no optimizer)")
+    onnx.add_argument("--no-body-node-names", dest="body_node_names", action="store_false",
+                      help="leave the nodes inside functions unnamed (onnxruntime runs the "
+                      "model ~2%% faster: it copies long node names on every run)")
     _imports(apply)
 
     suggest = sub.add_parser(

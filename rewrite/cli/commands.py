@@ -138,7 +138,8 @@ def cmd_apply(args: argparse.Namespace, io: Consoles) -> int:
 
         try:
             lowering = save_onnx(result, output, progress=Steps.backend(io),
-                                 constants=args.constants, optimize=args.optimize)
+                                 constants=args.constants, optimize=args.optimize,
+                                 body_node_names=args.body_node_names)
         except SerdeError as e:
             raise unwritable_input(args.model, e) or e
         if io.verbose:  # what each group became, on stderr (stdout stays empty)

@@ -23,6 +23,7 @@ from rewrite._gc import gc_paused
 from rewrite.backends.onnx.clone import copy_model
 from rewrite.backends.onnx.export import export_program, quiet_exporter
 from rewrite.backends.onnx.merge import merge_functions
+from rewrite.backends.onnx.naming import drop_node_names
 from rewrite.backends.onnx.opsets import fix_opsets
 from rewrite.backends.onnx.optimize import optimize
 from rewrite.backends.onnx.options import OnnxOptions
@@ -141,8 +142,8 @@ def _lower_program(result: "Result", program: torch.export.ExportedProgram,
 
 def finish(model: ir.Model, tree: GroupTree, outlined: Outlined, options: OnnxOptions,
            optimized: bool) -> Outlined:
-    """Optimize the outlined ``model`` if asked, then merge functions (:mod:`merge`);
-    ``outlined`` with merged functions replaced."""
+    """Optimize the outlined ``model`` if asked, then merge functions (:mod:`merge`) and
+    unname their nodes if asked; ``outlined`` with merged functions replaced."""
     records = tree.records
     identity = {fid: (records[k].domain, records[k].function_name)  # type: ignore[union-attr]
                 for k, fid in outlined.by_group.items() if fid is not None}
@@ -154,6 +155,8 @@ def finish(model: ir.Model, tree: GroupTree, outlined: Outlined, options: OnnxOp
         functions = tuple(dict.fromkeys(merged.get(fid, fid) for fid in outlined.functions))
         fix_opsets(model, [model.functions[fid] for fid in functions], exported_opsets)
         _initializers_in_first_use_order(model.graph)
+        if not options.body_node_names:
+            drop_node_names(model.functions[fid] for fid in functions)
     if not merged:
         return outlined
     by_group = {k: merged.get(fid, fid) if fid is not None else None

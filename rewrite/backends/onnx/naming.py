@@ -111,3 +111,11 @@ def call_metadata(chain: list[Group], root_class: str | None) -> dict[str, str]:
     if group.origin:
         props[RULE_KEY] = group.origin
     return props
+
+
+def drop_node_names(functions: Iterable[ir.Function]) -> None:
+    """Unname every node of ``functions``, in their subgraphs too
+    (``OnnxOptions.body_node_names=False``)."""
+    for function in functions:
+        for node in ir.traversal.RecursiveGraphIterator(function):
+            node.name = None

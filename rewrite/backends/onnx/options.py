@@ -57,6 +57,12 @@ class OnnxOptions:
     decomposes and translates each distinct repeated body once (an error when the program
     cannot take that path), ``"flat"`` runs ``torch.onnx.export`` on the whole flat program,
     ``"auto"`` (default) tries per-body and falls back to flat with one warning naming why."""
+    body_node_names: bool = True
+    """``False``: the nodes inside the functions rewrite makes have no names (the main graph's
+    keep theirs). onnxruntime names every node it inlines from a function
+    ``_inlfunc_<function>_<node>``, and 1.32 pays on every run for each node name longer than
+    15 characters (about 2% of the 48-block GPT-2's latency, see bench/RESULTS.md); nodes of
+    unnamed bodies stay unnamed there. Their ``namespace`` / ``name_scopes`` metadata stays."""
     external_data_threshold: int = field(default=EXTERNAL_DATA_THRESHOLD,
                                          validator=validators.ge(0))
     """``save_onnx`` writes weights to ``OUT.onnx.data`` when they exceed this many bytes."""
