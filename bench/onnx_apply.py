@@ -23,7 +23,9 @@
    a control copy of flat once in a shuffled order; the ratio is the median of the rounds'
    ratios; the outputs must agree. Target: grouped <= 1.02x flat. Also the graphs onnxruntime
    actually runs (it inlines functions before optimizing): node counts, and whether they are
-   identical up to value names.
+   identical up to value names. The same for the model ``rewrite apply --no-body-node-names``
+   writes (function bodies' nodes unnamed: onnxruntime then leaves the nodes it inlines
+   unnamed instead of naming them ``_inlfunc_<function>_<node>``).
 4. Nodes per function now vs before lowering step 1 (the flat program exported with the
    optimizer, then outlined; see ``sizes_before``).
 
@@ -98,10 +100,10 @@ def _process(cmd: list[str]) -> tuple[float, float]:
     return elapsed
 
 
-def time_apply(pt2: Path, out: Path) -> tuple[float, float]:
+def time_apply(pt2: Path, out: Path, *flags: str) -> tuple[float, float]:
     """(wall, CPU) seconds of the process ``rewrite apply rules/gpt2.rules X.pt2 -o Y.onnx``."""
     return _process([sys.executable, "-m", "rewrite", "-q", "apply", str(RULES), str(pt2),
-                     "-o", str(out)])
+                     "-o", str(out), *flags])
 
 
 def time_plain(pt2: Path, out: Path) -> tuple[float, float]:
@@ -189,10 +191,11 @@ def time_in_memory(program, rules, api_first: bool) -> tuple[float, float]:
     return api(), second
 
 
-def ort_latency(grouped: Path, flat: Path, ids: np.ndarray, runs: int) -> dict:
-    """Latency of grouped vs flat with a flat-vs-flat control (``bench.ort_latency``), and the
-    graphs onnxruntime runs after inlining functions and optimizing: node counts, and whether
-    they are the same up to value names."""
+def ort_latency(grouped: Path, unnamed: Path, flat: Path, ids: np.ndarray, runs: int) -> dict:
+    """Latency of grouped vs flat with a flat-vs-flat control (``bench.ort_latency``), the
+    same for grouped with unnamed body nodes (``--no-body-node-names``), and the graphs
+    onnxruntime runs after inlining functions and optimizing: node counts, and whether they
+    are the same up to value names."""
     import onnx
 
     from bench.ort_latency import compare, dump_optimized, name_length_cost
@@ -201,6 +204,7 @@ def ort_latency(grouped: Path, flat: Path, ids: np.ndarray, runs: int) -> dict:
     latency = compare(grouped, flat, {"input_ids": ids}, runs=runs)
     return {
         "latency": latency,
+        "unnamed": compare(unnamed, flat, {"input_ids": ids}, runs=runs),
         "names": name_length_cost(dumps[flat], {"input_ids": ids}, runs=runs),
         "nodes": tuple(len(onnx.load(str(dumps[p])).graph.node) for p in (grouped, flat)),
         "same": canonical_graph(dumps[grouped]) == canonical_graph(dumps[flat]),
@@ -266,8 +270,11 @@ def main(argv: list[str] | None = None) -> int:
     assert len(blocks) == 1 and blocks[0].instances == args.blocks, "blocks were not deduplicated"
     nodes_flat = len(ir.load(str(flat_path)).graph)
 
+    unnamed_path = OUT / f"gpt2-{args.blocks}.grouped-unnamed.onnx"
+    with console.status("rewrite apply --no-body-node-names"):
+        time_apply(pt2, unnamed_path, "--no-body-node-names")
     with console.status(f"onnxruntime: {args.ort_runs} runs per model"):
-        latency = ort_latency(grouped_path, flat_path, ids, args.ort_runs)
+        latency = ort_latency(grouped_path, unnamed_path, flat_path, ids, args.ort_runs)
     lat = latency["latency"]
     ort_grouped, ort_flat = latency["nodes"]
     same = latency["same"]
@@ -302,6 +309,11 @@ def main(argv: list[str] | None = None) -> int:
                   "", "", f"{lat.control:.3f}x", "")
     table.add_row(f"  per session set (layout spread, sd {lat.spread:.3f})", "", "",
                   " ".join(f"{r:.3f}" for r in lat.set_ratios), "")
+    unnamed = latency["unnamed"]
+    table.add_row("  with --no-body-node-names (function bodies' nodes unnamed) vs flat",
+                  f"{unnamed.candidate * 1e3:.3f}", f"{unnamed.baseline * 1e3:.3f}",
+                  f"{unnamed.ratio:.3f}x", verdict(unnamed.ratio, 1.02))
+    table.add_row("    its control", "", "", f"{unnamed.control:.3f}x", "")
     names = latency["names"]
     table.add_row("  why: flat graph as onnxruntime runs it, node names of 16 vs 15 characters "
                   "(onnxruntime names inlined nodes _inlfunc_<function>_<node>)",
