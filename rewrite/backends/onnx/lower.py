@@ -28,7 +28,8 @@ from rewrite.backends.onnx.optimize import optimize
 from rewrite.backends.onnx.options import OnnxOptions
 from rewrite.backends.onnx.outline import Outlined, outline
 from rewrite.backends.onnx.progress import SILENT, Progress
-from rewrite.backends.onnx.perbody import Unsupported, check, lower_per_body
+from rewrite.backends.onnx.perbody import PerBodyLowering, Unsupported, check
+from rewrite.backends.onnx.standins import Materialize, Plan
 from rewrite.backends.onnx.remap import regroup, regroup_with
 from rewrite.errors import Diagnostic, InputError, first_line
 from rewrite.frontends import load_graph
@@ -82,25 +83,37 @@ def lower(result: "Result", options: OnnxOptions | None = None,
     source = tree.graph.source
     warnings: list[Diagnostic] = []
     path = "onnx"
+    plan: Plan | None = None
+    lowering: PerBodyLowering | None = None
     if tree.graph.kind == "onnx":
         model, onnx_tree = _onnx_model(result)
     elif isinstance(source, torch.export.ExportedProgram):
-        model, onnx_tree, warnings, path = _lower_program(result, source, options, progress)
+        model, onnx_tree, warnings, path, plan, lowering = _lower_program(
+            result, source, options, progress)
     else:
         raise InputError(
             "ONNX output needs an ExportedProgram, a .pt2 file or an ONNX model; export this "
             "GraphModule with torch.export.export first"
         )
-    total = sum(1 for _ in onnx_tree.groups())
-    done = 0
+    materialize: frozenset[int] = frozenset()
+    while True:
+        total = sum(1 for _ in onnx_tree.groups())
+        done = 0
 
-    def on_group(group) -> None:
-        nonlocal done
-        done += 1
-        progress.update(f"outlining groups: {done}/{total} ({group.id})")
+        def on_group(group) -> None:
+            nonlocal done
+            done += 1
+            progress.update(f"outlining groups: {done}/{total} ({group.id})")
 
-    with progress.step(f"outlining {total} groups into ONNX functions"):
-        outlined = outline(model, onnx_tree, options, on_group)
+        try:
+            with progress.step(f"outlining {total} groups into ONNX functions"):
+                outlined = outline(model, onnx_tree, options, on_group, plan)
+            break
+        except Materialize as e:  # again, with those calls inlined (see ``standins``)
+            if lowering is None:
+                raise
+            materialize |= e.calls
+            model, onnx_tree, _, plan = _per_body(result, lowering, options, materialize)
     optimized = options.optimize and tree.graph.kind != "onnx"
     with progress.step(f"optimizing {len(outlined.functions)} functions and the main graph"
                        if optimized else "merging equal functions"):
@@ -119,9 +132,9 @@ def _lower_program(result: "Result", program: torch.export.ExportedProgram,
             with progress.step("torch.onnx: decomposing and translating each distinct body once"):
                 check(program)
                 with quiet_exporter():
-                    lowered = lower_per_body(program, tree, options.custom_translation_table)
-            onnx_tree, more = regroup_with(result.rules, tree, lowered.model, lowered.resolver)
-            return lowered.model, onnx_tree, more, "per-body"
+                    lowering = PerBodyLowering(program, tree, options.custom_translation_table)
+                model, onnx_tree, more, plan = _per_body(result, lowering, options, frozenset())
+            return model, onnx_tree, more, "per-body", plan, lowering
         except Unsupported as e:
             reason = str(e)
         except Exception as e:  # torch internals (private APIs) changed or failed
@@ -136,7 +149,23 @@ def _lower_program(result: "Result", program: torch.export.ExportedProgram,
         exported = export_program(
             program, optimize=False, custom_translation_table=options.custom_translation_table)
     onnx_tree, more = regroup(result.rules, tree, exported.model, exported.program)
-    return exported.model, onnx_tree, warnings + more, "flat"
+    return exported.model, onnx_tree, warnings + more, "flat", None, None
+
+
+def _per_body(result: "Result", lowering: PerBodyLowering, options: OnnxOptions,
+              materialize: frozenset[int]):
+    """Translate (the calls in ``materialize`` inlined, the others standing in where they
+    can: not under the ``input`` constant policy, whose hoisted constants they cannot
+    copy), group, and plan the stand-ins; again with more calls inlined until they fit."""
+    while True:
+        try:
+            with quiet_exporter():
+                lowered = lowering.lower(materialize, stand_ins=options.constants != "input")
+            onnx_tree, more = regroup_with(result.rules, result.tree, lowered.model,
+                                           lowered.resolver, lowered.expansions)
+            return lowered.model, onnx_tree, more, lowered.plan(onnx_tree)
+        except Materialize as e:
+            materialize |= e.calls
 
 
 def finish(model: ir.Model, tree: GroupTree, outlined: Outlined, options: OnnxOptions,

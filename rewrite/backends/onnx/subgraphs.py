@@ -3,7 +3,11 @@
 The outermost groups whose bodies repeat become calls of one shared subgraph per distinct
 body: ``torch.ops.higher_order.invoke_subgraph(body, identifier, *inputs)``, weights and every
 value from outside passed as inputs (:func:`rebuild`). Bodies are the same when their nodes
-are (ops, arguments, scalars; the shapes and types of their inputs).
+are (ops, arguments, scalars; the shapes and types of their inputs: ``_fx_keys.body_key``),
+their groups are (which body node sits in which group of the subtree, by position; the groups'
+function names and domains), their nodes' tags are, and the same nodes leave the body
+(:func:`_group_key`). Calls of one body then give the same function (all but the first are
+not even inlined, see :mod:`standins`).
 """
 
 from __future__ import annotations
@@ -56,23 +60,52 @@ def _subgraph(owner: torch.fx.GraphModule, nodes: list[torch.fx.Node],
     return torch.fx.GraphModule(owner, graph)
 
 
-def _selected(tree: GroupTree, by_index) -> list[tuple[Group, list[torch.fx.Node]]]:
-    """The outermost groups whose body repeats (descending into groups that do not)."""
+def _group_key(tree: GroupTree, group: Group, indices: list[int],
+               nodes: list[torch.fx.Node]) -> Hashable:
+    """What else two calls of one body must share to give one function: per node (by
+    position) its group in the subtree and its tags; per group of the subtree (numbered in
+    order of first node) its parent, kind, function name and domain; which nodes leave."""
+    records, group_of = tree.records, tree.group_of
+    tags, tag_sets = tree.tags_id, tree.tag_sets
+    local: dict[int, int] = {group.index: 0}
+    shape: list[tuple] = [("", group.kind, group.function_name, group.domain)]
+    parent = tree.table.parent
+
+    def number(g: int) -> int:
+        found = local.get(g)
+        if found is None:
+            up = number(int(parent[g]))
+            record = records[g]
+            found = local[g] = len(shape)
+            shape.append((up, record.kind, record.function_name, record.domain))
+        return found
+
+    placed = tuple([number(int(group_of[i])) for i in indices])
+    tagged = tuple([tuple(sorted(tag_sets[tags[i]].items())) for i in indices])
+    members = set(nodes)
+    leaving = tuple([k for k, n in enumerate(nodes) if any(u not in members for u in n.users)])
+    return placed, tuple(shape), tagged, leaving
+
+
+def _selected(tree: GroupTree, by_index) -> list[tuple[Group, list[torch.fx.Node], Hashable]]:
+    """The outermost groups whose body repeats (descending into groups that do not), with
+    their keys."""
     keyed: dict[str, tuple[Hashable, list]] = {}
     counts: dict[Hashable, int] = {}
 
     def visit(group: Group) -> None:
-        nodes = [by_index(i) for i in group.all_nodes()]
+        indices = group.all_nodes()
+        nodes = [by_index(i) for i in indices]
         if any(n.op != "call_function" or isinstance(n.target, torch._ops.HigherOrderOperator)
                for n in nodes):
             key = ("not shared", group.index)  # a subgraph or a constant inside: not a body
         else:
-            key, _ = body_key(nodes)
+            key = (body_key(nodes)[0], _group_key(tree, group, indices, nodes))
         keyed[group.index] = (key, nodes)
         counts[key] = counts.get(key, 0) + 1
 
     level = list(tree.root.children)
-    chosen: list[tuple[Group, list[torch.fx.Node]]] = []
+    chosen: list[tuple[Group, list[torch.fx.Node], Hashable]] = []
     while level:
         for group in level:
             visit(group)
@@ -80,7 +113,7 @@ def _selected(tree: GroupTree, by_index) -> list[tuple[Group, list[torch.fx.Node
         for group in level:
             key, nodes = keyed[group.index]
             if counts[key] > 1:
-                chosen.append((group, nodes))
+                chosen.append((group, nodes, key))
             else:
                 below.extend(group.children)
         level = below
@@ -98,8 +131,8 @@ def rebuild(program: torch.export.ExportedProgram, tree: GroupTree
     bodies: dict[Hashable, tuple[str, int]] = {}
     plans = []
     calls: list[Call] = []
-    for index, (group, nodes) in enumerate(chosen):
-        key, inputs = body_key(nodes)
+    for index, (group, nodes, key) in enumerate(chosen):
+        inputs = body_key(nodes)[1]
         if key not in bodies:
             attr = f"body_{len(bodies)}"
             gm.register_module(attr, _subgraph(source, nodes, inputs))
