@@ -28,8 +28,8 @@ from rewrite.backends.onnx.optimize import optimize
 from rewrite.backends.onnx.options import OnnxOptions
 from rewrite.backends.onnx.outline import Outlined, outline
 from rewrite.backends.onnx.progress import SILENT, Progress
-from rewrite.backends.onnx.perbody import PerBodyLowering, Unsupported, check
-from rewrite.backends.onnx.standins import Materialize, Plan
+from rewrite.backends.onnx.perbody import PerBody, PerBodyLowering, Unsupported, check
+from rewrite.backends.onnx.standins import Materialize
 from rewrite.backends.onnx.remap import regroup, regroup_with
 from rewrite.errors import Diagnostic, InputError, first_line
 from rewrite.frontends import load_graph
@@ -53,6 +53,9 @@ class Lowering:
     path: str = "onnx"
     """How the ops were lowered: ``per-body``, ``flat`` (torch.onnx.export of the whole
     program) or ``onnx`` (the input was ONNX)."""
+    inlined: int | None = None
+    """``per-body``: how many grouped calls were inlined (the first of each body, and those
+    that could not stand in, see ``standins``); the others were never materialized."""
 
 
 _OUTLINED = "rewrite.outlined"
@@ -83,19 +86,19 @@ def lower(result: "Result", options: OnnxOptions | None = None,
     source = tree.graph.source
     warnings: list[Diagnostic] = []
     path = "onnx"
-    plan: Plan | None = None
+    lowered: PerBody | None = None
     lowering: PerBodyLowering | None = None
     if tree.graph.kind == "onnx":
         model, onnx_tree = _onnx_model(result)
     elif isinstance(source, torch.export.ExportedProgram):
-        model, onnx_tree, warnings, path, plan, lowering = _lower_program(
+        model, onnx_tree, warnings, path, lowered, lowering = _lower_program(
             result, source, options, progress)
     else:
         raise InputError(
             "ONNX output needs an ExportedProgram, a .pt2 file or an ONNX model; export this "
             "GraphModule with torch.export.export first"
         )
-    materialize: frozenset[int] = frozenset()
+    plan = lowered.plan if lowered is not None else None
     while True:
         total = sum(1 for _ in onnx_tree.groups())
         done = 0
@@ -110,15 +113,17 @@ def lower(result: "Result", options: OnnxOptions | None = None,
                 outlined = outline(model, onnx_tree, options, on_group, plan)
             break
         except Materialize as e:  # again, with those calls inlined (see ``standins``)
-            if lowering is None:
+            if lowering is None or lowered is None:
                 raise
-            materialize |= e.calls
-            model, onnx_tree, _, plan = _per_body(result, lowering, options, materialize)
+            lowered, onnx_tree, _ = _per_body(result, lowering, options,
+                                              lowered.materialized | e.calls)
+            model, plan = lowered.model, lowered.plan
     optimized = options.optimize and tree.graph.kind != "onnx"
     with progress.step(f"optimizing {len(outlined.functions)} functions and the main graph"
                        if optimized else "merging equal functions"):
         outlined = finish(model, onnx_tree, outlined, options, optimized)
-    return Lowering(model, onnx_tree, outlined, tuple(warnings), path)
+    return Lowering(model, onnx_tree, outlined, tuple(warnings), path,
+                    lowered.inlined if lowered is not None else None)
 
 
 def _lower_program(result: "Result", program: torch.export.ExportedProgram,
@@ -133,8 +138,8 @@ def _lower_program(result: "Result", program: torch.export.ExportedProgram,
                 check(program)
                 with quiet_exporter():
                     lowering = PerBodyLowering(program, tree, options.custom_translation_table)
-                model, onnx_tree, more, plan = _per_body(result, lowering, options, frozenset())
-            return model, onnx_tree, more, "per-body", plan, lowering
+                lowered, onnx_tree, more = _per_body(result, lowering, options, frozenset())
+            return lowered.model, onnx_tree, more, "per-body", lowered, lowering
         except Unsupported as e:
             reason = str(e)
         except Exception as e:  # torch internals (private APIs) changed or failed
@@ -163,7 +168,7 @@ def _per_body(result: "Result", lowering: PerBodyLowering, options: OnnxOptions,
                 lowered = lowering.lower(materialize, stand_ins=options.constants != "input")
             onnx_tree, more = regroup_with(result.rules, result.tree, lowered.model,
                                            lowered.resolver, lowered.expansions)
-            return lowered.model, onnx_tree, more, lowered.plan(onnx_tree)
+            return lowered.planned(onnx_tree), onnx_tree, more
         except Materialize as e:
             materialize |= e.calls
 

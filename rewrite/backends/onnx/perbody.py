@@ -6,19 +6,26 @@ translates it op by op: a 48-block model is decomposed and translated 48 times. 
 1. The outermost groups whose bodies repeat become calls of one shared subgraph per distinct
    body: ``torch.ops.higher_order.invoke_subgraph(body, identifier, *inputs)``, weights and
    every value from outside passed as inputs (:func:`subgraphs.rebuild`). Bodies are the
-   same when their nodes are (ops, arguments, scalars; the shapes and types of their inputs).
+   same when their nodes are (ops, arguments, scalars; the shapes and types of their inputs)
+   and so are their group subtrees, tags and leaving nodes.
 2. :mod:`torch_private` decomposes that program with torch.onnx's decomposition table
    (``make_fx``; the TracingContext's invoke_subgraph cache traces each body once) and
-   translates it with torch.onnx's translator, which makes one ONNX function per subgraph.
-3. Each body is converted to torch.onnx.export's opset once, then the functions are inlined
-   back (:mod:`inline`) into the flat ONNX graph torch.onnx would have written, each inlined
-   node marked with its call, its metadata (module paths in ``name_scopes`` / ``namespace``)
-   that of its own call; a :data:`Resolver` gives each node the module stack, op target and
-   tags of the node of the grouped program it came from (worked out once per body node).
+   translates it with torch.onnx's translator, which makes one ONNX function per subgraph
+   (:class:`PerBodyLowering`: decomposed once, translated again if calls must be inlined).
+3. Each body is converted to torch.onnx.export's opset once. The *first* call of each body is
+   inlined (:mod:`inline`), each inlined node marked with its call; the other calls stay one
+   node each, standing in for the nodes inlining would give (:mod:`standins`; a call whose
+   outputs are used unlike the first's, and every call when asked or under the ``input``
+   constant policy, is inlined too, its nodes' metadata (module paths in ``name_scopes`` /
+   ``namespace``) that of its own call). A :data:`Resolver` gives each node the module
+   stack, op target and tags of the node of the grouped program it came from (worked out
+   once per body node; inlined nodes only: a stand-in's rows get their facts from its own
+   call's FX nodes, position by position).
 
-The rest of the ``.pt2`` path (regroup, outline, optimize, merge) is unchanged, so the result
-is what the flat path gives. Inlining and outlining again costs a pass over the ONNX nodes,
-far less than decomposing every block.
+The rest of the ``.pt2`` path (regroup, outline, optimize, merge) reads the stand-ins as
+their nodes (``frontends.onnx.Expansion``) and makes each a call of its first call's
+function, so the result is what the flat path gives, while the cost of the repeated calls is
+a few list entries each, not their nodes.
 
 :class:`Unsupported` says why a program cannot take this path (the caller falls back).
 """
@@ -30,7 +37,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 import onnx_ir as ir
 import torch
-from attrs import field, frozen
+from attrs import evolve, field, frozen
 from onnx_ir.passes import common as common_passes
 
 from rewrite._gc import gc_paused
@@ -91,17 +98,23 @@ class PerBody:
     """Per first call with stand-ins, its inlined nodes."""
     group_ids: tuple[str, ...] = ()
     """Per call, its group's display id."""
+    materialized: frozenset[int] = frozenset()
+    """Calls inlined because they could not stand in (asked by :meth:`PerBodyLowering.lower`)."""
+    plan: Plan | None = None
+    """The outliner's :class:`standins.Plan`, once grouped (:meth:`planned`)."""
 
     @property
     def expansions(self) -> dict[ir.Node, Expansion]:
         """What each standing node stands for, for the ONNX frontend."""
         return {node: s.expansion for node, s in self.stand_ins.items()}
 
-    def plan(self, tree: GroupTree) -> Plan | None:
-        """The outliner's :class:`standins.Plan` for ``tree`` (grouped from this model)."""
+    def planned(self, tree: GroupTree) -> "PerBody":
+        """This with the :attr:`plan` for ``tree`` (grouped from this model); raises
+        :class:`standins.Materialize`."""
         if not self.stand_ins:
-            return None
-        return plan(tree, self.model.graph, self.stand_ins, self.templates, self.group_ids)
+            return self
+        return evolve(self, plan=plan(tree, self.model.graph, self.stand_ins, self.templates,
+                                      self.group_ids))
 
 
 def check(program: torch.export.ExportedProgram) -> None:
@@ -364,7 +377,7 @@ class _Lowering:
         distinct = len({call.first for call in calls})
         return PerBody(model, resolver, distinct, len(calls),
                        len(calls) - len(standing), expansions, templates,
-                       tuple(call.group.id for call in calls))
+                       tuple(call.group.id for call in calls), self.materialize)
 
     def _stand_ins(self, call_nodes: dict[int, ir.Node]) -> dict[int, ir.Node]:
         """The calls left standing (their nodes moved to :data:`standins.DOMAIN`): not the

@@ -16,6 +16,7 @@ import copy
 import operator
 from typing import Hashable
 
+import numpy as np
 import torch
 from attrs import frozen
 
@@ -65,11 +66,9 @@ def _group_key(tree: GroupTree, group: Group, indices: list[int],
     """What else two calls of one body must share to give one function: per node (by
     position) its group in the subtree and its tags; per group of the subtree (numbered in
     order of first node) its parent, kind, function name and domain; which nodes leave."""
-    records, group_of = tree.records, tree.group_of
-    tags, tag_sets = tree.tags_id, tree.tag_sets
+    records, parent = tree.records, tree.table.parent
     local: dict[int, int] = {group.index: 0}
     shape: list[tuple] = [("", group.kind, group.function_name, group.domain)]
-    parent = tree.table.parent
 
     def number(g: int) -> int:
         found = local.get(g)
@@ -80,17 +79,21 @@ def _group_key(tree: GroupTree, group: Group, indices: list[int],
             shape.append((up, record.kind, record.function_name, record.domain))
         return found
 
-    placed = tuple([number(int(group_of[i])) for i in indices])
-    tagged = tuple([tuple(sorted(tag_sets[tags[i]].items())) for i in indices])
+    at = np.asarray(indices, dtype=np.int64)
+    placed = tuple([number(g) for g in tree.group_of[at].tolist()])
+    tagged = tuple(tree.tags_id[at].tolist())  # ids into one tree's tag sets
     members = set(nodes)
     leaving = tuple([k for k, n in enumerate(nodes) if any(u not in members for u in n.users)])
     return placed, tuple(shape), tagged, leaving
 
 
-def _selected(tree: GroupTree, by_index) -> list[tuple[Group, list[torch.fx.Node], Hashable]]:
-    """The outermost groups whose body repeats (descending into groups that do not), with
-    their keys."""
-    keyed: dict[str, tuple[Hashable, list]] = {}
+Chosen = tuple[Group, list[torch.fx.Node], Hashable, list[torch.fx.Node]]
+"""A group whose body repeats, its nodes, its key and its inputs (``body_key``'s)."""
+
+
+def _selected(tree: GroupTree, by_index) -> list[Chosen]:
+    """The outermost groups whose body repeats (descending into groups that do not)."""
+    keyed: dict[int, tuple[Hashable, list, list]] = {}
     counts: dict[Hashable, int] = {}
 
     def visit(group: Group) -> None:
@@ -98,22 +101,23 @@ def _selected(tree: GroupTree, by_index) -> list[tuple[Group, list[torch.fx.Node
         nodes = [by_index(i) for i in indices]
         if any(n.op != "call_function" or isinstance(n.target, torch._ops.HigherOrderOperator)
                for n in nodes):
-            key = ("not shared", group.index)  # a subgraph or a constant inside: not a body
+            key, inputs = ("not shared", group.index), []  # a subgraph or a constant inside
         else:
-            key = (body_key(nodes)[0], _group_key(tree, group, indices, nodes))
-        keyed[group.index] = (key, nodes)
+            key, inputs = body_key(nodes)
+            key = (key, _group_key(tree, group, indices, nodes))
+        keyed[group.index] = (key, nodes, inputs)
         counts[key] = counts.get(key, 0) + 1
 
     level = list(tree.root.children)
-    chosen: list[tuple[Group, list[torch.fx.Node], Hashable]] = []
+    chosen: list[Chosen] = []
     while level:
         for group in level:
             visit(group)
         below = []
         for group in level:
-            key, nodes = keyed[group.index]
+            key, nodes, inputs = keyed[group.index]
             if counts[key] > 1:
-                chosen.append((group, nodes, key))
+                chosen.append((group, nodes, key, inputs))
             else:
                 below.extend(group.children)
         level = below
@@ -131,8 +135,7 @@ def rebuild(program: torch.export.ExportedProgram, tree: GroupTree
     bodies: dict[Hashable, tuple[str, int]] = {}
     plans = []
     calls: list[Call] = []
-    for index, (group, nodes, key) in enumerate(chosen):
-        inputs = body_key(nodes)[1]
+    for index, (group, nodes, key, inputs) in enumerate(chosen):
         if key not in bodies:
             attr = f"body_{len(bodies)}"
             gm.register_module(attr, _subgraph(source, nodes, inputs))
