@@ -43,6 +43,18 @@ def _function_calls(lowering) -> dict[str, int]:
     return {fid[1]: n for fid, n in lowering.outlined.calls.items()}
 
 
+def _lowered_like_flat(rules, gpt2_3):
+    """Both lowerings of the 3-block GPT-2; the per-body one checked against the flat one
+    (same result, same calls), the full checker and eager."""
+    triple, program = gpt2_3
+    fast, flat = _both(rewrite.parse_rules(rules), program)
+    _same_result(fast, flat)
+    assert _function_calls(fast) == _function_calls(flat)
+    checked_proto(fast.model)
+    assert_matches_eager(fast.model, triple)
+    return fast
+
+
 @pytest.mark.parametrize("rules, name", [(GPT2_RULES, "gpt2"), (LLAMA_RULES, "llama")])
 def test_repeated_blocks_are_not_materialized(rules, name, request):
     program = request.getfixturevalue(f"{name}_program")
@@ -80,29 +92,17 @@ def test_gpt2_calls_keep_their_own_metadata(gpt2_3):
 
 
 def test_a_block_grouped_differently_gets_its_own_function(gpt2_3):
-    triple, program = gpt2_3
-    rules = rewrite.parse_rules(NO_SHARED_ATTN)
-    fast, flat = _both(rules, program)
-    _same_result(fast, flat)
-    assert _function_calls(fast) == _function_calls(flat)
+    fast = _lowered_like_flat(NO_SHARED_ATTN, gpt2_3)
     blocks = {gid: fid[1] for gid, fid in fast.outlined.function_of.items()
               if fid is not None and gid.count("/") == 0 and gid.startswith("h.")}
     assert blocks["h.0"] == blocks["h.2"] != blocks["h.1"]
     assert fast.inlined == 1  # h.0 (h.2 stands in); h.1 repeats nothing: not made a call
-    checked_proto(fast.model)
-    assert_matches_eager(fast.model, triple)
 
 
 def test_a_tagged_block_is_its_own_body(gpt2_3):
-    triple, program = gpt2_3
-    rules = rewrite.parse_rules(ONE_TAGGED)
-    fast, flat = _both(rules, program)
-    _same_result(fast, flat)
-    assert _function_calls(fast) == _function_calls(flat)
+    fast = _lowered_like_flat(ONE_TAGGED, gpt2_3)
     assert _function_calls(fast)["GPT2Block"] == 3  # the tag changes no function
     assert fast.inlined == 1  # h.0 (h.2 stands in); h.1 is lowered apart, not as a call
-    checked_proto(fast.model)
-    assert_matches_eager(fast.model, triple)
 
 
 def _refuse_one(original, refused: list):
