@@ -268,11 +268,8 @@ class _Lowering:
         torch_private.convert_opset(model)
         standing = self._stand_ins(call_nodes)
         firsts = {calls[i].first for i in standing}
-        # inlining replaces the outputs of inlined calls (this call's inputs, maybe) by
-        # values of the same names: the inputs are found again by name
         input_names = {f: [v.name if v is not None else None for v in call_nodes[f].inputs]
                        for f in firsts}
-        # inlining names the value that replaces a call's output after it
         names = {f: [v.name for v in call_nodes[f].outputs] for f in firsts}
         inline_functions(model)
         for cleanup in (common_passes.RemoveUnusedNodesPass(),
@@ -280,9 +277,11 @@ class _Lowering:
             cleanup(model)
         standing = {i: n for i, n in standing.items() if n.graph is model.graph}
 
-        ir_nodes = [[graph.nodes[i] for i in call.group.all_nodes()] for call in calls]
-        path_maps = {i: _path_map(ir_nodes[call.first], ir_nodes[i])
-                     for i, call in enumerate(calls) if call.first != i}
+        # module paths of the first call -> this call's, for the other calls inlined
+        repathed = [i for i, call in enumerate(calls) if call.first != i and i not in standing]
+        ir_nodes = {i: [graph.nodes[j] for j in calls[i].group.all_nodes()]
+                    for i in {*repathed, *(calls[i].first for i in repathed)}}
+        path_maps = {i: _path_map(ir_nodes[calls[i].first], ir_nodes[i]) for i in repathed}
         first_names = {first: {n.name: n for n in calls[first].nodes}
                        for first in {call.first for call in calls}}
         facts: dict[int, NodeFacts | None] = {}
@@ -356,17 +355,8 @@ class _Lowering:
                 _repath(node.metadata_props, path_maps[index], parsed)
             elif index in inlined:
                 inlined[index].append(node)
-        templates: dict[int, Template] = {}
-        for f in firsts:
-            made = {v.name: v for n in inlined[f] for v in n.outputs}
-            outer = {v.name: v for n in inlined[f] for v in n.inputs
-                     if v is not None and v.name not in made}
-            template = make_template(inlined[f], [outer.get(n) for n in input_names[f]],
-                                     [made.get(n) for n in names[f]])
-            if template is None:
-                raise Materialize([i for i in standing if calls[i].first == f],
-                                  "a first call's inlined nodes cannot be copied")
-            templates[f] = template
+        templates = {f: self._template(f, inlined[f], input_names[f], names[f], standing)
+                     for f in firsts}
         at = {f: [position(f, n) for n in templates[f].nodes] for f in firsts}
         expansions = {}
         for index, node in standing.items():
@@ -378,6 +368,21 @@ class _Lowering:
         return PerBody(model, resolver, distinct, len(calls),
                        len(calls) - len(standing), expansions, templates,
                        tuple(call.group.id for call in calls), self.materialize)
+
+    def _template(self, first: int, nodes: list[ir.Node], input_names: list[str | None],
+                  output_names: list[str | None], standing: dict[int, ir.Node]) -> Template:
+        """The template of call ``first`` inlined as ``nodes``: inlining kept the names of
+        the call's outputs, and of its inputs (an inlined call's outputs, maybe, whose values
+        it replaced), so both are found again by name."""
+        made = {v.name: v for n in nodes for v in n.outputs if v.name is not None}
+        outer = {v.name: v for n in nodes for v in n.inputs
+                 if v is not None and v.name is not None and v.name not in made}
+        template = make_template(nodes, [outer.get(n) if n else None for n in input_names],
+                                 [made.get(n) if n else None for n in output_names])
+        if template is None:
+            raise Materialize([i for i in standing if self.calls[i].first == first],
+                              "a first call's inlined nodes cannot be copied")
+        return template
 
     def _stand_ins(self, call_nodes: dict[int, ir.Node]) -> dict[int, ir.Node]:
         """The calls left standing (their nodes moved to :data:`standins.DOMAIN`): not the
