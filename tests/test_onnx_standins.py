@@ -159,3 +159,44 @@ def test_input_constants_inline_every_call(gpt2_3):
     assert lowering.inlined == 3
     assert _function_calls(lowering)["GPT2Block"] == 3
     assert_matches_eager(lowering.model, triple)
+
+
+SIZED = """
+group class *GPT2Block
+group depth == 2 and size >= 40
+flat class *Dropout
+on cycle flatten
+"""
+
+
+@pytest.mark.parametrize("text", [GPT2_RULES.read_text(), SIZED])
+def test_grouping_sees_a_stand_in_as_the_nodes_it_stands_for(text, gpt2_3):
+    """The ONNX tree read with stand-ins is the tree of the graph with every call inlined:
+    the same groups, sizes (``size`` selectors) and names."""
+    from rewrite.backends.onnx.perbody import PerBodyLowering
+    from rewrite.backends.onnx.remap import regroup_with
+
+    _, program = gpt2_3
+    rules = rewrite.parse_rules(text)
+    result = rewrite.apply(rules, program)
+    lowering = PerBodyLowering(program, result.tree)
+
+    def tree(stand_ins: bool):
+        lowered = lowering.lower(stand_ins=stand_ins)
+        assert bool(lowered.stand_ins) == stand_ins
+        grouped, warnings = regroup_with(rules, result.tree, lowered.model, lowered.resolver,
+                                         lowered.expansions)
+        return {g.id: (g.size, g.function_name, g.domain, g.origin) for g in grouped.groups()}, \
+            [w.message for w in warnings]
+
+    standing, inlined = tree(True), tree(False)
+    assert standing == inlined
+    ids = set(standing[0])
+    assert {"h.0/h.0.attn", "h.2/h.2.attn"} <= ids  # 91 ONNX nodes each
+    assert ("h.2/h.2.mlp" in ids) == (SIZED not in text)  # 34: too small for SIZED
+
+
+def test_a_size_rule_gives_the_functions_of_the_flat_path(gpt2_3):
+    fast = _lowered_like_flat(SIZED, gpt2_3)
+    assert fast.inlined == 1
+    assert _function_calls(fast)["GPT2Attention"] == 3 and "GPT2MLP" not in _function_calls(fast)
