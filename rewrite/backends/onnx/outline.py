@@ -56,7 +56,9 @@ class Outlined:
     functions: tuple[FunctionId, ...]
     """The functions made, in the order they were made."""
     recomputed: int = 0
-    """Nodes copied into groups by ``remat`` (shared cheap nodes recomputed per group)."""
+    """Nodes copied into groups by ``remat`` (shared cheap nodes recomputed per group); a
+    stand-in's group (see ``standins``) has no nodes to copy into: the copies inside it are
+    those of its first call's group, in the function both call, counted once."""
     ids: Sequence[str] = field(default=(), repr=False)
     """The tree's display ids (:attr:`GroupTree.ids`), for :attr:`function_of`."""
 
