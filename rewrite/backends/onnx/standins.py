@@ -149,34 +149,38 @@ def plan(tree: GroupTree, graph: ir.Graph, stand_ins: Mapping[ir.Node, StandIn],
     row_of: dict[ir.Node, int] = {}
     for r, node in enumerate(rows):
         row_of.setdefault(node, r)
+    by_id = {gid: k for k, gid in enumerate(tree.ids) if tree.records[k] is not None}
     failed: set[int] = set()
     reuses: dict[int, Reuse] = {}
     for node, standing in stand_ins.items():
         template = templates[standing.first]
         mine = [index[r] for r in range(row_of[node], row_of[node] + len(template.nodes))]
         theirs = [index[row_of[n]] for n in template.nodes]
-        groups = _match(tree, group_ids[standing.call], group_ids[standing.first], mine, theirs)
+        own = by_id.get(group_ids[standing.call])
+        first = by_id.get(group_ids[standing.first])
+        groups = (_match(tree, own, first, mine, theirs)
+                  if own is not None and first is not None else None)
         if groups is None:
             failed.add(standing.call)
             continue
-        own = tree.find(group_ids[standing.call]).index  # type: ignore[union-attr]
         reuses[own] = Reuse(node, standing.call, groups[own], groups, template)
     if failed:
         raise Materialize(failed, "a call's groups differ from its first call's")
     return Plan(rows, reuses)
 
 
-def _match(tree: GroupTree, mine_id: str, first_id: str, mine: list[int],
+def _match(tree: GroupTree, own_index: int, first_index: int, mine: list[int],
            theirs: list[int]) -> dict[int, int] | None:
-    """Groups of the subtree holding ``mine`` -> those holding ``theirs`` (row by row), when
-    the two subtrees are alike; else None."""
-    own, first = tree.find(mine_id), tree.find(first_id)
-    if own is None or first is None or own.index == first.index:
+    """Groups of the subtree of group ``own_index``, which must hold exactly ``mine``, ->
+    those of ``first_index``'s, which must hold ``theirs`` (row by row), when the two
+    subtrees are alike; else None."""
+    records, parent, group_of = tree.records, tree.table.parent, tree.group_of
+    own, first = records[own_index], records[first_index]
+    if own is None or first is None or own_index == first_index:
         return None
     if sorted(own.all_nodes()) != sorted(mine) or sorted(first.all_nodes()) != sorted(theirs):
         return None
-    records, parent, group_of = tree.records, tree.table.parent, tree.group_of
-    groups = {own.index: first.index}
+    groups = {own_index: first_index}
     for a, b in zip(group_of[mine].tolist(), group_of[theirs].tolist()):
         while a not in groups:
             if b <= 0:
