@@ -22,6 +22,8 @@ def freeze(arg: Any) -> Hashable:
     """``arg`` (an FX node argument, nested) as a hashable key: nodes by name, scalars by
     value, floats and torch enums by ``repr``, any other object by identity."""
     kind = type(arg)
+    if kind is _Ref:  # already a key: ("node", i) / ("in", i), unlike any frozen value
+        return arg
     if kind is torch.fx.Node:
         return ("%", arg.name)
     if kind in _SCALARS:

@@ -40,6 +40,12 @@ Repeated calls. The metadata has no ``@N``: two calls of a shared module look al
 no node of another module in between (``x = shared(shared(x))``) cannot be told apart and
 become one call. A caller that knows better (the ``.pt2`` path, which maps nodes back to the
 FX program) passes ``resolve``: its facts are used as they are.
+
+Stand-ins. A caller may also pass ``stand_ins``: a main-graph node that stands for several
+(a call of a function that was not inlined, see ``backends/onnx/standins.py``) is read as the
+rows an :class:`Expansion` gives (their facts and edges), so grouping sees the nodes inlining
+would give, without making them; each such row's ``source`` is the standing node
+(:func:`expanded_rows`).
 """
 
 from __future__ import annotations
@@ -47,7 +53,7 @@ from __future__ import annotations
 import ast
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Mapping
+from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 
 from attrs import field, frozen
 
@@ -74,6 +80,18 @@ class NodeFacts:
     stack: Stack | None
     target: str
     tags: Mapping[str, str] = field(factory=dict)
+
+
+@frozen
+class Expansion:
+    """The rows one node stands for, in order: each row's facts and what it reads."""
+
+    facts: Sequence[NodeFacts]
+    reads: Sequence[tuple[int, ...]]
+    """Per row: rows of this expansion it reads (``r >= 0``) and the node's inputs
+    (``-1 - p`` for input ``p``)."""
+    outputs: Sequence[int]
+    """Per output of the node: the row that makes it (-1: none)."""
 
 
 Resolver = Callable[["ir.Node"], "NodeFacts | None"]
@@ -209,22 +227,39 @@ class _MetadataReader:
 
 
 def from_onnx_model(
-    model: "ir.Model", *, resolve: Resolver | None = None, root_class: str | None = None
+    model: "ir.Model", *, resolve: Resolver | None = None, root_class: str | None = None,
+    stand_ins: Mapping["ir.Node", Expansion] | None = None,
 ) -> Graph:
-    """Build the IR of ``model``'s main graph (see the module docstring)."""
+    """Build the IR of ``model``'s main graph (see the module docstring); ``stand_ins`` needs
+    ``resolve``."""
     with gc_paused():
-        return _read(model, resolve, root_class)
+        return _read(model, resolve, root_class, stand_ins or {})
+
+
+def expanded_rows(nodes: Sequence["ir.Node"], stand_ins: Mapping["ir.Node", Expansion]
+                  ) -> list["ir.Node"]:
+    """Per row of the IR (after the I/O nodes, before the output), its main-graph node."""
+    rows: list["ir.Node"] = []
+    for node in nodes:
+        expansion = stand_ins.get(node)
+        if expansion is None:
+            rows.append(node)
+        else:
+            rows.extend([node] * len(expansion.facts))
+    return rows
 
 
 _INPUT, _INITIALIZER, _OUTPUT = 0, 1, 2
 """Target ids of the I/O nodes (the first texts interned)."""
 
 
-def _read(model: "ir.Model", resolve: Resolver | None, root_class: str | None) -> Graph:
+def _read(model: "ir.Model", resolve: Resolver | None, root_class: str | None,
+          stand_ins: Mapping["ir.Node", Expansion]) -> Graph:
     graph = model.graph
     inputs = list(graph.inputs)
     io_values = inputs + [v for v in graph.initializers.values() if v not in set(inputs)]
-    onnx_nodes = list(graph)
+    nodes = list(graph)
+    onnx_nodes = expanded_rows(nodes, stand_ins) if stand_ins else nodes
     first, count = len(io_values), len(onnx_nodes)
 
     targets = Interner(("input", "initializer", "output"))
@@ -236,7 +271,13 @@ def _read(model: "ir.Model", resolve: Resolver | None, root_class: str | None) -
         tag_ids: list[int] = [0] * count
         root_class = root_class or reader.root_class
     else:
-        facts = [resolve(n) or NodeFacts(None, onnx_target(n)) for n in onnx_nodes]
+        facts = []
+        for n in nodes:
+            expansion = stand_ins.get(n) if stand_ins else None
+            if expansion is None:
+                facts.append(resolve(n) or NodeFacts(None, onnx_target(n)))
+            else:
+                facts.extend(expansion.facts)
         stacks = [f.stack for f in facts]
         target_ids = [targets.id(f.target) for f in facts]
         tag_ids = [tag_sets.id(f.tags) for f in facts]
@@ -244,7 +285,7 @@ def _read(model: "ir.Model", resolve: Resolver | None, root_class: str | None) -
     stack_ids = tree.ids(stacks)
 
     index_of: dict["ir.Value", int] = dict(zip(io_values, range(first)))
-    start, flat = _edges(onnx_nodes, index_of, first)
+    start, flat = _edges(nodes, index_of, first, stand_ins)
     outputs = list(dict.fromkeys(index_of[v] for v in graph.outputs if v in index_of))
     flat.extend(outputs)
     start.append(len(flat))
@@ -261,13 +302,19 @@ def _read(model: "ir.Model", resolve: Resolver | None, root_class: str | None) -
 
 
 def _edges(onnx_nodes: list["ir.Node"], index_of: dict["ir.Value", int],
-           first: int) -> tuple[list[int], list[int]]:
-    """CSR input edges of the I/O nodes (none) and the ONNX nodes; fills ``index_of``."""
+           first: int, stand_ins: Mapping["ir.Node", Expansion]) -> tuple[list[int], list[int]]:
+    """CSR input edges of the I/O nodes (none) and the rows; fills ``index_of``."""
     start = [0] * (first + 1)
     flat: list[int] = []
     get = index_of.get
     kinds = graph_kinds()
-    for i, node in enumerate(onnx_nodes, first):
+    i = first - 1
+    for node in onnx_nodes:
+        i += 1
+        expansion = stand_ins.get(node) if stand_ins else None
+        if expansion is not None:
+            i = _expanded_edges(node, expansion, i, index_of, start, flat) - 1
+            continue
         row = dict.fromkeys(map(get, node.inputs))
         attributes = node.attributes
         for attr in getattr(attributes, "data", attributes).values():  # holds_graphs, inlined
@@ -280,6 +327,21 @@ def _edges(onnx_nodes: list["ir.Node"], index_of: dict["ir.Value", int],
         for value in node.outputs:
             index_of[value] = i
     return start, flat
+
+
+def _expanded_edges(node: "ir.Node", expansion: Expansion, base: int,
+                    index_of: dict["ir.Value", int], start: list[int], flat: list[int]) -> int:
+    """The edges of ``node``'s rows (from row ``base``); returns the next row."""
+    inputs = [index_of.get(v) if v is not None else None for v in node.inputs]
+    for reads in expansion.reads:
+        row = dict.fromkeys(base + r if r >= 0 else inputs[-1 - r] for r in reads)
+        row.pop(None, None)
+        flat.extend(row)
+        start.append(len(flat))
+    for value, r in zip(node.outputs, expansion.outputs):
+        if r >= 0:
+            index_of[value] = base + r
+    return base + len(expansion.reads)
 
 
 @frozen

@@ -1,9 +1,12 @@
 """From a :class:`Result` to an ``onnx_ir.Model`` with functions: the backend's pipeline.
 
-* ``.pt2`` / ExportedProgram: torch.onnx lowers the ops (one decomposition, not optimized),
-  :mod:`remap` groups its nodes with the same rules, :mod:`outline` outlines, and
-  :mod:`optimize` runs onnxscript's optimizer once per distinct function body and over the
-  main graph (``OnnxOptions.optimize``).
+* ``.pt2`` / ExportedProgram: torch.onnx lowers the ops (one decomposition, not optimized;
+  per body, :mod:`perbody`, each repeated call but the first of its body left standing in
+  for its nodes, :mod:`standins`), :mod:`remap` groups its nodes with the same rules,
+  :mod:`outline` outlines, and :mod:`optimize` runs onnxscript's optimizer once per distinct
+  function body and over the main graph (``OnnxOptions.optimize``). A stand-in that does not
+  fit (:class:`standins.Materialize`, from planning or outlining) is inlined: translated,
+  grouped and outlined again, the decomposition kept.
 * ``.onnx`` / onnx_ir.Model: outlined with the tree ``apply`` made. A model the caller
   gave is copied first (:mod:`clone`; the input is never changed); one ``apply`` loaded from
   a path belongs to rewrite alone, so the first lowering outlines it as it is (no copy), and
@@ -29,7 +32,8 @@ from rewrite.backends.onnx.optimize import optimize
 from rewrite.backends.onnx.options import OnnxOptions
 from rewrite.backends.onnx.outline import Outlined, outline
 from rewrite.backends.onnx.progress import SILENT, Progress
-from rewrite.backends.onnx.perbody import Unsupported, check, lower_per_body
+from rewrite.backends.onnx.perbody import PerBody, PerBodyLowering, Unsupported, check
+from rewrite.backends.onnx.standins import Materialize
 from rewrite.backends.onnx.remap import regroup, regroup_with
 from rewrite.errors import Diagnostic, InputError, first_line
 from rewrite.frontends import load_graph
@@ -53,6 +57,9 @@ class Lowering:
     path: str = "onnx"
     """How the ops were lowered: ``per-body``, ``flat`` (torch.onnx.export of the whole
     program) or ``onnx`` (the input was ONNX)."""
+    inlined: int | None = None
+    """``per-body``: how many grouped calls were inlined (the first of each body, and those
+    that could not stand in, see ``standins``); the others were never materialized."""
 
 
 _OUTLINED = "rewrite.outlined"
@@ -83,30 +90,44 @@ def lower(result: "Result", options: OnnxOptions | None = None,
     source = tree.graph.source
     warnings: list[Diagnostic] = []
     path = "onnx"
+    lowered: PerBody | None = None
+    lowering: PerBodyLowering | None = None
     if tree.graph.kind == "onnx":
         model, onnx_tree = _onnx_model(result)
     elif isinstance(source, torch.export.ExportedProgram):
-        model, onnx_tree, warnings, path = _lower_program(result, source, options, progress)
+        model, onnx_tree, warnings, path, lowered, lowering = _lower_program(
+            result, source, options, progress)
     else:
         raise InputError(
             "ONNX output needs an ExportedProgram, a .pt2 file or an ONNX model; export this "
             "GraphModule with torch.export.export first"
         )
-    total = sum(1 for _ in onnx_tree.groups())
-    done = 0
+    plan = lowered.plan if lowered is not None else None
+    while True:
+        total = sum(1 for _ in onnx_tree.groups())
+        done = 0
 
-    def on_group(group) -> None:
-        nonlocal done
-        done += 1
-        progress.update(f"outlining groups: {done}/{total} ({group.id})")
+        def on_group(group) -> None:
+            nonlocal done
+            done += 1
+            progress.update(f"outlining groups: {done}/{total} ({group.id})")
 
-    with progress.step(f"outlining {total} groups into ONNX functions"):
-        outlined = outline(model, onnx_tree, options, on_group)
+        try:
+            with progress.step(f"outlining {total} groups into ONNX functions"):
+                outlined = outline(model, onnx_tree, options, on_group, plan)
+            break
+        except Materialize as e:  # again, with those calls inlined (see ``standins``)
+            if lowering is None or lowered is None:
+                raise
+            lowered, onnx_tree, _ = _per_body(result, lowering, options,
+                                              lowered.materialized | e.calls)
+            model, plan = lowered.model, lowered.plan
     optimized = options.optimize and tree.graph.kind != "onnx"
     with progress.step(f"optimizing {len(outlined.functions)} functions and the main graph"
                        if optimized else "merging equal functions"):
         outlined = finish(model, onnx_tree, outlined, options, optimized)
-    return Lowering(model, onnx_tree, outlined, tuple(warnings), path)
+    return Lowering(model, onnx_tree, outlined, tuple(warnings), path,
+                    lowered.inlined if lowered is not None else None)
 
 
 def _lower_program(result: "Result", program: torch.export.ExportedProgram,
@@ -120,9 +141,9 @@ def _lower_program(result: "Result", program: torch.export.ExportedProgram,
             with progress.step("torch.onnx: decomposing and translating each distinct body once"):
                 check(program)
                 with quiet_exporter():
-                    lowered = lower_per_body(program, tree, options.custom_translation_table)
-            onnx_tree, more = regroup_with(result.rules, tree, lowered.model, lowered.resolver)
-            return lowered.model, onnx_tree, more, "per-body"
+                    lowering = PerBodyLowering(program, tree, options.custom_translation_table)
+                lowered, onnx_tree, more = _per_body(result, lowering, options, frozenset())
+            return lowered.model, onnx_tree, more, "per-body", lowered, lowering
         except Unsupported as e:
             reason = str(e)
         except Exception as e:  # torch internals (private APIs) changed or failed
@@ -137,7 +158,23 @@ def _lower_program(result: "Result", program: torch.export.ExportedProgram,
         exported = export_program(
             program, optimize=False, custom_translation_table=options.custom_translation_table)
     onnx_tree, more = regroup(result.rules, tree, exported.model, exported.program)
-    return exported.model, onnx_tree, warnings + more, "flat"
+    return exported.model, onnx_tree, warnings + more, "flat", None, None
+
+
+def _per_body(result: "Result", lowering: PerBodyLowering, options: OnnxOptions,
+              materialize: frozenset[int]):
+    """Translate (the calls in ``materialize`` inlined, the others standing in where they
+    can: not under the ``input`` constant policy, whose hoisted constants they cannot
+    copy), group, and plan the stand-ins; again with more calls inlined until they fit."""
+    while True:
+        try:
+            with quiet_exporter():
+                lowered = lowering.lower(materialize, stand_ins=options.constants != "input")
+            onnx_tree, more = regroup_with(result.rules, result.tree, lowered.model,
+                                           lowered.resolver, lowered.expansions)
+            return lowered.planned(onnx_tree), onnx_tree, more
+        except Materialize as e:
+            materialize |= e.calls
 
 
 def finish(model: ir.Model, tree: GroupTree, outlined: Outlined, options: OnnxOptions,

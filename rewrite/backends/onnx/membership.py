@@ -6,6 +6,7 @@ Groups are the tree's integer ids (:attr:`GroupTree.table`; 0: the top level).
 from __future__ import annotations
 
 from collections import defaultdict
+from typing import Mapping
 
 import numpy as np
 import onnx_ir as ir
@@ -33,10 +34,14 @@ class Membership:
     _paths: dict[int, tuple[int, ...]] = field(factory=dict, init=False, repr=False)
 
     @classmethod
-    def from_tree(cls, tree: GroupTree, graph: ir.Graph) -> "Membership":
+    def from_tree(cls, tree: GroupTree, graph: ir.Graph, rows: list[ir.Node] | None = None,
+                  homes: Mapping[ir.Node, int] | None = None) -> "Membership":
         """Members as ``tree`` says; ``graph`` is the main graph the tree was built on, or a
-        clone of it (its nodes, in order, are the tree's non-I/O nodes)."""
-        nodes = list(graph)
+        clone of it (its nodes, in order, are the tree's non-I/O nodes). A tree read with
+        stand-ins (``frontends.onnx.Expansion``) gives ``rows`` (per non-I/O node of the tree,
+        its main-graph node) and ``homes``: each standing node's group, where it is the one
+        member for all its rows (at the position of its first row)."""
+        nodes = list(graph) if rows is None else rows
         columns = tree.graph.columns
         is_io = columns.is_io
         indices = np.flatnonzero(~is_io)
@@ -46,8 +51,12 @@ class Membership:
         slot = np.full(len(is_io), -1, dtype=np.int64)  # tree node index -> index in nodes
         slot[indices] = np.arange(len(nodes))
         number = np.where(is_io, 0, tree.group_of)  # tree node index -> group (0: top)
+        positions = [(i, 0, 0) for i in indices.tolist()]
+        # a standing node's position: its first row's (the reversed pairs keep the first)
+        position = dict(zip(nodes, positions)) if rows is None else \
+            dict(zip(reversed(nodes), reversed(positions)))
         members = cls(parent=tree.table.parent.tolist(), group_of=dict.fromkeys(nodes, 0),
-                      position=dict(zip(nodes, [(i, 0, 0) for i in indices.tolist()])))
+                      position=position)
         for group in tree.groups():
             if not group.nodes:
                 continue
@@ -60,8 +69,22 @@ class Membership:
         producer, consumer = columns.edges()
         home = number[producer]
         crossing = (home != 0) & (home != number[consumer]) & ~is_io[consumer]
-        members.leaving = [nodes[j] for j in slot[np.unique(producer[crossing])].tolist()]
+        members.leaving = list(dict.fromkeys(
+            nodes[j] for j in slot[np.unique(producer[crossing])].tolist()))
+        if homes:
+            members._gather(homes)
         return members
+
+    def _gather(self, homes: Mapping[ir.Node, int]) -> None:
+        """Each standing node the one member of its home group (see :meth:`from_tree`)."""
+        for group, direct in list(self.nodes.items()):
+            if any(node in homes for node in direct):
+                self.nodes[group] = [node for node in direct if node not in homes]
+        for node, group in homes.items():
+            self.nodes[group].append(node)
+            self.group_of[node] = group
+        for group in {homes[node] for node in homes}:
+            self.nodes[group].sort(key=self.position.__getitem__)
 
     def path(self, group: int) -> tuple[int, ...]:
         """The groups from the top level's child down to ``group`` (``()`` for the top)."""

@@ -9,6 +9,13 @@ function, or a call of an existing one with an equal body (12 identical blocks -
 
 Grouping has checked that collapsing the groups level by level creates no cycle, so every call
 node can be placed; the main graph and each body are topologically sorted once built.
+
+Stand-ins (a :class:`standins.Plan`): a call of the per-body lowering that was not inlined is
+one node, the one member of its group. That group becomes a call of the function its first
+call's group got, the arguments and outputs picked by position in the torch call (each
+recorded when the first call's group is outlined, through the values outlining replaced).
+When that is not exactly what outlining the inlined call would give, the run ends with
+:class:`standins.Materialize` (the lowering inlines those calls and starts again).
 """
 
 from __future__ import annotations
@@ -34,6 +41,7 @@ from rewrite.backends.onnx.opsets import fix_opsets
 from rewrite.backends.onnx.options import OnnxOptions
 from rewrite.backends.onnx.remat import recompute_shared
 from rewrite.backends.onnx.repeats import Reference, Repeats
+from rewrite.backends.onnx.standins import Materialize, Plan, Reuse
 from rewrite.backends.onnx.structure import Key, Keyer
 from rewrite.backends.onnx.summary import FunctionId
 from rewrite.grouping import Group, GroupTree
@@ -48,7 +56,9 @@ class Outlined:
     functions: tuple[FunctionId, ...]
     """The functions made, in the order they were made."""
     recomputed: int = 0
-    """Nodes copied into groups by ``remat`` (shared cheap nodes recomputed per group)."""
+    """Nodes copied into groups by ``remat`` (shared cheap nodes recomputed per group); a
+    stand-in's group (see ``standins``) has no nodes to copy into: the copies inside it are
+    those of its first call's group, in the function both call, counted once."""
     ids: Sequence[str] = field(default=(), repr=False)
     """The tree's display ids (:attr:`GroupTree.ids`), for :attr:`function_of`."""
 
@@ -66,13 +76,23 @@ class Outlined:
 
 class _Outliner:
     def __init__(self, model: ir.Model, tree: GroupTree, options: OnnxOptions,
-                 on_group: Callable[[Group], None] | None) -> None:
+                 on_group: Callable[[Group], None] | None, plan: Plan | None = None) -> None:
         self.model = model
         self.graph = model.graph
         self.tree = tree
         self.on_group = on_group
         weights = weight_names(model)
-        self.members = Membership.from_tree(tree, self.graph)
+        self.members = (Membership.from_tree(tree, self.graph) if plan is None else
+                        Membership.from_tree(tree, self.graph, plan.rows, plan.homes))
+        self.reuses = plan.reuses if plan is not None else {}
+        self.templates = {r.first: r.template for r in self.reuses.values()}
+        self.firsts = set(self.templates)
+        self.renamed: dict[ir.Value, ir.Value] = {}
+        """Values outlining replaced (outputs of members) -> their replacements."""
+        self.positions: dict[int, tuple | None] = {}
+        """Per first call's group: its function, and its arguments, outputs and embedded
+        constants by position in the torch call (None: stand-ins cannot call it)."""
+        self.failed: set[int] = set()
         # remat copies and removes only nodes without subgraphs: the owners stay the same
         self.owner = owners(self.graph)
         self.recomputed = (recompute_shared(self.graph, self.members, weights, self.owner)
@@ -90,8 +110,14 @@ class _Outliner:
         self.made: list[ir.Function] = []
 
     def run(self) -> Outlined:
-        for group in self.tree.root.children:
-            self._lower(group, [group])
+        try:
+            for group in self.tree.root.children:
+                self._lower(group, [group])
+        except Exception:
+            if not self.failed:
+                raise
+        if self.failed:  # stand-ins left in the graph: the result is thrown away
+            raise Materialize(self.failed, "stand-ins cannot call their first call's function")
         self.graph.sort()
         # constants now embedded in functions leave their initializers unused
         ir.passes.common.RemoveUnusedNodesPass()(self.model)
@@ -102,6 +128,9 @@ class _Outliner:
     def _lower(self, group: Group, chain: list[Group]) -> list[ir.Node]:
         """Outline ``group``; returns what stands for it in its parent's members."""
         naming.check_identity(group)
+        reuse = self.reuses.get(group.index)
+        if reuse is not None:
+            return [self._stand_in(group, chain, reuse)]
         members = list(self.members.of(group.index))
         for child in group.children:
             members.extend(self._lower(child, chain + [child]))
@@ -127,6 +156,7 @@ class _Outliner:
                     members = [members[i] for i in hit.member_order]
                     args = [raw_args[i] for i in hit.arg_order]
                     outputs = [raw_outputs[i] for i in hit.output_order]
+                    self._note_first(group, hit.function, self._positions(group, args, outputs))
                     return [self._reuse(group, chain, hit.function, args, outputs, members,
                                         member_set, first)]
                 body = self.repeats.snapshot(identity, members, raw_args, constants,
@@ -143,13 +173,16 @@ class _Outliner:
                               outputs)
         function = self.registry.get(key)
         if function is not None:
+            self._note_first(group, function, self._positions(group, args, outputs))
             call = self._reuse(group, chain, function, args, outputs, members, member_set, first)
         else:
             name = self.names.new(group.domain, group.function_name)
+            positions = self._positions(group, args, outputs)  # before the rewiring
             call = self._call(group, chain, name, args, outputs, members)
-            rewire(self.graph, outputs, list(call.outputs), member_set, self.owner)
+            self._rewire(outputs, list(call.outputs), member_set)
             function = self.registry[key] = self._make_function(group, name, members, args,
                                                                 embedded, outputs)
+            self._note_first(group, function, positions)
             self.function_of[group.index] = function.identifier()
             self.position[call] = first
         if body is not None:
@@ -165,11 +198,86 @@ class _Outliner:
                member_set: set[ir.Node], first: tuple) -> ir.Node:
         """Replace ``members`` (in ``function``'s order) by a call of ``function``."""
         call = self._call(group, chain, function.name, args, outputs, members)
-        rewire(self.graph, outputs, list(call.outputs), member_set, self.owner)
+        self._rewire(outputs, list(call.outputs), member_set)
         self._drop(members, member_set)
         self.function_of[group.index] = function.identifier()
         self.position[call] = first
         return call
+
+    def _rewire(self, old: list[ir.Value], new: list[ir.Value], member_set: set[ir.Node]) -> None:
+        """:func:`boundary.rewire`, remembering the replacements (see :meth:`_current`)."""
+        if self.firsts:
+            self.renamed.update(zip(old, new))
+        rewire(self.graph, old, new, member_set, self.owner)
+
+    def _current(self, value: ir.Value) -> ir.Value:
+        """The value that now stands for ``value`` (after outlining replaced it)."""
+        while value in self.renamed:
+            value = self.renamed[value]
+        return value
+
+    def _note_first(self, group: Group, function: ir.Function, positions: tuple | None) -> None:
+        if group.index in self.firsts:
+            self.positions[group.index] = (function, *positions) if positions else None
+
+    def _positions(self, group: Group, args: list[ir.Value], outputs: list[ir.Value]
+                   ) -> tuple | None:
+        """For a first call's group (its outputs not yet rewired): its arguments and outputs
+        by position in the torch call and the constants it embeds (what its stand-ins need,
+        see :meth:`_stand_in`); None when they are not all the call's."""
+        template = self.templates.get(group.index)
+        if template is None:
+            return None
+        inputs = [self._current(v) if v is not None else None for v in template.inputs]
+        at = {v: p for p, v in enumerate(inputs) if v is not None}
+        made = {self._current(v): j for j, v in enumerate(template.outputs) if v is not None}
+        arg_at, out_at = [at.get(v) for v in args], [made.get(v) for v in outputs]
+        if None in arg_at or None in out_at:
+            return None
+        return arg_at, out_at, self._embedded_keys(inputs)
+
+    def _embedded_keys(self, values: Sequence[ir.Value | None]) -> list:
+        """Per value, the key of the constant embedded for it (None: an argument, or unread)."""
+        return [self._constant_key(v) if v is not None else None for v in values]
+
+    def _stand_in(self, group: Group, chain: list[Group], reuse: Reuse) -> ir.Node:
+        """The call of the first call's group's function that replaces a stand-in (its
+        group's descendants call what the matching groups call); when that is not what
+        outlining its nodes would give, the node stays and the call is marked failed."""
+        node = reuse.node
+        if self.on_group is not None:
+            for inner in group.walk():
+                self.on_group(inner)
+        found = self.positions.get(reuse.first)
+        if found is None or not self._only_member(group, node) \
+                or len(set(node.inputs)) != len(node.inputs):
+            self.failed.add(reuse.call)
+            return node
+        function, arg_at, out_at, embedded = found
+        used = {j for j, v in enumerate(node.outputs) if v.uses() or v.is_graph_output()}
+        read = [v if t is not None else None for v, t in zip(node.inputs, reuse.template.inputs)]
+        if used != set(out_at) or len(out_at) != len(used) \
+                or self._embedded_keys(read) != embedded:
+            self.failed.add(reuse.call)
+            return node
+        args = [node.inputs[p] for p in arg_at]  # type: ignore[index]
+        outputs = [node.outputs[j] for j in out_at]  # type: ignore[index]
+        call = self._call(group, chain, function.name, args, outputs, [node])
+        self._rewire(outputs, list(call.outputs), {node})
+        self.position[call] = self.position[node]
+        detach(node)
+        self.graph.remove(node)
+        for inner in group.walk():
+            match = reuse.groups.get(inner.index)
+            self.function_of[inner.index] = self.function_of.get(match) \
+                if match is not None else None
+        self.function_of[group.index] = function.identifier()
+        return call
+
+    def _only_member(self, group: Group, node: ir.Node) -> bool:
+        """``node`` is the one node of ``group`` and its descendants (``remat`` added none)."""
+        return self.members.of(group.index) == [node] and not any(
+            self.members.of(inner.index) for inner in group.walk() if inner is not group)
 
     def _drop(self, members: list[ir.Node], member_set: set[ir.Node]) -> None:
         """Remove the members of a group whose function exists. Only inputs made outside
@@ -236,7 +344,9 @@ class _Outliner:
 
 
 def outline(model: ir.Model, tree: GroupTree, options: OnnxOptions | None = None,
-            on_group: Callable[[Group], None] | None = None) -> Outlined:
-    """Outline every group of ``tree`` (built on ``model``'s main graph) in place."""
+            on_group: Callable[[Group], None] | None = None, plan: Plan | None = None
+            ) -> Outlined:
+    """Outline every group of ``tree`` (built on ``model``'s main graph; with ``plan``, read
+    with its stand-ins) in place."""
     with gc_paused():  # many short-lived IR objects: collections would only slow it down
-        return _Outliner(model, tree, options or OnnxOptions(), on_group).run()
+        return _Outliner(model, tree, options or OnnxOptions(), on_group, plan).run()

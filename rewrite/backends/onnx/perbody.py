@@ -6,19 +6,26 @@ translates it op by op: a 48-block model is decomposed and translated 48 times. 
 1. The outermost groups whose bodies repeat become calls of one shared subgraph per distinct
    body: ``torch.ops.higher_order.invoke_subgraph(body, identifier, *inputs)``, weights and
    every value from outside passed as inputs (:func:`subgraphs.rebuild`). Bodies are the
-   same when their nodes are (ops, arguments, scalars; the shapes and types of their inputs).
+   same when their nodes are (ops, arguments, scalars; the shapes and types of their inputs)
+   and so are their group subtrees, tags and leaving nodes.
 2. :mod:`torch_private` decomposes that program with torch.onnx's decomposition table
    (``make_fx``; the TracingContext's invoke_subgraph cache traces each body once) and
-   translates it with torch.onnx's translator, which makes one ONNX function per subgraph.
-3. Each body is converted to torch.onnx.export's opset once, then the functions are inlined
-   back (:mod:`inline`) into the flat ONNX graph torch.onnx would have written, each inlined
-   node marked with its call, its metadata (module paths in ``name_scopes`` / ``namespace``)
-   that of its own call; a :data:`Resolver` gives each node the module stack, op target and
-   tags of the node of the grouped program it came from (worked out once per body node).
+   translates it with torch.onnx's translator, which makes one ONNX function per subgraph
+   (:class:`PerBodyLowering`: decomposed once, translated again if calls must be inlined).
+3. Each body is converted to torch.onnx.export's opset once. The *first* call of each body is
+   inlined (:mod:`inline`), each inlined node marked with its call; the other calls stay one
+   node each, standing in for the nodes inlining would give (:mod:`standins`; a call whose
+   outputs are used unlike the first's, and every call when asked or under the ``input``
+   constant policy, is inlined too, its nodes' metadata (module paths in ``name_scopes`` /
+   ``namespace``) that of its own call). A :data:`Resolver` gives each node the module
+   stack, op target and tags of the node of the grouped program it came from (worked out
+   once per body node; inlined nodes only: a stand-in's rows get their facts from its own
+   call's FX nodes, position by position).
 
-The rest of the ``.pt2`` path (regroup, outline, optimize, merge) is unchanged, so the result
-is what the flat path gives. Inlining and outlining again costs a pass over the ONNX nodes,
-far less than decomposing every block.
+The rest of the ``.pt2`` path (regroup, outline, optimize, merge) reads the stand-ins as
+their nodes (``frontends.onnx.Expansion``) and makes each a call of its first call's
+function, so the result is what the flat path gives, while the cost of the repeated calls is
+a few list entries each, not their nodes.
 
 :class:`Unsupported` says why a program cannot take this path (the caller falls back).
 """
@@ -30,15 +37,26 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 import onnx_ir as ir
 import torch
-from attrs import frozen
+from attrs import evolve, field, frozen
 from onnx_ir.passes import common as common_passes
 
 from rewrite._gc import gc_paused
 from rewrite.backends.onnx import torch_private
 from rewrite.backends.onnx.inline import inline_functions
-from rewrite.backends.onnx.subgraphs import Call, Unsupported, rebuild
+from rewrite.backends.onnx.standins import DOMAIN as STANDIN_DOMAIN
+from rewrite.backends.onnx.standins import (
+    Materialize,
+    Plan,
+    StandIn,
+    Template,
+    make_template,
+    plan,
+    stand_in,
+)
+from rewrite.backends.onnx.subgraphs import Unsupported, rebuild
 from rewrite.frontends.onnx import (
     CLASS_HIERARCHY,
+    Expansion,
     NodeFacts,
     Resolver,
     onnx_target,
@@ -59,12 +77,12 @@ _INLINED_HOPS = tuple(getattr(torch.ops.higher_order, name) for name in (
     if hasattr(torch.ops.higher_order, name))
 """Higher-order ops that decomposition inlines (their bodies are plain ops), outside the
 repeated bodies (a group holding one is not made a shared body)."""
-__all__ = ["PerBody", "Unsupported", "check", "lower_per_body"]
+__all__ = ["Materialize", "PerBody", "PerBodyLowering", "Unsupported", "check", "lower_per_body"]
 
 
 @frozen
 class PerBody:
-    """The flat ONNX model and how to group its nodes."""
+    """The ONNX model (calls inlined or standing) and how to group its nodes."""
 
     model: ir.Model
     resolver: Resolver
@@ -72,6 +90,31 @@ class PerBody:
     """Distinct bodies decomposed and translated once each."""
     calls: int
     """Grouped calls that reused them."""
+    inlined: int = 0
+    """Grouped calls inlined (the first of each body, and those that cannot stand in)."""
+    stand_ins: Mapping[ir.Node, StandIn] = field(factory=dict)
+    """The other calls, by their standing node."""
+    templates: Mapping[int, Template] = field(factory=dict)
+    """Per first call with stand-ins, its inlined nodes."""
+    group_ids: tuple[str, ...] = ()
+    """Per call, its group's display id."""
+    materialized: frozenset[int] = frozenset()
+    """Calls inlined because they could not stand in (asked by :meth:`PerBodyLowering.lower`)."""
+    plan: Plan | None = None
+    """The outliner's :class:`standins.Plan`, once grouped (:meth:`planned`)."""
+
+    @property
+    def expansions(self) -> dict[ir.Node, Expansion]:
+        """What each standing node stands for, for the ONNX frontend."""
+        return {node: s.expansion for node, s in self.stand_ins.items()}
+
+    def planned(self, tree: GroupTree) -> "PerBody":
+        """This with the :attr:`plan` for ``tree`` (grouped from this model); raises
+        :class:`standins.Materialize`."""
+        if not self.stand_ins:
+            return self
+        return evolve(self, plan=plan(tree, self.model.graph, self.stand_ins, self.templates,
+                                      self.group_ids))
 
 
 def check(program: torch.export.ExportedProgram) -> None:
@@ -153,110 +196,210 @@ def _repath(props: dict[str, str], paths: dict[str, str], parsed: dict[str, Any]
 
 
 def lower_per_body(program: torch.export.ExportedProgram, tree: GroupTree,
-                   custom_translation_table: Mapping | None = None) -> PerBody:
-    """The flat ONNX model of ``program`` and a resolver (see the module docstring); ops
+                   custom_translation_table: Mapping | None = None, *,
+                   stand_ins: bool = True) -> PerBody:
+    """The ONNX model of ``program`` and how to group it (see the module docstring); ops
     translated as ``torch.onnx.export(custom_translation_table=...)`` translates them."""
-    # the collector paused: the many objects made here (fake tensors, FX and ONNX nodes) live
-    # until the end, and each collection would also scan the program's (measured: the
-    # inlining took 5-8x longer with it)
-    with gc_paused():
-        return _lower_per_body(program, tree, custom_translation_table)
+    return PerBodyLowering(program, tree, custom_translation_table).lower(stand_ins=stand_ins)
 
 
-def _lower_per_body(program: torch.export.ExportedProgram, tree: GroupTree,
-                    custom_translation_table: Mapping | None) -> PerBody:
-    tables = torch_private.lowering_tables(custom_translation_table)
-    rebuilt, calls = rebuild(program, tree)
-    decomposed = torch_private.decompose(rebuilt, tables)
-    model = torch_private.translate(decomposed, tables)
+class PerBodyLowering:
+    """One program decomposed once (steps 1-2); :meth:`lower` translates and inlines it,
+    again with more calls inlined when the outliner asks (:class:`standins.Materialize`)."""
 
-    graph = tree.graph
-    ir_by_name = {node.name: node for node in graph.nodes}
-    fx_names = {node.name: node for node in graph.nodes}
-    main = {n.name: n for n in decomposed.graph_module.graph.nodes}
-    call_by_name = {call.name: i for i, call in enumerate(calls)}
-    body_index = [{n.name: i for i, n in enumerate(call.nodes)} for call in calls]
-    decomposed_body: dict[int, dict[str, torch.fx.Node]] = {}
+    def __init__(self, program: torch.export.ExportedProgram, tree: GroupTree,
+                 custom_translation_table: Mapping | None = None) -> None:
+        # the collector paused: the many objects made here (fake tensors, FX and ONNX nodes)
+        # live until the end, and each collection would also scan the program's (measured:
+        # the inlining took 5-8x longer with it)
+        with gc_paused():
+            self.tree = tree
+            self.tables = torch_private.lowering_tables(custom_translation_table)
+            rebuilt, self.calls = rebuild(program, tree)
+            self.decomposed = torch_private.decompose(rebuilt, self.tables)
 
-    # mark every call node with its call, then inline every function
-    for node in model.graph:
-        if node.domain != _SUBGRAPH_DOMAIN:
-            continue
-        scopes = read_scopes(node)
-        fx_call = main.get(scopes[0][-1]) if scopes else None
-        origin = _origin_call(fx_call, call_by_name)
-        if origin is None:
-            raise Unsupported(f"cannot tell which call ONNX node {node.name} is")
-        node.metadata_props[CALL_KEY] = str(origin)
-        getter = fx_call.args[0]
-        body = getattr(decomposed.graph_module, getter.target)
-        decomposed_body[origin] = {n.name: n for n in body.graph.nodes}
-    # torch.onnx.export converts its model to its default opset (onnxscript's converter
-    # inlines every function first): here each body is converted once, then inlined (the
-    # bodies, torchlib's helpers: each inlined node keeps its call's marks); dead nodes go
-    # (the translation of a re-traced graph can leave a dead Constant that the flat export
-    # does not have; it would upset outlining)
-    torch_private.convert_opset(model)
-    inline_functions(model)
-    for cleanup in (common_passes.RemoveUnusedNodesPass(), common_passes.RemoveUnusedOpsetsPass()):
-        cleanup(model)
+    def lower(self, materialize: frozenset[int] = frozenset(), *,
+              stand_ins: bool = True) -> PerBody:
+        """Translate and inline: the first call of each body, every call in ``materialize``
+        and, without ``stand_ins``, every call; the others stand in (:mod:`standins`)."""
+        with gc_paused():
+            return _Lowering(self, materialize, stand_ins).run()
 
-    ir_nodes = [[graph.nodes[i] for i in call.group.all_nodes()] for call in calls]
-    path_maps = {i: _path_map(ir_nodes[call.first], ir_nodes[i]) for i, call in enumerate(calls)
-                 if call.first != i}
-    first_names = {first: {n.name: n for n in calls[first].nodes}
-                   for first in {call.first for call in calls}}
-    facts: dict[int, NodeFacts | None] = {}
-    # the nodes of every call of one body carry the same metadata texts until repathed, and
-    # come from the same decomposed body nodes: parsed and traced back once per body node
-    scopes_of: dict[tuple, Any] = {}
-    position_of: dict[tuple[int, str], int | None] = {}
 
-    def position(call: Call, fx_name: str, body: dict[str, torch.fx.Node]) -> int | None:
-        key = (call.first, fx_name)
-        if key not in position_of:
-            fx = body.get(fx_name)
-            source = _original(fx, first_names[call.first]) if fx is not None else None
-            position_of[key] = (body_index[call.first].get(source.name)
-                                if source is not None else None)
-        return position_of[key]
+class _Lowering:
+    def __init__(self, source: PerBodyLowering, materialize: frozenset[int],
+                 stand_ins: bool) -> None:
+        self.calls = source.calls
+        self.decomposed = source.decomposed
+        self.model = torch_private.translate(source.decomposed, source.tables)
+        self.graph = source.tree.graph
+        self.materialize = materialize
+        self.stand_ins = stand_ins
 
-    def resolve(onnx_node: ir.Node) -> NodeFacts:
-        props = onnx_node.metadata_props
-        key = (props.get(NAME_SCOPES), props.get(CLASS_HIERARCHY))
-        if key not in scopes_of:
-            scopes_of[key] = read_scopes(onnx_node)
-        scopes = scopes_of[key]
-        mark = props.get(CALL_KEY)
-        original = None
-        if scopes is not None and mark is None:
-            fx = main.get(scopes[0][-1])
-            if fx is not None and fx.op != "placeholder":
-                original = _original(fx, fx_names)
-        elif scopes is not None:
+    def run(self) -> PerBody:
+        model, calls, graph = self.model, self.calls, self.graph
+        decomposed = self.decomposed
+        ir_by_name = {node.name: node for node in graph.nodes}
+        main = {n.name: n for n in decomposed.graph_module.graph.nodes}
+        call_by_name = {call.name: i for i, call in enumerate(calls)}
+        body_index = [{n.name: i for i, n in enumerate(call.nodes)} for call in calls]
+        decomposed_body: dict[int, dict[str, torch.fx.Node]] = {}
+
+        # mark every call node with its call
+        call_nodes: dict[int, ir.Node] = {}
+        for node in model.graph:
+            if node.domain != _SUBGRAPH_DOMAIN:
+                continue
+            scopes = read_scopes(node)
+            fx_call = main.get(scopes[0][-1]) if scopes else None
+            origin = _origin_call(fx_call, call_by_name)
+            if origin is None:
+                raise Unsupported(f"cannot tell which call ONNX node {node.name} is")
+            node.metadata_props[CALL_KEY] = str(origin)
+            call_nodes[origin] = node
+            getter = fx_call.args[0]
+            body = getattr(decomposed.graph_module, getter.target)
+            decomposed_body[origin] = {n.name: n for n in body.graph.nodes}
+        # torch.onnx.export converts its model to its default opset (onnxscript's converter
+        # inlines every function first): here each body is converted once, then inlined (the
+        # bodies, torchlib's helpers: each inlined node keeps its call's marks); dead nodes go
+        # (the translation of a re-traced graph can leave a dead Constant that the flat export
+        # does not have; it would upset outlining)
+        torch_private.convert_opset(model)
+        standing = self._stand_ins(call_nodes)
+        firsts = {calls[i].first for i in standing}
+        input_names = {f: [v.name if v is not None else None for v in call_nodes[f].inputs]
+                       for f in firsts}
+        names = {f: [v.name for v in call_nodes[f].outputs] for f in firsts}
+        inline_functions(model)
+        for cleanup in (common_passes.RemoveUnusedNodesPass(),
+                        common_passes.RemoveUnusedOpsetsPass()):
+            cleanup(model)
+        standing = {i: n for i, n in standing.items() if n.graph is model.graph}
+
+        # module paths of the first call -> this call's, for the other calls inlined
+        repathed = [i for i, call in enumerate(calls) if call.first != i and i not in standing]
+        ir_nodes = {i: [graph.nodes[j] for j in calls[i].group.all_nodes()]
+                    for i in {*repathed, *(calls[i].first for i in repathed)}}
+        path_maps = {i: _path_map(ir_nodes[calls[i].first], ir_nodes[i]) for i in repathed}
+        first_names = {first: {n.name: n for n in calls[first].nodes}
+                       for first in {call.first for call in calls}}
+        facts: dict[int, NodeFacts | None] = {}
+        # the nodes of every call of one body carry the same metadata texts until repathed,
+        # and come from the same decomposed body nodes: parsed and traced back once per body
+        # node
+        scopes_of: dict[tuple, Any] = {}
+        position_of: dict[tuple[int, str], int | None] = {}
+
+        def scopes_for(onnx_node: ir.Node) -> Any:
+            props = onnx_node.metadata_props
+            key = (props.get(NAME_SCOPES), props.get(CLASS_HIERARCHY))
+            if key not in scopes_of:
+                scopes_of[key] = read_scopes(onnx_node)
+            return scopes_of[key]
+
+        def position(index: int, onnx_node: ir.Node) -> int | None:
+            """Position in its call's body of the FX node an inlined node came from."""
+            scopes = scopes_for(onnx_node)
+            if scopes is None:
+                return None
+            first = calls[index].first
+            key = (first, scopes[0][-1])
+            if key not in position_of:
+                fx = decomposed_body.get(index, {}).get(scopes[0][-1])
+                source = _original(fx, first_names[first]) if fx is not None else None
+                position_of[key] = (body_index[first].get(source.name)
+                                    if source is not None else None)
+            return position_of[key]
+
+        def of_call(index: int, at: int | None, onnx_node: ir.Node) -> NodeFacts:
+            original = ir_by_name.get(calls[index].nodes[at].name) if at is not None else None
+            if original is None or original.is_io:
+                return NodeFacts(None, onnx_target(onnx_node))
+            return NodeFacts(original.stack, original.target, original.tags)
+
+        def resolve(onnx_node: ir.Node) -> NodeFacts:
+            mark = onnx_node.metadata_props.get(CALL_KEY)
+            if mark is not None:
+                index = int(mark)
+                return of_call(index, position(index, onnx_node), onnx_node)
+            scopes = scopes_for(onnx_node)
+            original = None
+            if scopes is not None:
+                fx = main.get(scopes[0][-1])
+                if fx is not None and fx.op != "placeholder":
+                    original = _original(fx, ir_by_name)
+            if original is None or original.is_io:
+                return NodeFacts(None, onnx_target(onnx_node))
+            return NodeFacts(original.stack, original.target, original.tags)
+
+        def resolver(onnx_node: ir.Node) -> NodeFacts:
+            key = id(onnx_node)
+            if key not in facts:
+                facts[key] = resolve(onnx_node)
+            return facts[key]
+
+        parsed: dict[str, Any] = {}
+        inlined: dict[int, list[ir.Node]] = {f: [] for f in firsts}
+        standing_nodes = set(standing.values())
+        for node in model.graph:  # resolve while the marks are there, then repath, drop them
+            if node in standing_nodes:
+                node.metadata_props.pop(CALL_KEY, None)
+                continue
+            resolver(node)
+            mark = node.metadata_props.pop(CALL_KEY, None)
+            if mark is None:
+                continue
             index = int(mark)
-            call = calls[index]
-            at = position(call, scopes[0][-1], decomposed_body.get(index, {}))
-            if at is not None:
-                original = ir_by_name.get(call.nodes[at].name)
-        if original is None or original.is_io:
-            return NodeFacts(None, onnx_target(onnx_node))
-        return NodeFacts(original.stack, original.target, original.tags)
+            if index in path_maps:
+                _repath(node.metadata_props, path_maps[index], parsed)
+            elif index in inlined:
+                inlined[index].append(node)
+        templates = {f: self._template(f, inlined[f], input_names[f], names[f], standing)
+                     for f in firsts}
+        at = {f: [position(f, n) for n in templates[f].nodes] for f in firsts}
+        expansions = {}
+        for index, node in standing.items():
+            first = calls[index].first
+            template = templates[first]
+            expansions[node] = stand_in(node, index, first, template, [
+                of_call(index, p, n) for p, n in zip(at[first], template.nodes)])
+        distinct = len({call.first for call in calls})
+        return PerBody(model, resolver, distinct, len(calls),
+                       len(calls) - len(standing), expansions, templates,
+                       tuple(call.group.id for call in calls), self.materialize)
 
-    def resolver(onnx_node: ir.Node) -> NodeFacts:
-        key = id(onnx_node)
-        if key not in facts:
-            facts[key] = resolve(onnx_node)
-        return facts[key]
+    def _template(self, first: int, nodes: list[ir.Node], input_names: list[str | None],
+                  output_names: list[str | None], standing: dict[int, ir.Node]) -> Template:
+        """The template of call ``first`` inlined as ``nodes``: inlining kept the names of
+        the call's outputs, and of its inputs (an inlined call's outputs, maybe, whose values
+        it replaced), so both are found again by name."""
+        made = {v.name: v for n in nodes for v in n.outputs if v.name is not None}
+        outer = {v.name: v for n in nodes for v in n.inputs
+                 if v is not None and v.name is not None and v.name not in made}
+        template = make_template(nodes, [outer.get(n) if n else None for n in input_names],
+                                 [made.get(n) if n else None for n in output_names])
+        if template is None:
+            raise Materialize([i for i in standing if self.calls[i].first == first],
+                              "a first call's inlined nodes cannot be copied")
+        return template
 
-    parsed: dict[str, Any] = {}
-    for node in model.graph:  # resolve while the marks are there, then repath, drop them
-        resolver(node)
-        mark = node.metadata_props.pop(CALL_KEY, None)
-        if mark is not None and int(mark) in path_maps:
-            _repath(node.metadata_props, path_maps[int(mark)], parsed)
-    distinct = len({call.first for call in calls})
-    return PerBody(model, resolver, distinct, len(calls))
+    def _stand_ins(self, call_nodes: dict[int, ir.Node]) -> dict[int, ir.Node]:
+        """The calls left standing (their nodes moved to :data:`standins.DOMAIN`): not the
+        first of their body, not to be materialized, their outputs used as the first's are."""
+        if not self.stand_ins:
+            return {}
+        standing = {}
+        used = {i: [bool(v.uses()) or v.is_graph_output() for v in node.outputs]
+                for i, node in call_nodes.items()}
+        for index, node in call_nodes.items():
+            first = self.calls[index].first
+            if first == index or index in self.materialize or first not in call_nodes \
+                    or used[index] != used[first]:
+                continue
+            node.domain = STANDIN_DOMAIN
+            standing[index] = node
+        return standing
 
 
 def _origin_call(fx_call: torch.fx.Node | None, call_by_name: dict[str, int]) -> int | None:

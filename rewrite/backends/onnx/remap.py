@@ -10,12 +10,19 @@ except groups the optimizer folded away entirely, which are reported.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Mapping
 
 from rewrite.compile import RuleSet
 from rewrite.errors import Diagnostic
 from rewrite.frontends.fx import from_exported_program
-from rewrite.frontends.onnx import NodeFacts, Resolver, from_onnx_model, onnx_target, read_scopes
+from rewrite.frontends.onnx import (
+    Expansion,
+    NodeFacts,
+    Resolver,
+    from_onnx_model,
+    onnx_target,
+    read_scopes,
+)
 from rewrite.grouping import GroupTree, group_graph
 from rewrite.ir import Graph
 
@@ -63,10 +70,13 @@ def regroup(rules: RuleSet, tree: GroupTree, model: "ir.Model",
     return regroup_with(rules, tree, model, resolver)
 
 
-def regroup_with(rules: RuleSet, tree: GroupTree, model: "ir.Model",
-                 resolver: Resolver) -> tuple[GroupTree, list[Diagnostic]]:
-    """:func:`regroup` with the facts of each ONNX node from ``resolver``."""
-    graph = from_onnx_model(model, resolve=resolver, root_class=tree.graph.root_class)
+def regroup_with(rules: RuleSet, tree: GroupTree, model: "ir.Model", resolver: Resolver,
+                 stand_ins: Mapping["ir.Node", Expansion] | None = None,
+                 ) -> tuple[GroupTree, list[Diagnostic]]:
+    """:func:`regroup` with the facts of each ONNX node from ``resolver`` (nodes standing for
+    several read as their ``stand_ins``)."""
+    graph = from_onnx_model(model, resolve=resolver, root_class=tree.graph.root_class,
+                            stand_ins=stand_ins)
     onnx_tree = group_graph(rules, graph)
     return onnx_tree, compare_trees(tree, onnx_tree)
 

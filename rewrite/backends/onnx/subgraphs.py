@@ -3,7 +3,11 @@
 The outermost groups whose bodies repeat become calls of one shared subgraph per distinct
 body: ``torch.ops.higher_order.invoke_subgraph(body, identifier, *inputs)``, weights and every
 value from outside passed as inputs (:func:`rebuild`). Bodies are the same when their nodes
-are (ops, arguments, scalars; the shapes and types of their inputs).
+are (ops, arguments, scalars; the shapes and types of their inputs: ``_fx_keys.body_key``),
+their groups are (which body node sits in which group of the subtree, by position; the groups'
+function names and domains), their nodes' tags are, and the same nodes leave the body
+(:func:`_group_key`). Calls of one body then give the same function (all but the first are
+not even inlined, see :mod:`standins`).
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ import copy
 import operator
 from typing import Hashable
 
+import numpy as np
 import torch
 from attrs import frozen
 
@@ -56,31 +61,63 @@ def _subgraph(owner: torch.fx.GraphModule, nodes: list[torch.fx.Node],
     return torch.fx.GraphModule(owner, graph)
 
 
-def _selected(tree: GroupTree, by_index) -> list[tuple[Group, list[torch.fx.Node]]]:
+def _group_key(tree: GroupTree, group: Group, indices: list[int],
+               nodes: list[torch.fx.Node]) -> Hashable:
+    """What else two calls of one body must share to give one function: per node (by
+    position) its group in the subtree and its tags; per group of the subtree (numbered in
+    order of first node) its parent, kind, function name and domain; which nodes leave."""
+    records, parent = tree.records, tree.table.parent
+    local: dict[int, int] = {group.index: 0}
+    shape: list[tuple] = [("", group.kind, group.function_name, group.domain)]
+
+    def number(g: int) -> int:
+        found = local.get(g)
+        if found is None:
+            up = number(int(parent[g]))
+            record = records[g]
+            found = local[g] = len(shape)
+            shape.append((up, record.kind, record.function_name, record.domain))
+        return found
+
+    at = np.asarray(indices, dtype=np.int64)
+    placed = tuple([number(g) for g in tree.group_of[at].tolist()])
+    tagged = tuple(tree.tags_id[at].tolist())  # ids into one tree's tag sets
+    members = set(nodes)
+    leaving = tuple([k for k, n in enumerate(nodes) if any(u not in members for u in n.users)])
+    return placed, tuple(shape), tagged, leaving
+
+
+Chosen = tuple[Group, list[torch.fx.Node], Hashable, list[torch.fx.Node]]
+"""A group whose body repeats, its nodes, its key and its inputs (``body_key``'s)."""
+
+
+def _selected(tree: GroupTree, by_index) -> list[Chosen]:
     """The outermost groups whose body repeats (descending into groups that do not)."""
-    keyed: dict[str, tuple[Hashable, list]] = {}
+    keyed: dict[int, tuple[Hashable, list, list]] = {}
     counts: dict[Hashable, int] = {}
 
     def visit(group: Group) -> None:
-        nodes = [by_index(i) for i in group.all_nodes()]
+        indices = group.all_nodes()
+        nodes = [by_index(i) for i in indices]
         if any(n.op != "call_function" or isinstance(n.target, torch._ops.HigherOrderOperator)
                for n in nodes):
-            key = ("not shared", group.index)  # a subgraph or a constant inside: not a body
+            key, inputs = ("not shared", group.index), []  # a subgraph or a constant inside
         else:
-            key, _ = body_key(nodes)
-        keyed[group.index] = (key, nodes)
+            key, inputs = body_key(nodes)
+            key = (key, _group_key(tree, group, indices, nodes))
+        keyed[group.index] = (key, nodes, inputs)
         counts[key] = counts.get(key, 0) + 1
 
     level = list(tree.root.children)
-    chosen: list[tuple[Group, list[torch.fx.Node]]] = []
+    chosen: list[Chosen] = []
     while level:
         for group in level:
             visit(group)
         below = []
         for group in level:
-            key, nodes = keyed[group.index]
+            key, nodes, inputs = keyed[group.index]
             if counts[key] > 1:
-                chosen.append((group, nodes))
+                chosen.append((group, nodes, key, inputs))
             else:
                 below.extend(group.children)
         level = below
@@ -98,8 +135,7 @@ def rebuild(program: torch.export.ExportedProgram, tree: GroupTree
     bodies: dict[Hashable, tuple[str, int]] = {}
     plans = []
     calls: list[Call] = []
-    for index, (group, nodes) in enumerate(chosen):
-        key, inputs = body_key(nodes)
+    for index, (group, nodes, key, inputs) in enumerate(chosen):
         if key not in bodies:
             attr = f"body_{len(bodies)}"
             gm.register_module(attr, _subgraph(source, nodes, inputs))
