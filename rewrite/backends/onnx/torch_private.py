@@ -29,6 +29,8 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import torch
 
+from rewrite.backends.onnx.torchlib import from_torchlib
+
 if TYPE_CHECKING:
     import onnx_ir as ir
 
@@ -55,7 +57,6 @@ def _apis() -> dict[str, Any]:
             _core,
             _decomp,
             _fx_passes,
-            _registration,
         )
         return {
             "python_dispatcher": enable_python_dispatcher, "TracingContext": TracingContext,
@@ -67,7 +68,6 @@ def _apis() -> dict[str, Any]:
             "friendly_table": _decomp.create_onnx_friendly_decomposition_table,
             "type_promotion": _fx_passes.insert_type_promotion_nodes,
             "remove_assertions": _fx_passes.remove_assertion_nodes,
-            "Registry": _registration.ONNXRegistry,
             "default_opset": onnx_constants.ONNX_DEFAULT_OPSET,
             "torchlib_opset": _constants.TORCHLIB_OPSET,
         }
@@ -89,8 +89,7 @@ def _registry_and_tables():
     """torchlib's registry and the decomposition tables (built once per process)."""
     api = _apis()
     # as torch.onnx.export (``_compat.export_compat``) builds it for its default opset
-    registry = api["Registry"].from_torchlib(opset_version=max(api["default_opset"],
-                                                              api["torchlib_opset"]))
+    registry = from_torchlib(max(api["default_opset"], api["torchlib_opset"]))
     return (registry, *_tables(registry))
 
 
