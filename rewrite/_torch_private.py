@@ -15,10 +15,11 @@ to import:
   the default one.
 * ``torch._ops.OpOverload`` / ``OpOverloadPacket``: an FX node's target printed as
   ``aten.mm.default``. Fallback: recognised by class name.
-* ``torch._export.serde.serialize.typing``: while a ``.pt2`` loads, the module's
-  ``typing.get_type_hints`` (called once per deserialized object, for one of a few dozen
-  schema classes: ~47,000 calls, ~45% of ``torch.export.load``'s CPU time on the 48-block
-  GPT-2) is memoized (:func:`memoized_pt2_type_hints`). Same program; fallback: not memoized.
+* ``torch._export.serde.serialize._dict_to_dataclass`` (with ``schema`` and
+  ``union``: ``_Union``, ``_UnionTag``): while a ``.pt2`` loads, the JSON is decoded by a decoder that inspects
+  each schema type once, not once per value (:func:`fast_pt2_decoding`,
+  :mod:`rewrite._pt2_decode`; ~45% of ``torch.export.load``'s CPU time on the 48-block
+  GPT-2). Same program; fallback: torch's decoder.
 
 Texts torch prints are parsed in two places, each falling back to the plain message when the
 text changes: :mod:`rewrite.frontends.pt2` (``torch.export.load``'s reasons) and
@@ -28,10 +29,11 @@ text changes: :mod:`rewrite.frontends.pt2` (``torch.export.load``'s reasons) and
 from __future__ import annotations
 
 import contextlib
-import typing
 from typing import Any, Iterator
 
 import torch
+
+from rewrite._pt2_decode import SchemaDecoder
 
 CHECKED_WITH = ("2.13.0",)
 """torch versions these private APIs were checked against."""
@@ -80,41 +82,19 @@ def is_op_overload(target: Any) -> bool:
     return type(target).__name__ in ("OpOverload", "OpOverloadPacket")  # pragma: no cover
 
 
-class _TypingWithCachedHints:
-    """The ``typing`` module with ``get_type_hints`` memoized for classes."""
-
-    def __init__(self) -> None:
-        # attributes, not __getattr__: read ~500,000 times while a program loads
-        self.__dict__.update(vars(typing))
-        self.get_type_hints = self._get_type_hints
-        self._cache: dict[tuple[type, int], dict[str, Any]] = {}
-
-    def _get_type_hints(self, obj: Any, globalns: dict | None = None, *args: Any,
-                        **kwargs: Any) -> dict[str, Any]:
-        if args or kwargs or not isinstance(obj, type):
-            return typing.get_type_hints(obj, globalns, *args, **kwargs)
-        key = (obj, id(globalns))
-        hints = self._cache.get(key)
-        if hints is None:
-            hints = self._cache[key] = typing.get_type_hints(obj, globalns)
-        return hints
-
-
 @contextlib.contextmanager
-def memoized_pt2_type_hints() -> Iterator[None]:
-    """While in this context, ``torch.export.load`` resolves each schema class's type hints
-    once (torch's deserializer resolves them again for every object it reads; the classes and
-    the namespace are fixed, so the hints are the same each time)."""
+def fast_pt2_decoding() -> Iterator[None]:
+    """While in this context, ``torch.export.load`` decodes the program's JSON with a
+    :class:`rewrite._pt2_decode.SchemaDecoder` (torch's ``_dict_to_dataclass`` inspects the
+    target type again for every value; the decoder once per type; same program)."""
     try:
-        from torch._export.serde import serialize
-    except ImportError:  # pragma: no cover - not in the checked versions
+        from torch._export.serde import schema, serialize, union
+        torch_decode = serialize._dict_to_dataclass
+    except (ImportError, AttributeError):  # pragma: no cover - not in the checked versions
         yield
         return
-    if getattr(serialize, "typing", None) is not typing:  # pragma: no cover - changed
-        yield
-        return
-    serialize.typing = _TypingWithCachedHints()  # type: ignore[assignment]
+    serialize._dict_to_dataclass = SchemaDecoder(schema, union)
     try:
         yield
     finally:
-        serialize.typing = typing
+        serialize._dict_to_dataclass = torch_decode
