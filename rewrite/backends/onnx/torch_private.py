@@ -9,7 +9,12 @@ submodule of the graph module: ``invoke_subgraph`` bodies become local functions
 per-body lowering does the same two steps, except that the decomposition is a ``make_fx``
 re-trace (no AOT export, no functionalization) under the same decomposition table, the same
 preserved CompositeImplicitAutograd ops and a ``TracingContext``, whose invoke_subgraph cache
-traces each subgraph identifier once.
+traces each subgraph identifier once. Two shortcuts keep the cost of each further call low,
+the result the same: the graph modules made are torch's lazy ones
+(``torch.fx._lazy_graph_module``; fallback: eager), whose code is generated when first used
+rather than at every pass's recompile, and the type promotion pass takes an
+``invoke_subgraph`` call's value from its ``val`` instead of running the body again
+(:func:`_promote_types`). torchlib's registry is built by :mod:`torchlib`.
 
 Anything missing or changed raises :class:`Unavailable`; the caller then lowers the flat
 program (the public ``torch.onnx.export``).
@@ -23,9 +28,10 @@ fallback).
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, ContextManager, Mapping, Sequence
 
 import torch
 
@@ -58,6 +64,7 @@ def _apis() -> dict[str, Any]:
             _decomp,
             _fx_passes,
         )
+        from torch.onnx._internal.fx.passes import type_promotion
         return {
             "python_dispatcher": enable_python_dispatcher, "TracingContext": TracingContext,
             "detect_fake_mode": detect_fake_mode,
@@ -66,7 +73,9 @@ def _apis() -> dict[str, Any]:
             "to_onnx_program": _core._exported_program_to_onnx_program,
             "implemented": _decomp.get_onnx_implemented_overloads,
             "friendly_table": _decomp.create_onnx_friendly_decomposition_table,
-            "type_promotion": _fx_passes.insert_type_promotion_nodes,
+            "promotion_pass": type_promotion.InsertTypePromotion,
+            "promotion_interpreter": type_promotion._TypePromotionInterpreter,
+            "invoke_subgraph": torch.ops.higher_order.invoke_subgraph,
             "remove_assertions": _fx_passes.remove_assertion_nodes,
             "default_opset": onnx_constants.ONNX_DEFAULT_OPSET,
             "torchlib_opset": _constants.TORCHLIB_OPSET,
@@ -138,20 +147,62 @@ def decompose(program: torch.export.ExportedProgram, tables: tuple
 
     # as run_decompositions: CompositeImplicitAutograd ops torchlib implements (linear, sdpa)
     # are kept through the python dispatcher; a TracingContext caches each invoke_subgraph
-    # body's trace by identifier; no_grad skips the per-call schema re-trace of autograd
-    with (torch.no_grad(), api["python_dispatcher"](), api["override_cia"](cia),
-          api["tracing"](api["TracingContext"](fake_mode)), fake_mode,
-          torch.fx.traceback.preserve_node_meta(),
-          torch.fx.experimental._config.patch(backed_size_oblivious=True)):
-        new = api["make_fx"](run, decomposition_table=table, tracing_mode="real")(*values)
-    _keep_names(gm.graph, new.graph, placeholders)
-    new.recompile()
-    with torch.no_grad():
-        api["type_promotion"](new)
-    new = api["remove_assertions"](new)
+    # body's trace by identifier; no_grad skips the per-call schema re-trace of autograd.
+    # Graph modules made here are lazy: their code is generated when first run (a body, once)
+    # or read, not at each of the passes' recompiles (the translation reads graphs only)
+    with _lazy_graph_modules():
+        with (torch.no_grad(), api["python_dispatcher"](), api["override_cia"](cia),
+              api["tracing"](api["TracingContext"](fake_mode)), fake_mode,
+              torch.fx.traceback.preserve_node_meta(),
+              torch.fx.experimental._config.patch(backed_size_oblivious=True)):
+            new = api["make_fx"](run, decomposition_table=table, tracing_mode="real")(*values)
+        _keep_names(gm.graph, new.graph, placeholders)
+        new.recompile()
+        with torch.no_grad():
+            _promote_types(new)
+        new = api["remove_assertions"](new)
     decomposed = copy.copy(program)
     decomposed._graph_module = new
     return decomposed
+
+
+def _promote_types(gm: torch.fx.GraphModule) -> None:
+    """torch.onnx's ``insert_type_promotion_nodes(gm)`` (each module of ``gm``: its
+    ``InsertTypePromotion`` pass), except that the pass's interpreter takes the value of an
+    ``invoke_subgraph`` call from the call's ``val`` (set by the trace) instead of running
+    the body again under the fake mode (~0.5 ms per call; no type promotion rule applies to
+    the call itself, and its body is a module of its own, promoted once)."""
+    api = _apis()
+    for module in gm.modules():
+        promotion = api["promotion_pass"](module)
+        promotion.interpreter = _meta_call_interpreter()(
+            module, promotion.interpreter.type_promotion_table)
+        promotion.run()
+
+
+@functools.lru_cache(maxsize=1)
+def _meta_call_interpreter() -> type:
+    """torch.onnx's type promotion interpreter, ``invoke_subgraph`` calls read from meta."""
+    api = _apis()
+    hop = api["invoke_subgraph"]
+
+    class MetaCallInterpreter(api["promotion_interpreter"]):
+        def run_node(self, n: torch.fx.Node) -> Any:
+            if n.op == "call_function" and n.target is hop and "val" in n.meta:
+                return n.meta["val"]
+            return super().run_node(n)
+
+    return MetaCallInterpreter
+
+
+def _lazy_graph_modules() -> ContextManager:
+    """Graph modules made inside generate their code on first use (torch's lazy graph
+    modules); without that private API, when made (the same modules)."""
+    try:
+        from torch.fx._lazy_graph_module import _use_lazy_graph_module
+    except ImportError:  # pragma: no cover - not in the checked versions
+        return contextlib.nullcontext()
+    return _use_lazy_graph_module(True)
 
 
 def _keep_names(old: torch.fx.Graph, new: torch.fx.Graph, placeholders: list) -> None:
