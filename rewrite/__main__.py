@@ -1,5 +1,5 @@
 import sys
 
-from rewrite.cli.main import main
+from rewrite.cli.process import run
 
-sys.exit(main())
+sys.exit(run())
