@@ -8,6 +8,9 @@ to import:
 * ``torch.fx._lazy_graph_module._LazyGraphModule``: lowered FX modules compile their code
   once per distinct body (:mod:`rewrite.backends.fx.compile`). Fallback: plain
   ``GraphModule`` (compiles each module when built; same modules, slower).
+* ``torch.fx._lazy_graph_module._use_lazy_graph_module``: the graph modules torch makes
+  while the per-body lowering decomposes are lazy, their code generated on first use, not
+  at each pass's recompile (:func:`lazy_graph_modules`). Fallback: eager (same modules).
 * ``torch.fx.graph._PyTreeCodeGen`` / ``_PyTreeInfo``: the lowered GraphModule takes the
   program's (nested) arguments like ``ExportedProgram.module()``. Fallback: the default
   code generation (flat positional arguments).
@@ -40,8 +43,10 @@ CHECKED_WITH = ("2.13.0",)
 
 try:
     from torch.fx._lazy_graph_module import _LazyGraphModule as LazyGraphModule
+    from torch.fx._lazy_graph_module import _use_lazy_graph_module
 except ImportError:  # pragma: no cover - not in the checked versions
     LazyGraphModule = torch.fx.GraphModule  # type: ignore[misc, assignment]
+    _use_lazy_graph_module = None
 
 try:
     from torch.fx.graph import _PyTreeCodeGen, _PyTreeInfo
@@ -52,6 +57,14 @@ _OP_TYPES: tuple[type, ...] = tuple(
     t for t in (getattr(getattr(torch, "_ops", None), n, None)
                 for n in ("OpOverload", "OpOverloadPacket")) if isinstance(t, type)
 )
+
+
+def lazy_graph_modules() -> contextlib.AbstractContextManager:
+    """Graph modules torch makes inside generate their code when first run or read, not when
+    made or recompiled (torch's lazy graph modules). Fallback: when made (same modules)."""
+    if _use_lazy_graph_module is None:  # pragma: no cover - not in the checked versions
+        return contextlib.nullcontext()
+    return _use_lazy_graph_module(True)
 
 
 def real_recompile(module: torch.fx.GraphModule) -> None:

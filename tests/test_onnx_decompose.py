@@ -28,7 +28,7 @@ def _graphs(decomposed) -> list:
 def plain(monkeypatch):
     """torch's passes as they are: eager graph modules, the type promotion pass as is."""
     def use():
-        monkeypatch.setattr(torch_private, "_lazy_graph_modules", contextlib.nullcontext)
+        monkeypatch.setattr(torch_private, "lazy_graph_modules", contextlib.nullcontext)
         monkeypatch.setattr(torch_private, "_promote_types",
                             _fx_passes.insert_type_promotion_nodes)
     return use

@@ -11,7 +11,7 @@ re-trace (no AOT export, no functionalization) under the same decomposition tabl
 preserved CompositeImplicitAutograd ops and a ``TracingContext``, whose invoke_subgraph cache
 traces each subgraph identifier once. Two shortcuts keep the cost of each further call low,
 the result the same: the graph modules made are torch's lazy ones
-(``torch.fx._lazy_graph_module``; fallback: eager), whose code is generated when first used
+(:func:`rewrite._torch_private.lazy_graph_modules`), whose code is generated when first used
 rather than at every pass's recompile, and the type promotion pass takes an
 ``invoke_subgraph`` call's value from its ``val`` instead of running the body again
 (:func:`_promote_types`). torchlib's registry is built by :mod:`torchlib`.
@@ -28,13 +28,13 @@ fallback).
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import functools
-from typing import TYPE_CHECKING, Any, ContextManager, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import torch
 
+from rewrite._torch_private import lazy_graph_modules
 from rewrite.backends.onnx.torchlib import from_torchlib
 
 if TYPE_CHECKING:
@@ -150,7 +150,7 @@ def decompose(program: torch.export.ExportedProgram, tables: tuple
     # body's trace by identifier; no_grad skips the per-call schema re-trace of autograd.
     # Graph modules made here are lazy: their code is generated when first run (a body, once)
     # or read, not at each of the passes' recompiles (the translation reads graphs only)
-    with _lazy_graph_modules():
+    with lazy_graph_modules():
         with (torch.no_grad(), api["python_dispatcher"](), api["override_cia"](cia),
               api["tracing"](api["TracingContext"](fake_mode)), fake_mode,
               torch.fx.traceback.preserve_node_meta(),
@@ -193,16 +193,6 @@ def _meta_call_interpreter() -> type:
             return super().run_node(n)
 
     return MetaCallInterpreter
-
-
-def _lazy_graph_modules() -> ContextManager:
-    """Graph modules made inside generate their code on first use (torch's lazy graph
-    modules); without that private API, when made (the same modules)."""
-    try:
-        from torch.fx._lazy_graph_module import _use_lazy_graph_module
-    except ImportError:  # pragma: no cover - not in the checked versions
-        return contextlib.nullcontext()
-    return _use_lazy_graph_module(True)
 
 
 def _keep_names(old: torch.fx.Graph, new: torch.fx.Graph, placeholders: list) -> None:
