@@ -11,6 +11,9 @@ to import:
 * ``torch.fx._lazy_graph_module._use_lazy_graph_module``: the graph modules torch makes
   while the per-body lowering decomposes are lazy, their code generated on first use, not
   at each pass's recompile (:func:`lazy_graph_modules`). Fallback: eager (same modules).
+* ``torch.export.exported_program._create_graph_module_for_export``: while a ``.pt2``
+  loads, it makes lazy graph modules (:func:`lazy_program_graph_modules`; the loader made
+  each graph's code twice, and rewrite reads graphs). Fallback: eager (same modules).
 * ``torch.fx.graph._PyTreeCodeGen`` / ``_PyTreeInfo``: the lowered GraphModule takes the
   program's (nested) arguments like ``ExportedProgram.module()``. Fallback: the default
   code generation (flat positional arguments).
@@ -65,6 +68,27 @@ def lazy_graph_modules() -> contextlib.AbstractContextManager:
     if _use_lazy_graph_module is None:  # pragma: no cover - not in the checked versions
         return contextlib.nullcontext()
     return _use_lazy_graph_module(True)
+
+
+@contextlib.contextmanager
+def lazy_program_graph_modules() -> Iterator[None]:
+    """While in this context, the graph modules torch makes for exported programs
+    (``exported_program._create_graph_module_for_export``: twice per graph while a ``.pt2``
+    loads) are lazy: their code is generated on first use, not when made. Fallback: eager."""
+    try:
+        from torch.export import exported_program
+        make = exported_program._create_graph_module_for_export
+    except (ImportError, AttributeError):  # pragma: no cover - not in the checked versions
+        yield
+        return
+    if LazyGraphModule is torch.fx.GraphModule:  # pragma: no cover - not in the checked versions
+        yield
+        return
+    exported_program._create_graph_module_for_export = LazyGraphModule
+    try:
+        yield
+    finally:
+        exported_program._create_graph_module_for_export = make
 
 
 def real_recompile(module: torch.fx.GraphModule) -> None:
