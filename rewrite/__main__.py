@@ -1,5 +1,3 @@
-import sys
-
 from rewrite.cli.process import run
 
-sys.exit(run())
+run()

@@ -12,19 +12,31 @@ from rewrite.cli.process import THRESHOLDS
 from tests.onnx_fixtures import GPT2_RULES
 
 PROBE = """
-import gc, sys
+import atexit, gc, sys
 from rewrite.cli.process import run
-sys.argv = ["rewrite", "check", sys.argv[1]]
-code = run()
-print(code, gc.isenabled(), gc.get_threshold(), gc.get_freeze_count() > 0)
+atexit.register(lambda: print(gc.isenabled(), gc.get_threshold(), gc.get_freeze_count() > 0))
+sys.argv = ["rewrite", *sys.argv[1:]]
+run()
+print("not reached")
 """
 
 
-def test_entry_point_sets_the_collector_and_runs_the_command():
-    out = subprocess.run([sys.executable, "-c", PROBE, str(GPT2_RULES)], capture_output=True,
-                         text=True, check=True).stdout.splitlines()
+def _probe(*argv: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", PROBE, *argv], capture_output=True, text=True)
+
+
+def test_entry_point_sets_the_collector_runs_the_command_and_exits():
+    proc = _probe("check", str(GPT2_RULES))
+    out = proc.stdout.splitlines()
+    assert proc.returncode == 0
     assert ": ok (" in out[0]
-    assert out[-1] == f"0 True {THRESHOLDS} True"
+    assert out[-1] == f"True {THRESHOLDS} True"  # the exit handlers ran
+
+
+def test_entry_point_exits_with_the_commands_code(tmp_path):
+    proc = _probe("check", str(tmp_path / "missing.rules"))
+    assert proc.returncode == 2
+    assert "missing.rules" in proc.stderr
 
 
 def test_python_dash_m_is_the_entry_point(gpt2_pt2, tmp_path):
