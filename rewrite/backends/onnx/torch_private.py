@@ -64,7 +64,6 @@ def _apis() -> dict[str, Any]:
             _decomp,
             _fx_passes,
         )
-        from torch.onnx._internal.fx.passes import type_promotion
         return {
             "python_dispatcher": enable_python_dispatcher, "TracingContext": TracingContext,
             "detect_fake_mode": detect_fake_mode,
@@ -73,9 +72,7 @@ def _apis() -> dict[str, Any]:
             "to_onnx_program": _core._exported_program_to_onnx_program,
             "implemented": _decomp.get_onnx_implemented_overloads,
             "friendly_table": _decomp.create_onnx_friendly_decomposition_table,
-            "promotion_pass": type_promotion.InsertTypePromotion,
-            "promotion_interpreter": type_promotion._TypePromotionInterpreter,
-            "invoke_subgraph": torch.ops.higher_order.invoke_subgraph,
+            "type_promotion": _fx_passes.insert_type_promotion_nodes,
             "remove_assertions": _fx_passes.remove_assertion_nodes,
             "default_opset": onnx_constants.ONNX_DEFAULT_OPSET,
             "torchlib_opset": _constants.TORCHLIB_OPSET,
@@ -171,28 +168,39 @@ def _promote_types(gm: torch.fx.GraphModule) -> None:
     ``InsertTypePromotion`` pass), except that the pass's interpreter takes the value of an
     ``invoke_subgraph`` call from the call's ``val`` (set by the trace) instead of running
     the body again under the fake mode (~0.5 ms per call; no type promotion rule applies to
-    the call itself, and its body is a module of its own, promoted once)."""
-    api = _apis()
+    the call itself, and its body is a module of its own, promoted once). Without the
+    pass's private classes: ``insert_type_promotion_nodes`` as it is."""
+    classes = _meta_call_promotion()
+    if classes is None:  # pragma: no cover - not in the checked versions
+        _apis()["type_promotion"](gm)
+        return
+    promotion_pass, interpreter = classes
     for module in gm.modules():
-        promotion = api["promotion_pass"](module)
-        promotion.interpreter = _meta_call_interpreter()(
-            module, promotion.interpreter.type_promotion_table)
+        promotion = promotion_pass(module)
+        promotion.interpreter = interpreter(module, promotion.interpreter.type_promotion_table)
         promotion.run()
 
 
 @functools.lru_cache(maxsize=1)
-def _meta_call_interpreter() -> type:
-    """torch.onnx's type promotion interpreter, ``invoke_subgraph`` calls read from meta."""
-    api = _apis()
-    hop = api["invoke_subgraph"]
+def _meta_call_promotion() -> tuple[type, type] | None:
+    """torch.onnx's type promotion pass and its interpreter with ``invoke_subgraph`` calls
+    read from meta; None without them."""
+    try:
+        from torch.onnx._internal.fx.passes.type_promotion import (
+            InsertTypePromotion,
+            _TypePromotionInterpreter,
+        )
+        hop = torch.ops.higher_order.invoke_subgraph
+    except (ImportError, AttributeError):  # pragma: no cover - not in the checked versions
+        return None
 
-    class MetaCallInterpreter(api["promotion_interpreter"]):
+    class MetaCallInterpreter(_TypePromotionInterpreter):
         def run_node(self, n: torch.fx.Node) -> Any:
             if n.op == "call_function" and n.target is hop and "val" in n.meta:
                 return n.meta["val"]
             return super().run_node(n)
 
-    return MetaCallInterpreter
+    return InsertTypePromotion, MetaCallInterpreter
 
 
 def _keep_names(old: torch.fx.Graph, new: torch.fx.Graph, placeholders: list) -> None:
