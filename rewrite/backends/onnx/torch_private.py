@@ -95,7 +95,10 @@ def _registry_and_tables():
     """torchlib's registry and the decomposition tables (built once per process)."""
     api = _apis()
     # as torch.onnx.export (``_compat.export_compat``) builds it for its default opset
-    registry = from_torchlib(max(api["default_opset"], api["torchlib_opset"]))
+    try:
+        registry = from_torchlib(max(api["default_opset"], api["torchlib_opset"]))
+    except (ImportError, AttributeError) as e:  # pragma: no cover - not in the checked versions
+        raise Unavailable(f"torch {torch.__version__}: {e}") from None
     return (registry, *_tables(registry))
 
 
