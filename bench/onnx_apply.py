@@ -14,8 +14,8 @@
      without its optimizer, outline, optimize each distinct function once, write);
    * plain: a script that runs ``torch.export.load`` + ``torch.onnx.export(program,
      dynamo=True)`` (defaults: optimize=True) + ``save``.
-   Target (issue 12): rewrite apply at least 5x faster. Wall time and the processes' CPU time are both
-   shown. Also, with the program already in memory (no load, nothing written),
+   Target (issue 12): rewrite apply at least 5x faster. Wall time and the processes' CPU
+   time are both shown. Also, with the program already in memory (no load, nothing written),
    ``rewrite.apply(rules, program).to_onnx()`` vs ``torch.onnx.export(program)``.
 3. onnxruntime latency of the grouped model vs the flat one (CPU, 1 thread, default graph
    optimizations), measured by ``bench.ort_latency``: ``--ort-runs`` rounds over 16 sets of

@@ -102,9 +102,9 @@ class SchemaDecoder:
         tag), with the class's fields read and checked here once instead of twice per
         object."""
         fields = dataclasses.fields(cls)
-        union = self._union
-        plain = (getattr(cls.create, "__func__", None) is union.create.__func__  # type: ignore[attr-defined]
-                 and cls.__post_init__ is union.__post_init__  # type: ignore[attr-defined]
+        union: Any = self._union
+        plain = (getattr(cls.create, "__func__", None) is union.create.__func__
+                 and getattr(cls, "__post_init__", None) is union.__post_init__
                  and cls.__init__.__qualname__ == f"{cls.__qualname__}.__init__"
                  and cls.__setattr__ is object.__setattr__
                  and not hasattr(cls, "__slots__")

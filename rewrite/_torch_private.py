@@ -21,9 +21,9 @@ to import:
   the default one.
 * ``torch._ops.OpOverload`` / ``OpOverloadPacket``: an FX node's target printed as
   ``aten.mm.default``. Fallback: recognised by class name.
-* ``torch._export.serde.serialize._dict_to_dataclass`` (with ``schema`` and
-  ``union``: ``_Union``, ``_UnionTag``): while a ``.pt2`` loads, the JSON is decoded by a decoder that inspects
-  each schema type once, not once per value (:func:`fast_pt2_decoding`,
+* ``torch._export.serde.serialize._dict_to_dataclass`` (with ``schema`` and ``union``:
+  ``_Union``, ``_UnionTag``): while a ``.pt2`` loads, the JSON is decoded by a decoder that
+  inspects each schema type once, not once per value (:func:`fast_pt2_decoding`,
   :mod:`rewrite._pt2_decode`; ~45% of ``torch.export.load``'s CPU time on the 48-block
   GPT-2). Same program; fallback: torch's decoder.
 
