@@ -1,5 +1,3 @@
-import sys
+from rewrite.cli.process import run
 
-from rewrite.cli.main import main
-
-sys.exit(main())
+run()

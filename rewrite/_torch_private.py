@@ -8,6 +8,12 @@ to import:
 * ``torch.fx._lazy_graph_module._LazyGraphModule``: lowered FX modules compile their code
   once per distinct body (:mod:`rewrite.backends.fx.compile`). Fallback: plain
   ``GraphModule`` (compiles each module when built; same modules, slower).
+* ``torch.fx._lazy_graph_module._use_lazy_graph_module``: the graph modules torch makes
+  while the per-body lowering decomposes are lazy, their code generated on first use, not
+  at each pass's recompile (:func:`lazy_graph_modules`). Fallback: eager (same modules).
+* ``torch.export.exported_program._create_graph_module_for_export``: while a ``.pt2``
+  loads, it makes lazy graph modules (:func:`lazy_program_graph_modules`; the loader made
+  each graph's code twice, and rewrite reads graphs). Fallback: eager (same modules).
 * ``torch.fx.graph._PyTreeCodeGen`` / ``_PyTreeInfo``: the lowered GraphModule takes the
   program's (nested) arguments like ``ExportedProgram.module()``. Fallback: the default
   code generation (flat positional arguments).
@@ -15,10 +21,12 @@ to import:
   the default one.
 * ``torch._ops.OpOverload`` / ``OpOverloadPacket``: an FX node's target printed as
   ``aten.mm.default``. Fallback: recognised by class name.
-* ``torch._export.serde.serialize.typing``: while a ``.pt2`` loads, the module's
-  ``typing.get_type_hints`` (called once per deserialized object, for one of a few dozen
-  schema classes: ~47,000 calls, ~45% of ``torch.export.load``'s CPU time on the 48-block
-  GPT-2) is memoized (:func:`memoized_pt2_type_hints`). Same program; fallback: not memoized.
+* ``torch._export.serde.serialize._dict_to_dataclass`` (with ``schema`` and ``union``:
+  ``_Union``, ``_UnionTag``): while a ``.pt2`` loads, the JSON is decoded by a decoder that
+  inspects each schema type once, not once per value (:func:`fast_pt2_decoding`,
+  :mod:`rewrite._pt2_decode`; ~45% of ``torch.export.load``'s CPU time on the 48-block
+  GPT-2). Same program; used only on the torch versions of ``CHECKED_WITH`` (it copies
+  torch's decoding); fallback: torch's decoder.
 
 Texts torch prints are parsed in two places, each falling back to the plain message when the
 text changes: :mod:`rewrite.frontends.pt2` (``torch.export.load``'s reasons) and
@@ -28,11 +36,11 @@ text changes: :mod:`rewrite.frontends.pt2` (``torch.export.load``'s reasons) and
 from __future__ import annotations
 
 import contextlib
-import typing
 from typing import Any, Iterator
 
 import torch
 
+from rewrite._pt2_decode import SchemaDecoder
 from rewrite._swap import swapped
 
 CHECKED_WITH = ("2.13.0",)
@@ -40,8 +48,10 @@ CHECKED_WITH = ("2.13.0",)
 
 try:
     from torch.fx._lazy_graph_module import _LazyGraphModule as LazyGraphModule
+    from torch.fx._lazy_graph_module import _use_lazy_graph_module
 except ImportError:  # pragma: no cover - not in the checked versions
     LazyGraphModule = torch.fx.GraphModule  # type: ignore[misc, assignment]
+    _use_lazy_graph_module = None
 
 try:
     from torch.fx.graph import _PyTreeCodeGen, _PyTreeInfo
@@ -52,6 +62,31 @@ _OP_TYPES: tuple[type, ...] = tuple(
     t for t in (getattr(getattr(torch, "_ops", None), n, None)
                 for n in ("OpOverload", "OpOverloadPacket")) if isinstance(t, type)
 )
+
+
+def lazy_graph_modules() -> contextlib.AbstractContextManager:
+    """Graph modules torch makes inside generate their code when first run or read, not when
+    made or recompiled (torch's lazy graph modules). Fallback: when made (same modules)."""
+    if _use_lazy_graph_module is None:  # pragma: no cover - not in the checked versions
+        return contextlib.nullcontext()
+    return _use_lazy_graph_module(True)
+
+
+@contextlib.contextmanager
+def lazy_program_graph_modules() -> Iterator[None]:
+    """While in this context, the graph modules torch makes for exported programs
+    (``exported_program._create_graph_module_for_export``: twice per graph while a ``.pt2``
+    loads) are lazy: their code is generated on first use, not when made. Fallback: eager."""
+    try:
+        from torch.export import exported_program
+    except ImportError:  # pragma: no cover - not in the checked versions
+        yield
+        return
+    if LazyGraphModule is torch.fx.GraphModule:  # pragma: no cover - not in the checked versions
+        yield
+        return
+    with swapped(exported_program, "_create_graph_module_for_export", LazyGraphModule):
+        yield
 
 
 def real_recompile(module: torch.fx.GraphModule) -> None:
@@ -82,35 +117,18 @@ def is_op_overload(target: Any) -> bool:
     return type(target).__name__ in ("OpOverload", "OpOverloadPacket")  # pragma: no cover
 
 
-class _TypingWithCachedHints:
-    """The ``typing`` module with ``get_type_hints`` memoized for classes."""
-
-    def __init__(self) -> None:
-        # attributes, not __getattr__: read ~500,000 times while a program loads
-        self.__dict__.update(vars(typing))
-        self.get_type_hints = self._get_type_hints
-        self._cache: dict[tuple[type, int], dict[str, Any]] = {}
-
-    def _get_type_hints(self, obj: Any, globalns: dict | None = None, *args: Any,
-                        **kwargs: Any) -> dict[str, Any]:
-        if args or kwargs or not isinstance(obj, type):
-            return typing.get_type_hints(obj, globalns, *args, **kwargs)
-        key = (obj, id(globalns))
-        hints = self._cache.get(key)
-        if hints is None:
-            hints = self._cache[key] = typing.get_type_hints(obj, globalns)
-        return hints
-
-
 @contextlib.contextmanager
-def memoized_pt2_type_hints() -> Iterator[None]:
-    """While in this context, ``torch.export.load`` resolves each schema class's type hints
-    once (torch's deserializer resolves them again for every object it reads; the classes and
-    the namespace are fixed, so the hints are the same each time)."""
+def fast_pt2_decoding() -> Iterator[None]:
+    """While in this context, ``torch.export.load`` decodes the program's JSON with a
+    :class:`rewrite._pt2_decode.SchemaDecoder` (torch's ``_dict_to_dataclass`` inspects the
+    target type again for every value; the decoder once per type; same program)."""
     try:
-        from torch._export.serde import serialize
+        from torch._export.serde import schema, serialize, union
     except ImportError:  # pragma: no cover - not in the checked versions
         yield
         return
-    with swapped(serialize, "typing", _TypingWithCachedHints(), expected=typing):
+    if torch.__version__.split("+")[0] not in CHECKED_WITH:  # pragma: no cover
+        yield  # the decoder copies torch's decoding: only where it was checked against it
+        return
+    with swapped(serialize, "_dict_to_dataclass", SchemaDecoder(schema, union)):
         yield

@@ -23,7 +23,7 @@ from typing import Iterator
 
 import torch
 
-from rewrite._torch_private import memoized_pt2_type_hints
+from rewrite._torch_private import fast_pt2_decoding, lazy_program_graph_modules
 from rewrite.errors import InputError, causes, first_line
 
 _TORCH_LOGGERS = ("torch.export", "torch._export")
@@ -114,7 +114,8 @@ def _check_archive(path: Path) -> None:
 def _load(path: Path) -> tuple[torch.export.ExportedProgram | None, str | None, str | None]:
     """The program, or None, the reason torch gave and the custom operator it could not
     resolve (``namespace.name.overload``), if that was the reason."""
-    with _captured_torch_logs() as capture, memoized_pt2_type_hints():
+    with (_captured_torch_logs() as capture, fast_pt2_decoding(),
+          lazy_program_graph_modules()):
         try:
             return torch.export.load(str(path)), None, None
         except Exception as e:  # torch raises many types here; all mean "unreadable"

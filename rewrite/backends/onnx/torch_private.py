@@ -9,7 +9,12 @@ submodule of the graph module: ``invoke_subgraph`` bodies become local functions
 per-body lowering does the same two steps, except that the decomposition is a ``make_fx``
 re-trace (no AOT export, no functionalization) under the same decomposition table, the same
 preserved CompositeImplicitAutograd ops and a ``TracingContext``, whose invoke_subgraph cache
-traces each subgraph identifier once.
+traces each subgraph identifier once. Two shortcuts keep the cost of each further call low,
+the result the same: the graph modules made are torch's lazy ones
+(:func:`rewrite._torch_private.lazy_graph_modules`), whose code is generated when first used
+rather than at every pass's recompile, and the type promotion pass takes an
+``invoke_subgraph`` call's value from its ``val`` instead of running the body again
+(:func:`_promote_types`). torchlib's registry is built by :mod:`torchlib`.
 
 Anything missing or changed raises :class:`Unavailable`; the caller then lowers the flat
 program (the public ``torch.onnx.export``).
@@ -28,6 +33,9 @@ import functools
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import torch
+
+from rewrite._torch_private import lazy_graph_modules
+from rewrite.backends.onnx.torchlib import from_torchlib
 
 if TYPE_CHECKING:
     import onnx_ir as ir
@@ -55,7 +63,6 @@ def _apis() -> dict[str, Any]:
             _core,
             _decomp,
             _fx_passes,
-            _registration,
         )
         return {
             "python_dispatcher": enable_python_dispatcher, "TracingContext": TracingContext,
@@ -67,7 +74,6 @@ def _apis() -> dict[str, Any]:
             "friendly_table": _decomp.create_onnx_friendly_decomposition_table,
             "type_promotion": _fx_passes.insert_type_promotion_nodes,
             "remove_assertions": _fx_passes.remove_assertion_nodes,
-            "Registry": _registration.ONNXRegistry,
             "default_opset": onnx_constants.ONNX_DEFAULT_OPSET,
             "torchlib_opset": _constants.TORCHLIB_OPSET,
         }
@@ -89,8 +95,10 @@ def _registry_and_tables():
     """torchlib's registry and the decomposition tables (built once per process)."""
     api = _apis()
     # as torch.onnx.export (``_compat.export_compat``) builds it for its default opset
-    registry = api["Registry"].from_torchlib(opset_version=max(api["default_opset"],
-                                                              api["torchlib_opset"]))
+    try:
+        registry = from_torchlib(max(api["default_opset"], api["torchlib_opset"]))
+    except (ImportError, AttributeError) as e:  # pragma: no cover - not in the checked versions
+        raise Unavailable(f"torch {torch.__version__}: {e}") from None
     return (registry, *_tables(registry))
 
 
@@ -139,20 +147,63 @@ def decompose(program: torch.export.ExportedProgram, tables: tuple
 
     # as run_decompositions: CompositeImplicitAutograd ops torchlib implements (linear, sdpa)
     # are kept through the python dispatcher; a TracingContext caches each invoke_subgraph
-    # body's trace by identifier; no_grad skips the per-call schema re-trace of autograd
-    with (torch.no_grad(), api["python_dispatcher"](), api["override_cia"](cia),
-          api["tracing"](api["TracingContext"](fake_mode)), fake_mode,
-          torch.fx.traceback.preserve_node_meta(),
-          torch.fx.experimental._config.patch(backed_size_oblivious=True)):
-        new = api["make_fx"](run, decomposition_table=table, tracing_mode="real")(*values)
-    _keep_names(gm.graph, new.graph, placeholders)
-    new.recompile()
-    with torch.no_grad():
-        api["type_promotion"](new)
-    new = api["remove_assertions"](new)
+    # body's trace by identifier; no_grad skips the per-call schema re-trace of autograd.
+    # Graph modules made here are lazy: their code is generated when first run (a body, once)
+    # or read, not at each of the passes' recompiles (the translation reads graphs only)
+    with lazy_graph_modules():
+        with (torch.no_grad(), api["python_dispatcher"](), api["override_cia"](cia),
+              api["tracing"](api["TracingContext"](fake_mode)), fake_mode,
+              torch.fx.traceback.preserve_node_meta(),
+              torch.fx.experimental._config.patch(backed_size_oblivious=True)):
+            new = api["make_fx"](run, decomposition_table=table, tracing_mode="real")(*values)
+        _keep_names(gm.graph, new.graph, placeholders)
+        new.recompile()
+        with torch.no_grad():
+            _promote_types(new)
+        new = api["remove_assertions"](new)
     decomposed = copy.copy(program)
     decomposed._graph_module = new
     return decomposed
+
+
+def _promote_types(gm: torch.fx.GraphModule) -> None:
+    """torch.onnx's ``insert_type_promotion_nodes(gm)`` (each module of ``gm``: its
+    ``InsertTypePromotion`` pass), except that the pass's interpreter takes the value of an
+    ``invoke_subgraph`` call from the call's ``val`` (set by the trace) instead of running
+    the body again under the fake mode (~0.5 ms per call; no type promotion rule applies to
+    the call itself, and its body is a module of its own, promoted once). Without the
+    pass's private classes: ``insert_type_promotion_nodes`` as it is."""
+    classes = _meta_call_promotion()
+    if classes is None:  # pragma: no cover - not in the checked versions
+        _apis()["type_promotion"](gm)
+        return
+    promotion_pass, interpreter = classes
+    for module in gm.modules():
+        promotion = promotion_pass(module)
+        promotion.interpreter = interpreter(module, promotion.interpreter.type_promotion_table)
+        promotion.run()
+
+
+@functools.lru_cache(maxsize=1)
+def _meta_call_promotion() -> tuple[type, type] | None:
+    """torch.onnx's type promotion pass and its interpreter with ``invoke_subgraph`` calls
+    read from meta; None without them."""
+    try:
+        from torch.onnx._internal.fx.passes.type_promotion import (
+            InsertTypePromotion,
+            _TypePromotionInterpreter,
+        )
+        hop = torch.ops.higher_order.invoke_subgraph
+    except (ImportError, AttributeError):  # pragma: no cover - not in the checked versions
+        return None
+
+    class MetaCallInterpreter(_TypePromotionInterpreter):
+        def run_node(self, n: torch.fx.Node) -> Any:
+            if n.op == "call_function" and n.target is hop and "val" in n.meta:
+                return n.meta["val"]
+            return super().run_node(n)
+
+    return InsertTypePromotion, MetaCallInterpreter
 
 
 def _keep_names(old: torch.fx.Graph, new: torch.fx.Graph, placeholders: list) -> None:

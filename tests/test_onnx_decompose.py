@@ -1,0 +1,53 @@
+"""The per-body decomposition's shortcuts (rewrite/backends/onnx/torch_private.py: lazy graph
+modules, type promotion reading invoke_subgraph calls' values from meta) change nothing: the
+same decomposed graphs, node values and ONNX model as torch's plain passes."""
+
+from __future__ import annotations
+
+import contextlib
+
+import onnx_ir as ir
+import pytest
+import torch
+from torch.onnx._internal.exporter import _fx_passes
+
+import rewrite
+from rewrite.backends.onnx import torch_private
+from rewrite.backends.onnx.subgraphs import rebuild
+from tests.onnx_fixtures import GPT2_RULES, assert_matches_eager
+
+
+def _graphs(decomposed) -> list:
+    """Every module's graph, and per node its value and metadata keys."""
+    return [(name, str(module.graph),
+             [(n.name, str(n.meta.get("val")), str(n.meta.get("tensor_meta")), sorted(n.meta))
+              for n in module.graph.nodes])
+            for name, module in decomposed.graph_module.named_modules()]
+
+
+@pytest.fixture
+def plain(monkeypatch):
+    """torch's passes as they are: eager graph modules, the type promotion pass as is."""
+    def use():
+        monkeypatch.setattr(torch_private, "lazy_graph_modules", contextlib.nullcontext)
+        monkeypatch.setattr(torch_private, "_promote_types",
+                            _fx_passes.insert_type_promotion_nodes)
+    return use
+
+
+def test_decomposition_equals_torchs_passes(gpt2_program, plain):
+    program, _ = rebuild(gpt2_program, rewrite.apply(GPT2_RULES, gpt2_program).tree)
+    assert sum(n.target is torch.ops.higher_order.invoke_subgraph
+               for n in program.graph.nodes) == 2
+    tables = torch_private.lowering_tables()
+    fast = torch_private.decompose(program, tables)
+    fast_model = ir.to_proto(torch_private.translate(fast, tables))
+    plain()
+    slow = torch_private.decompose(program, tables)
+    assert _graphs(fast) == _graphs(slow)
+    assert fast_model == ir.to_proto(torch_private.translate(slow, tables))
+
+
+def test_lowering_equals_eager(gpt2_model, gpt2_program):
+    lowered = rewrite.apply(GPT2_RULES, gpt2_program).to_onnx()
+    assert_matches_eager(lowered, gpt2_model)

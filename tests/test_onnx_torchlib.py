@@ -1,0 +1,41 @@
+"""torchlib's registry built without translating every function's signature
+(:mod:`rewrite.backends.onnx.torchlib`) is torch's ``from_torchlib``."""
+
+from __future__ import annotations
+
+from onnxscript._framework_apis.torch_2_5 import get_torchlib_ops
+from torch.onnx._internal.exporter._registration import ONNXRegistry
+
+from rewrite.backends.onnx import torchlib
+from rewrite.backends.onnx.torch_private import lowering_tables, target_opset
+from tests.onnx_fixtures import assert_matches_eager, gpt2_lowered  # noqa: F401 (fixture)
+
+
+def _entries(registry) -> list:
+    return [(key, [(m.onnx_function, m.fx_target, m.is_complex, m.is_custom, m.signature)
+                   for m in metas])
+            for key, metas in registry.functions.items()]
+
+
+def test_ops_are_onnxscripts_with_the_same_domains():
+    want = [(m.qualified_name, m.function, m.domain, m.name, m.is_complex)
+            for m in get_torchlib_ops()]
+    got = [(m.qualified_name, m.function, m.domain, m.name, m.is_complex)
+           for m in torchlib.torchlib_ops()]
+    assert got == want
+
+
+def test_registry_equals_from_torchlib():
+    opset = target_opset()
+    fast, slow = torchlib.from_torchlib(opset), ONNXRegistry.from_torchlib(opset_version=opset)
+    assert fast.opset_version == slow.opset_version
+    assert _entries(fast) == _entries(slow)
+
+
+def test_lowering_uses_it_and_equals_eager(gpt2_model, gpt2_lowered):
+    registry = lowering_tables()[0]
+    slow = ONNXRegistry.from_torchlib(opset_version=registry.opset_version)
+    assert _entries(registry) == _entries(slow)
+    _, lowering = gpt2_lowered
+    assert lowering.path == "per-body"
+    assert_matches_eager(lowering.model, gpt2_model)
