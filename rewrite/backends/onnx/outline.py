@@ -262,17 +262,12 @@ class _Outliner:
             return node
         args = [node.inputs[p] for p in arg_at]  # type: ignore[index]
         outputs = [node.outputs[j] for j in out_at]  # type: ignore[index]
-        call = self._call(group, chain, function.name, args, outputs, [node])
-        self._rewire(outputs, list(call.outputs), {node})
-        self.position[call] = self.position[node]
-        detach(node)
-        self.graph.remove(node)
         for inner in group.walk():
             match = reuse.groups.get(inner.index)
             self.function_of[inner.index] = self.function_of.get(match) \
                 if match is not None else None
-        self.function_of[group.index] = function.identifier()
-        return call
+        return self._reuse(group, chain, function, args, outputs, [node], {node},
+                           self.position[node])
 
     def _only_member(self, group: Group, node: ir.Node) -> bool:
         """``node`` is the one node of ``group`` and its descendants (``remat`` added none)."""

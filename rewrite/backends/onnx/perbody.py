@@ -314,9 +314,7 @@ class _Lowering:
 
         def of_call(index: int, at: int | None, onnx_node: ir.Node) -> NodeFacts:
             original = ir_by_name.get(calls[index].nodes[at].name) if at is not None else None
-            if original is None or original.is_io:
-                return NodeFacts(None, onnx_target(onnx_node))
-            return NodeFacts(original.stack, original.target, original.tags)
+            return _facts(original, onnx_node)
 
         def resolve(onnx_node: ir.Node) -> NodeFacts:
             mark = onnx_node.metadata_props.get(CALL_KEY)
@@ -329,9 +327,7 @@ class _Lowering:
                 fx = main.get(scopes[0][-1])
                 if fx is not None and fx.op != "placeholder":
                     original = _original(fx, ir_by_name)
-            if original is None or original.is_io:
-                return NodeFacts(None, onnx_target(onnx_node))
-            return NodeFacts(original.stack, original.target, original.tags)
+            return _facts(original, onnx_node)
 
         def resolver(onnx_node: ir.Node) -> NodeFacts:
             key = id(onnx_node)
@@ -400,6 +396,14 @@ class _Lowering:
             node.domain = STANDIN_DOMAIN
             standing[index] = node
         return standing
+
+
+def _facts(original: "Node | None", onnx_node: ir.Node) -> NodeFacts:
+    """The facts of the grouped program's node ``original`` for ``onnx_node`` (none known
+    for an I/O node or no node: its own op)."""
+    if original is None or original.is_io:
+        return NodeFacts(None, onnx_target(onnx_node))
+    return NodeFacts(original.stack, original.target, original.tags)
 
 
 def _origin_call(fx_call: torch.fx.Node | None, call_by_name: dict[str, int]) -> int | None:
