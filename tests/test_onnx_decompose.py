@@ -1,6 +1,7 @@
 """The per-body decomposition's shortcuts (rewrite/backends/onnx/torch_private.py: lazy graph
-modules, type promotion reading invoke_subgraph calls' values from meta) change nothing: the
-same decomposed graphs, node values and ONNX model as torch's plain passes."""
+modules, type promotion reading invoke_subgraph calls' values from meta, repeated calls
+recorded without dispatching them) change nothing: the same decomposed graphs, node values
+and ONNX model as torch's plain passes."""
 
 from __future__ import annotations
 
@@ -18,17 +19,28 @@ from tests.onnx_fixtures import GPT2_RULES, assert_matches_eager
 
 
 def _graphs(decomposed) -> list:
-    """Every module's graph, and per node its value and metadata keys."""
+    """Every module's graph, and per node its value and metadata keys (a placeholder's value
+    without ``requires_grad``, its keys without ``seq_nr``: the placeholders only repeated
+    calls read keep the program's values, make_fx's are detached copies)."""
+    def val(n):
+        v = n.meta.get("val")
+        return str(v.detach() if n.op == "placeholder" and isinstance(v, torch.Tensor) else v)
+
+    def keys(n):
+        return sorted(k for k in n.meta if not (n.op == "placeholder" and k == "seq_nr"))
+
     return [(name, str(module.graph),
-             [(n.name, str(n.meta.get("val")), str(n.meta.get("tensor_meta")), sorted(n.meta))
+             [(n.name, val(n), str(n.meta.get("tensor_meta")), keys(n))
               for n in module.graph.nodes])
             for name, module in decomposed.graph_module.named_modules()]
 
 
 @pytest.fixture
 def plain(monkeypatch):
-    """torch's passes as they are: eager graph modules, the type promotion pass as is."""
+    """torch's passes as they are: eager graph modules, the type promotion pass as is, every
+    call traced through make_fx's dispatch."""
     def use():
+        monkeypatch.setattr(torch_private, "_call_again_apis", lambda: None)
         monkeypatch.setattr(torch_private, "lazy_graph_modules", contextlib.nullcontext)
         monkeypatch.setattr(torch_private, "_promote_types",
                             _fx_passes.insert_type_promotion_nodes)
@@ -39,6 +51,8 @@ def test_decomposition_equals_torchs_passes(gpt2_program, plain):
     program, _ = rebuild(gpt2_program, rewrite.apply(GPT2_RULES, gpt2_program).tree)
     assert sum(n.target is torch.ops.higher_order.invoke_subgraph
                for n in program.graph.nodes) == 2
+    repeated, deferred = torch_private._repeated_calls(program.graph_module)
+    assert len(repeated) == 1 and len(deferred) == 12  # the second call, its weights
     tables = torch_private.lowering_tables()
     fast = torch_private.decompose(program, tables)
     fast_model = ir.to_proto(torch_private.translate(fast, tables))

@@ -142,8 +142,12 @@ def decompose(program: torch.export.ExportedProgram, tables: tuple
     if fake_mode is None:
         raise Unavailable("the program's placeholders carry no fake tensors")
 
+    repeated, deferred = _repeated_calls(gm) if _call_again_apis() else (set(), set())
+    traced = [n for n in placeholders if n not in deferred]
+    trace = _Trace(gm, repeated, deferred)
+
     def run(*args):
-        return torch.fx.Interpreter(gm).run(*args)
+        return trace.run(*args)
 
     # as run_decompositions: CompositeImplicitAutograd ops torchlib implements (linear, sdpa)
     # are kept through the python dispatcher; a TracingContext caches each invoke_subgraph
@@ -155,7 +159,9 @@ def decompose(program: torch.export.ExportedProgram, tables: tuple
               api["tracing"](api["TracingContext"](fake_mode)), fake_mode,
               torch.fx.traceback.preserve_node_meta(),
               torch.fx.experimental._config.patch(backed_size_oblivious=True)):
-            new = api["make_fx"](run, decomposition_table=table, tracing_mode="real")(*values)
+            new = api["make_fx"](run, decomposition_table=table, tracing_mode="real")(
+                *[n.meta["val"] for n in traced])
+        _placeholders_in_order(new.graph, placeholders, traced, trace.made)
         _keep_names(gm.graph, new.graph, placeholders)
         new.recompile()
         with torch.no_grad():
@@ -164,6 +170,131 @@ def decompose(program: torch.export.ExportedProgram, tables: tuple
     decomposed = copy.copy(program)
     decomposed._graph_module = new
     return decomposed
+
+
+_HOP = getattr(getattr(torch.ops, "higher_order", None), "invoke_subgraph", None)
+
+
+@functools.lru_cache(maxsize=1)
+def _call_again_apis() -> dict[str, Any] | None:
+    """What :class:`_Trace` needs to record a repeated call itself; None without it."""
+    try:
+        from torch._higher_order_ops.invoke_subgraph import get_invoke_subgraph_cache
+        from torch.fx.experimental.proxy_tensor import get_proxy_mode, track_tensor_tree
+    except ImportError:  # pragma: no cover - not in the checked versions
+        return None
+    if _HOP is None:  # pragma: no cover - not in the checked versions
+        return None
+    return {"cache": get_invoke_subgraph_cache, "proxy_mode": get_proxy_mode,
+            "track": track_tensor_tree}
+
+
+def _repeated_calls(gm: torch.fx.GraphModule
+                    ) -> tuple[set[torch.fx.Node], set[torch.fx.Node]]:
+    """The ``invoke_subgraph`` calls of ``gm`` whose subgraph an earlier call traces (their
+    values known: a tuple of tensors), and the placeholders only they read."""
+    seen: set[object] = set()
+    repeated: set[torch.fx.Node] = set()
+    for node in gm.graph.nodes:
+        if node.op != "call_function" or node.target is not _HOP:
+            continue
+        identifier = node.args[1]
+        val = node.meta.get("val")
+        if identifier in seen and isinstance(val, tuple) \
+                and all(isinstance(v, torch.Tensor) for v in val) \
+                and all(isinstance(a, torch.fx.Node) for a in node.args[2:]):
+            repeated.add(node)
+        seen.add(identifier)
+    deferred = {n for n in gm.graph.nodes if n.op == "placeholder" and n.users
+                and all(user in repeated for user in n.users)}
+    return repeated, deferred
+
+
+class _Deferred:
+    """The value of a placeholder only repeated calls read (not traced)."""
+
+    __slots__ = ("node",)
+
+    def __init__(self, node: torch.fx.Node) -> None:
+        self.node = node
+
+
+class _Trace(torch.fx.Interpreter):
+    """Runs a program under ``make_fx``; a repeated ``invoke_subgraph`` call (its subgraph
+    traced at an earlier call, :func:`_repeated_calls`) is recorded as the call node the
+    tracer would make, with the call's known value, instead of dispatching it (a fake-tensor
+    run of the call, a cache key over all its operands: ~1 ms each); the placeholders only
+    such calls read are made directly (:attr:`made`), not traced."""
+
+    def __init__(self, gm: torch.fx.GraphModule, repeated: set[torch.fx.Node],
+                 deferred: set[torch.fx.Node]) -> None:
+        super().__init__(gm)
+        self.repeated = repeated
+        self.deferred = deferred
+        self.made: dict[torch.fx.Node, torch.fx.Node] = {}
+        """Each deferred placeholder -> the placeholder made for it in the traced graph."""
+        self._tracked: set[int] = set()
+
+    def run_node(self, n: torch.fx.Node) -> Any:
+        if n in self.deferred:
+            return _Deferred(n)
+        if n in self.repeated:
+            out = self._call_again(n)
+            if out is not None:
+                return out
+        return super().run_node(n)
+
+    def _call_again(self, n: torch.fx.Node) -> Any:
+        api = _call_again_apis()
+        mode = api["proxy_mode"]()
+        cache = api["cache"]()
+        identifier = n.args[1]
+        body = cache.get_proxy_dispatch_entry(identifier) if cache is not None else None
+        out = n.meta["val"]
+        if mode is None or body is None or any(id(v) in self._tracked for v in out):
+            return None
+        tracer = mode.tracer
+        operands = []
+        for arg in n.args[2:]:
+            value = self.env[arg]
+            if isinstance(value, _Deferred):
+                operands.append(torch.fx.Proxy(self._placeholder(tracer, value.node), tracer))
+            elif isinstance(value, torch.Tensor):
+                operands.append(tracer.unwrap_proxy(value))
+            else:
+                return None
+        with self._set_current_node(n):
+            proxy = tracer.create_proxy("call_function", _HOP, (body, identifier, *operands),
+                                        {})
+            api["track"](out, proxy, constant=None, tracer=tracer)
+        self._tracked.update(id(v) for v in out)
+        return out
+
+    def _placeholder(self, tracer: Any, original: torch.fx.Node) -> torch.fx.Node:
+        made = self.made.get(original)
+        if made is None:
+            # the program's value (make_fx's would be a detached copy: not worth ~30 us each,
+            # the translation reads shapes and types) and tensor metadata
+            made = tracer.graph.placeholder(original.name)
+            made.meta.update({k: original.meta[k] for k in ("val", "tensor_meta")
+                              if k in original.meta})
+            self.made[original] = made
+        return made
+
+
+def _placeholders_in_order(graph: torch.fx.Graph, placeholders: list[torch.fx.Node],
+                           traced: list[torch.fx.Node],
+                           made: dict[torch.fx.Node, torch.fx.Node]) -> None:
+    """``graph``'s placeholders (``traced``'s, in order, then those :class:`_Trace` made)
+    moved to the start, in the order of the program's ``placeholders``."""
+    if not made:
+        return
+    fresh = iter(n for n in graph.nodes if n.op == "placeholder" and n not in made.values())
+    by_original = {original: next(fresh) for original in traced}
+    by_original.update(made)
+    first = next(n for n in graph.nodes if n.op != "placeholder")
+    for original in placeholders:
+        first.prepend(by_original[original])
 
 
 def _promote_types(gm: torch.fx.GraphModule) -> None:
