@@ -9,7 +9,7 @@ suggest`` (distinct bodies per class) use.
 
 from __future__ import annotations
 
-from typing import Any, Hashable, Sequence
+from typing import Any, Callable, Hashable, Sequence
 
 import torch
 
@@ -18,22 +18,26 @@ _BY_REPR = (float, complex, torch.dtype, torch.device, torch.layout, torch.memor
 """Values whose ``repr`` is what code generation writes; other objects count by identity."""
 
 
-def freeze(arg: Any) -> Hashable:
-    """``arg`` (an FX node argument, nested) as a hashable key: nodes by name, scalars by
-    value, floats and torch enums by ``repr``, any other object by identity."""
+def _by_name(node: torch.fx.Node) -> Hashable:
+    return ("%", node.name)
+
+
+def freeze(arg: Any, node_key: Callable[[torch.fx.Node], Hashable] = _by_name) -> Hashable:
+    """``arg`` (an FX node argument, nested) as a hashable key: nodes by ``node_key`` (by
+    name), scalars by value, floats and torch enums by ``repr``, any other object by
+    identity."""
     kind = type(arg)
-    if kind is _Ref:  # already a key: ("node", i) / ("in", i), unlike any frozen value
-        return arg
     if kind is torch.fx.Node:
-        return ("%", arg.name)
+        return node_key(arg)
     if kind in _SCALARS:
         return (kind, arg)
     if isinstance(arg, (tuple, list)):
-        return (kind, tuple([freeze(a) for a in arg]))
+        return (kind, tuple([freeze(a, node_key) for a in arg]))
     if isinstance(arg, dict):
-        return ("dict", tuple([(k, freeze(v)) for k, v in arg.items()]))
+        return ("dict", tuple([(k, freeze(v, node_key)) for k, v in arg.items()]))
     if isinstance(arg, slice):
-        return ("slice", freeze(arg.start), freeze(arg.stop), freeze(arg.step))
+        return ("slice", freeze(arg.start, node_key), freeze(arg.stop, node_key),
+                freeze(arg.step, node_key))
     if kind in _BY_REPR:
         return (kind, repr(arg))
     return (kind, id(arg))  # the very object (a global of the generated code)
@@ -48,10 +52,6 @@ def target_key(node: torch.fx.Node) -> Hashable:
     return ("id", id(target))
 
 
-class _Ref(tuple):
-    """A node argument inside a body: ``("in", i)`` or ``("node", i)``."""
-
-
 def body_key(nodes: Sequence[torch.fx.Node]) -> tuple[Hashable, list[torch.fx.Node]]:
     """Structural key of a body (``nodes``, in graph order), and its inputs (values from
     outside, in order of first use).
@@ -62,16 +62,16 @@ def body_key(nodes: Sequence[torch.fx.Node]) -> tuple[Hashable, list[torch.fx.No
     position = {node: i for i, node in enumerate(nodes)}
     inputs: dict[torch.fx.Node, int] = {}
 
-    def ref(arg: torch.fx.Node) -> _Ref:
-        if arg in position:
-            return _Ref(("node", position[arg]))
-        return _Ref(("in", inputs.setdefault(arg, len(inputs))))
+    def ref(arg: torch.fx.Node) -> Hashable:  # unlike any frozen value: a str first
+        at = position.get(arg)
+        if at is not None:
+            return ("node", at)
+        return ("in", inputs.setdefault(arg, len(inputs)))
 
     parts = []
     for node in nodes:
-        args = torch.fx.node.map_arg(node.args, ref)
-        kwargs = torch.fx.node.map_arg(node.kwargs, ref)
-        parts.append((node.op, target_key(node), freeze(args), freeze(kwargs)))
+        parts.append((node.op, target_key(node), freeze(node.args, ref),
+                      freeze(node.kwargs, ref)))
     types = tuple([_value_type(value.meta.get("val")) for value in inputs])
     return (tuple(parts), types), list(inputs)
 

@@ -21,6 +21,7 @@ import torch
 from attrs import frozen
 
 from rewrite._fx_keys import body_key
+from rewrite._torch_private import LazyGraphModule
 from rewrite.grouping import GroupTree
 from rewrite.grouping.tree import Group
 
@@ -58,7 +59,7 @@ def _subgraph(owner: torch.fx.GraphModule, nodes: list[torch.fx.Node],
     for node in nodes:
         env[node] = graph.node_copy(node, lambda a: env[a])
     graph.output(tuple(env[o] for o in _outputs(nodes)))
-    return torch.fx.GraphModule(owner, graph)
+    return LazyGraphModule(owner, graph)
 
 
 def _group_key(tree: GroupTree, group: Group, indices: list[int],
@@ -130,7 +131,7 @@ def rebuild(program: torch.export.ExportedProgram, tree: GroupTree
     source = program.graph_module
     nodes_of = tree.graph.nodes
     chosen = _selected(tree, lambda i: nodes_of[i].source)
-    gm = torch.fx.GraphModule(source, torch.fx.Graph())
+    gm = LazyGraphModule(source, torch.fx.Graph())
     owner_of: dict[torch.fx.Node, int] = {}
     bodies: dict[Hashable, tuple[str, int]] = {}
     plans = []
@@ -199,7 +200,7 @@ def rebuild(program: torch.export.ExportedProgram, tree: GroupTree
                 raise Unsupported(f"cannot copy attribute {node.target}")
             gm.register_module(node.target, value)
     graph.lint()
-    gm.recompile()
+    gm.recompile()  # lazy: its code is made if it runs (decomposing reads the graph)
     rebuilt = copy.copy(program)  # same signature, state and constants; new graph
     rebuilt._graph_module = gm
     return rebuilt, calls

@@ -181,12 +181,13 @@ def _call_again_apis() -> dict[str, Any] | None:
     try:
         from torch._higher_order_ops.invoke_subgraph import get_invoke_subgraph_cache
         from torch.fx.experimental.proxy_tensor import get_proxy_mode, track_tensor_tree
+        from torch.fx.proxy import TracerBase
     except ImportError:  # pragma: no cover - not in the checked versions
         return None
     if _HOP is None:  # pragma: no cover - not in the checked versions
         return None
     return {"cache": get_invoke_subgraph_cache, "proxy_mode": get_proxy_mode,
-            "track": track_tensor_tree}
+            "track": track_tensor_tree, "create_node": TracerBase.create_node}
 
 
 def _repeated_calls(gm: torch.fx.GraphModule
@@ -234,6 +235,7 @@ class _Trace(torch.fx.Interpreter):
         self.made: dict[torch.fx.Node, torch.fx.Node] = {}
         """Each deferred placeholder -> the placeholder made for it in the traced graph."""
         self._tracked: set[int] = set()
+        self._paths: dict[int, str] = {}
 
     def run_node(self, n: torch.fx.Node) -> Any:
         if n in self.deferred:
@@ -258,15 +260,26 @@ class _Trace(torch.fx.Interpreter):
         for arg in n.args[2:]:
             value = self.env[arg]
             if isinstance(value, _Deferred):
-                operands.append(torch.fx.Proxy(self._placeholder(tracer, value.node), tracer))
-            elif isinstance(value, torch.Tensor):
-                operands.append(tracer.unwrap_proxy(value))
-            else:
+                operands.append(self._placeholder(tracer, value.node))
+                continue
+            proxy = tracer.unwrap_proxy(value) if isinstance(value, torch.Tensor) else None
+            if not isinstance(proxy, torch.fx.Proxy):
                 return None
+            operands.append(proxy.node)
+        path = self._paths.get(id(body))
+        if path is None:
+            path = next((name for name, m in tracer.root.named_modules() if m is body), None)
+            if path is None:
+                return None
+            self._paths[id(body)] = path
+        create = api["create_node"]
         with self._set_current_node(n):
-            proxy = tracer.create_proxy("call_function", _HOP, (body, identifier, *operands),
-                                        {})
-            api["track"](out, proxy, constant=None, tracer=tracer)
+            # the nodes the tracer makes (a get_attr of the subgraph, the call), without the
+            # call's ``eager_input_vals`` (a detached copy of every operand's value, for
+            # Inductor's stride checks)
+            getter = create(tracer, "get_attr", path, (), {})
+            node = create(tracer, "call_function", _HOP, (getter, identifier, *operands), {})
+            api["track"](out, tracer.proxy(node), constant=None, tracer=tracer)
         self._tracked.update(id(v) for v in out)
         return out
 
@@ -324,13 +337,17 @@ def _meta_call_promotion() -> tuple[type, type] | None:
             InsertTypePromotion,
             _TypePromotionInterpreter,
         )
+        from torch.onnx._internal.fx.passes.type_promotion import (
+            get_type_promotion_rule as get_rule,
+        )
         hop = torch.ops.higher_order.invoke_subgraph
     except (ImportError, AttributeError):  # pragma: no cover - not in the checked versions
         return None
 
     class MetaCallInterpreter(_TypePromotionInterpreter):
         def run_node(self, n: torch.fx.Node) -> Any:
-            if n.op == "call_function" and n.target is hop and "val" in n.meta:
+            if "val" in n.meta and (n.op == "placeholder" or n.op == "call_function" and (
+                    n.target is hop or get_rule(n, self.type_promotion_table) is None)):
                 return n.meta["val"]
             return super().run_node(n)
 
