@@ -45,7 +45,7 @@ def plain(monkeypatch):
     """torch's passes as they are: eager graph modules, the type promotion pass as is, every
     call traced through make_fx's dispatch."""
     def use():
-        monkeypatch.setattr(torch_private, "_call_again_apis", lambda: None)
+        monkeypatch.setattr(torch_private, "recording_apis", lambda: None)
         monkeypatch.setattr(torch_private, "lazy_graph_modules", contextlib.nullcontext)
         monkeypatch.setattr(torch_private, "_promote_types",
                             _fx_passes.insert_type_promotion_nodes)
@@ -56,7 +56,7 @@ def test_decomposition_equals_torchs_passes(gpt2_program, plain):
     program, _ = rebuild(gpt2_program, rewrite.apply(GPT2_RULES, gpt2_program).tree)
     assert sum(n.target is torch.ops.higher_order.invoke_subgraph
                for n in program.graph.nodes) == 2
-    repeated, deferred = torch_private._repeated_calls(program.graph_module)
+    repeated, deferred = torch_private.repeated_calls(program.graph_module)
     assert len(repeated) == 1 and len(deferred) == 12  # the second call, its weights
     tables = torch_private.lowering_tables()
     fast = torch_private.decompose(program, tables)

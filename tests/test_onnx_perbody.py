@@ -135,3 +135,18 @@ def test_dynamic_shapes_fall_back_with_one_warning():
     assert len(reasons) == 1 and "dynamic shapes" in reasons[0]
     forced = lower(result, OnnxOptions(lowering="flat"))
     assert forced.path == "flat" and not any("per-body" in d.message for d in forced.warnings)
+
+
+def test_a_repeated_call_that_cannot_be_recorded_falls_back(gpt2_model, gpt2_program,
+                                                            monkeypatch):
+    """The decomposition records repeated calls without dispatching them, their weights not
+    traced; when one cannot be recorded, the flat path is taken with one warning naming it."""
+    from rewrite.backends.onnx import torch_private
+
+    monkeypatch.setattr(torch_private.Trace, "_call_again", lambda self, node: None)
+    lowering = lower(rewrite.apply(GPT2_RULES, gpt2_program))
+    assert lowering.path == "flat"
+    reasons = [d.message for d in lowering.warnings if "per-body" in d.message]
+    assert len(reasons) == 1 and "cannot record the repeated call" in reasons[0]
+    checked_proto(lowering.model)
+    assert_matches_eager(lowering.model, gpt2_model)

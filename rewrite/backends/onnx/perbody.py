@@ -9,7 +9,8 @@ translates it op by op: a 48-block model is decomposed and translated 48 times. 
    same when their nodes are (ops, arguments, scalars; the shapes and types of their inputs)
    and so are their group subtrees, tags and leaving nodes.
 2. :mod:`torch_private` decomposes that program with torch.onnx's decomposition table
-   (``make_fx``; the TracingContext's invoke_subgraph cache traces each body once) and
+   (``make_fx``; the TracingContext's invoke_subgraph cache traces each body once, and each
+   further call of a body is recorded without being run) and
    translates it with torch.onnx's translator, which makes one ONNX function per subgraph
    (:class:`PerBodyLowering`: decomposed once, translated again if calls must be inlined).
 3. Each body is converted to torch.onnx.export's opset once. The *first* call of each body is

@@ -1,4 +1,4 @@
-"""Every private torch API the per-body lowering (:mod:`perbody`) uses, in one place.
+"""Every private torch API the per-body lowering (:mod:`perbody`) uses, in one package.
 
 Checked against torch 2.13.0 (with onnxscript 0.7.2). torch.onnx.export(program) runs, in
 ``torch.onnx._internal.exporter._core``: ``_prepare_exported_program_for_export``
@@ -9,12 +9,21 @@ submodule of the graph module: ``invoke_subgraph`` bodies become local functions
 per-body lowering does the same two steps, except that the decomposition is a ``make_fx``
 re-trace (no AOT export, no functionalization) under the same decomposition table, the same
 preserved CompositeImplicitAutograd ops and a ``TracingContext``, whose invoke_subgraph cache
-traces each subgraph identifier once. Two shortcuts keep the cost of each further call low,
-the result the same: the graph modules made are torch's lazy ones
-(:func:`rewrite._torch_private.lazy_graph_modules`), whose code is generated when first used
-rather than at every pass's recompile, and the type promotion pass takes an
-``invoke_subgraph`` call's value from its ``val`` instead of running the body again
-(:func:`_promote_types`). torchlib's registry is built by :mod:`torchlib`.
+traces each subgraph identifier once. Shortcuts keep the cost of each further call low, the
+result the same (``tests/test_onnx_decompose.py`` compares with torch's plain passes):
+
+* a repeated call (its subgraph traced at an earlier call) is recorded as the nodes the
+  tracer would make for it, with the call's known value, instead of being dispatched through
+  make_fx (a fake-tensor run and a cache key over all its operands); the placeholders only
+  such calls read (their weights) are made directly rather than traced (:mod:`recording`);
+* the graph modules made are torch's lazy ones
+  (:func:`rewrite._torch_private.lazy_graph_modules`), whose code is generated when first
+  used rather than at every pass's recompile;
+* the type promotion pass takes the value of every node no promotion rule applies to (an
+  ``invoke_subgraph`` call, a placeholder, most ops) from its ``val`` instead of running it
+  again under the fake mode (:func:`_promote_types`).
+
+torchlib's registry is built by :mod:`torchlib`.
 
 Anything missing or changed raises :class:`Unavailable`; the caller then lowers the flat
 program (the public ``torch.onnx.export``).
@@ -40,11 +49,16 @@ from rewrite.backends.onnx.torchlib import from_torchlib
 if TYPE_CHECKING:
     import onnx_ir as ir
 
-CHECKED_TORCH_VERSIONS = ("2.13.0",)
+from rewrite.backends.onnx.torch_private.base import CHECKED_TORCH_VERSIONS, Unavailable
+from rewrite.backends.onnx.torch_private.recording import (
+    Trace,
+    placeholders_in_order,
+    recording_apis,
+    repeated_calls,
+)
 
-
-class Unavailable(Exception):
-    """The private APIs are not what this module was written against."""
+__all__ = ["CHECKED_TORCH_VERSIONS", "Unavailable", "available", "convert_opset", "decompose",
+           "lowering_tables", "target_opset", "translate"]
 
 
 @functools.lru_cache(maxsize=1)
@@ -142,9 +156,9 @@ def decompose(program: torch.export.ExportedProgram, tables: tuple
     if fake_mode is None:
         raise Unavailable("the program's placeholders carry no fake tensors")
 
-    repeated, deferred = _repeated_calls(gm) if _call_again_apis() else (set(), set())
+    repeated, deferred = repeated_calls(gm) if recording_apis() else (set(), set())
     traced = [n for n in placeholders if n not in deferred]
-    trace = _Trace(gm, repeated, deferred)
+    trace = Trace(gm, repeated, deferred)
 
     def run(*args):
         return trace.run(*args)
@@ -161,7 +175,7 @@ def decompose(program: torch.export.ExportedProgram, tables: tuple
               torch.fx.experimental._config.patch(backed_size_oblivious=True)):
             new = api["make_fx"](run, decomposition_table=table, tracing_mode="real")(
                 *[n.meta["val"] for n in traced])
-        _placeholders_in_order(new.graph, placeholders, traced, trace.made)
+        placeholders_in_order(new.graph, placeholders, traced, trace.made)
         _keep_names(gm.graph, new.graph, placeholders)
         new.recompile()
         with torch.no_grad():
@@ -172,151 +186,15 @@ def decompose(program: torch.export.ExportedProgram, tables: tuple
     return decomposed
 
 
-_HOP = getattr(getattr(torch.ops, "higher_order", None), "invoke_subgraph", None)
-
-
-@functools.lru_cache(maxsize=1)
-def _call_again_apis() -> dict[str, Any] | None:
-    """What :class:`_Trace` needs to record a repeated call itself; None without it."""
-    try:
-        from torch._higher_order_ops.invoke_subgraph import get_invoke_subgraph_cache
-        from torch.fx.experimental.proxy_tensor import get_proxy_mode, track_tensor_tree
-        from torch.fx.proxy import TracerBase
-    except ImportError:  # pragma: no cover - not in the checked versions
-        return None
-    if _HOP is None:  # pragma: no cover - not in the checked versions
-        return None
-    return {"cache": get_invoke_subgraph_cache, "proxy_mode": get_proxy_mode,
-            "track": track_tensor_tree, "create_node": TracerBase.create_node}
-
-
-def _repeated_calls(gm: torch.fx.GraphModule
-                    ) -> tuple[set[torch.fx.Node], set[torch.fx.Node]]:
-    """The ``invoke_subgraph`` calls of ``gm`` whose subgraph an earlier call traces (their
-    values known: a tuple of tensors), and the placeholders only they read."""
-    seen: set[object] = set()
-    repeated: set[torch.fx.Node] = set()
-    for node in gm.graph.nodes:
-        if node.op != "call_function" or node.target is not _HOP:
-            continue
-        identifier = node.args[1]
-        val = node.meta.get("val")
-        if identifier in seen and isinstance(val, tuple) \
-                and all(isinstance(v, torch.Tensor) for v in val) \
-                and all(isinstance(a, torch.fx.Node) for a in node.args[2:]):
-            repeated.add(node)
-        seen.add(identifier)
-    deferred = {n for n in gm.graph.nodes if n.op == "placeholder" and n.users
-                and all(user in repeated for user in n.users)}
-    return repeated, deferred
-
-
-class _Deferred:
-    """The value of a placeholder only repeated calls read (not traced)."""
-
-    __slots__ = ("node",)
-
-    def __init__(self, node: torch.fx.Node) -> None:
-        self.node = node
-
-
-class _Trace(torch.fx.Interpreter):
-    """Runs a program under ``make_fx``; a repeated ``invoke_subgraph`` call (its subgraph
-    traced at an earlier call, :func:`_repeated_calls`) is recorded as the call node the
-    tracer would make, with the call's known value, instead of dispatching it (a fake-tensor
-    run of the call, a cache key over all its operands: ~1 ms each); the placeholders only
-    such calls read are made directly (:attr:`made`), not traced."""
-
-    def __init__(self, gm: torch.fx.GraphModule, repeated: set[torch.fx.Node],
-                 deferred: set[torch.fx.Node]) -> None:
-        super().__init__(gm)
-        self.repeated = repeated
-        self.deferred = deferred
-        self.made: dict[torch.fx.Node, torch.fx.Node] = {}
-        """Each deferred placeholder -> the placeholder made for it in the traced graph."""
-        self._tracked: set[int] = set()
-        self._paths: dict[int, str] = {}
-
-    def run_node(self, n: torch.fx.Node) -> Any:
-        if n in self.deferred:
-            return _Deferred(n)
-        if n in self.repeated:
-            out = self._call_again(n)
-            if out is not None:
-                return out
-        return super().run_node(n)
-
-    def _call_again(self, n: torch.fx.Node) -> Any:
-        api = _call_again_apis()
-        mode = api["proxy_mode"]()
-        cache = api["cache"]()
-        identifier = n.args[1]
-        body = cache.get_proxy_dispatch_entry(identifier) if cache is not None else None
-        out = n.meta["val"]
-        if mode is None or body is None or any(id(v) in self._tracked for v in out):
-            return None
-        tracer = mode.tracer
-        operands = []
-        for arg in n.args[2:]:
-            value = self.env[arg]
-            if isinstance(value, _Deferred):
-                operands.append(self._placeholder(tracer, value.node))
-                continue
-            proxy = tracer.unwrap_proxy(value) if isinstance(value, torch.Tensor) else None
-            if not isinstance(proxy, torch.fx.Proxy):
-                return None
-            operands.append(proxy.node)
-        path = self._paths.get(id(body))
-        if path is None:
-            path = next((name for name, m in tracer.root.named_modules() if m is body), None)
-            if path is None:
-                return None
-            self._paths[id(body)] = path
-        create = api["create_node"]
-        with self._set_current_node(n):
-            # the nodes the tracer makes (a get_attr of the subgraph, the call), without the
-            # call's ``eager_input_vals`` (a detached copy of every operand's value, for
-            # Inductor's stride checks)
-            getter = create(tracer, "get_attr", path, (), {})
-            node = create(tracer, "call_function", _HOP, (getter, identifier, *operands), {})
-            api["track"](out, tracer.proxy(node), constant=None, tracer=tracer)
-        self._tracked.update(id(v) for v in out)
-        return out
-
-    def _placeholder(self, tracer: Any, original: torch.fx.Node) -> torch.fx.Node:
-        made = self.made.get(original)
-        if made is None:
-            # the program's value (make_fx's would be a detached copy: not worth ~30 us each,
-            # the translation reads shapes and types) and tensor metadata
-            made = tracer.graph.placeholder(original.name)
-            made.meta.update({k: original.meta[k] for k in ("val", "tensor_meta")
-                              if k in original.meta})
-            self.made[original] = made
-        return made
-
-
-def _placeholders_in_order(graph: torch.fx.Graph, placeholders: list[torch.fx.Node],
-                           traced: list[torch.fx.Node],
-                           made: dict[torch.fx.Node, torch.fx.Node]) -> None:
-    """``graph``'s placeholders (``traced``'s, in order, then those :class:`_Trace` made)
-    moved to the start, in the order of the program's ``placeholders``."""
-    if not made:
-        return
-    fresh = iter(n for n in graph.nodes if n.op == "placeholder" and n not in made.values())
-    by_original = {original: next(fresh) for original in traced}
-    by_original.update(made)
-    first = next(n for n in graph.nodes if n.op != "placeholder")
-    for original in placeholders:
-        first.prepend(by_original[original])
-
-
 def _promote_types(gm: torch.fx.GraphModule) -> None:
     """torch.onnx's ``insert_type_promotion_nodes(gm)`` (each module of ``gm``: its
-    ``InsertTypePromotion`` pass), except that the pass's interpreter takes the value of an
-    ``invoke_subgraph`` call from the call's ``val`` (set by the trace) instead of running
-    the body again under the fake mode (~0.5 ms per call; no type promotion rule applies to
-    the call itself, and its body is a module of its own, promoted once). Without the
-    pass's private classes: ``insert_type_promotion_nodes`` as it is."""
+    ``InsertTypePromotion`` pass), except that the pass's interpreter takes the value of a
+    node no promotion rule applies to from its ``val`` (set by the trace) instead of running
+    it again under the fake mode: an ``invoke_subgraph`` call (~0.5 ms each: its body, a
+    module of its own, is promoted once), a placeholder, an op without a rule. Promoting a
+    node keeps its output type (a cast back is inserted), so the values after it stay what
+    the trace made. Without the pass's private classes: ``insert_type_promotion_nodes`` as
+    it is."""
     classes = _meta_call_promotion()
     if classes is None:  # pragma: no cover - not in the checked versions
         _apis()["type_promotion"](gm)
@@ -330,8 +208,8 @@ def _promote_types(gm: torch.fx.GraphModule) -> None:
 
 @functools.lru_cache(maxsize=1)
 def _meta_call_promotion() -> tuple[type, type] | None:
-    """torch.onnx's type promotion pass and its interpreter with ``invoke_subgraph`` calls
-    read from meta; None without them."""
+    """torch.onnx's type promotion pass and its interpreter reading the values of nodes
+    without a promotion rule from meta; None without them."""
     try:
         from torch.onnx._internal.fx.passes.type_promotion import (
             InsertTypePromotion,
