@@ -44,11 +44,6 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 import torch
 
 from rewrite._torch_private import lazy_graph_modules
-from rewrite.backends.onnx.torchlib import from_torchlib
-
-if TYPE_CHECKING:
-    import onnx_ir as ir
-
 from rewrite.backends.onnx.torch_private.base import CHECKED_TORCH_VERSIONS, Unavailable
 from rewrite.backends.onnx.torch_private.recording import (
     Trace,
@@ -56,6 +51,10 @@ from rewrite.backends.onnx.torch_private.recording import (
     recording_apis,
     repeated_calls,
 )
+from rewrite.backends.onnx.torchlib import from_torchlib
+
+if TYPE_CHECKING:
+    import onnx_ir as ir
 
 __all__ = ["CHECKED_TORCH_VERSIONS", "Unavailable", "available", "convert_opset", "decompose",
            "lowering_tables", "target_opset", "translate"]
@@ -195,7 +194,7 @@ def _promote_types(gm: torch.fx.GraphModule) -> None:
     node keeps its output type (a cast back is inserted), so the values after it stay what
     the trace made. Without the pass's private classes: ``insert_type_promotion_nodes`` as
     it is."""
-    classes = _meta_call_promotion()
+    classes = _meta_value_promotion()
     if classes is None:  # pragma: no cover - not in the checked versions
         _apis()["type_promotion"](gm)
         return
@@ -207,7 +206,7 @@ def _promote_types(gm: torch.fx.GraphModule) -> None:
 
 
 @functools.lru_cache(maxsize=1)
-def _meta_call_promotion() -> tuple[type, type] | None:
+def _meta_value_promotion() -> tuple[type, type] | None:
     """torch.onnx's type promotion pass and its interpreter reading the values of nodes
     without a promotion rule from meta; None without them."""
     try:
@@ -222,14 +221,14 @@ def _meta_call_promotion() -> tuple[type, type] | None:
     except (ImportError, AttributeError):  # pragma: no cover - not in the checked versions
         return None
 
-    class MetaCallInterpreter(_TypePromotionInterpreter):
+    class MetaValueInterpreter(_TypePromotionInterpreter):
         def run_node(self, n: torch.fx.Node) -> Any:
             if "val" in n.meta and (n.op == "placeholder" or n.op == "call_function" and (
                     n.target is hop or get_rule(n, self.type_promotion_table) is None)):
                 return n.meta["val"]
             return super().run_node(n)
 
-    return InsertTypePromotion, MetaCallInterpreter
+    return InsertTypePromotion, MetaValueInterpreter
 
 
 def _keep_names(old: torch.fx.Graph, new: torch.fx.Graph, placeholders: list) -> None:
