@@ -152,7 +152,8 @@ def placeholders_in_order(graph: torch.fx.Graph, placeholders: list[torch.fx.Nod
     moved to the start, in the order of the program's ``placeholders``."""
     if not made:
         return
-    fresh = iter(n for n in graph.nodes if n.op == "placeholder" and n not in made.values())
+    mine = set(made.values())
+    fresh = iter(n for n in graph.nodes if n.op == "placeholder" and n not in mine)
     by_original = {original: next(fresh) for original in traced}
     by_original.update(made)
     first = next(n for n in graph.nodes if n.op != "placeholder")
