@@ -23,7 +23,7 @@ import onnx_ir as ir
 import onnx_ir.passes
 
 from rewrite.api import apply
-from rewrite.backends.onnx.lower import finish, lower
+from rewrite.backends.onnx.pipeline import finish, lower
 from rewrite.backends.onnx.naming import check_identity
 from rewrite.backends.onnx.options import OnnxOptions
 from rewrite.backends.onnx.outline import outline

@@ -120,6 +120,24 @@ def test_onnx_input(two_kinds_model, run_cli, tmp_path):
     assert_matches_eager(grouped, two_kinds_model)
 
 
+def test_onnx_input_does_not_load_the_lowering_pipeline(two_kinds_model, tmp_path):
+    """Suggesting rules for an ``.onnx`` file reads it and keys its bodies; torch.onnx and
+    onnxscript (the lowering pipeline's imports) are not loaded."""
+    import subprocess
+    import sys
+
+    path = tmp_path / "two_kinds.onnx"
+    model, args, _ = two_kinds_model
+    torch.onnx.export(model, args, dynamo=True, verbose=False).save(str(path))
+    code = ("import sys\nfrom rewrite.cli.main import main\n"
+            f"code = main(['suggest', {str(path)!r}, '-o', {str(tmp_path / 's.rules')!r}])\n"
+            "print(code, 'onnxscript' in sys.modules, 'torch.onnx' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          check=True)
+    assert done.stdout.split()[-3:] == ["0", "False", "False"], done.stdout + done.stderr
+    assert "group class" in (tmp_path / "s.rules").read_text()
+
+
 def test_output_file_is_never_replaced_without_force(shared_pt2, run_cli, tmp_path):
     rules = tmp_path / "s.rules"
     rules.write_text("# mine\n")

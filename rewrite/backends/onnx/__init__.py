@@ -9,17 +9,22 @@
 * ``outline``: groups -> functions (``boundary``: a group's inputs/outputs; ``structure``:
   body keys for dedup; ``repeats``: repeated blocks matched node by node; ``constants``: the
   constant policy; ``remat``: shared cheap nodes recomputed; ``naming``; ``opsets``);
-* ``lower``: the pipeline (``clone``: the copy a given model is outlined in); ``save``:
-  writing; ``summary``: the function tree as data; ``progress``: how it reports (rendered
-  by the caller: the CLI draws it on the console).
+* ``pipeline``: the pipeline, :func:`lower` (``clone``: the copy a given model is outlined
+  in); ``save``: writing; ``summary``: the function tree as data; ``progress``: how it
+  reports (rendered by the caller: the CLI draws it on the console).
+
+The pipeline imports torch.onnx and onnxscript; this package imports it on first use of
+:func:`lower` / :class:`Lowering` (or ``to_onnx`` / ``save_onnx``), so that what only reads
+ONNX models (``rewrite suggest`` on an ``.onnx`` file: ``structure``, ``boundary``) does not
+pay for them.
 """
 
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rewrite.backends.onnx.lower import Lowering, lower
 from rewrite.backends.onnx.options import OnnxOptions
 from rewrite.backends.onnx.progress import SILENT, Progress
 from rewrite.backends.onnx.summary import summarize
@@ -28,6 +33,16 @@ if TYPE_CHECKING:
     import onnx_ir as ir
 
     from rewrite.api import Result
+    from rewrite.backends.onnx.pipeline import Lowering, lower
+
+
+def __getattr__(name: str) -> Any:
+    """:func:`lower` and :class:`Lowering`, from :mod:`pipeline` on first use."""
+    if name in ("lower", "Lowering"):
+        value = getattr(importlib.import_module(f"{__name__}.pipeline"), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def to_onnx(result: "Result", *, progress: Progress | None = None,
@@ -37,6 +52,8 @@ def to_onnx(result: "Result", *, progress: Progress | None = None,
     ``options`` are the fields of :class:`OnnxOptions` (``constants``, ``constant_limit``,
     ``optimize``); ``progress`` hears about the long steps (the CLI's
     :class:`rewrite.cli.steps.Steps` draws them on a console)."""
+    from rewrite.backends.onnx.pipeline import lower
+
     return lower(result, OnnxOptions(**options), progress or SILENT).model
 
 
@@ -46,6 +63,7 @@ def save_onnx(result: "Result", output_path: str | Path, *, progress: Progress |
 
     Weights go to ``<output>.data`` when larger than ``external_data_threshold`` bytes.
     ``progress`` hears about the steps, the warnings and what was written."""
+    from rewrite.backends.onnx.pipeline import lower
     from rewrite.backends.onnx.save import write_model
     from rewrite.outputs import check_output_path
 
