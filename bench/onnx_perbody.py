@@ -2,11 +2,14 @@
 
     .venv/bin/python -m bench.onnx_perbody [--blocks 12 48] [--repeats 2] [--sides ...]
     .venv/bin/python -m bench.onnx_perbody --model llama --blocks 32 --hidden 1024
+    .venv/bin/python -m bench.onnx_perbody --model llama-static --blocks 8 32 --hidden 256
 
 For each depth, the random-weight GPT-2 of ``bench.onnx_apply`` (width 64, biases drawn), or
 with ``--model llama`` a random-weight LlamaModel (``--hidden`` wide, 4x as wide MLP, 16 heads,
-4 key/value heads, sequence 32: the headline "realistic depth" figure), its program in
-memory, the same process, after a warm-up, sides in alternating order:
+4 key/value heads, sequence 32: the headline "realistic depth" figure), or with ``--model
+llama-static`` a LlamaForCausalLM with a static KV cache as transformers exports it for
+deployment (its cache updates are in-place ops: the per-body path functionalizes the program
+first), its program in memory, the same process, after a warm-up, sides in alternating order:
 
 * ``rewrite.apply(rules, program).to_onnx(lowering="per-body")``: each distinct repeated body
   decomposed and translated once (issue 12);
@@ -73,13 +76,43 @@ def build_llama(blocks: int, hidden: int):
     return path
 
 
+def build_llama_static(blocks: int, hidden: int):
+    """Save the program of a random-weight LlamaForCausalLM with a static KV cache, as
+    transformers exports it for deployment (``TorchExportableModuleForDecoderOnlyLM``, strict,
+    4 new tokens into a 64-token cache: the cache updates are in-place ops); returns its path."""
+    import warnings
+
+    import torch
+    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
+    from transformers.integrations.executorch import TorchExportableModuleForDecoderOnlyLM
+
+    config = LlamaConfig(num_hidden_layers=blocks, hidden_size=hidden,
+                         intermediate_size=4 * hidden, num_attention_heads=16,
+                         num_key_value_heads=4, vocab_size=1000, max_position_embeddings=64,
+                         use_cache=True, bos_token_id=0, eos_token_id=0, pad_token_id=0)
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config).eval()
+    model.generation_config = GenerationConfig(
+        use_cache=True, cache_implementation="static",
+        cache_config={"batch_size": 1, "max_cache_len": 64})
+    wrapper = TorchExportableModuleForDecoderOnlyLM(model, batch_size=1, max_cache_len=64)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        program = wrapper.export(input_ids=torch.randint(0, 1000, (1, 4)),
+                                 cache_position=torch.arange(4), strict=True)
+    OUT.mkdir(parents=True, exist_ok=True)
+    path = OUT / f"llama-static-{blocks}x{hidden}.pt2"
+    torch.export.save(program, str(path))
+    return path
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--blocks", type=int, nargs="+", default=[12, 48])
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--body-repeats", type=int, default=7,
                         help="runs of the per-body side (at least --repeats)")
-    parser.add_argument("--model", choices=("gpt2", "llama"), default="gpt2")
+    parser.add_argument("--model", choices=("gpt2", "llama", "llama-static"), default="gpt2")
     parser.add_argument("--hidden", type=int, default=1024, help="llama: hidden size")
     parser.add_argument("--sides", nargs="+", choices=SIDES, default=list(SIDES),
                         help="what to time (the flat path is the slowest to measure)")
@@ -90,10 +123,12 @@ def main(argv: list[str] | None = None) -> int:
 
     import rewrite
 
-    rules = rewrite.load_rules(LLAMA_RULES if args.model == "llama" else RULES)
+    rules = rewrite.load_rules(RULES if args.model == "gpt2" else LLAMA_RULES)
+    builders = {"llama": build_llama, "llama-static": build_llama_static}
     medians: dict[int, dict[str, float]] = {}
     for blocks in args.blocks:
-        path = build_llama(blocks, args.hidden) if args.model == "llama" else build(blocks, 32)[0]
+        path = (builders[args.model](blocks, args.hidden) if args.model in builders
+                else build(blocks, 32)[0])
         program = torch.export.load(str(path))
         for side in sides:  # warm-up
             _time(side, program, rules)

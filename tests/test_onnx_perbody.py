@@ -2,8 +2,9 @@
 
 Both paths on GPT-2, Llama, BERT and custom models: the per-body path is taken (asserted),
 its output passes the full checker, equals eager in onnxruntime, and has the functions, ops,
-domains and module paths of the flat path; the fallback is taken, with one warning naming the
-reason, for a program the per-body path does not handle, and either path can be forced.
+domains and module paths of the flat path (programs with in-place ops too, in their functional
+form); the fallback is taken, with one warning naming the reason, for a program the per-body
+path does not handle, and either path can be forced.
 """
 
 from __future__ import annotations
@@ -109,17 +110,17 @@ def test_custom_models_per_body_equals_flat_and_eager(make):
         assert_matches_eager(lowering.model, triple)
 
 
-def test_mutation_falls_back_with_one_warning():
+def test_mutations_are_lowered_per_body_in_functional_form():
+    """In-place ops (a buffer updated inside a submodule, a mutated user input) are lowered
+    per body in torch's functional form of the program: the model of the flat path, equal to
+    eager."""
     triple = models.stateful()
     program = models.export(triple)
-    result = rewrite.apply(MODULARIZE, program)
-    lowering = lower(result)
-    assert lowering.path == "flat"
-    reasons = [d.message for d in lowering.warnings if "per-body" in d.message]
-    assert len(reasons) == 1 and ("in-place" in reasons[0] or "mutates" in reasons[0])
-    checked_proto(lowering.model)
-    with pytest.raises(InputError, match="per body.*(in-place|mutates)"):
-        lower(result, OnnxOptions(lowering="per-body"))
+    fast, flat = _both(MODULARIZE, program)
+    _same_result(fast, flat)
+    for lowering in (fast, flat):
+        checked_proto(lowering.model)
+        assert_matches_eager(lowering.model, triple)
 
 
 def test_dynamic_shapes_fall_back_with_one_warning():
@@ -135,6 +136,8 @@ def test_dynamic_shapes_fall_back_with_one_warning():
     assert len(reasons) == 1 and "dynamic shapes" in reasons[0]
     forced = lower(result, OnnxOptions(lowering="flat"))
     assert forced.path == "flat" and not any("per-body" in d.message for d in forced.warnings)
+    with pytest.raises(InputError, match="per body.*dynamic shapes"):
+        lower(result, OnnxOptions(lowering="per-body"))
 
 
 def test_a_repeated_call_that_cannot_be_recorded_falls_back(gpt2_model, gpt2_program,

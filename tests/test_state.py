@@ -18,6 +18,7 @@ import pytest
 import torch
 
 import rewrite
+from rewrite.backends.onnx import lower
 from tests.onnx_fixtures import (LLAMA_RULES, MODULARIZE, checked_proto, function_names,
                                  run_onnx)
 
@@ -166,13 +167,17 @@ def test_static_cache_decoder_fx_equals_module(static_cache_llama, strict):
 
 
 def test_static_cache_decoder_onnx(static_cache_llama):
-    """Strict: equal to torch.onnx.export (which keeps the cache as initializers, as torch
-    does); non-strict: torch.onnx.export itself cannot convert it, and the error says so."""
+    """Strict: lowered per body (the in-place cache updates in torch's functional form),
+    equal to torch.onnx.export (which keeps the cache as initializers, as torch does);
+    non-strict: torch.onnx.export itself cannot convert it, and the error says so."""
     make, ids = static_cache_llama
     pos = torch.arange(4)
     program = make(True)
     flat = torch.onnx.export(program, dynamo=True, verbose=False).model
-    onnx_model = rewrite.apply(LLAMA_RULES, program).to_onnx()
+    lowering = lower(rewrite.apply(LLAMA_RULES, program))
+    assert lowering.path == "per-body"  # in-place cache updates: in functional form
+    assert lowering.inlined == 1  # the second decoder layer is a call of the first's body
+    onnx_model = lowering.model
     checked_proto(onnx_model)
     names = function_names(onnx_model)
     assert names["LlamaDecoderLayer"] == 1 and names["LlamaAttention"] == 1, names

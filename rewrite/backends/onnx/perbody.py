@@ -78,7 +78,8 @@ _INLINED_HOPS = tuple(getattr(torch.ops.higher_order, name) for name in (
     if hasattr(torch.ops.higher_order, name))
 """Higher-order ops that decomposition inlines (their bodies are plain ops), outside the
 repeated bodies (a group holding one is not made a shared body)."""
-__all__ = ["Materialize", "PerBody", "PerBodyLowering", "Unsupported", "check", "lower_per_body"]
+__all__ = ["Materialize", "PerBody", "PerBodyLowering", "Unsupported", "check", "functional",
+           "in_place", "lower_per_body"]
 
 
 @frozen
@@ -118,14 +119,29 @@ class PerBody:
                                       self.group_ids))
 
 
+def in_place(program: torch.export.ExportedProgram) -> bool:
+    """Whether ``program`` has in-place ops (torch.export's training IR keeps them: a static
+    KV cache's ``index_copy_``); :func:`functional` removes them."""
+    return any(node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload)
+               and node.target._schema.is_mutable for node in program.graph.nodes)
+
+
+def functional(program: torch.export.ExportedProgram) -> torch.export.ExportedProgram:
+    """``program`` without in-place ops: torch's functionalization
+    (``run_decompositions({})``, nothing decomposed), which writes each mutation as a new
+    value that the program returns (its signature says which buffer or input it updates).
+    An AOT-autograd re-trace of the flat program: the one step of this path whose cost grows
+    with the model rather than with its distinct bodies."""
+    return program.run_decompositions({})
+
+
 def check(program: torch.export.ExportedProgram) -> None:
-    """Raise :class:`Unsupported` for programs this path does not handle."""
+    """Raise :class:`Unsupported` for programs this path does not handle (mutations are
+    handled in their functional form, see :func:`functional`)."""
     reason = torch_private.available()
     if reason is not None:
         raise Unsupported(f"torch's private exporter APIs changed ({reason})")
     signature = program.graph_signature
-    if signature.buffers_to_mutate or signature.user_inputs_to_mutate:
-        raise Unsupported("the program mutates buffers or inputs")
     if getattr(signature, "backward_signature", None) is not None:
         raise Unsupported("the program is a joint forward/backward graph")
     for node in program.graph.nodes:

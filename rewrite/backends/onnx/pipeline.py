@@ -1,8 +1,10 @@
 """From a :class:`Result` to an ``onnx_ir.Model`` with functions: the backend's pipeline.
 
-* ``.pt2`` / ExportedProgram: torch.onnx lowers the ops (one decomposition, not optimized;
-  per body, :mod:`perbody`, each repeated call but the first of its body left standing in
-  for its nodes, :mod:`standins`), :mod:`remap` groups its nodes with the same rules,
+* ``.pt2`` / ExportedProgram (with in-place ops: in torch's functional form,
+  :func:`perbody.functional`, grouped again): torch.onnx lowers the ops (one
+  decomposition, not optimized; per body, :mod:`perbody`, each repeated call but the first
+  of its body left standing in for its nodes, :mod:`standins`), :mod:`remap` groups its
+  nodes with the same rules,
   :mod:`outline` outlines, and :mod:`optimize` runs onnxscript's optimizer once per distinct
   function body and over the main graph (``OnnxOptions.optimize``). A stand-in that does not
   fit (:class:`standins.Materialize`, from planning or outlining) is inlined: translated,
@@ -32,7 +34,14 @@ from rewrite.backends.onnx.optimize import optimize
 from rewrite.backends.onnx.options import OnnxOptions
 from rewrite.backends.onnx.outline import Outlined, outline
 from rewrite.backends.onnx.progress import SILENT, Progress
-from rewrite.backends.onnx.perbody import PerBody, PerBodyLowering, Unsupported, check
+from rewrite.backends.onnx.perbody import (
+    PerBody,
+    PerBodyLowering,
+    Unsupported,
+    check,
+    functional,
+    in_place,
+)
 from rewrite.backends.onnx.standins import Materialize
 from rewrite.backends.onnx.remap import regroup, regroup_with
 from rewrite.errors import Diagnostic, InputError, first_line
@@ -138,6 +147,9 @@ def _lower_program(result: "Result", program: torch.export.ExportedProgram,
     warnings: list[Diagnostic] = []
     if options.lowering != "flat":
         try:
+            if in_place(program):
+                with progress.step("torch.export: functionalizing the program's in-place ops"):
+                    program, tree = _functional(result, program)
             with progress.step("torch.onnx: decomposing and translating each distinct body once"):
                 check(program)
                 with quiet_exporter():
@@ -159,6 +171,15 @@ def _lower_program(result: "Result", program: torch.export.ExportedProgram,
             program, optimize=False, custom_translation_table=options.custom_translation_table)
     onnx_tree, more = regroup(result.rules, tree, exported.model, exported.program)
     return exported.model, onnx_tree, warnings + more, "flat", None, None
+
+
+def _functional(result: "Result", program: torch.export.ExportedProgram
+                ) -> tuple[torch.export.ExportedProgram, GroupTree]:
+    """``program`` without in-place ops (:func:`perbody.functional`), grouped with the same
+    rules (its nodes are new; module stacks and tags are kept)."""
+    with quiet_exporter():
+        program = functional(program)
+    return program, group_graph(result.rules, load_graph(program))
 
 
 def _per_body(result: "Result", lowering: PerBodyLowering, options: OnnxOptions,
