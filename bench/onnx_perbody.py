@@ -56,24 +56,35 @@ def _time(side: str, program, rules) -> float:
     return time.perf_counter() - start
 
 
+def _llama_config(blocks: int, hidden: int, use_cache: bool):
+    from transformers import LlamaConfig
+
+    return LlamaConfig(num_hidden_layers=blocks, hidden_size=hidden,
+                       intermediate_size=4 * hidden, num_attention_heads=16,
+                       num_key_value_heads=4, vocab_size=1000, max_position_embeddings=64,
+                       use_cache=use_cache, bos_token_id=0, eos_token_id=0, pad_token_id=0)
+
+
+def _save(program, name: str):
+    import torch
+
+    OUT.mkdir(parents=True, exist_ok=True)
+    path = OUT / f"{name}.pt2"
+    torch.export.save(program, str(path))
+    return path
+
+
 def build_llama(blocks: int, hidden: int):
     """Save a random-weight LlamaModel's program; returns its path."""
     import torch
-    from transformers import LlamaConfig, LlamaModel
+    from transformers import LlamaModel
 
-    config = LlamaConfig(num_hidden_layers=blocks, hidden_size=hidden,
-                         intermediate_size=4 * hidden, num_attention_heads=16,
-                         num_key_value_heads=4, vocab_size=1000, max_position_embeddings=64,
-                         use_cache=False, bos_token_id=0, eos_token_id=0, pad_token_id=0)
     torch.manual_seed(0)
-    model = LlamaModel(config).eval()
-    ids = torch.randint(0, config.vocab_size, (1, 32))
+    model = LlamaModel(_llama_config(blocks, hidden, use_cache=False)).eval()
+    ids = torch.randint(0, 1000, (1, 32))
     program = torch.export.export(model, (ids,), kwargs={"return_dict": False,
                                                          "use_cache": False})
-    OUT.mkdir(parents=True, exist_ok=True)
-    path = OUT / f"llama-{blocks}x{hidden}.pt2"
-    torch.export.save(program, str(path))
-    return path
+    return _save(program, f"llama-{blocks}x{hidden}")
 
 
 def build_llama_static(blocks: int, hidden: int):
@@ -83,15 +94,11 @@ def build_llama_static(blocks: int, hidden: int):
     import warnings
 
     import torch
-    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
+    from transformers import GenerationConfig, LlamaForCausalLM
     from transformers.integrations.executorch import TorchExportableModuleForDecoderOnlyLM
 
-    config = LlamaConfig(num_hidden_layers=blocks, hidden_size=hidden,
-                         intermediate_size=4 * hidden, num_attention_heads=16,
-                         num_key_value_heads=4, vocab_size=1000, max_position_embeddings=64,
-                         use_cache=True, bos_token_id=0, eos_token_id=0, pad_token_id=0)
     torch.manual_seed(0)
-    model = LlamaForCausalLM(config).eval()
+    model = LlamaForCausalLM(_llama_config(blocks, hidden, use_cache=True)).eval()
     model.generation_config = GenerationConfig(
         use_cache=True, cache_implementation="static",
         cache_config={"batch_size": 1, "max_cache_len": 64})
@@ -100,10 +107,7 @@ def build_llama_static(blocks: int, hidden: int):
         warnings.simplefilter("ignore")
         program = wrapper.export(input_ids=torch.randint(0, 1000, (1, 4)),
                                  cache_position=torch.arange(4), strict=True)
-    OUT.mkdir(parents=True, exist_ok=True)
-    path = OUT / f"llama-static-{blocks}x{hidden}.pt2"
-    torch.export.save(program, str(path))
-    return path
+    return _save(program, f"llama-static-{blocks}x{hidden}")
 
 
 def main(argv: list[str] | None = None) -> int:
