@@ -62,7 +62,7 @@ def body_key(nodes: Sequence[torch.fx.Node]) -> tuple[Hashable, list[torch.fx.No
     position = {node: i for i, node in enumerate(nodes)}
     inputs: dict[torch.fx.Node, int] = {}
 
-    def ref(arg: torch.fx.Node) -> Hashable:  # unlike any frozen value: a str first
+    def ref(arg: torch.fx.Node) -> Hashable:  # no frozen value starts with "node" / "in"
         at = position.get(arg)
         if at is not None:
             return ("node", at)

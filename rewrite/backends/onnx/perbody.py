@@ -119,11 +119,15 @@ class PerBody:
                                       self.group_ids))
 
 
+def _in_place(node: torch.fx.Node) -> bool:
+    return node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload) \
+        and node.target._schema.is_mutable
+
+
 def in_place(program: torch.export.ExportedProgram) -> bool:
     """Whether ``program`` has in-place ops (torch.export's training IR keeps them: a static
     KV cache's ``index_copy_``); :func:`functional` removes them."""
-    return any(node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload)
-               and node.target._schema.is_mutable for node in program.graph.nodes)
+    return any(_in_place(node) for node in program.graph.nodes)
 
 
 def functional(program: torch.export.ExportedProgram) -> torch.export.ExportedProgram:
@@ -148,8 +152,7 @@ def check(program: torch.export.ExportedProgram) -> None:
         if isinstance(node.target, torch._ops.HigherOrderOperator) \
                 and node.target not in _INLINED_HOPS:
             raise Unsupported(f"the program has a higher-order op ({node.target.name()})")
-        if node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload) \
-                and node.target._schema.is_mutable:
+        if _in_place(node):  # one :func:`functional` left
             raise Unsupported(f"the program has an in-place op ({node.target})")
         val = node.meta.get("val")
         if isinstance(val, torch.Tensor) and not all(isinstance(d, int) for d in val.shape):

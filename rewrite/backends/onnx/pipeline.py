@@ -4,11 +4,11 @@
   :func:`perbody.functional`, grouped again): torch.onnx lowers the ops (one
   decomposition, not optimized; per body, :mod:`perbody`, each repeated call but the first
   of its body left standing in for its nodes, :mod:`standins`), :mod:`remap` groups its
-  nodes with the same rules,
-  :mod:`outline` outlines, and :mod:`optimize` runs onnxscript's optimizer once per distinct
-  function body and over the main graph (``OnnxOptions.optimize``). A stand-in that does not
-  fit (:class:`standins.Materialize`, from planning or outlining) is inlined: translated,
-  grouped and outlined again, the decomposition kept.
+  nodes with the same rules, :mod:`outline` outlines, and :mod:`optimize` runs onnxscript's
+  optimizer once per distinct function body and over the main graph
+  (``OnnxOptions.optimize``). A stand-in that does not fit (:class:`standins.Materialize`,
+  from planning or outlining) is inlined: translated, grouped and outlined again, the
+  decomposition kept.
 * ``.onnx`` / onnx_ir.Model: outlined with the tree ``apply`` made. A model the caller
   gave is copied first (:mod:`clone`; the input is never changed); one ``apply`` loaded from
   a path belongs to rewrite alone, so the first lowering outlines it as it is (no copy), and
