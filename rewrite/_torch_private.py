@@ -27,6 +27,13 @@ to import:
   :mod:`rewrite._pt2_decode`; ~45% of ``torch.export.load``'s CPU time on the 48-block
   GPT-2). Same program; used only on the torch versions of ``CHECKED_WITH`` (it copies
   torch's decoding); fallback: torch's decoder.
+* ``torch._export.serde.serialize`` (``_bytes_to_dataclass``, ``ExportedProgramDeserializer``,
+  ``_SERIALIZE_TO_TORCH_DTYPE``) and ``schema.ExportedProgram``: a ``.pt2``'s program is
+  deserialized around weights that rewrite made as views of the file
+  (:func:`deserialize_program`, :mod:`rewrite.frontends.pt2`), instead of
+  ``torch.export.load`` copying each out of the zip and unpickling sample inputs with a
+  full-pickle fallback. Fallback (:class:`Unavailable`): ``torch.export.load`` once rewrite's
+  own checks found nothing that needs pickle (same program, weights copied into memory).
 
 Texts torch prints are parsed in two places, each falling back to the plain message when the
 text changes: :mod:`rewrite.frontends.pt2` (``torch.export.load``'s reasons) and
@@ -45,6 +52,10 @@ from rewrite._swap import swapped
 
 CHECKED_WITH = ("2.13.0",)
 """torch versions these private APIs were checked against."""
+
+
+class Unavailable(Exception):
+    """A private torch API is missing or not what this module was written against."""
 
 try:
     from torch.fx._lazy_graph_module import _LazyGraphModule as LazyGraphModule
@@ -132,3 +143,37 @@ def fast_pt2_decoding() -> Iterator[None]:
         return
     with swapped(serialize, "_dict_to_dataclass", SchemaDecoder(schema, union)):
         yield
+
+
+def _serde() -> tuple[Any, Any]:
+    """torch's serialization module and schema, or :class:`Unavailable`."""
+    try:
+        from torch._export.serde import schema, serialize
+    except ImportError as e:  # pragma: no cover - not in the checked versions
+        raise Unavailable(f"torch._export.serde: {e}") from None
+    needed = ("_bytes_to_dataclass", "ExportedProgramDeserializer", "_SERIALIZE_TO_TORCH_DTYPE")
+    missing = [name for name in needed if not hasattr(serialize, name)]
+    if missing or not hasattr(schema, "ExportedProgram"):  # pragma: no cover
+        raise Unavailable(f"torch._export.serde.serialize has no {', '.join(missing)}")
+    return serialize, schema
+
+
+def pt2_dtype(code: int) -> torch.dtype:
+    """The dtype of a ``.pt2`` tensor's ``dtype`` code (``schema.ScalarType``)."""
+    serialize, schema = _serde()
+    try:
+        return serialize._SERIALIZE_TO_TORCH_DTYPE[schema.ScalarType(code)]
+    except (ValueError, KeyError):
+        raise ValueError(f"unknown dtype code {code!r}") from None
+
+
+def deserialize_program(program_json: bytes, state_dict: dict[str, Any],
+                        constants: dict[str, Any], example_inputs: Any
+                        ) -> torch.export.ExportedProgram:
+    """The ``ExportedProgram`` of a ``.pt2``'s ``models/<name>.json`` around the given
+    tensors (used as given: views of the file stay views). torch's errors propagate."""
+    serialize, schema = _serde()
+    with fast_pt2_decoding(), lazy_program_graph_modules():
+        serialized = serialize._bytes_to_dataclass(schema.ExportedProgram, program_json)
+        return serialize.ExportedProgramDeserializer(None).deserialize(
+            serialized, state_dict, constants, example_inputs)

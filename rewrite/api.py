@@ -54,12 +54,16 @@ def as_ruleset(rules: RuleSet | str | Path) -> RuleSet:
     return load_rules(rules)
 
 
-def apply(rules: RuleSet | str | Path, model: Any) -> Result:
-    """Group ``model`` (ExportedProgram, GraphModule, onnx_ir.Model, or a path) by ``rules``."""
+def apply(rules: RuleSet | str | Path, model: Any, *, trust_model: bool = False) -> Result:
+    """Group ``model`` (ExportedProgram, GraphModule, onnx_ir.Model, or a path) by ``rules``.
+
+    A ``.pt2`` path is read as data: its weights are views of the file, and what only code
+    execution could load (pickled objects) is refused with :class:`InputError` unless
+    ``trust_model`` (for files you built yourself: unpickling runs code from the file)."""
     ruleset = as_ruleset(rules)
     from rewrite.frontends import load_graph  # imports torch: only when a model is read
 
-    graph = load_graph(model)
+    graph = load_graph(model, trust_model=trust_model)
     return Result(ruleset, group_graph(ruleset, graph), model)
 
 

@@ -111,3 +111,8 @@ class InputError(RewriteError):
     """The model or an output path is unusable (missing, corrupt, wrong kind). Exit code 2."""
 
     exit_code = 2
+
+
+class ModelWarning(UserWarning):
+    """Something about the model the user should know: a slower path was taken (the CLI
+    prints these as warnings)."""

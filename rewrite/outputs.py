@@ -4,11 +4,15 @@
 special file, or in a folder that does not exist or cannot be written. ``atomic_path`` yields
 a temporary file beside the output and renames it over the output only when the writer
 finished; on any error (or Ctrl-C) the temporary file is removed and the output untouched.
+``publish`` does the same for a set of files that belong together (a model and its external
+data): they replace the old set as one, in an order that never pairs a new model with old data
+or an old model with new data.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import stat
 import tempfile
@@ -108,3 +112,57 @@ def write_atomic(output: str | Path, writer: Callable[[Path], None]) -> None:
     """Call ``writer(tmp)`` to write a temporary file, then rename it to ``output``."""
     with atomic_path(output) as tmp:
         writer(tmp)
+
+
+@contextlib.contextmanager
+def _folder_locked(folder: Path) -> Iterator[None]:
+    """Exclusive among rewrite processes publishing into ``folder`` (two runs writing the
+    same output never interleave their renames)."""
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def publish(staged: dict[Path, Path], *, replaces: Iterable[Path] = ()) -> None:
+    """Move each staged file (written completely, in the destinations' folder) to its
+    destination, as one change: the first entry is the file that refers to the others (the
+    model), published last; old destinations and the stale files ``replaces`` names are
+    moved away first, so that at no moment does an old model sit beside new data or a new
+    model beside old data. On an error the old files are put back."""
+    items = list(staged.items())
+    model_tmp, model_out = items[0]
+    folder = model_out.parent
+    aside = Path(tempfile.mkdtemp(prefix=f".{model_out.name}.old.", dir=folder))
+    moved: list[tuple[Path, Path]] = []  # (where it is now, where it was)
+    placed: list[Path] = []
+    olds = [model_out, *(dst for _, dst in items[1:]), *replaces]
+    try:
+        with _folder_locked(folder):
+            try:
+                for k, old in enumerate(dict.fromkeys(olds)):  # the old model first
+                    if old.is_file():
+                        kept = aside / f"{k}"
+                        os.replace(old, kept)
+                        moved.append((kept, old))
+                for tmp, dst in [*items[1:], items[0]]:  # the new model last
+                    was = next((k for k, o in moved if o == dst), dst)
+                    os.chmod(tmp, _new_file_mode(was))
+                    os.replace(tmp, dst)
+                    placed.append(dst)
+            except BaseException:
+                for dst in placed:
+                    with contextlib.suppress(OSError):
+                        dst.unlink()
+                for kept, old in moved:
+                    with contextlib.suppress(OSError):
+                        os.replace(kept, old)
+                raise
+    finally:
+        for kept, _ in moved:
+            with contextlib.suppress(OSError):
+                kept.unlink()
+        with contextlib.suppress(OSError):
+            aside.rmdir()

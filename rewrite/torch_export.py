@@ -66,7 +66,8 @@ def export(
     onnx_model = lower(apply(ruleset, program), options).model
     rename_values(onnx_model, input_names, output_names)
     if out is not None:
-        write_model(onnx_model, out, threshold=options.external_data_threshold)
+        write_model(onnx_model, out, threshold=options.external_data_threshold,
+                    chunk=options.weights_chunk)
     return onnx_model
 
 

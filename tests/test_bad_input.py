@@ -92,7 +92,7 @@ def _torch_save(dst: Path) -> Path:
 BAD_MODELS = {  # file name: the reason printed after "<path>: "
     "truncated.pt2": "not a .pt2 archive (truncated, or not written by torch.export.save)",
     "corrupt.pt2": "corrupt .pt2 archive (checksum mismatch in ",
-    "foreign.pt2": "torch.export.load cannot read it (",
+    "foreign.pt2": "not a torch.export.save archive (no archive_format entry)",
     "saved.pt2": "a torch.save file, not a torch.export.save program",
     "empty.pt2": "empty file",
     "folder.pt2": "is a directory, expected a .pt2 or .onnx file",
@@ -163,7 +163,7 @@ def test_real_process_prints_one_line(tmp_path):
         capture_output=True, text=True, timeout=120, cwd=ROOT,
     )
     assert proc.returncode == 2
-    assert proc.stderr.startswith(f"{model}: torch.export.load cannot read it (")
+    assert proc.stderr.startswith(f"{model}: {BAD_MODELS['foreign.pt2']}")
     assert len(proc.stderr.splitlines()) == 1, proc.stderr
 
 

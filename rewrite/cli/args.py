@@ -8,6 +8,7 @@ import sys
 import rewrite
 
 CONSTANT_POLICIES = ("attribute", "embed", "input")
+EXTERNAL_DATA = ("auto", "always", "never")
 """``OnnxOptions.constants`` (not imported from the backend: ``check`` should not load torch)."""
 
 EXIT_OK, EXIT_RULES, EXIT_INPUT, EXIT_BUG = 0, 1, 2, 3
@@ -77,6 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
     explain.add_argument("--depth", type=_positive, metavar="N",
                          help="show N levels of groups (deeper ones are counted)")
     _imports(explain)
+    _trust(explain)
 
     apply = sub.add_parser(
         "apply", parents=[common], help="group a model and write the result",
@@ -99,7 +101,19 @@ def build_parser() -> argparse.ArgumentParser:
     onnx.add_argument("--no-body-node-names", dest="body_node_names", action="store_false",
                       help="leave the nodes inside functions unnamed (onnxruntime runs the "
                       "model ~2%% faster: it copies long node names on every run)")
+    onnx.add_argument("--external-data", choices=EXTERNAL_DATA, default="auto",
+                      help="where the weights go: auto (the default) writes them to "
+                      "OUT.onnx.data when they exceed 256 MB, copied straight from the input "
+                      "file at disk speed with memory flat in model size, and keeps smaller "
+                      "models one self-contained file; always: OUT.onnx.data whatever the "
+                      "size; never: inside OUT.onnx (at most 2 GB, which ONNX files cannot "
+                      "exceed; serialized in memory, about twice the weights)")
+    onnx.add_argument("--weights-chunk", type=_byte_size, metavar="SIZE",
+                      help="split the external data into files of at most SIZE (e.g. 10GB, "
+                      "512MB; a larger tensor gets a file of its own), as some hardware "
+                      "toolchains require; default: one file")
     _imports(apply)
+    _trust(apply)
 
     suggest = sub.add_parser(
         "suggest", parents=[common], help="print a starter rules file for a model",
@@ -113,6 +127,7 @@ def build_parser() -> argparse.ArgumentParser:
     suggest.add_argument("--force", action="store_true",
                          help="replace FILE if it exists (never the model)")
     _imports(suggest)
+    _trust(suggest)
     return parser
 
 
@@ -121,6 +136,32 @@ def _imports(parser: argparse.ArgumentParser) -> None:
                         metavar="MODULE",
                         help="import MODULE before reading the model, e.g. the library that "
                         "registers its custom operators (repeatable)")
+
+
+def _trust(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--trust-model", action="store_true",
+                        help="load parts of a .pt2 that only full pickle can read (pickled "
+                        "tensors or objects, TorchBind objects, sample inputs). Unpickling "
+                        "runs code from the file: only for files you built yourself. "
+                        "Without it such a file is refused (exit 2), nothing is run")
+
+
+_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+          "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
+
+
+def _byte_size(text: str) -> int:
+    """``10GB``, ``512MiB``, ``1.5GB``, ``4096``: a positive number of bytes."""
+    number = text.strip().upper().rstrip("S")
+    unit = number.lstrip("0123456789._")
+    try:
+        value = float(number[: len(number) - len(unit)]) * _UNITS[unit.strip()]
+    except (ValueError, KeyError):
+        raise argparse.ArgumentTypeError(
+            f"not a size: {text!r} (examples: 10GB, 512MB, 2GiB)") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError("must be at least one byte")
+    return int(value)
 
 
 def _positive(text: str) -> int:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import warnings
 
 import rewrite
 from rewrite.cli.args import EXIT_OK
@@ -12,7 +13,7 @@ from rewrite.cli.imports import import_modules
 from rewrite.cli.paths import check_model_path
 from rewrite.cli.render import Calls, FunctionUse, print_tree, summary_line
 from rewrite.cli.steps import Steps
-from rewrite.errors import InputError, RuleError
+from rewrite.errors import InputError, ModelWarning, RuleError
 from rewrite.frontends.onnx_check import check_onnx_input, unwritable_input
 from rewrite.grouping.build import NO_STRUCTURE
 from rewrite.outputs import check_output_path
@@ -31,6 +32,18 @@ def load_rules(arg: str) -> rewrite.RuleSet:
         raise
 
 
+def weights_options(external_data: str, chunk: int | None) -> dict:
+    """``OnnxOptions`` fields for ``--external-data`` and ``--weights-chunk``."""
+    if chunk is not None and external_data == "never":
+        raise InputError("--weights-chunk writes external data; it cannot go with "
+                         "--external-data never")
+    thresholds = {"always": 0, "never": 2**63}
+    options: dict = {"weights_chunk": chunk}
+    if external_data in thresholds:
+        options["external_data_threshold"] = thresholds[external_data]
+    return options
+
+
 def cmd_check(args: argparse.Namespace, io: Consoles) -> int:
     rules = load_rules(args.rules)
     if not io.quiet:
@@ -42,12 +55,18 @@ def cmd_check(args: argparse.Namespace, io: Consoles) -> int:
     return EXIT_OK
 
 
-def _group(rules: rewrite.RuleSet, model: str, io: Consoles, steps: Steps) -> rewrite.Result:
+def _group(rules: rewrite.RuleSet, model: str, io: Consoles, steps: Steps,
+           trust_model: bool = False) -> rewrite.Result:
     """Load and group ``model`` (already checked), printing the warnings."""
-    with steps.step(f"reading {model} and grouping it"):
+    with steps.step(f"reading {model} and grouping it"), \
+            warnings.catch_warnings(record=True) as notes:
+        warnings.simplefilter("always", ModelWarning)
         if model.lower().endswith(".onnx"):
             check_onnx_input(model)
-        result = rewrite.apply(rules, model)
+        result = rewrite.apply(rules, model, trust_model=trust_model)
+    for note in notes:
+        if issubclass(note.category, ModelWarning):
+            io.warning(str(note.message))
     io.detail(summary_line(result.tree))
     for warning in result.warnings:
         if warning.span is None and warning.message.startswith(NO_STRUCTURE):
@@ -107,7 +126,7 @@ def cmd_explain(args: argparse.Namespace, io: Consoles) -> int:
     check_model_path(args.model)
     import_modules(args.imports)
     steps = Steps.of(io)
-    result = _group(rules, args.model, io, steps)
+    result = _group(rules, args.model, io, steps, args.trust_model)
     calls = _onnx_calls(result, io) if args.onnx else None
     if args.json:
         print(json.dumps(_json(result, args, calls), indent=2), file=io.out.file)
@@ -130,7 +149,7 @@ def cmd_apply(args: argparse.Namespace, io: Consoles) -> int:
         )
     import_modules(args.imports)
     steps = Steps.of(io)
-    result = _group(rules, args.model, io, steps)
+    result = _group(rules, args.model, io, steps, args.trust_model)
     if suffix == ".onnx":
         from onnx_ir.serde import SerdeError
 
@@ -139,7 +158,8 @@ def cmd_apply(args: argparse.Namespace, io: Consoles) -> int:
         try:
             lowering = save_onnx(result, output, progress=Steps.backend(io),
                                  constants=args.constants, optimize=args.optimize,
-                                 body_node_names=args.body_node_names)
+                                 body_node_names=args.body_node_names,
+                                 **weights_options(args.external_data, args.weights_chunk))
         except SerdeError as e:
             raise unwritable_input(args.model, e) or e
         if io.verbose:  # what each group became, on stderr (stdout stays empty)

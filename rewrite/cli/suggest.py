@@ -24,7 +24,7 @@ def cmd_suggest(args: argparse.Namespace, io: Consoles) -> int:
     from rewrite.suggest import render, suggest
 
     with Steps.of(io).step(f"reading {args.model}"):
-        suggestion = suggest(args.model)
+        suggestion = suggest(args.model, trust_model=args.trust_model)
     for warning in suggestion.warnings:
         io.warning(f"{args.model}: {warning.message}")
     text = render(suggestion, str(output) if output is not None else None)

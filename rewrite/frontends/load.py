@@ -16,13 +16,14 @@ from rewrite.ir import Graph
 MODEL_SUFFIXES = (".pt2", ".onnx")
 
 
-def load_graph(model: Any) -> Graph:
-    """The IR of an ExportedProgram, GraphModule, onnx_ir.Model, or a ``.pt2``/``.onnx`` path."""
+def load_graph(model: Any, *, trust_model: bool = False) -> Graph:
+    """The IR of an ExportedProgram, GraphModule, onnx_ir.Model, or a ``.pt2``/``.onnx`` path
+    (``trust_model``: see :func:`rewrite.frontends.pt2.load_pt2`)."""
     if isinstance(model, (str, Path)):
         path = Path(model)
         suffix = path.suffix.lower()
         if suffix == ".pt2":
-            return from_exported_program(readable_program(load_pt2(path)))
+            return from_exported_program(readable_program(load_pt2(path, trust_model=trust_model)))
         if suffix == ".onnx":
             from rewrite.frontends.onnx import load_onnx_graph
 

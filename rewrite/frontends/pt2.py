@@ -1,13 +1,21 @@
-"""Load a ``.pt2`` file (``torch.export.save``) with errors a user can act on.
+"""Load a ``.pt2`` file (``torch.export.save``) as data: weights mapped, no code run.
 
-``torch.export.load`` logs the real reason of a failure as a warning with a traceback (on
-stderr) and raises a generic error; here the log is captured and its reason becomes the
-message of one :class:`InputError`. The archive's checksums are verified first, so a file
-corrupted inside its weights is refused instead of loading garbage.
+``torch.export.load`` copies every weight out of the zip into memory (a model's worth of
+RAM) and unpickles the sample inputs with a silent full-pickle fallback: a crafted file runs
+code. Here the archive is read once, as data (:mod:`pt2_archive`): its JSON configs say which
+entry holds which tensor (:mod:`pt2_payloads`); every parameter, buffer and constant becomes
+a view of a private read-only mapping of the file (its pages are the file's, not the
+process's memory), and only the program's JSON is deserialized, by torch
+(:func:`rewrite._torch_private.deserialize_program`). Weights' checksums are verified on a
+thread meanwhile.
 
-Programs that use another library's classes or custom operators load once that library is
-imported: for transformers and diffusers this module imports it and retries; for others the
-error names the operator and asks for the import (``rewrite --import MODULE``).
+What only code could load (pickled tensors or objects, TorchBind objects, sample inputs that
+weights-only unpickling refuses) is refused: :class:`UnsafeModel` (exit 2) names the archive
+entry, unless the caller trusts the file (``--trust-model``). Libraries are imported before
+reading the program only where the archive's own metadata names them: transformers' and
+diffusers' output classes (pytree types) and custom operator namespaces; anything else is
+the user's ``--import``. torch's reasons for refusing a program (logged by torch with a
+traceback) become one :class:`InputError`.
 """
 
 from __future__ import annotations
@@ -16,20 +24,23 @@ import contextlib
 import importlib
 import logging
 import re
-import zipfile
-import zlib
+import warnings
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 import torch
 
-from rewrite._torch_private import fast_pt2_decoding, lazy_program_graph_modules
-from rewrite.errors import InputError, causes, first_line
+from rewrite._torch_private import Unavailable, deserialize_program, pt2_dtype
+from rewrite.errors import InputError, ModelWarning, causes, first_line
+from rewrite.frontends.pt2_archive import Archive, open_archive, verify_in_background
+from rewrite.frontends.pt2_payloads import payloads, sample_inputs, tensors, unsafe_entries
 
 _TORCH_LOGGERS = ("torch.export", "torch._export")
 _UNREGISTERED = re.compile(r"Deserializing ([\w.]+) in pytree is not registered")
 _IMPORTABLE_FOR_PYTREE = ("transformers.", "diffusers.")
-"""Packages whose output classes may be imported to register them for deserialization."""
+"""Packages whose output classes are imported (to register them) when a program names them."""
+_PYTREE_TYPE = re.compile(rb'\\"type\\":\s*\\"((?:transformers|diffusers)\.[\w.]+)\\"')
+_OP_TARGET = re.compile(rb'"target":\s*"torch\.ops\.(\w+)\.')
 _NODE_TARGET = re.compile(r"^Failed deserializing node Node\(target='([^']+)'")
 _MAX_REASON = 300
 _UNRESOLVED_OP = re.compile(r"failed to resolve torch\.ops\.([\w.]+) to an operator", re.I)
@@ -39,18 +50,29 @@ _OP_LIBRARIES = {
     "diffusers": ("diffusers",),
 }
 """Custom operator namespaces of known libraries -> the modules that register their ops."""
+MODELS_DIR = "models/"
+
+
+class UnsafeModel(InputError):
+    """Loading the file would run code from it (pickle), and the caller did not trust it."""
+
+    def __init__(self, path: Path, unsafe: dict[str, str], root: str) -> None:
+        self.entries = dict(unsafe)
+        shown = "; ".join(f"{root}{name}: {what}" for name, what in list(unsafe.items())[:3])
+        more = f" (and {len(unsafe) - 3} more)" if len(unsafe) > 3 else ""
+        super().__init__(
+            f"{path}: refusing to load: the archive holds data only code execution can "
+            f"load ({shown}{more}). A model file can run any code this way; if you built "
+            "this file yourself, pass --trust-model (rewrite.apply(..., trust_model=True))")
 
 
 class _Capture(logging.Handler):
     def __init__(self) -> None:
         super().__init__(logging.DEBUG)
-        self.reasons: list[str] = []
-
         self.errors: list[BaseException] = []
 
     def emit(self, record: logging.LogRecord) -> None:
         if record.exc_info and record.exc_info[1] is not None:
-            self.reasons.append(_reason(record.exc_info[1]))
             self.errors.append(record.exc_info[1])
 
 
@@ -88,41 +110,6 @@ def _reason(e: BaseException) -> str:
     return reason if len(reason) <= _MAX_REASON else reason[: _MAX_REASON - 3] + "..."
 
 
-def _check_archive(path: Path) -> None:
-    """Raise :class:`InputError` for a file that is not a complete, intact zip archive."""
-    if not zipfile.is_zipfile(path):
-        raise InputError(
-            f"{path}: not a .pt2 archive (truncated, or not written by torch.export.save)"
-        )
-    try:
-        with zipfile.ZipFile(path) as archive:
-            bad = archive.testzip()
-            names = archive.namelist()
-    except (zipfile.BadZipFile, zlib.error, EOFError, OSError, ValueError) as e:
-        raise InputError(f"{path}: corrupt .pt2 archive ({_first_line(e)})") from None
-    if bad is not None:
-        raise InputError(f"{path}: corrupt .pt2 archive (checksum mismatch in {bad})")
-    if any(n.endswith("/data.pkl") for n in names) and not any(
-        n.endswith("/archive_format") for n in names
-    ):
-        raise InputError(
-            f"{path}: a torch.save file, not a torch.export.save program; export the model "
-            "with torch.export.export and save it with torch.export.save"
-        )
-
-
-def _load(path: Path) -> tuple[torch.export.ExportedProgram | None, str | None, str | None]:
-    """The program, or None, the reason torch gave and the custom operator it could not
-    resolve (``namespace.name.overload``), if that was the reason."""
-    with (_captured_torch_logs() as capture, fast_pt2_decoding(),
-          lazy_program_graph_modules()):
-        try:
-            return torch.export.load(str(path)), None, None
-        except Exception as e:  # torch raises many types here; all mean "unreadable"
-            reasons = capture.reasons or [_first_line(e)]
-            return None, reasons[0], _unresolved_op([*capture.errors, e])
-
-
 def _unresolved_op(errors: list[BaseException]) -> str | None:
     """The operator torch could not resolve, from the errors and their causes."""
     for error in errors:
@@ -133,57 +120,132 @@ def _unresolved_op(errors: list[BaseException]) -> str | None:
     return None
 
 
-def _import_quietly(module: str) -> bool:
-    """Import ``module``; False if it is not installed or fails to import."""
-    try:
+def _import_quietly(module: str) -> None:
+    """Import ``module``; if it is not installed or fails, the load reports the reason."""
+    with contextlib.suppress(Exception):
         importlib.import_module(module)
-    except Exception:  # not installed, or broken: the caller reports the original reason
-        return False
-    return True
 
 
-def _register_output_types(reason: str) -> bool:
-    """Import the module of an unregistered output class (transformers...); True if done."""
-    match = _UNREGISTERED.search(reason)
-    if not match or not match.group(1).startswith(_IMPORTABLE_FOR_PYTREE):
-        return False
-    return _import_quietly(match.group(1).rsplit(".", 1)[0])
+def _import_named_libraries(program_json: bytes) -> None:
+    """Import what the program names and a known library registers: transformers' and
+    diffusers' output classes (pytree types of its inputs/outputs), their custom ops."""
+    for module in sorted({m.decode().rsplit(".", 1)[0]
+                          for m in _PYTREE_TYPE.findall(program_json)}):
+        _import_quietly(module)
+    for namespace in sorted({n.decode() for n in _OP_TARGET.findall(program_json)}):
+        for module in _OP_LIBRARIES.get(namespace, ()):
+            _import_quietly(module)
 
 
-def _register_op(op: str) -> bool:
-    """Import the modules of a known library that register ``op``'s namespace; True if any."""
-    modules = _OP_LIBRARIES.get(op.split(".")[0], ())
-    return any([_import_quietly(m) for m in modules])
+def _model_name(archive: Archive) -> str:
+    """The program to load: ``model`` (what torch.export.save writes), else the only one."""
+    names = [n[len(MODELS_DIR):-len(".json")] for n in archive.entries
+             if n.startswith(MODELS_DIR) and n.endswith(".json") and n.count("/") == 1]
+    if "model" in names:
+        return "model"
+    if len(names) == 1:
+        return names[0]
+    if not names:
+        raise InputError(f"{archive.path}: torch.export.load cannot read it (the archive "
+                         "holds no program)")
+    raise InputError(f"{archive.path}: the archive holds {len(names)} programs "
+                     f"({', '.join(sorted(names))}) and none is named 'model'")
 
 
-def load_pt2(path: str | Path) -> torch.export.ExportedProgram:
-    """``torch.export.load`` with a clear :class:`InputError` for every way it can fail."""
+def _check_version(archive: Archive) -> None:
+    name = "archive_version"
+    if name in archive.entries:
+        version = archive.read(name, limit=64).decode("utf-8", "replace").strip()
+        if version != "0":
+            raise InputError(f"{archive.path}: archive version {version!r}; this torch reads "
+                             "version '0' .pt2 files")
+
+
+def _refusal(path: Path, error: BaseException, errors: list[BaseException]) -> InputError:
+    """The :class:`InputError` for torch refusing the program."""
+    reason = _reason(errors[0] if errors else error)
+    op = _unresolved_op([*errors, error])
+    if op is not None:
+        library = op.split(".")[0]
+        return InputError(
+            f"{path}: the program uses the custom operator torch.ops.{op}, which is not "
+            f"registered: import the library that defines it (the '{library}' namespace) "
+            "before loading (rewrite --import MODULE, or import it in Python)")
+    if _UNREGISTERED.search(reason):
+        return InputError(
+            f"{path}: torch.export.load cannot read this program ({reason}); its inputs or "
+            "outputs use a type not registered for deserialization: import the module that "
+            "registers it, or re-export with plain tensors/tuples as outputs (for transformers "
+            "models: return_dict=False, use_cache=False)")
+    return InputError(f"{path}: torch.export.load cannot read it ({reason})")
+
+
+def load_pt2(path: str | Path, *, trust_model: bool = False) -> torch.export.ExportedProgram:
+    """The program of the ``.pt2`` at ``path``, its tensors views of the file.
+
+    Raises :class:`InputError` for every way the file can be unusable, :class:`UnsafeModel`
+    when it would need code execution and ``trust_model`` is False. Notes (a slower path
+    taken) are :class:`ModelWarning` warnings."""
     path = Path(path)
     if not path.exists():
         raise InputError(f"{path}: no such file")
     if path.is_dir():
         raise InputError(f"{path}: is a directory, expected a .pt2 file")
-    _check_archive(path)
-    program, reason, op = _load(path)
-    if program is None and (
-        (reason and _register_output_types(reason)) or (op and _register_op(op))
-    ):
-        program, reason, op = _load(path)
-    if program is not None:
-        return program
-    assert reason is not None
-    if op is not None:
-        library = op.split(".")[0]
-        raise InputError(
-            f"{path}: the program uses the custom operator torch.ops.{op}, which is not "
-            f"registered: import the library that defines it (the '{library}' namespace) "
-            "before loading (rewrite --import MODULE, or import it in Python)"
-        )
-    if _UNREGISTERED.search(reason):
-        raise InputError(
-            f"{path}: torch.export.load cannot read this program ({reason}); its inputs or "
-            "outputs use a type not registered for deserialization: import the module that "
-            "registers it, or re-export with plain tensors/tuples as outputs (for transformers "
-            "models: return_dict=False, use_cache=False)"
-        )
-    raise InputError(f"{path}: torch.export.load cannot read it ({reason})")
+    if path.stat().st_size == 0:
+        raise InputError(f"{path}: not a .pt2 archive (empty file)")
+    archive = open_archive(path)
+    _check_version(archive)
+    model = _model_name(archive)
+    try:
+        found = payloads(archive, model, pt2_dtype)
+    except Unavailable as e:
+        return _load_with_torch(archive, model, trust_model, str(e))
+    unsafe = unsafe_entries(archive, model, found)
+    if unsafe and not trust_model:
+        raise UnsafeModel(path, unsafe, archive.root)
+    verifier = verify_in_background(archive, sorted({p.entry for p in found if not p.pickled}))
+    program_json = archive.read(f"{MODELS_DIR}{model}.json")
+    _import_named_libraries(program_json)
+    state, constants, inflated = tensors(archive, found, trust_model)
+    if inflated:
+        warnings.warn(ModelWarning(
+            f"{path}: {len(inflated)} weight entries are compressed (e.g. "
+            f"{archive.root}{inflated[0]}): they were read into memory, which is slower and "
+            "uses RAM; torch.export.save writes them uncompressed"), stacklevel=2)
+    inputs = sample_inputs(archive, model, trust_model)
+    with _captured_torch_logs() as capture:
+        try:
+            program = deserialize_program(program_json, state, constants, inputs)
+        except Unavailable as e:
+            return _load_with_torch(archive, model, trust_model, str(e))
+        except Exception as e:  # torch raises many types here; all mean "unreadable"
+            raise _refusal(path, e, capture.errors) from None
+    verifier.wait()
+    return program
+
+
+def _load_with_torch(archive: Archive, model: str, trust_model: bool, why: str
+                     ) -> torch.export.ExportedProgram:
+    """``torch.export.load``, once nothing in the file needs pickle (or it is trusted):
+    the fallback when torch's serialization API is not the one rewrite was checked with."""
+    if not trust_model:
+        found = payloads(archive, model, _dtype_by_name)
+        unsafe = unsafe_entries(archive, model, found)
+        if unsafe:
+            raise UnsafeModel(archive.path, unsafe, archive.root)
+    warnings.warn(ModelWarning(
+        f"{archive.path}: loaded with torch.export.load, which copies every weight into "
+        f"memory (this torch's serialization differs from the one rewrite maps: {why})"),
+        stacklevel=3)
+    _import_named_libraries(archive.read(f"{MODELS_DIR}{model}.json"))
+    with _captured_torch_logs() as capture:
+        try:
+            return torch.export.load(str(archive.path))
+        except Exception as e:  # torch raises many types here; all mean "unreadable"
+            raise _refusal(archive.path, e, capture.errors) from None
+
+
+def _dtype_by_name(code: int) -> torch.dtype:
+    """Any dtype: the fallback's safety check reads only which entries are pickled."""
+    return torch.uint8
+

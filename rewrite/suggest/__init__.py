@@ -19,12 +19,12 @@ from rewrite.suggest.choose import CallInfo, Plan, call_infos, plan, weighted_ca
 from rewrite.suggest.model import Line, Section, Suggestion, pattern, render
 
 
-def suggest(model: Any, name: str | None = None) -> Suggestion:
+def suggest(model: Any, name: str | None = None, *, trust_model: bool = False) -> Suggestion:
     """A starter rules file for ``model`` (what :func:`rewrite.apply` accepts), as data;
     ``name`` is how the header names the model (default: the path, or its class)."""
     from rewrite.frontends import load_graph
 
-    graph = load_graph(model)
+    graph = load_graph(model, trust_model=trust_model)
     tree = group_graph(RuleSet(()), graph)  # no groups: the calls and their measures
     infos = call_infos(tree)
     chosen = plan(infos, weighted_calls(graph))

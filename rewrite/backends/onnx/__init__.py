@@ -61,8 +61,9 @@ def save_onnx(result: "Result", output_path: str | Path, *, progress: Progress |
               **options: Any) -> Lowering:
     """Lower ``result`` and write it to ``output_path`` (never a partial file).
 
-    Weights go to ``<output>.data`` when larger than ``external_data_threshold`` bytes.
-    ``progress`` hears about the steps, the warnings and what was written."""
+    Weights go to ``<output>.data`` when larger than ``external_data_threshold`` bytes (or
+    to chunks of ``weights_chunk`` bytes), copied from a mapped input without passing
+    through memory. ``progress`` hears about the steps, the warnings and what was written."""
     from rewrite.backends.onnx.pipeline import lower
     from rewrite.backends.onnx.save import write_model
     from rewrite.outputs import check_output_path
@@ -75,11 +76,13 @@ def save_onnx(result: "Result", output_path: str | Path, *, progress: Progress |
     for warning in lowering.warnings:
         report.note(warning.render())
     with report.step(f"writing {output}"):
-        external = write_model(lowering.model, output, threshold=opts.external_data_threshold)
+        data = write_model(lowering.model, output, threshold=opts.external_data_threshold,
+                           chunk=opts.weights_chunk, progress=report)
     calls = lowering.outlined.calls
     text = f"{len(lowering.model.functions)} functions, {sum(calls.values())} call sites"
-    if external:
-        text += f"; weights in {output.name}.data"
+    if data:
+        names = data[0].name if len(data) == 1 else f"{len(data)} files ({data[0].name}, ...)"
+        text += f"; weights in {names}"
     report.note(text)
     return lowering
 

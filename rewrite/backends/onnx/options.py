@@ -9,9 +9,10 @@ from attrs import field, frozen, validators
 CONSTANT_POLICIES = ("attribute", "embed", "input")
 LOWERINGS = ("auto", "per-body", "flat")
 
-EXTERNAL_DATA_THRESHOLD = 2**31 - 2**26
-"""Tensor bytes above which ``save_onnx`` writes external data: 2 GiB minus 64 MiB of headroom
-for the graph itself (a protobuf file cannot exceed 2 GiB)."""
+EXTERNAL_DATA_THRESHOLD = 2**28
+"""Tensor bytes above which ``save_onnx`` writes external data: 256 MiB. External data is
+copied file to file (memory flat in model size); embedded weights are serialized in memory
+(about twice their size) and cannot exceed 2 GiB (protobuf). Small models stay one file."""
 
 
 @frozen
@@ -66,3 +67,7 @@ class OnnxOptions:
     external_data_threshold: int = field(default=EXTERNAL_DATA_THRESHOLD,
                                          validator=validators.ge(0))
     """``save_onnx`` writes weights to ``OUT.onnx.data`` when they exceed this many bytes."""
+    weights_chunk: int | None = field(default=None, validator=validators.optional(
+        validators.gt(0)))
+    """At most this many bytes per external data file (numbered chunks; a larger tensor gets
+    a file of its own); implies external data. None: one ``OUT.onnx.data``."""

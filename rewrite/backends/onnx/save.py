@@ -1,28 +1,51 @@
-"""Write a model atomically; weights go to ``OUT.onnx.data`` above a size threshold."""
+"""Write a model and its weights: weights copied file to file, the pair published at once.
+
+Above a size threshold the weights go to external data beside the model (``OUT.onnx.data``,
+or numbered chunks of at most ``chunk`` bytes). A weight that is a view of a mapped input
+file (a ``.pt2`` weight, :mod:`rewrite._mapped`) or already external (an ``.onnx`` input's
+data) is written by onnx_ir as an :class:`onnx_ir.ExternalTensor`: ``copy_file_range``, file
+to file, never through the process's memory; other tensors are written from where they are
+(no intermediate copy). Large tensors start at 64 KiB-aligned offsets, so runtimes can map
+them. The model and its data files are written under temporary names in the output's folder
+and published together (:func:`rewrite.outputs.publish`): a reader never sees a new model
+with old data, or the reverse.
+"""
 
 from __future__ import annotations
 
 import os
 import shutil
 import tempfile
+import time
 from pathlib import Path
+from typing import Callable, Iterator
 
 import onnx_ir as ir
 
+from rewrite._mapped import file_range
+from rewrite.backends.onnx.progress import SILENT, Progress
 from rewrite.errors import InputError
-from rewrite.outputs import atomic_path
+from rewrite.outputs import publish
 
 EXTERNAL_TENSOR_BYTES = 1024
+"""Tensors of at least this many bytes go to the data file (smaller ones stay inline)."""
+ALIGNMENT = 65536
+"""Offset alignment of tensors over 1 MiB in the data file (the largest page or allocation
+granularity runtimes map with)."""
+MAX_PROTO_BYTES = 2**31 - 2**26
+"""What one ONNX file can hold (protobuf's 2 GiB, minus headroom for the graph)."""
 
 
 def tensor_bytes(model: ir.Model) -> int:
     """Bytes of the initializers (what decides whether external data is needed)."""
-    total = 0
-    for value in model.graph.initializers.values():
-        tensor = value.const_value
-        if tensor is not None:
-            total += tensor.nbytes
-    return total
+    return sum(t.nbytes for t in _initializer_tensors(model))
+
+
+def _initializer_tensors(model: ir.Model) -> Iterator[ir.TensorProtocol]:
+    for graph in model.graphs():
+        for value in graph.initializers.values():
+            if value.const_value is not None:
+                yield value.const_value
 
 
 def data_path(output: str | Path) -> Path:
@@ -31,30 +54,93 @@ def data_path(output: str | Path) -> Path:
     return out.with_name(out.name + ".data")
 
 
-def write_model(model: ir.Model, output: str | Path, *, threshold: int) -> bool:
-    """Write ``model`` to ``output``; returns True when weights went to external data.
+def by_reference(tensor: ir.TensorProtocol) -> ir.TensorProtocol:
+    """``tensor`` as an external tensor over the file its bytes lie in, if they lie in one
+    (a view of a mapped ``.pt2``); else ``tensor``."""
+    raw = getattr(tensor, "raw", None)
+    if raw is None or not hasattr(raw, "untyped_storage"):
+        return tensor
+    where = file_range(raw)
+    if where is None or where.length != tensor.nbytes:
+        return tensor
+    return ir.ExternalTensor(where.path.name, where.offset, where.length, tensor.dtype,
+                             shape=tensor.shape, name=tensor.name,
+                             base_dir=str(where.path.parent))
 
-    Files appear complete or not at all: everything is written to temporary names in the
-    output's folder, then renamed (the data file first, so the model never points at a
-    missing or partial one)."""
+
+def write_model(model: ir.Model, output: str | Path, *, threshold: int,
+                chunk: int | None = None, progress: Progress = SILENT) -> list[Path]:
+    """Write ``model`` to ``output``; returns the external data files written (none when
+    the weights are embedded: at most ``threshold`` bytes and no ``chunk`` given)."""
     out = Path(output)
-    external = tensor_bytes(model) > threshold
+    total = tensor_bytes(model)
+    external = total > threshold or chunk is not None
+    if not external and total > MAX_PROTO_BYTES:
+        raise InputError(f"{out}: {total:,} bytes of weights do not fit in one ONNX file "
+                         "(2 GB at most): write them as external data")
+    folder = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
-        if not external:
-            with atomic_path(out) as tmp:
-                ir.save(model, tmp)
-            return False
-        data = data_path(out)
-        folder = tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent)
-        try:
-            staged = Path(folder) / out.name
-            # every tensor of 1 KiB or more (or above a lower threshold) goes to the data file
-            ir.save(model, staged, external_data=data.name,
-                    size_threshold_bytes=min(EXTERNAL_TENSOR_BYTES, threshold))
-            os.replace(Path(folder) / data.name, data)
-            os.replace(staged, out)
-        finally:
-            shutil.rmtree(folder, ignore_errors=True)
-        return True
+        staged = folder / out.name
+        if external:
+            with _weights_by_reference(model), progress.step("writing weights"):
+                _save_external(model, staged, total, min(EXTERNAL_TENSOR_BYTES, threshold), chunk,
+                           progress)
+        else:
+            ir.save(model, staged)
+        data = sorted(p.name for p in folder.iterdir() if p.name != out.name)
+        publish({staged: out, **{folder / name: out.parent / name for name in data}},
+                replaces=[data_path(out)])
+        return [out.parent / name for name in data]
     except OSError as e:
         raise InputError(f"{out}: cannot write ({e.strerror or e})") from None
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+class _weights_by_reference:
+    """Within the block, the model's initializers that lie in a mapped file are
+    :class:`onnx_ir.ExternalTensor`\\ s over it (the model is restored afterwards)."""
+
+    def __init__(self, model: ir.Model) -> None:
+        self._values = [v for g in model.graphs() for v in g.initializers.values()
+                        if v.const_value is not None]
+        self._tensors = [v.const_value for v in self._values]
+
+    def __enter__(self) -> None:
+        for value, tensor in zip(self._values, self._tensors):
+            value.const_value = by_reference(tensor)  # type: ignore[arg-type]
+
+    def __exit__(self, *exc: object) -> None:
+        for value, tensor in zip(self._values, self._tensors):
+            value.const_value = tensor
+
+
+def _save_external(model: ir.Model, staged: Path, total: int, smallest: int,
+                   chunk: int | None, progress: Progress) -> None:
+    """Tensors of ``smallest`` bytes or more go to the data file(s)."""
+    name = data_path(staged).name
+    ir.save(model, staged, external_data=name,
+            size_threshold_bytes=smallest, max_shard_size_bytes=chunk,
+            alignment=ALIGNMENT, callback=_byte_counter(total, progress))
+
+
+def _byte_counter(total: int, progress: Progress) -> Callable:
+    """onnx_ir's per-tensor callback (before each tensor is written) as byte progress."""
+    done = 0
+    start = time.perf_counter()
+
+    def callback(tensor: ir.TensorProtocol, info: object) -> None:
+        nonlocal done
+        seconds = time.perf_counter() - start
+        progress.update(_rate_text(done, total, seconds))
+        done += tensor.nbytes
+    return callback
+
+
+def _rate_text(done: int, total: int, seconds: float) -> str:
+    rate = f", {done / seconds / 1e9:.2f} GB/s" if seconds > 0.2 else ""
+    return f"writing weights: {done / 1e9:.2f} / {total / 1e9:.2f} GB{rate}"
+
+
+def written_bytes(paths: list[Path]) -> int:
+    return sum(os.path.getsize(p) for p in paths)

@@ -1,0 +1,252 @@
+"""The weights, constants and sample inputs of a ``.pt2`` archive, as data.
+
+A program's tensors are described by two JSON configs (``data/weights/<model>_weights_config.json``,
+``data/constants/<model>_constants_config.json``): per name, the entry holding the bytes and the
+tensor's dtype, sizes, strides and storage offset. :func:`payloads` reads them into
+:class:`Payload` records and checks them against the entries (a missing entry, sizes that do not
+fit the entry's bytes). :func:`unsafe_entries` lists what only code execution could load (pickled
+tensors, TorchBind and opaque objects, sample inputs that weights-only unpickling refuses);
+:func:`tensors` makes every tensor a view of the archive's mapping, never a copy (a compressed
+entry, which cannot be mapped, is inflated into memory).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from typing import Any, Callable
+
+import torch
+from attrs import frozen
+
+from rewrite._mapped import register
+from rewrite.errors import InputError
+from rewrite.frontends.pt2_archive import Archive
+
+WEIGHTS_DIR = "data/weights/"
+CONSTANTS_DIR = "data/constants/"
+SAMPLE_INPUTS = "data/sample_inputs/{}.pt"
+_CONFIGS = {"weight": WEIGHTS_DIR + "{}_weights_config.json",
+            "constant": CONSTANTS_DIR + "{}_constants_config.json"}
+_CUSTOM_OBJECT, _OPAQUE_OBJECT = "custom_obj_", "opaque_obj_"
+
+
+@frozen
+class Payload:
+    """One tensor (or object) of the program and the archive entry that holds it."""
+
+    fqn: str
+    """The program's name for it (``h.0.attn.c_attn.weight``)."""
+    kind: str
+    """``weight`` or ``constant``."""
+    entry: str
+    """The archive entry (``data/weights/weight_3``)."""
+    is_param: bool
+    pickled: str | None
+    """What unpickling would load, for payloads stored with pickle (None: raw bytes)."""
+    dtype: torch.dtype | None = None
+    sizes: tuple[int, ...] = ()
+    strides: tuple[int, ...] = ()
+    storage_offset: int = 0
+    requires_grad: bool = False
+
+
+def payloads(archive: Archive, model: str, dtype_of: Callable[[int], torch.dtype]
+             ) -> list[Payload]:
+    """Every payload of ``model``'s weights and constants, checked against the archive."""
+    found: list[Payload] = []
+    for kind, config_name in _CONFIGS.items():
+        name = config_name.format(model)
+        if name not in archive.entries:
+            if kind == "weight" and f"{WEIGHTS_DIR}{model}.pt" in archive.entries:
+                raise InputError(f"{archive.path}: weights in torch's legacy format "
+                                 f"({archive.root}{WEIGHTS_DIR}{model}.pt): save the program "
+                                 "again with a current torch.export.save")
+            continue  # torch writes both configs; a program without constants may lack one
+        config = _json(archive, name)
+        folder = WEIGHTS_DIR if kind == "weight" else CONSTANTS_DIR
+        for fqn, meta in config.get("config", {}).items():
+            found.append(_payload(archive, kind, folder, fqn, meta, dtype_of))
+    return found
+
+
+def _json(archive: Archive, name: str) -> dict:
+    try:
+        data = json.loads(archive.read(name))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise InputError(f"{archive.path}: corrupt .pt2 archive ({archive.root}{name} is not "
+                         f"JSON: {e})") from None
+    if not isinstance(data, dict):
+        raise InputError(f"{archive.path}: corrupt .pt2 archive ({archive.root}{name})")
+    return data
+
+
+def _payload(archive: Archive, kind: str, folder: str, fqn: str, meta: Any,
+             dtype_of: Callable[[int], torch.dtype]) -> Payload:
+    where = f"{archive.path}: {kind} {fqn!r}"
+    try:
+        entry = folder + meta["path_name"]
+        is_param = bool(meta.get("is_param", False))
+        tensor_meta = meta.get("tensor_meta")
+        pickled = _pickled(meta, meta["path_name"])
+    except (KeyError, TypeError):
+        raise InputError(f"{where}: malformed entry in the archive's {kind} config") from None
+    if entry not in archive.entries:
+        raise InputError(f"{where}: its archive entry {archive.root}{entry} is missing")
+    if pickled is not None:
+        return Payload(fqn, kind, entry, is_param, pickled)
+    try:
+        dtype = dtype_of(tensor_meta["dtype"])
+        sizes = tuple(_int(s) for s in tensor_meta["sizes"])
+        strides = tuple(_int(s) for s in tensor_meta["strides"])
+        offset = _int(tensor_meta["storage_offset"])
+        grad = bool(tensor_meta.get("requires_grad", False))
+    except (KeyError, TypeError, ValueError) as e:
+        raise InputError(f"{where}: malformed tensor metadata in the archive ({e})") from None
+    payload = Payload(fqn, kind, entry, is_param, None, dtype, sizes, strides, offset, grad)
+    _check_fits(archive, payload, where)
+    return payload
+
+
+def _pickled(meta: dict, path_name: str) -> str | None:
+    if path_name.startswith(_CUSTOM_OBJECT):
+        return "a TorchBind custom object (torch's object unpickler)"
+    if path_name.startswith(_OPAQUE_OBJECT):
+        return "an opaque object (full pickle)"
+    if meta.get("use_pickle") or meta.get("tensor_meta") is None:
+        return "a pickled tensor or object (full pickle)"
+    return None
+
+
+def _int(value: Any) -> int:
+    """A ``SymInt`` of the schema that must be a plain integer here (``{"as_int": 3}``)."""
+    if isinstance(value, dict) and isinstance(value.get("as_int"), int):
+        return value["as_int"]
+    raise ValueError(f"not a plain integer: {value!r}")
+
+
+def _check_fits(archive: Archive, p: Payload, where: str) -> None:
+    """Refuse metadata that reaches past the entry's bytes (or is malformed)."""
+    assert p.dtype is not None
+    element = torch.empty((), dtype=p.dtype).element_size()
+    size = archive.entries[p.entry].size
+    if len(p.sizes) != len(p.strides) or any(s < 0 for s in (*p.sizes, *p.strides)) \
+            or p.storage_offset < 0:
+        raise InputError(f"{where}: malformed sizes or strides in the archive")
+    if size % element:
+        raise InputError(f"{where}: entry {archive.root}{p.entry} holds {size:,} bytes, not "
+                         f"a whole number of {p.dtype} elements")
+    if 0 in p.sizes:
+        return
+    last = p.storage_offset + sum((n - 1) * s for n, s in zip(p.sizes, p.strides))
+    if (last + 1) * element > size:
+        raise InputError(f"{where}: its metadata ({p.dtype}, sizes {list(p.sizes)}) needs "
+                         f"{(last + 1) * element:,} bytes, its entry {archive.root}{p.entry} "
+                         f"holds {size:,}")
+
+
+def unsafe_entries(archive: Archive, model: str, found: list[Payload]) -> dict[str, str]:
+    """Archive entry -> what loading it would run: what needs more than weights-only data."""
+    unsafe = {p.entry: p.pickled for p in found if p.pickled is not None}
+    name = SAMPLE_INPUTS.format(model)
+    if name in archive.entries:
+        reason = _sample_inputs_refusal(archive.read(name))
+        if reason is not None:
+            unsafe[name] = reason
+    return unsafe
+
+
+def _sample_inputs_refusal(data: bytes) -> str | None:
+    """Why weights-only unpickling refuses the sample inputs, or None if it loads them."""
+    if not data:
+        return None
+    try:
+        torch.load(io.BytesIO(data), weights_only=True)
+    except Exception as e:  # the weights-only unpickler raises several types
+        text = str(e).strip().splitlines()
+        detail = next((line.strip() for line in text if "GLOBAL" in line or "global" in line),
+                      text[0] if text else type(e).__name__)
+        return f"sample inputs that only full pickle can load ({detail[:200]})"
+    return None
+
+
+def sample_inputs(archive: Archive, model: str, trusted: bool) -> Any:
+    """The program's example inputs: weights-only, or with full pickle when ``trusted``;
+    None when the archive has none."""
+    name = SAMPLE_INPUTS.format(model)
+    if name not in archive.entries:
+        return None
+    data = archive.read(name)
+    if not data:
+        return None
+    try:
+        return torch.load(io.BytesIO(data), weights_only=True)
+    except Exception:  # refused by weights-only unpickling: only a trusted file gets further
+        if not trusted:
+            raise
+    return torch.load(io.BytesIO(data), weights_only=False)
+
+
+def tensors(archive: Archive, found: list[Payload], trusted: bool
+            ) -> tuple[dict[str, Any], dict[str, Any], list[str]]:
+    """The state dict and the constants, every tensor a view of the archive's mapping (its
+    parameters ``nn.Parameter``s); and the entries that had to be inflated into memory."""
+    base = None
+    if archive.mapping is not None and len(archive.mapping):
+        base = torch.frombuffer(archive.mapping, dtype=torch.uint8)
+        register(base, archive.mapping, archive.path)
+    flat: dict[str, torch.Tensor] = {}  # one storage per entry, so aliases stay aliases
+    inflated: list[str] = []
+    state: dict[str, Any] = {}
+    constants: dict[str, Any] = {}
+    for p in found:
+        if p.pickled is not None:
+            value = _unpickle(archive, p) if trusted else None
+            if value is None:
+                continue
+        else:
+            if p.entry not in flat:
+                flat[p.entry] = _flat(archive, base, p, inflated)
+            value = _strided(flat[p.entry], p)
+        (state if p.kind == "weight" else constants)[p.fqn] = value
+    return state, constants, inflated
+
+
+def _flat(archive: Archive, base: torch.Tensor | None, p: Payload,
+          inflated: list[str]) -> torch.Tensor:
+    """Entry ``p.entry`` as a 1-D tensor of ``p.dtype``: over the mapping when stored and
+    aligned, else a copy in memory."""
+    assert p.dtype is not None
+    entry = archive.entries[p.entry]
+    if entry.size == 0:
+        return torch.empty(0, dtype=p.dtype)
+    element = torch.empty((), dtype=p.dtype).element_size()
+    if base is not None and not entry.compressed and entry.offset % element == 0:
+        return base[entry.offset:entry.offset + entry.size].view(p.dtype)
+    inflated.append(p.entry)
+    data = bytearray(archive.read(p.entry, limit=entry.size))
+    return torch.frombuffer(data, dtype=torch.uint8).view(p.dtype)
+
+
+def _strided(flat: torch.Tensor, p: Payload) -> torch.Tensor:
+    if flat.numel() == 0:
+        tensor = torch.zeros(p.sizes, dtype=p.dtype)
+    else:
+        tensor = flat.as_strided(p.sizes, p.strides, flat.storage_offset() + p.storage_offset)
+    if p.is_param:
+        return torch.nn.Parameter(tensor, requires_grad=p.requires_grad)
+    if p.requires_grad:
+        tensor.requires_grad_(True)
+    return tensor
+
+
+def _unpickle(archive: Archive, p: Payload) -> Any:
+    """A pickled payload, loaded as torch's loader does: only for a trusted file."""
+    import pickle
+
+    data = archive.read(p.entry)
+    if p.entry.rsplit("/", 1)[-1].startswith(_CUSTOM_OBJECT):
+        return torch._C._pickle_load_obj(data)  # what torch.export.load does for TorchBind
+    if p.entry.rsplit("/", 1)[-1].startswith(_OPAQUE_OBJECT):
+        return pickle.loads(data)  # noqa: S301 - only with --trust-model
+    return torch.load(io.BytesIO(data), weights_only=False)
