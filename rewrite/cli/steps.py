@@ -13,6 +13,8 @@ import time
 from typing import Callable, Iterator
 
 from rich.console import Console
+from rich.progress_bar import ProgressBar
+from rich.table import Table
 
 from rewrite.cli.console import Consoles
 
@@ -28,6 +30,8 @@ class Steps:
         self.finished = finished if finished is not None else self._done
         """Called with a step's text and seconds when it ends."""
         self._status = None
+        self._text = ""
+        self._transfer_start: float | None = None
 
     @classmethod
     def of(cls, consoles: Consoles) -> "Steps":
@@ -46,6 +50,7 @@ class Steps:
             yield
             return
         start = time.perf_counter()
+        self._text, self._transfer_start = text, None
         if self.spinner:
             with self.console.status(text + " ...", spinner="dots") as status:
                 self._status = status
@@ -61,6 +66,20 @@ class Steps:
         """Change the text of the running step's spinner (cheap; call it freely)."""
         if self._status is not None:
             self._status.update(text)
+
+    def transfer(self, done: int, total: int) -> None:
+        """A bar with bytes and bytes/s on the running step's spinner line."""
+        if self._status is None:
+            return
+        now = time.perf_counter()
+        if done == 0 or self._transfer_start is None:
+            self._transfer_start = now
+        seconds = now - self._transfer_start
+        rate = f"{done / seconds / 1e9:.2f} GB/s" if seconds > 0.2 else ""
+        row = Table.grid(padding=(0, 1))
+        row.add_row(self._text, ProgressBar(total=max(total, 1), completed=done, width=30),
+                    f"{done / 1e9:.2f}/{total / 1e9:.2f} GB", rate)
+        self._status.update(row)
 
     def note(self, text: str) -> None:
         """A line on the console, as it is (no markup, no highlighting)."""

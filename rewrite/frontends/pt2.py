@@ -26,7 +26,7 @@ import logging
 import re
 import warnings
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Iterator
 
 import torch
 
@@ -208,10 +208,12 @@ def load_pt2(path: str | Path, *, trust_model: bool = False) -> torch.export.Exp
     _import_named_libraries(program_json)
     state, constants, inflated = tensors(archive, found, trust_model)
     if inflated:
+        name, why = inflated[0]
         warnings.warn(ModelWarning(
-            f"{path}: {len(inflated)} weight entries are compressed (e.g. "
-            f"{archive.root}{inflated[0]}): they were read into memory, which is slower and "
-            "uses RAM; torch.export.save writes them uncompressed"), stacklevel=2)
+            f"{path}: {len(inflated)} weight entries cannot be mapped (e.g. "
+            f"{archive.root}{name}: {why}): they were copied into memory, which is slower "
+            "and uses RAM; torch.export.save writes them uncompressed and aligned"),
+            stacklevel=2)
     inputs = sample_inputs(archive, model, trust_model)
     with _captured_torch_logs() as capture:
         try:

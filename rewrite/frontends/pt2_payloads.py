@@ -67,7 +67,32 @@ def payloads(archive: Archive, model: str, dtype_of: Callable[[int], torch.dtype
         folder = WEIGHTS_DIR if kind == "weight" else CONSTANTS_DIR
         for fqn, meta in config.get("config", {}).items():
             found.append(_payload(archive, kind, folder, fqn, meta, dtype_of))
+    _check_inflatable(archive, found)
     return found
+
+
+def _check_inflatable(archive: Archive, found: list[Payload]) -> None:
+    """Refuse a compressed entry that claims more bytes than its tensors need: inflating
+    it would fill memory for nothing (a zip bomb)."""
+    needed: dict[str, int] = {}
+    for p in found:
+        if p.pickled is None and archive.entries[p.entry].compressed:
+            needed[p.entry] = max(needed.get(p.entry, 0), _extent(p))
+    for name, need in needed.items():
+        claimed = archive.entries[name].size
+        if claimed > need:
+            raise InputError(f"{archive.path}: compressed archive entry {archive.root}{name} "
+                             f"claims {claimed:,} bytes where its tensors need {need:,}: "
+                             "refusing to inflate it (a zip bomb?)")
+
+
+def _extent(p: Payload) -> int:
+    """Bytes of the entry that ``p``'s sizes, strides and offset reach."""
+    assert p.dtype is not None
+    element = torch.empty((), dtype=p.dtype).element_size()
+    if 0 in p.sizes:
+        return 0
+    return (p.storage_offset + sum((n - 1) * s for n, s in zip(p.sizes, p.strides)) + 1) * element
 
 
 def _json(archive: Archive, name: str) -> dict:
@@ -136,12 +161,9 @@ def _check_fits(archive: Archive, p: Payload, where: str) -> None:
     if size % element:
         raise InputError(f"{where}: entry {archive.root}{p.entry} holds {size:,} bytes, not "
                          f"a whole number of {p.dtype} elements")
-    if 0 in p.sizes:
-        return
-    last = p.storage_offset + sum((n - 1) * s for n, s in zip(p.sizes, p.strides))
-    if (last + 1) * element > size:
+    if _extent(p) > size:
         raise InputError(f"{where}: its metadata ({p.dtype}, sizes {list(p.sizes)}) needs "
-                         f"{(last + 1) * element:,} bytes, its entry {archive.root}{p.entry} "
+                         f"{_extent(p):,} bytes, its entry {archive.root}{p.entry} "
                          f"holds {size:,}")
 
 
@@ -190,13 +212,14 @@ def sample_inputs(archive: Archive, model: str, trusted: bool) -> Any:
 def tensors(archive: Archive, found: list[Payload], trusted: bool
             ) -> tuple[dict[str, Any], dict[str, Any], list[str]]:
     """The state dict and the constants, every tensor a view of the archive's mapping (its
-    parameters ``nn.Parameter``s); and the entries that had to be inflated into memory."""
+    parameters ``nn.Parameter``s); and the entries that had to be copied into memory, each
+    with why (``compressed``, ``not aligned``)."""
     base = None
     if archive.mapping is not None and len(archive.mapping):
         base = torch.frombuffer(archive.mapping, dtype=torch.uint8)
         register(base, archive.mapping, archive.path)
     flat: dict[str, torch.Tensor] = {}  # one storage per entry, so aliases stay aliases
-    inflated: list[str] = []
+    inflated: list[tuple[str, str]] = []
     state: dict[str, Any] = {}
     constants: dict[str, Any] = {}
     for p in found:
@@ -213,7 +236,7 @@ def tensors(archive: Archive, found: list[Payload], trusted: bool
 
 
 def _flat(archive: Archive, base: torch.Tensor | None, p: Payload,
-          inflated: list[str]) -> torch.Tensor:
+          inflated: list[tuple[str, str]]) -> torch.Tensor:
     """Entry ``p.entry`` as a 1-D tensor of ``p.dtype``: over the mapping when stored and
     aligned, else a copy in memory."""
     assert p.dtype is not None
@@ -223,7 +246,7 @@ def _flat(archive: Archive, base: torch.Tensor | None, p: Payload,
     element = torch.empty((), dtype=p.dtype).element_size()
     if base is not None and not entry.compressed and entry.offset % element == 0:
         return base[entry.offset:entry.offset + entry.size].view(p.dtype)
-    inflated.append(p.entry)
+    inflated.append((p.entry, "compressed" if entry.compressed else "not aligned"))
     data = bytearray(archive.read(p.entry, limit=entry.size))
     return torch.frombuffer(data, dtype=torch.uint8).view(p.dtype)
 

@@ -2,8 +2,9 @@
 passes, which renders it (the CLI's :class:`rewrite.cli.steps.Steps` on a console) or not.
 
 The backend only calls it: ``with progress.step("exporting"):`` around a long step,
-``progress.update(text)`` while one runs (cheap, call it freely), ``progress.note(text)``
-for a line worth showing (a warning, what was written). :data:`SILENT` shows nothing.
+``progress.update(text)`` while one runs (cheap, call it freely), ``progress.transfer(done,
+total)`` while a step moves bytes (writing weights), ``progress.note(text)`` for a line worth
+showing (a warning, what was written). :data:`SILENT` shows nothing.
 """
 
 from __future__ import annotations
@@ -23,6 +24,10 @@ class Progress(Protocol):
         """The running step's text changes (``outlining groups: 3/12``)."""
         ...
 
+    def transfer(self, done: int, total: int) -> None:
+        """The running step has moved ``done`` of ``total`` bytes."""
+        ...
+
     def note(self, text: str) -> None:
         """A line of information (a rendered warning, a summary)."""
         ...
@@ -36,6 +41,9 @@ class _Silent:
         yield
 
     def update(self, text: str) -> None:
+        pass
+
+    def transfer(self, done: int, total: int) -> None:
         pass
 
     def note(self, text: str) -> None:

@@ -13,7 +13,6 @@ with old data, or the reverse.
 
 from __future__ import annotations
 
-import os
 import shutil
 import tempfile
 import time
@@ -82,9 +81,13 @@ def write_model(model: ir.Model, output: str | Path, *, threshold: int,
     try:
         staged = folder / out.name
         if external:
+            start = time.perf_counter()
             with _weights_by_reference(model), progress.step("writing weights"):
-                _save_external(model, staged, total, min(EXTERNAL_TENSOR_BYTES, threshold), chunk,
-                           progress)
+                _save_external(model, staged, total, min(EXTERNAL_TENSOR_BYTES, threshold),
+                               chunk, progress)
+            seconds = time.perf_counter() - start
+            progress.note(f"weights: {total / 1e9:.2f} GB in {seconds:.1f}s "
+                          f"({total / 1e9 / max(seconds, 1e-9):.2f} GB/s)")
         else:
             ir.save(model, staged)
         data = sorted(p.name for p in folder.iterdir() if p.name != out.name)
@@ -125,22 +128,12 @@ def _save_external(model: ir.Model, staged: Path, total: int, smallest: int,
 
 
 def _byte_counter(total: int, progress: Progress) -> Callable:
-    """onnx_ir's per-tensor callback (before each tensor is written) as byte progress."""
+    """onnx_ir's per-tensor callback (called before each tensor is written) as progress."""
     done = 0
-    start = time.perf_counter()
 
     def callback(tensor: ir.TensorProtocol, info: object) -> None:
         nonlocal done
-        seconds = time.perf_counter() - start
-        progress.update(_rate_text(done, total, seconds))
+        progress.transfer(done, total)
         done += tensor.nbytes
     return callback
 
-
-def _rate_text(done: int, total: int, seconds: float) -> str:
-    rate = f", {done / seconds / 1e9:.2f} GB/s" if seconds > 0.2 else ""
-    return f"writing weights: {done / 1e9:.2f} / {total / 1e9:.2f} GB{rate}"
-
-
-def written_bytes(paths: list[Path]) -> int:
-    return sum(os.path.getsize(p) for p in paths)
