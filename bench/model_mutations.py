@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import random
+import warnings
 import zipfile
 from pathlib import Path
 from typing import Callable
@@ -232,14 +233,60 @@ def _stack_value(rng: random.Random, current: str) -> str:
     return current + ";" + current  # the same calls twice
 
 
+ARCHIVE_MUTATIONS = ("entry_dropped", "entry_twice", "weights_deflated", "meta_too_big",
+                     "pickled_weight", "bomb")
+"""Broken archives (the zip, not the program): each must load or be refused clearly."""
+
+
+def _archive(path: Path, rng: random.Random, out: Path, kind: str) -> str:
+    """A copy of the ``.pt2`` zip at ``path`` broken as ``kind`` (:data:`ARCHIVE_MUTATIONS`)."""
+    with zipfile.ZipFile(path) as archive:
+        infos = archive.infolist()
+        weights = [i for i in infos if "/data/weights/weight_" in i.filename]
+        target = rng.choice(weights)
+        with zipfile.ZipFile(out, "w") as copy, warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # zipfile warns about a duplicate name
+            for info in infos:
+                content = archive.read(info)
+                method = zipfile.ZIP_STORED
+                if info.filename.endswith("weights_config.json") and kind in (
+                        "meta_too_big", "pickled_weight"):
+                    content = _broken_config(content, target.filename, kind)
+                if info is target:
+                    if kind == "entry_dropped":
+                        continue
+                    if kind == "bomb":
+                        content, method = bytes(len(content) * 1000 + 64), zipfile.ZIP_DEFLATED
+                if kind == "weights_deflated" and info in weights:
+                    method = zipfile.ZIP_DEFLATED
+                copy.writestr(info.filename, content, compress_type=method)
+                if kind == "entry_twice" and info is target:
+                    copy.writestr(info.filename, content)
+    return f"pt2 {kind}: {target.filename.rsplit('/', 1)[-1]}"
+
+
+def _broken_config(content: bytes, entry: str, kind: str) -> bytes:
+    config = json.loads(content)
+    for meta in config["config"].values():
+        if entry.endswith("/" + meta["path_name"]):
+            if kind == "pickled_weight":
+                meta["use_pickle"] = True
+            else:
+                meta["tensor_meta"]["sizes"][0]["as_int"] += 7
+    return json.dumps(config).encode()
+
+
 def mutate_pt2(path: Path, rng: random.Random, out: Path) -> str:
     """Write a copy of the ``.pt2`` at ``path`` with malformed ``nn_module_stack`` entries
-    (or truncated / flipped bytes) to ``out``; ``name: detail``."""
+    (or truncated / flipped bytes, or a broken archive) to ``out``; ``name: detail``."""
     data = path.read_bytes()
-    kind = rng.choice(["nn_module_stack", "nn_module_stack", "stack_removed", *BYTE_MUTATIONS])
+    kind = rng.choice(["nn_module_stack", "nn_module_stack", "stack_removed", *BYTE_MUTATIONS,
+                       *ARCHIVE_MUTATIONS])
     if kind in BYTE_MUTATIONS:
         out.write_bytes(_bytes(kind, data, rng))
         return f"pt2 {kind}"
+    if kind in ARCHIVE_MUTATIONS:
+        return _archive(path, rng, out, kind)
     with zipfile.ZipFile(path) as archive, zipfile.ZipFile(out, "w") as copy:
         for info in archive.infolist():
             content = archive.read(info)
