@@ -260,3 +260,57 @@ def test_a_flipped_weight_byte_is_found(run_cli, tmp_path, gpt2_pt2):
     assert_refused(r, 2, f"{path}: corrupt .pt2 archive (checksum mismatch in ")
     assert listing(tmp_path) == ["flipped.pt2"]
     assert np.any(np.frombuffer(data, np.uint8) != np.frombuffer(gpt2_pt2.read_bytes(), np.uint8))
+
+
+# --- when torch's serialization API is not the one rewrite maps ------------------------------
+
+
+def _unavailable(*args, **kwargs):
+    from rewrite._torch_private import Unavailable
+
+    raise Unavailable("torch._export.serde.serialize has no ExportedProgramDeserializer")
+
+
+def test_without_the_private_api_torch_loads_it_with_a_note(monkeypatch, gpt2_pt2):
+    import warnings
+
+    from rewrite.errors import ModelWarning
+    from rewrite.frontends import pt2
+
+    monkeypatch.setattr(pt2, "deserialize_program", _unavailable)
+    with warnings.catch_warnings(record=True) as notes:
+        warnings.simplefilter("always")
+        program = pt2.load_pt2(gpt2_pt2)
+    assert any(issubclass(n.category, ModelWarning) and "torch.export.load" in str(n.message)
+               for n in notes)
+    want = torch.export.load(str(gpt2_pt2))
+    assert program.graph_module.code == want.graph_module.code
+    assert all(torch.equal(program.state_dict[k], v) for k, v in want.state_dict.items())
+
+
+@pytest.mark.parametrize("broken", ["deserialize_program", "pt2_dtype"])
+def test_without_the_private_api_a_crafted_file_is_still_refused(monkeypatch, crafted, broken):
+    from rewrite.frontends import pt2
+
+    path, marker = crafted
+    monkeypatch.setattr(pt2, broken, _unavailable)
+    with pytest.raises(pt2.UnsafeModel, match="sample inputs that only full pickle can load"):
+        pt2.load_pt2(path)
+    assert not marker.exists()
+
+
+# --- the weights flags ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--weights-chunk", "10XB"], "argument --weights-chunk: not a size: '10XB'"),
+    (["--weights-chunk", "0"], "argument --weights-chunk: must be at least one byte"),
+    (["--external-data", "sometimes"], "argument --external-data: invalid choice"),
+    (["--external-data", "never", "--weights-chunk", "1GB"],
+     "--weights-chunk writes external data; it cannot go with --external-data never"),
+])
+def test_weights_flags_are_checked(run_cli, tmp_path, gpt2_pt2, argv, message):
+    r = run_cli("apply", GPT2_RULES, gpt2_pt2, "-o", tmp_path / "out.onnx", *argv)
+    assert r.code == 2
+    assert message in r.err and "Traceback" not in r.err
+    assert listing(tmp_path) == []
