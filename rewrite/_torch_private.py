@@ -34,6 +34,9 @@ to import:
   ``torch.export.load`` copying each out of the zip and unpickling sample inputs with a
   full-pickle fallback. Fallback (:class:`Unavailable`): ``torch.export.load`` once rewrite's
   own checks found nothing that needs pickle (same program, weights copied into memory).
+* ``torch._C._pickle_load_obj``: a TorchBind object of a ``.pt2`` the user trusts
+  (``--trust-model``), read as ``torch.export.load`` reads it (:func:`load_torchbind`).
+  Fallback: none (an error naming the object: such a file then needs torch.export.load).
 
 Texts torch prints are parsed in two places, each falling back to the plain message when the
 text changes: :mod:`rewrite.frontends.pt2` (``torch.export.load``'s reasons) and
@@ -177,3 +180,11 @@ def deserialize_program(program_json: bytes, state_dict: dict[str, Any],
         serialized = serialize._bytes_to_dataclass(schema.ExportedProgram, program_json)
         return serialize.ExportedProgramDeserializer(None).deserialize(
             serialized, state_dict, constants, example_inputs)
+
+
+def load_torchbind(data: bytes) -> Any:
+    """A TorchBind object of a ``.pt2`` (only for a file the user trusts: it runs code)."""
+    load = getattr(torch._C, "_pickle_load_obj", None)
+    if load is None:  # pragma: no cover - not in the checked versions
+        raise Unavailable("torch._C._pickle_load_obj is missing")
+    return load(data)

@@ -20,6 +20,7 @@ import torch
 from attrs import frozen
 
 from rewrite._mapped import register
+from rewrite._torch_private import load_torchbind
 from rewrite.errors import InputError
 from rewrite.frontends.pt2_archive import Archive
 
@@ -269,7 +270,7 @@ def _unpickle(archive: Archive, p: Payload) -> Any:
 
     data = archive.read(p.entry)
     if p.entry.rsplit("/", 1)[-1].startswith(_CUSTOM_OBJECT):
-        return torch._C._pickle_load_obj(data)  # what torch.export.load does for TorchBind
+        return load_torchbind(data)
     if p.entry.rsplit("/", 1)[-1].startswith(_OPAQUE_OBJECT):
         return pickle.loads(data)  # noqa: S301 - only with --trust-model
     return torch.load(io.BytesIO(data), weights_only=False)
