@@ -8,6 +8,10 @@ both stages, so it lives here (they never import each other).
 The mapping is private (copy on write): nothing rewrite or torch does to a weight can change
 the file, and a view whose bytes were written in memory would no longer equal the file; no
 step of rewrite or of torch's exporter writes into a program's weights.
+
+A mapping's bytes are checked (checksums) on a thread while the program is read and lowered;
+what hands weights on (the ONNX writer, the FX backend) calls :func:`verify` first, which
+waits for that check. What reads only shapes (``explain``, ``suggest``) never waits.
 """
 
 from __future__ import annotations
@@ -16,9 +20,17 @@ import mmap
 import os
 import weakref
 from pathlib import Path
+from typing import Iterable, Protocol
 
 import torch
 from attrs import frozen
+
+
+class Check(Protocol):
+    """A running check of a mapping's bytes."""
+
+    def wait(self) -> None:
+        """Block until it is done; raise (an ``InputError``) if the bytes are corrupt."""
 
 
 @frozen
@@ -36,17 +48,41 @@ class _Mapping:
     length: int
     path: Path
     alive: weakref.ref
+    check: Check | None
 
 
 _MAPPINGS: dict[int, _Mapping] = {}
 """Start address of a mapping's memory -> the mapping; dead entries are dropped."""
 
 
-def register(whole: torch.Tensor, mapping: mmap.mmap, path: str | os.PathLike) -> None:
-    """``whole`` (a uint8 tensor over all of ``mapping``) maps the file at ``path``."""
+def register(whole: torch.Tensor, mapping: mmap.mmap, path: str | os.PathLike,
+             check: Check | None = None) -> None:
+    """``whole`` (a uint8 tensor over all of ``mapping``) maps the file at ``path``;
+    ``check`` verifies its bytes (see :func:`verify`)."""
     base = whole.untyped_storage().data_ptr()
     _MAPPINGS[base] = _Mapping(base, len(mapping), Path(os.path.realpath(path)),
-                               weakref.ref(mapping))
+                               weakref.ref(mapping), check)
+
+
+def _mapping_of(tensor: torch.Tensor) -> _Mapping | None:
+    try:
+        base = tensor.untyped_storage().data_ptr()
+    except (RuntimeError, NotImplementedError):  # fake or meta tensors have no storage
+        return None
+    mapping = _MAPPINGS.get(base)
+    if mapping is not None and mapping.alive() is None:
+        del _MAPPINGS[base]
+        return None
+    return mapping
+
+
+def verify(tensors: Iterable[torch.Tensor]) -> None:
+    """Wait for the checks of the mappings ``tensors`` lie in; raises if one is corrupt."""
+    checks = {id(m.check): m.check for t in tensors
+              if isinstance(t, torch.Tensor) and (m := _mapping_of(t)) is not None
+              and m.check is not None}
+    for check in checks.values():
+        check.wait()
 
 
 def file_range(tensor: torch.Tensor) -> FileRange | None:
@@ -54,15 +90,8 @@ def file_range(tensor: torch.Tensor) -> FileRange | None:
     contiguous, or the mapping is gone)."""
     if not tensor.is_contiguous() or tensor.device.type != "cpu" or tensor.numel() == 0:
         return None
-    try:
-        base = tensor.untyped_storage().data_ptr()
-    except (RuntimeError, NotImplementedError):  # fake or meta tensors have no storage
-        return None
-    mapping = _MAPPINGS.get(base)
+    mapping = _mapping_of(tensor)
     if mapping is None:
-        return None
-    if mapping.alive() is None:
-        del _MAPPINGS[base]
         return None
     offset = tensor.data_ptr() - base
     length = tensor.numel() * tensor.element_size()

@@ -248,18 +248,44 @@ def test_deflated_weights_load_slower_with_a_note(run_cli, tmp_path, gpt2_pt2, g
     assert_matches_eager(str(out), gpt2_model)
 
 
-def test_a_flipped_weight_byte_is_found(run_cli, tmp_path, gpt2_pt2):
-    """Weights are not read to load the program, but their checksums are verified."""
+def _flipped_weight(gpt2_pt2: Path, tmp_path: Path) -> Path:
     with zipfile.ZipFile(gpt2_pt2) as archive:
         info = next(i for i in archive.infolist() if i.filename.endswith("weights/weight_4"))
     data = bytearray(gpt2_pt2.read_bytes())
     data[info.header_offset + 200] ^= 0x01  # inside the entry's bytes, past its header
     path = tmp_path / "flipped.pt2"
     path.write_bytes(bytes(data))
-    r = run_cli("explain", GPT2_RULES, path)
-    assert_refused(r, 2, f"{path}: corrupt .pt2 archive (checksum mismatch in ")
-    assert listing(tmp_path) == ["flipped.pt2"]
-    assert np.any(np.frombuffer(data, np.uint8) != np.frombuffer(gpt2_pt2.read_bytes(), np.uint8))
+    return path
+
+
+def test_a_flipped_weight_byte_is_found_before_anything_is_written(run_cli, tmp_path, gpt2_pt2):
+    """The weights' checksums are checked on a thread while the program is lowered; the
+    writer waits for them: the progress of the lowering, then the refusal, nothing written."""
+    path = _flipped_weight(gpt2_pt2, tmp_path)
+    before = listing(tmp_path)
+    for out in ("out.onnx", "out.py"):
+        r = run_cli("apply", GPT2_RULES, path, "-o", tmp_path / out)
+        assert r.code == 2 and r.out == "" and "Traceback" not in r.err
+        last = r.err.strip().splitlines()[-1]
+        assert last.startswith(f"{path}: corrupt .pt2 archive (checksum mismatch in "), r.err
+        assert listing(tmp_path) == before
+
+
+def test_the_library_hands_on_no_corrupt_weights(tmp_path, gpt2_pt2):
+    import rewrite
+
+    result = rewrite.apply(GPT2_RULES, _flipped_weight(gpt2_pt2, tmp_path))
+    for lower in (result.to_onnx, result.to_fx):
+        with pytest.raises(rewrite.InputError, match="checksum mismatch in "):
+            lower()
+
+
+def test_explain_reads_no_weights(run_cli, tmp_path, gpt2_pt2):
+    """explain needs shapes only: a corrupt weight does not change the tree it prints."""
+    path = _flipped_weight(gpt2_pt2, tmp_path)
+    assert run_cli("explain", GPT2_RULES, path).out == run_cli("explain", GPT2_RULES,
+                                                               gpt2_pt2).out.replace(
+        str(gpt2_pt2), str(path))
 
 
 # --- when torch's serialization API is not the one rewrite maps ------------------------------

@@ -6,8 +6,9 @@ code. Here the archive is read once, as data (:mod:`pt2_archive`): its JSON conf
 entry holds which tensor (:mod:`pt2_payloads`); every parameter, buffer and constant becomes
 a view of a private read-only mapping of the file (its pages are the file's, not the
 process's memory), and only the program's JSON is deserialized, by torch
-(:func:`rewrite._torch_private.deserialize_program`). Weights' checksums are verified on a
-thread meanwhile.
+(:func:`rewrite._torch_private.deserialize_program`). The weights' checksums are verified on
+a thread meanwhile; what hands the weights on waits for it (:func:`rewrite._mapped.verify`),
+what reads only shapes (``explain``, ``suggest``) does not.
 
 What only code could load (pickled tensors or objects, TorchBind objects, sample inputs that
 weights-only unpickling refuses) is refused: :class:`UnsafeModel` (exit 2) names the archive
@@ -206,7 +207,7 @@ def load_pt2(path: str | Path, *, trust_model: bool = False) -> torch.export.Exp
     verifier = verify_in_background(archive, sorted({p.entry for p in found if not p.pickled}))
     program_json = archive.read(f"{MODELS_DIR}{model}.json")
     _import_named_libraries(program_json)
-    state, constants, inflated = tensors(archive, found, trust_model)
+    state, constants, inflated = tensors(archive, found, trust_model, verifier)
     if inflated:
         name, why = inflated[0]
         warnings.warn(ModelWarning(
@@ -222,7 +223,6 @@ def load_pt2(path: str | Path, *, trust_model: bool = False) -> torch.export.Exp
             return _load_with_torch(archive, model, trust_model, str(e))
         except Exception as e:  # torch raises many types here; all mean "unreadable"
             raise _refusal(path, e, capture.errors) from None
-    verifier.wait()
     return program
 
 

@@ -19,7 +19,7 @@ from typing import Any, Callable
 import torch
 from attrs import frozen
 
-from rewrite._mapped import register
+from rewrite._mapped import Check, register
 from rewrite._torch_private import load_torchbind
 from rewrite.errors import InputError
 from rewrite.frontends.pt2_archive import Archive
@@ -210,7 +210,7 @@ def sample_inputs(archive: Archive, model: str, trusted: bool) -> Any:
     return torch.load(io.BytesIO(data), weights_only=False)
 
 
-def tensors(archive: Archive, found: list[Payload], trusted: bool
+def tensors(archive: Archive, found: list[Payload], trusted: bool, check: Check | None = None
             ) -> tuple[dict[str, Any], dict[str, Any], list[str]]:
     """The state dict and the constants, every tensor a view of the archive's mapping (its
     parameters ``nn.Parameter``s); and the entries that had to be copied into memory, each
@@ -218,7 +218,7 @@ def tensors(archive: Archive, found: list[Payload], trusted: bool
     base = None
     if archive.mapping is not None and len(archive.mapping):
         base = torch.frombuffer(archive.mapping, dtype=torch.uint8)
-        register(base, archive.mapping, archive.path)
+        register(base, archive.mapping, archive.path, check)
     flat: dict[str, torch.Tensor] = {}  # one storage per entry, so aliases stay aliases
     inflated: list[tuple[str, str]] = []
     state: dict[str, Any] = {}

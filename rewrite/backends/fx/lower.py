@@ -8,11 +8,14 @@ distinct body once (:mod:`compile`).
 
 from __future__ import annotations
 
+import itertools
+
 from typing import TYPE_CHECKING
 
 import torch
 
 from rewrite._gc import gc_paused
+from rewrite._mapped import verify
 from rewrite.backends.fx.build import build_modules
 from rewrite.backends.fx.compile import compile_tree
 from rewrite.backends.fx.flow import Flow, plan_flow
@@ -44,7 +47,9 @@ def _reserved(h: Hierarchy, layout: Layout, flow: Flow, source: FxSource) -> lis
 def to_fx(result: "Result") -> torch.fx.GraphModule:
     """Lower ``result``'s groups to nested GraphModules (see the package docstring)."""
     with gc_paused():
-        return _lower(result)
+        module = _lower(result)
+    verify(itertools.chain(module.parameters(), module.buffers()))  # views of a .pt2: intact
+    return module
 
 
 def _lower(result: "Result") -> torch.fx.GraphModule:

@@ -53,8 +53,11 @@ def to_onnx(result: "Result", *, progress: Progress | None = None,
     ``optimize``); ``progress`` hears about the long steps (the CLI's
     :class:`rewrite.cli.steps.Steps` draws them on a console)."""
     from rewrite.backends.onnx.pipeline import lower
+    from rewrite.backends.onnx.save import verify_weights
 
-    return lower(result, OnnxOptions(**options), progress or SILENT).model
+    model = lower(result, OnnxOptions(**options), progress or SILENT).model
+    verify_weights(model)
+    return model
 
 
 def save_onnx(result: "Result", output_path: str | Path, *, progress: Progress | None = None,

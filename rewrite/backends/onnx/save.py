@@ -21,7 +21,7 @@ from typing import Callable, Iterator
 
 import onnx_ir as ir
 
-from rewrite._mapped import file_range
+from rewrite._mapped import file_range, verify
 from rewrite.backends.onnx.progress import SILENT, Progress
 from rewrite.errors import InputError
 from rewrite.outputs import publish
@@ -45,6 +45,12 @@ def _initializer_tensors(model: ir.Model) -> Iterator[ir.TensorProtocol]:
         for value in graph.initializers.values():
             if value.const_value is not None:
                 yield value.const_value
+
+
+def verify_weights(model: ir.Model) -> None:
+    """Wait for the checksums of the input file the model's weights are views of (an
+    ``InputError`` if it is corrupt): before they are written or handed on."""
+    verify(getattr(t, "raw", None) for t in _initializer_tensors(model))
 
 
 def data_path(output: str | Path) -> Path:
@@ -72,6 +78,7 @@ def write_model(model: ir.Model, output: str | Path, *, threshold: int,
     """Write ``model`` to ``output``; returns the external data files written (none when
     the weights are embedded: at most ``threshold`` bytes and no ``chunk`` given)."""
     out = Path(output)
+    verify_weights(model)
     total = tensor_bytes(model)
     external = total > threshold or chunk is not None
     if not external and total > MAX_PROTO_BYTES:
