@@ -9,9 +9,10 @@ The mapping is private (copy on write): nothing rewrite or torch does to a weigh
 the file, and a view whose bytes were written in memory would no longer equal the file; no
 step of rewrite or of torch's exporter writes into a program's weights.
 
-A mapping's bytes are checked (checksums) on a thread while the program is read and lowered;
-what hands weights on (the ONNX writer, the FX backend) calls :func:`verify` first, which
-waits for that check. What reads only shapes (``explain``, ``suggest``) never waits.
+A mapping's bytes are checked (checksums) on a thread: :func:`start_checks` starts it when
+lowering begins, :func:`verify` (the ONNX writer, ``to_onnx``, the FX backend) waits for it
+before the weights are handed on. What reads only shapes (``explain``, ``suggest``) reads no
+weight.
 """
 
 from __future__ import annotations
@@ -27,7 +28,10 @@ from attrs import frozen
 
 
 class Check(Protocol):
-    """A running check of a mapping's bytes."""
+    """A check of a mapping's bytes, run on a thread."""
+
+    def start(self) -> None:
+        """Start it (a no-op once started)."""
 
     def wait(self) -> None:
         """Block until it is done; raise (an ``InputError``) if the bytes are corrupt."""
@@ -76,12 +80,22 @@ def _mapping_of(tensor: torch.Tensor) -> _Mapping | None:
     return mapping
 
 
-def verify(tensors: Iterable[torch.Tensor]) -> None:
+def _checks(tensors: Iterable[object]) -> list[Check]:
+    found = {id(m.check): m.check for t in tensors
+             if isinstance(t, torch.Tensor) and (m := _mapping_of(t)) is not None
+             and m.check is not None}
+    return list(found.values())
+
+
+def start_checks(tensors: Iterable[object]) -> None:
+    """Start checking the mappings ``tensors`` lie in (they will be needed)."""
+    for check in _checks(tensors):
+        check.start()
+
+
+def verify(tensors: Iterable[object]) -> None:
     """Wait for the checks of the mappings ``tensors`` lie in; raises if one is corrupt."""
-    checks = {id(m.check): m.check for t in tensors
-              if isinstance(t, torch.Tensor) and (m := _mapping_of(t)) is not None
-              and m.check is not None}
-    for check in checks.values():
+    for check in _checks(tensors):
         check.wait()
 
 
@@ -93,7 +107,7 @@ def file_range(tensor: torch.Tensor) -> FileRange | None:
     mapping = _mapping_of(tensor)
     if mapping is None:
         return None
-    offset = tensor.data_ptr() - base
+    offset = tensor.data_ptr() - mapping.base
     length = tensor.numel() * tensor.element_size()
     if offset < 0 or offset + length > mapping.length:
         return None

@@ -7,8 +7,9 @@ entry holds which tensor (:mod:`pt2_payloads`); every parameter, buffer and cons
 a view of a private read-only mapping of the file (its pages are the file's, not the
 process's memory), and only the program's JSON is deserialized, by torch
 (:func:`rewrite._torch_private.deserialize_program`). The weights' checksums are verified on
-a thread meanwhile; what hands the weights on waits for it (:func:`rewrite._mapped.verify`),
-what reads only shapes (``explain``, ``suggest``) does not.
+a thread started by what is going to hand the weights on (the ONNX backend starts it when it
+begins lowering) and waited for before they are (:func:`rewrite._mapped.verify`); what reads
+only shapes (``explain``, ``suggest``) reads no weight.
 
 What only code could load (pickled tensors or objects, TorchBind objects, sample inputs that
 weights-only unpickling refuses) is refused: :class:`UnsafeModel` (exit 2) names the archive
@@ -33,7 +34,7 @@ import torch
 
 from rewrite._torch_private import Unavailable, deserialize_program, pt2_dtype
 from rewrite.errors import InputError, ModelWarning, causes, first_line
-from rewrite.frontends.pt2_archive import Archive, open_archive, verify_in_background
+from rewrite.frontends.pt2_archive import Archive, checksums, open_archive
 from rewrite.frontends.pt2_payloads import payloads, sample_inputs, tensors, unsafe_entries
 
 _TORCH_LOGGERS = ("torch.export", "torch._export")
@@ -204,7 +205,7 @@ def load_pt2(path: str | Path, *, trust_model: bool = False) -> torch.export.Exp
     unsafe = unsafe_entries(archive, model, found)
     if unsafe and not trust_model:
         raise UnsafeModel(path, unsafe, archive.root)
-    verifier = verify_in_background(archive, sorted({p.entry for p in found if not p.pickled}))
+    verifier = checksums(archive, sorted({p.entry for p in found if not p.pickled}))
     program_json = archive.read(f"{MODELS_DIR}{model}.json")
     _import_named_libraries(program_json)
     state, constants, inflated = tensors(archive, found, trust_model, verifier)

@@ -7,8 +7,8 @@ their data, and refuses, with one :class:`InputError` each, what is not a sound 
 not a zip, a truncated entry, an entry twice, entries whose bytes overlap (the overlapping
 "zip bomb"), a compressed entry that claims more bytes than an entry of its kind may hold.
 :meth:`Archive.read` returns a small entry's bytes with its checksum verified;
-:meth:`Archive.view` a weight's bytes without copying them (:func:`verify_in_background`
-checks their checksums on the other core while the program is read).
+:meth:`Archive.view` a weight's bytes without copying them (:func:`checksums` checks them on
+another core, started when someone is going to need the bytes).
 """
 
 from __future__ import annotations
@@ -191,15 +191,23 @@ def _check_disjoint(path: Path, entries: Iterable[Entry]) -> None:
 
 
 class Verifier:
-    """Checksums of mapped entries computed on a thread (zlib releases the GIL), so that
-    reading the weights' bytes overlaps with reading the program."""
+    """Checksums of mapped entries computed on a thread once started (zlib releases the
+    GIL), so that reading the weights' bytes overlaps with lowering the program."""
 
     def __init__(self, archive: Archive, names: list[str]) -> None:
         self._archive = archive
         self._names = names
         self._bad: str | None = None
-        self._thread = threading.Thread(target=self._run, name="pt2-checksums", daemon=True)
-        self._thread.start()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    def start(self) -> None:
+        """Start checking (once; a no-op when started)."""
+        with self._lock:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="pt2-checksums",
+                                                daemon=True)
+                self._thread.start()
 
     def _run(self) -> None:
         for name in self._names:
@@ -214,13 +222,14 @@ class Verifier:
 
     def wait(self) -> None:
         """Block until every checksum is known; :class:`InputError` for the first bad one."""
+        self.start()
+        assert self._thread is not None
         self._thread.join()
         if self._bad is not None:
             raise InputError(f"{self._archive.path}: corrupt .pt2 archive (checksum mismatch "
                              f"in {self._archive.root}{self._bad})")
 
 
-def verify_in_background(archive: Archive, names: list[str]) -> Verifier:
-    """Start checking the checksums of the mapped entries ``names``."""
+def checksums(archive: Archive, names: list[str]) -> Verifier:
+    """A check of the stored entries ``names`` (not started: :meth:`Verifier.start`)."""
     return Verifier(archive, [n for n in names if not archive.entries[n].compressed])
-

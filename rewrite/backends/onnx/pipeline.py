@@ -25,6 +25,7 @@ import torch
 from attrs import frozen
 
 from rewrite._gc import gc_paused
+from rewrite._mapped import start_checks
 from rewrite.backends.onnx.clone import copy_model
 from rewrite.backends.onnx.export import export_program, quiet_exporter
 from rewrite.backends.onnx.merge import merge_functions
@@ -104,6 +105,7 @@ def lower(result: "Result", options: OnnxOptions | None = None,
     if tree.graph.kind == "onnx":
         model, onnx_tree = _onnx_model(result)
     elif isinstance(source, torch.export.ExportedProgram):
+        start_checks([*source.state_dict.values(), *source.constants.values()])
         model, onnx_tree, warnings, path, lowered, lowering = _lower_program(
             result, source, options, progress)
     else:
