@@ -31,8 +31,11 @@ part" of ``apply`` compared with ``cp``.
 
 Targets (issue 22), each printed met or MISSED: plain / apply >= 4x (median wall); apply's
 weights part <= 2x cp; peak RssAnon of apply <= 1.0 GB, of explain <= 600 MB with a median
-wall <= 3 s; apply's peak RssAnon on the largest model <= 1.2x that on the smallest. The table
-is printed and written to ``bench/out/weights.md``. MB = 2**20 bytes, GB = 2**30 bytes.
+wall <= 3 s; apply's peak RssAnon flat in model size: its highest over the sizes <= 1.2x its
+lowest (before issue 22, a model under 2 GB was written with embedded weights, one over 2 GB
+with external data: two paths, both measured, as a user meets them). The table is printed and
+written to ``bench/out/weights.md``. Memory in MB of 2**20 bytes (1.0 GB = 1024 MB), files in
+GB of 10**9 bytes.
 Exit 1 if a run failed or the checker rejected an output (a missed target is not a failure).
 """
 
@@ -302,12 +305,12 @@ def targets_table(results: dict[str, dict[str, Result]], weight_steps: str) -> l
         peaks = {size: rows[name].peak("anon_mb") for size, rows in results.items()
                  if name in rows and rows[name].runs}
         if len(peaks) > 1:
-            growth = list(peaks.values())[-1] / list(peaks.values())[0]
+            growth = max(peaks.values()) / min(peaks.values())
             each = ", ".join(f"{size} {mb:.0f} MB" for size, mb in peaks.items())
             target = (f"<= {GROWTH}x | {_verdict(growth <= GROWTH)}" if name == "apply"
                       else "(for information) |")
-            lines.append(f"| `{name}` peak RssAnon, smallest to largest model ({each}) | "
-                         f"{growth:.2f}x | {target} |")
+            lines.append(f"| `{name}` peak RssAnon across model sizes, highest / lowest "
+                         f"({each}) | {growth:.2f}x | {target} |")
     checked = [(size, name, r.checker) for size, rows in results.items()
                for name, r in rows.items() if r.checker and name != "plain"]
     if checked:
@@ -323,7 +326,7 @@ def targets_table(results: dict[str, dict[str, Result]], weight_steps: str) -> l
 
 
 def report(results: dict[str, dict[str, Result]], models: dict[str, Path], command: str,
-           started: datetime.datetime, weight_steps: str) -> str:
+           started: datetime.datetime, weight_steps: str, quick: bool) -> str:
     import torch
 
     load = " ".join(f"{x:.2f}" for x in os.getloadavg())
@@ -334,11 +337,14 @@ def report(results: dict[str, dict[str, Result]], models: dict[str, Path], comma
         f"{os.nice(0)}, load average at the end {load}.", "",
         "Models (random normal weights, bf16, built by `bench.weights_model`):", "",
         *(f"- {size}: {SIZES[size].describe()}; `{path.name}` "
-          f"{path.stat().st_size / 2**30:.2f} GB" for size, path in models.items()), "",
+          f"{path.stat().st_size / 1e9:.2f} GB (10**9 bytes)" for size, path in models.items()),
+        "",
         "Each run: a fresh process, after `sync` and a read of the `.pt2` (page cache warm). "
         "Peaks: the largest over the runs, of the process tree, sampled every 20 ms from "
         "/proc; MB = 2**20 bytes.", "",
         *runs_table(results), "", *steps_table(results), "",
+        *(["Quick mode: tiny models, a check of the harness; its verdicts say nothing about "
+           "the targets.", ""] if quick else []),
         *targets_table(results, weight_steps), "",
     ]
     return "\n".join(lines)
@@ -382,7 +388,7 @@ def main(argv: list[str] | None = None) -> int:
             counts = {name: plain_repeats if name == "plain" else repeats for name in rows}
             results[size] = bench_model(size, models[size], rows, counts,
                                         args.out / "weights" / size, args.keep_outputs)
-    text = report(results, models, command.strip(), started, args.weight_steps)
+    text = report(results, models, command.strip(), started, args.weight_steps, args.quick)
     print(text)
     (args.out / "weights.md").write_text(text)
     bad = any(r.failed or (r.checker and r.checker != "passed")
