@@ -83,12 +83,17 @@ APPLY_MB, EXPLAIN_MB, EXPLAIN_S, SPEEDUP, COPY_RATIO, GROWTH = 1024, 600, 3.0, 4
 class Row:
     """One way to process the model, as a user runs it."""
 
-    command: str
-    """What the table shows."""
     argv: Callable[[Path, Path], list[str]]
-    """(model, empty output folder) -> the command."""
+    """(model, empty output folder) -> the command (its stdout goes to /dev/null)."""
     onnx: str | None = None
     """The ONNX file it writes, checked once (None: it writes none)."""
+
+    @property
+    def command(self) -> str:
+        """The command as the table shows it."""
+        argv = self.argv(Path("MODEL.pt2"), Path("DIR"))
+        return " ".join("python" if arg == sys.executable else "PLAIN_SCRIPT" if "\n" in arg
+                        else arg for arg in argv)
 
 
 def _rewrite(*args: str) -> list[str]:
@@ -96,20 +101,14 @@ def _rewrite(*args: str) -> list[str]:
 
 
 ROWS = {
-    "cp": Row("cp --reflink=never MODEL.pt2 DIR/",
-              lambda model, out: ["cp", "--reflink=never", str(model), str(out / model.name)]),
-    "apply": Row(f"rewrite -v apply {RULES} MODEL.pt2 -o DIR/model.onnx",
-                 lambda model, out: _rewrite("apply", RULES, str(model), "-o",
+    "cp": Row(lambda model, out: ["cp", "--reflink=never", str(model), str(out / model.name)]),
+    "apply": Row(lambda model, out: _rewrite("apply", RULES, str(model), "-o",
                                              str(out / "model.onnx")), "model.onnx"),
     "apply-no-optimize": Row(
-        f"rewrite -v apply {RULES} MODEL.pt2 -o DIR/model.onnx --no-optimize",
         lambda model, out: _rewrite("apply", RULES, str(model), "-o", str(out / "model.onnx"),
                                     "--no-optimize"), "model.onnx"),
-    "explain": Row(f"rewrite -v explain {RULES} MODEL.pt2 > /dev/null",
-                   lambda model, out: _rewrite("explain", RULES, str(model))),
-    "plain": Row("python plain.py MODEL.pt2 DIR/model.onnx (torch.export.load + "
-                 "torch.onnx.export + save(external_data=True))",
-                 lambda model, out: [sys.executable, "-c", PLAIN_SCRIPT, str(model),
+    "explain": Row(lambda model, out: _rewrite("explain", RULES, str(model))),
+    "plain": Row(lambda model, out: [sys.executable, "-c", PLAIN_SCRIPT, str(model),
                                      str(out / "model.onnx")], "model.onnx"),
 }
 
@@ -339,6 +338,8 @@ def report(results: dict[str, dict[str, Result]], models: dict[str, Path], comma
         *(f"- {size}: {SIZES[size].describe()}; `{path.name}` "
           f"{path.stat().st_size / 1e9:.2f} GB (10**9 bytes)" for size, path in models.items()),
         "",
+        "PLAIN_SCRIPT: `torch.export.load` + `torch.onnx.export(program, dynamo=True)` + "
+        "`save(external_data=True)` (bench/weights.py). "
         "Each run: a fresh process, after `sync` and a read of the `.pt2` (page cache warm). "
         "Peaks: the largest over the runs, of the process tree, sampled every 20 ms from "
         "/proc; MB = 2**20 bytes.", "",
