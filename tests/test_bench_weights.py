@@ -7,14 +7,13 @@ the ``cp`` and ``rewrite apply`` rows, whose step timings must name the weights 
 
 from __future__ import annotations
 
-import re
 import sys
 import textwrap
 
 import torch
 
 from bench.procmem import measure
-from bench.weights import WEIGHT_STEPS, bench_model, targets_table
+from bench.weights import WEIGHT_STEPS, bench_model, targets_table, weights_part
 from tests import models
 
 ALLOCATING_CHILD = textwrap.dedent("""
@@ -47,7 +46,7 @@ def test_apply_and_cp_rows_measure_check_and_split_out_the_weights_part(tmp_path
     assert apply.failed is None and apply.checker == "passed"
     assert apply.runs[0].output_bytes > 0
     assert apply.peak("anon_mb") > 50  # a Python process with torch imported
-    assert any(re.search(WEIGHT_STEPS, step) for step in apply.steps()), apply.steps()
+    assert weights_part(apply.steps(), WEIGHT_STEPS)[0], apply.steps()
     rows = "\n".join(targets_table({"tiny": results}, WEIGHT_STEPS))
     assert "weights part / `cp`" in rows and "`apply` peak RssAnon" in rows
     assert not (tmp_path / "w" / "apply").exists()  # outputs removed after the check
