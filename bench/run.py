@@ -17,7 +17,14 @@ onnx_perbody       per-body lowering vs flat vs ``torch.onnx.export``, 12/48    
 onnx_outline       ONNX outlining vs onnx-diagnostic; growth 12/48/192 blocks     >= 10x
 scaling            synthetic 10k/100k/1M nodes vs a bare pass; growth             <= 10x, <= 3x, <= 1.5x
 memory             peak RSS of ``rewrite apply`` vs ``torch.onnx.export``, ~1 GB   <= 1.3x
+weights            1.24B bf16 Llama ``.pt2``: apply vs cp vs plain path; memory   >= 4x, ...
 =================  =============================================================  ==========
+
+``weights`` (issue 22; targets: apply >= 4x the plain path, its weights part <= 2x ``cp``,
+peak RssAnon of apply <= 1 GB and of explain <= 600 MB / 3 s, growth 0.5 -> 2.5 GB <= 1.2x)
+builds its three models (0.5, 1.2, 2.5 GB of weights) once into bench/out/ (~2 minutes; ~4 GB
+of disk, up to ~7.5 GB more while it runs) and needs as much free memory as the heaviest row
+takes (``rewrite apply`` before issue 22: ~5x the weights).
 """
 
 from __future__ import annotations
@@ -45,6 +52,7 @@ SUITE: dict[str, tuple[str, list[str], list[str]]] = {
     "onnx_outline": ("bench.onnx_outline", ["--repeats", "5"], ["--blocks", "12", "48", "--compare", "12", "--repeats", "1"]),
     "scaling": ("bench.scaling", [], ["--sizes", "10000", "100000"]),
     "memory": ("bench.memory", [], ["--layers", "4", "--width", "512"]),
+    "weights": ("bench.weights", [], ["--quick"]),
 }
 
 
