@@ -211,3 +211,27 @@ def test_a_model_past_2gb_gets_external_data_and_passes_the_checker(run_cli, tmp
     assert np.array_equal(np.frombuffer(written[-4096:], np.uint8),
                           np.frombuffer(stored[-4096:], np.uint8))
     assert written == stored
+
+
+def test_export_writes_the_modules_own_bytes(tmp_path):
+    """``rewrite.export(nn.Module, output=...)``: each weight written from the module's own
+    memory, byte for byte (bf16 included)."""
+    class Mixed(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = torch.nn.Linear(32, 48)
+            self.register_buffer("scale", _values(torch.bfloat16, (48,), 7))
+
+        def forward(self, x):
+            return self.a(x) * self.scale.to(torch.float32)
+
+    torch.manual_seed(0)
+    model = Mixed().eval()
+    out = tmp_path / "mixed.onnx"
+    rewrite.export(model, (torch.randn(2, 32),), rules=MODULARIZE, output=out,
+                   external_data_threshold=0, optimize=False)
+    onnx.checker.check_model(str(out), full_check=True)
+    written = _external_bytes(out)
+    for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
+        assert written[name] == tensor.detach().contiguous().view(torch.uint8).numpy().tobytes()
+    assert_matches_eager(str(out), (model, (torch.randn(2, 32),), {}))
