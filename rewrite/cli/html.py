@@ -54,14 +54,14 @@ def render_report(data: dict, *, title: str, summary: str) -> str:
     style, script = _asset("report.css"), _asset("report.js")
     onnx = data["onnx"]
     anchors = {f["function"]: f"fn{i}" for i, f in enumerate(onnx["functions"])}
-    calls = {f["function"]: f["calls"] for f in onnx["functions"]}
+    runs = {f["function"]: f["runs"] for f in onnx["functions"]}
     groups = _count(data["groups"])
     by_class: dict[str, list[dict]] = {}
     for variant in onnx["variants"]:
         by_class.setdefault(variant["class"], []).append(variant)
     return _environment().get_template("report.html.j2").render(
         data=data, onnx=onnx, title=title, summary=summary, version=rewrite.__version__,
-        anchors=anchors, calls=calls, group_count=groups, open_all=groups <= OPEN_ALL_UP_TO,
+        anchors=anchors, runs=runs, group_count=groups, open_all=groups <= OPEN_ALL_UP_TO,
         variants=by_class,
         style=style, script=script,  # inline, unescaped (they are ours), allowed by hash
         policy=f"default-src 'none'; style-src {_sha256(style)}; script-src {_sha256(script)}; "

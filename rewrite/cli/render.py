@@ -218,8 +218,9 @@ def print_variants(console: Console, variants: Sequence["Variant"], calls: Mappi
     by_class: dict[tuple[str, str], list[Variant]] = {}
     for variant in variants:
         by_class.setdefault(variant.identity, []).append(variant)
-    console.print(Text(f"why distinct ({len(by_class)} classes lowered to more than one "
-                       "function):", style="bold"), soft_wrap=True)
+    classes = f"{len(by_class)} class" + ("es" if len(by_class) > 1 else "")
+    console.print(Text(f"why distinct ({classes} lowered to more than one function):",
+                       style="bold"), soft_wrap=True)
     for (domain, name), found in by_class.items():
         functions = [found[0].first, *(v.function for v in found)]
         made = ", ".join(f"{f[1]} x{calls.get(f, 0)}" for f in functions)
