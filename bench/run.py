@@ -17,6 +17,7 @@ onnx_perbody       per-body lowering vs flat vs ``torch.onnx.export``, 12/48    
 onnx_outline       ONNX outlining vs onnx-diagnostic; growth 12/48/192 blocks     >= 10x
 scaling            synthetic 10k/100k/1M nodes vs a bare pass; growth             <= 10x, <= 3x, <= 1.5x
 memory             peak RSS of ``rewrite apply`` vs ``torch.onnx.export``, ~1 GB   <= 1.3x
+html_report        ``explain --html``, 48 blocks: page size, opening in Chromium   < 2 MB, < 1 s
 =================  =============================================================  ==========
 """
 
@@ -45,6 +46,7 @@ SUITE: dict[str, tuple[str, list[str], list[str]]] = {
     "onnx_outline": ("bench.onnx_outline", ["--repeats", "5"], ["--blocks", "12", "48", "--compare", "12", "--repeats", "1"]),
     "scaling": ("bench.scaling", [], ["--sizes", "10000", "100000"]),
     "memory": ("bench.memory", [], ["--layers", "4", "--width", "512"]),
+    "html_report": ("bench.html_report", [], ["--blocks", "12", "--rules", "gpt2", "--loads", "2"]),
 }
 
 
