@@ -12,7 +12,7 @@ from pathlib import Path
 import onnx_ir as ir
 import pytest
 
-from tests.test_why_distinct import SHAPE, variants  # noqa: F401 (a fixture)
+from tests.test_why_distinct import SHAPE, applied, variants  # noqa: F401 (a fixture)
 
 ROWS = """[...document.querySelectorAll('#groups .g')].map(g => {
   const row = g.tagName === 'DETAILS' ? g.querySelector(':scope > summary') : g;
@@ -50,19 +50,6 @@ def expected_row(group: dict) -> list[str]:
     function = (f"{group['onnx_function']} x{group['onnx_calls']}" if group["onnx_function"]
                 else "(inlined)")
     return [key, cls, str(group["nodes"]), function, group["rule"].rsplit("/", 1)[-1]]
-
-
-def onnx_functions(run_cli, rules, model, folder: Path) -> tuple[ir.Model, dict[str, int]]:
-    """``rewrite apply``'s model and its functions' call sites (counted in the file)."""
-    out = folder / "model.onnx"
-    assert run_cli("apply", rules, model, "-o", out).code == 0
-    onnx_model = ir.load(str(out))
-    calls = {name: 0 for _, name, _ in onnx_model.functions}
-    for graph in [onnx_model.graph, *(f.graph for f in onnx_model.functions.values())]:
-        for node in graph:
-            if (node.domain, node.op_type, node.overload) in onnx_model.functions:
-                calls[node.op_type] += 1
-    return onnx_model, calls
 
 
 def flat_nodes(model: ir.Model, graph) -> int:
@@ -117,7 +104,7 @@ def test_gpt2_report(browser, run_cli, gpt2_pt2, tmp_path):
     assert page.evaluate("document.getElementById('matches').innerText") == \
         f"{len(hits)} of {len(groups)} groups match"
 
-    onnx_model, calls = onnx_functions(run_cli, "gpt2", gpt2_pt2, tmp_path)
+    onnx_model, calls = applied(run_cli, "gpt2", gpt2_pt2, tmp_path)
     table = page.evaluate(TABLE)
     assert {row[0]: int(row[2]) for row in table} == calls
     for row in table:

@@ -90,9 +90,10 @@ def explain(run_cli, *args) -> dict:
     return json.loads(r.out)
 
 
-def functions_of(run_cli, rules: Path, model: Path, tmp_path: Path) -> dict[str, int]:
-    """What ``rewrite apply`` writes: function name -> call sites (main graph and bodies)."""
-    out = tmp_path / (model.stem + ".onnx")
+def applied(run_cli, rules, model: Path, folder: Path) -> tuple[ir.Model, dict[str, int]]:
+    """What ``rewrite apply`` writes, and its functions' call sites (main graph and bodies,
+    counted in the file)."""
+    out = folder / (model.stem + ".onnx")
     assert run_cli("apply", rules, model, "-o", out).code == 0
     onnx_model = ir.load(str(out))
     calls = {name: 0 for _, name, _ in onnx_model.functions}
@@ -100,12 +101,12 @@ def functions_of(run_cli, rules: Path, model: Path, tmp_path: Path) -> dict[str,
         for node in graph:
             if (node.domain, node.op_type, node.overload) in onnx_model.functions:
                 calls[node.op_type] += 1
-    return calls
+    return onnx_model, calls
 
 
 def test_one_op_apart_in_json(run_cli, variants, tmp_path):
     data = explain(run_cli, variants["rules"], variants["one_op"])
-    made = functions_of(run_cli, variants["rules"], variants["one_op"], tmp_path)
+    _, made = applied(run_cli, variants["rules"], variants["one_op"], tmp_path)
     assert made == {"Linear": 2, "MLP": 1, "MLP_1": 1, "Block": 3, "Block_1": 1}  # sites
     found = {v["function"].split("::")[1]: v for v in data["onnx"]["variants"]}
     assert set(found) == {"MLP_1", "Block_1"}
