@@ -19,7 +19,8 @@ The parts, in the order they are reported:
   constants): a node whose key has no equal among the other side's ready nodes, paired with
   the other side's unmatched ready node that reads the same inputs (then ``op``, ``subtree``:
   a call of another function, ``attribute``, ``constant``: a ``Constant`` node's value), or
-  of the same op (``flow``: it reads other values); none: ``node`` (a node only one side has);
+  of the same op (``flow``: it reads other values); none: ``node`` (a node only one side has;
+  for a ``Constant``, the node that reads it);
 * the number of inputs (``inputs``) and the returned values (``outputs``).
 
 The records are plain data (names, short value texts, function ids); the CLI renders them.
@@ -229,8 +230,10 @@ def _pair(a_nodes: list[ir.Node], i: int | None, b_nodes: list[ir.Node], k: int 
     """What differs between node ``i`` of the first body and node ``k`` of the variant
     (one of them None: a node only the other side has)."""
     if i is None or k is None:
-        side_a = _op_side(a_nodes, i, functions) if i is not None else Side(None, "(none)")
-        side_b = _op_side(b_nodes, k, functions) if k is not None else Side(None, "(none)")
+        side_a = _op_side(a_nodes, _reader(a_nodes, i), functions) if i is not None \
+            else Side(None, "(none)")
+        side_b = _op_side(b_nodes, _reader(b_nodes, k), functions) if k is not None \
+            else Side(None, "(none)")
         return Difference("node", "", side_a, side_b)
     x, y = a_nodes[i], b_nodes[k]
     kx, ky = a_keys[i], b_keys[k]
@@ -248,6 +251,16 @@ def _pair(a_nodes: list[ir.Node], i: int | None, b_nodes: list[ir.Node], k: int 
     kind = "constant" if x.op_type == "Constant" and x.domain == "" else "attribute"
     return Difference(kind, name, Side(_name(x, i), _attribute(x, name)),
                       Side(_name(y, k), _attribute(y, name)))
+
+
+def _reader(nodes: list[ir.Node], i: int) -> int:
+    """``i``, or for a ``Constant`` the body's first node that reads it (a constant only one
+    body has is there for the node that reads it: that node says more)."""
+    node = nodes[i]
+    if node.op_type != "Constant" or node.domain != "":
+        return i
+    readers = {use.node for use in node.outputs[0].uses()}
+    return next((j for j, other in enumerate(nodes) if other in readers), i)
 
 
 def _name(node: ir.Node, position: int) -> str:
