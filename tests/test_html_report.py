@@ -273,3 +273,13 @@ def test_other_flags_beside_html(run_cli, variants, tmp_path, flag):  # noqa: F8
         assert json.loads(r.out)["onnx"]["variants"]
     else:
         assert "why distinct (2 classes lowered to more than one function):" in r.out
+
+
+def test_grouping_error_writes_no_report(run_cli, shared_pt2, tmp_path):
+    rules = tmp_path / "bad.rules"
+    rules.write_text("split by x\n")
+    before = sorted(p.name for p in tmp_path.iterdir())
+    r = run_cli("explain", rules, shared_pt2, "--html", tmp_path / "r.html")
+    assert r.code == 1 and r.out == "" and "Traceback" not in r.err
+    assert f"{rules}:1: error: no node has the tag 'x' to split by" in r.err
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
