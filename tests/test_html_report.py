@@ -11,6 +11,7 @@ from pathlib import Path
 
 import onnx_ir as ir
 import pytest
+import torch
 
 from tests.test_why_distinct import SHAPE, applied, variants  # noqa: F401 (a fixture)
 
@@ -180,8 +181,6 @@ def test_input_shape_variants(browser, run_cli, variants, tmp_path):  # noqa: F8
 
 
 def test_lifted_scalars_per_call(browser, run_cli, tmp_path):
-    import torch
-
     from tests import models
 
     model, args, _ = models.settings()  # four blocks: eps and scale differ
@@ -283,3 +282,70 @@ def test_grouping_error_writes_no_report(run_cli, shared_pt2, tmp_path):
     assert r.code == 1 and r.out == "" and "Traceback" not in r.err
     assert f"{rules}:1: error: no node has the tag 'x' to split by" in r.err
     assert sorted(p.name for p in tmp_path.iterdir()) == before
+
+
+class _Attention(torch.nn.Module):
+    def __init__(self, width: int):
+        super().__init__()
+        self.q, self.k, self.v, self.o = (torch.nn.Linear(width, width) for _ in range(4))
+
+    def forward(self, x):
+        weights = torch.softmax(self.q(x) @ self.k(x).transpose(-1, -2), dim=-1)
+        return self.o(weights @ self.v(x))
+
+
+class _MLP(torch.nn.Module):
+    def __init__(self, width: int):
+        super().__init__()
+        self.fc, self.act, self.proj = (torch.nn.Linear(width, 2 * width), torch.nn.GELU(),
+                                        torch.nn.Linear(2 * width, width))
+
+    def forward(self, x):
+        return self.proj(self.act(self.fc(x)))
+
+
+class _Layer(torch.nn.Module):
+    def __init__(self, width: int):
+        super().__init__()
+        self.ln_1, self.attn = torch.nn.LayerNorm(width), _Attention(width)
+        self.ln_2, self.mlp = torch.nn.LayerNorm(width), _MLP(width)
+
+    def forward(self, x):
+        x = x + self.attn(self.ln_1(x))
+        return x + self.mlp(self.ln_2(x))
+
+
+class _Stack(torch.nn.Module):
+    """48 GPT-2-shaped layers: 12 module calls each, like a 48-block GPT-2 modularized."""
+
+    def __init__(self, layers: int = 48, width: int = 8):
+        super().__init__()
+        self.h = torch.nn.ModuleList(_Layer(width) for _ in range(layers))
+
+    def forward(self, x):
+        for layer in self.h:
+            x = layer(x)
+        return x
+
+
+def test_large_tree_is_small_and_opens_folded(browser, run_cli, tmp_path):
+    """580 groups (the size of a 48-block GPT-2 under modularize.rules): the page stays under
+    2 MB and opens with the top level shown, every group one click away."""
+    torch.manual_seed(0)
+    pt2 = tmp_path / "stack.pt2"
+    torch.export.save(torch.export.export(_Stack().eval(), (torch.randn(2, 4, 8),)), str(pt2))
+    out = tmp_path / "stack.html"
+    data = report(run_cli, "modularize", pt2, out)
+    groups = list(walk(data["groups"]))
+    assert len(groups) == 48 * 12
+    assert out.stat().st_size < 2_000_000
+    page = browser.open(out)
+    assert_offline(page, out)
+    rows = page.evaluate(ROWS)
+    assert len(rows) == len(groups)
+    assert [r["id"] for r in rows if r["visible"]] == [g["id"] for g in data["groups"]]
+    page.evaluate("document.getElementById('expand').click()")
+    assert all(r["visible"] for r in page.evaluate(ROWS))
+    (why,) = [v for v in data["onnx"]["totals"]["classes"] if v["name"] == "_Layer"]
+    assert (why["calls"], len(why["functions"])) == (48, 1)
+    page.close()
