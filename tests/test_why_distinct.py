@@ -208,3 +208,48 @@ def test_extra_node_after_merging_and_renumbering(run_cli, tmp_path):
                                                                                 mul[0].name)
     assert variant["reason"] == (f"NoOp_1 vs NoOp: a node only one of them has: Mul at "
                                  f"{mul[0].name} vs (none)")
+
+
+def _variants(model: nn.Module, args: tuple, rules: str, **options):
+    """The backend's why-distinct records for ``model`` grouped by ``rules``."""
+    import rewrite
+    from rewrite.backends.onnx import OnnxOptions, lower
+
+    result = rewrite.apply(rewrite.parse_rules(rules), torch.export.export(model.eval(), args))
+    return lower(result, OnnxOptions(**options)).outlined.variants
+
+
+def test_constant_value_apart_when_embedded():
+    """Under ``--constants embed`` a scalar keeps blocks apart: the constant's values."""
+    from tests import models
+
+    model, args, _ = models.two_factors()  # Scaled blocks: factors 2, 3, 2
+    (variant,) = _variants(model, args, "group class *Scaled\n", constants="embed")
+    diff = variant.difference
+    assert (variant.function[1], variant.first[1], diff.kind) == ("Scaled_1", "Scaled",
+                                                                  "constant")
+    assert (diff.first.value, diff.other.value) == ("2.0 (float)", "3.0 (float)")
+    assert diff.first.node and diff.other.node
+    assert _variants(model, args, "group class *Scaled\n") == ()  # lifted by default
+
+
+class _Silu(nn.Module):
+    def forward(self, x):
+        return nn.functional.silu(x) * 2
+
+
+class _TwoDtypes(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = _Silu(), _Silu()
+
+    def forward(self, x):
+        return self.a(x).sum() + self.b(x.double()).sum()
+
+
+def test_input_dtype_apart():
+    (variant,) = _variants(_TwoDtypes(), (torch.randn(2, 3),), "group class *_Silu\n")
+    diff = variant.difference
+    assert (diff.kind, diff.first.value, diff.other.value) == ("dtype", "float[2,3]",
+                                                               "double[2,3]")
+    assert diff.first.node == "x"

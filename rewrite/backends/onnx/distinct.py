@@ -304,7 +304,7 @@ def _attribute(node: ir.Node, name: str) -> str:
 
 
 def _tensor(tensor: ir.TensorProtocol) -> str:
-    described = _dtype(tensor.dtype) + _dims(tensor.shape)
+    described = _dtype(tensor.dtype) + (_dims(tensor.shape) if tensor.shape.rank() else "")
     if tensor.size > _MAX_ELEMENTS:
         return described
     values = tensor.numpy().reshape(-1).tolist()
