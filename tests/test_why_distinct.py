@@ -253,3 +253,20 @@ def test_input_dtype_apart():
     assert (diff.kind, diff.first.value, diff.other.value) == ("dtype", "float[2,3]",
                                                                "double[2,3]")
     assert diff.first.node == "x"
+
+
+def test_attribute_apart_when_embedded():
+    """NormBlocks that differ in LayerNorm's eps: the attribute, its values, the nodes."""
+    from tests import models
+
+    model, args, _ = models.settings()  # (eps, scale): (1e-5, .5), (1e-6, .5), ...
+    found = {v.function[1]: v.difference
+             for v in _variants(model, args, "group class *NormBlock\n", constants="embed")}
+    assert set(found) == {"NormBlock_1", "NormBlock_2", "NormBlock_3"}
+    eps = found["NormBlock_1"]
+    assert (eps.kind, eps.what, eps.first.value, eps.other.value) == (
+        "attribute", "epsilon", repr(1e-05), repr(1e-06))
+    assert "layer_norm" in eps.first.node and "layer_norm" in eps.other.node
+    scale = found["NormBlock_2"]
+    assert (scale.kind, scale.first.value, scale.other.value) == ("constant", "0.5 (float)",
+                                                                  "0.25 (float)")
