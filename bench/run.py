@@ -18,6 +18,7 @@ onnx_outline       ONNX outlining vs onnx-diagnostic; growth 12/48/192 blocks   
 scaling            synthetic 10k/100k/1M nodes vs a bare pass; growth             <= 10x, <= 3x, <= 1.5x
 memory             peak RSS of ``rewrite apply`` vs ``torch.onnx.export``, ~1 GB   <= 1.3x
 weights            1.24B bf16 Llama ``.pt2``: apply vs cp vs plain path; memory   >= 4x, ...
+html_report        ``explain --html``, 48 blocks: page size, opening in Chromium   < 2 MB, < 1 s
 =================  =============================================================  ==========
 
 ``weights`` (issue 22; targets: apply >= 4x the plain path, its weights part <= 2x ``cp``,
@@ -53,6 +54,7 @@ SUITE: dict[str, tuple[str, list[str], list[str]]] = {
     "scaling": ("bench.scaling", [], ["--sizes", "10000", "100000"]),
     "memory": ("bench.memory", [], ["--layers", "4", "--width", "512"]),
     "weights": ("bench.weights", [], ["--quick"]),
+    "html_report": ("bench.html_report", [], ["--blocks", "12", "--rules", "gpt2", "--loads", "2"]),
 }
 
 

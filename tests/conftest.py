@@ -130,3 +130,21 @@ def two_kinds_model():
 @pytest.fixture(scope="session")
 def two_kinds_program(two_kinds_model):
     return models.export(two_kinds_model)
+
+
+# --- a real browser (explain --html) -----------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def browser():
+    """Headless Chromium over DevTools (``tests/browser.py``): Debian's package, installed
+    here when missing and possible (root, apt-get); the test is skipped, with the reason,
+    where it cannot be."""
+    from tests.browser import Browser, find_chromium
+
+    executable, why = find_chromium()
+    if executable is None:
+        pytest.skip(why)
+    started = Browser(executable)
+    yield started
+    started.close()

@@ -75,6 +75,9 @@ def build_parser() -> argparse.ArgumentParser:
     explain.add_argument("--onnx", action="store_true",
                          help="lower to ONNX (slower) and show the functions actually made, "
                          "with their call counts")
+    explain.add_argument("--html", metavar="OUT.html",
+                         help="lower to ONNX (as --onnx) and write a one-file HTML report: the "
+                         "group tree, the functions, and why a class got more than one function")
     explain.add_argument("--depth", type=_positive, metavar="N",
                          help="show N levels of groups (deeper ones are counted)")
     _imports(explain)

@@ -11,7 +11,7 @@ from rewrite.cli.args import EXIT_OK
 from rewrite.cli.console import Consoles
 from rewrite.cli.imports import import_modules
 from rewrite.cli.paths import check_model_path
-from rewrite.cli.render import Calls, FunctionUse, print_tree, summary_line
+from rewrite.cli.render import Calls, FunctionUse, print_tree, print_variants, summary_line
 from rewrite.cli.steps import Steps
 from rewrite.errors import InputError, ModelWarning, RuleError
 from rewrite.frontends.onnx_check import check_onnx_input, unwritable_input
@@ -76,19 +76,21 @@ def _group(rules: rewrite.RuleSet, model: str, io: Consoles, steps: Steps,
     return result
 
 
-def _onnx_calls(result: rewrite.Result, io: Consoles) -> Calls:
-    """Lower to ONNX (no file written) and read which function each group became."""
+def _lower(result: rewrite.Result, io: Consoles):
+    """Lower to ONNX (no file written): the backend's ``Lowering``."""
     from rewrite.backends.onnx import OnnxOptions, lower
 
     lowering = lower(result, OnnxOptions(), Steps.backend(io))
     for warning in lowering.warnings:
         io.warning(warning)
-    return calls_of(lowering)
+    return lowering
 
 
 def calls_of(lowering) -> Calls:
     """Group id -> the function it became and its call sites, from the ONNX backend's
     ``Lowering`` (``outlined.function_of`` and ``outlined.calls``)."""
+    from rewrite.backends.onnx.summary import label
+
     outlined = lowering.outlined
     counts = outlined.calls
     calls: dict[str, FunctionUse | None] = {}
@@ -96,18 +98,19 @@ def calls_of(lowering) -> Calls:
         if fid is None:
             calls[group_id] = None
         else:
-            domain, name, overload = fid
-            label = f"{domain}::{name}" + (f":{overload}" if overload else "")
-            calls[group_id] = FunctionUse(label, counts[fid])
+            calls[group_id] = FunctionUse(label(fid), counts[fid])
     return calls
 
 
-def _json(result: rewrite.Result, args: argparse.Namespace, calls: Calls | None) -> dict:
+def _json(result: rewrite.Result, args: argparse.Namespace, lowering) -> dict:
     data = result.explain()
     data["model"] = args.model
     data["rules"] = args.rules
     data["version"] = rewrite.__version__
-    if calls is not None:
+    if lowering is not None:
+        from rewrite.cli.lowered import lowering_to_dict
+
+        calls = calls_of(lowering)
         def add(group: dict) -> None:
             use = calls.get(group["id"], None)
             group["onnx_function"] = use.label if use else None
@@ -118,22 +121,40 @@ def _json(result: rewrite.Result, args: argparse.Namespace, calls: Calls | None)
         for group in data["groups"]:
             add(group)
         data["onnx_functions"] = len({u.label for u in calls.values() if u is not None})
+        data["onnx"] = lowering_to_dict(lowering)
     return data
 
 
 def cmd_explain(args: argparse.Namespace, io: Consoles) -> int:
     rules = load_rules(args.rules)
     check_model_path(args.model)
+    report = None
+    if args.html is not None:
+        from rewrite.cli.html import check_report_path
+
+        report = check_report_path(args.html, [args.model, args.rules, *rules.files])
     import_modules(args.imports)
     steps = Steps.of(io)
     result = _group(rules, args.model, io, steps, args.trust_model)
-    calls = _onnx_calls(result, io) if args.onnx else None
+    lowering = _lower(result, io) if args.onnx or report else None
+    data = _json(result, args, lowering) if args.json or report else None
+    if report is not None:
+        from rewrite.cli.html import write_report
+
+        with steps.step(f"writing {report}"):
+            write_report(report, data, title=f"{args.model} by {args.rules}",
+                         summary=summary_line(result.tree))
     if args.json:
-        print(json.dumps(_json(result, args, calls), indent=2), file=io.out.file)
+        print(json.dumps(data, indent=2), file=io.out.file)
     else:
+        calls = calls_of(lowering) if lowering is not None else None
         print_tree(io.out, result.tree, title=f"{args.model} by {args.rules}: "
                    f"{summary_line(result.tree)}", calls=calls, max_depth=args.depth,
                    qualified=io.verbose, measures=io.verbose)
+        if lowering is not None:
+            print_variants(io.out, lowering.outlined.variants, lowering.outlined.calls)
+    if report is not None:
+        io.info(f"wrote {report}")
     return EXIT_OK
 
 

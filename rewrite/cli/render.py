@@ -14,7 +14,7 @@ On a terminal too narrow for the table, the same rows print as a rich tree whose
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Iterator, Mapping
+from typing import TYPE_CHECKING, Iterator, Mapping, Sequence
 
 from attrs import frozen
 from rich.console import Console
@@ -28,6 +28,8 @@ from rewrite.grouping.cycles import Flattened
 
 if TYPE_CHECKING:
     import onnx_ir as ir
+
+    from rewrite.backends.onnx.distinct import Variant
 
 
 @frozen
@@ -204,6 +206,28 @@ def print_tree(console: Console, tree: GroupTree, *, title: str, calls: Calls | 
     console.print(Text(_caption(tree, list(tree.groups()), calls), style="dim"), soft_wrap=True)
     for flat in tree.flattened:
         console.print(flattened_line(flat), soft_wrap=True)
+
+
+def print_variants(console: Console, variants: Sequence["Variant"], calls: Mapping) -> None:
+    """Why distinct: under each class lowered to more than one function, one line per
+    function beside the first, with the first difference that kept it apart."""
+    if not variants:
+        return
+    from rewrite.cli.variants import reason
+
+    by_class: dict[tuple[str, str], list[Variant]] = {}
+    for variant in variants:
+        by_class.setdefault(variant.identity, []).append(variant)
+    classes = f"{len(by_class)} class" + ("es" if len(by_class) > 1 else "")
+    console.print(Text(f"why distinct ({classes} lowered to more than one function):",
+                       style="bold"), soft_wrap=True)
+    for (domain, name), found in by_class.items():
+        functions = [found[0].first, *(v.function for v in found)]
+        made = ", ".join(f"{f[1]} x{calls.get(f, 0)}" for f in functions)
+        console.print(Text.assemble((f"{domain}::{name}", "green"),
+                                    f": {len(functions)} functions ({made})"), soft_wrap=True)
+        for variant in found:
+            console.print(Text(f"  {reason(variant)}"), soft_wrap=True)
 
 
 def flattened_line(flat: Flattened) -> Text:

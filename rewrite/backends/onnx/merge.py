@@ -28,6 +28,7 @@ from typing import Mapping
 import onnx_ir as ir
 from attrs import frozen
 
+from rewrite.backends.onnx.distinct import Variants
 from rewrite.backends.onnx.naming import FunctionNames, function_name
 from rewrite.backends.onnx.structure import Key, Keyer, Refs
 
@@ -117,12 +118,14 @@ class _Canonical:
 
 
 def merge_functions(model: ir.Model, identity: Mapping[Identifier, tuple[str, str]], *,
-                    lift_scalars: bool) -> dict[Identifier, Identifier]:
+                    lift_scalars: bool, variants: Variants | None = None
+                    ) -> dict[Identifier, Identifier]:
     """Merge as the module docstring says; returns, for each function merged or renamed
     (suffixes renumbered), the function that now stands for it.
 
     ``identity`` maps each function made by outlining to its group's domain and base name;
-    functions of other identities, or of the input model, are never merged."""
+    functions of other identities, or of the input model, are never merged. ``variants``
+    hears of each body kept apart, with its key (see ``distinct``)."""
     functions = model.functions
     keyer = _ScalarBlindKeyer(functions) if lift_scalars else Keyer()
     kept_by_key: dict[Key, Identifier] = {}
@@ -138,6 +141,8 @@ def merge_functions(model: ir.Model, identity: Mapping[Identifier, tuple[str, st
         key = keyer.body(group, form.nodes, form.inputs, {}, form.outputs)
         kept = kept_by_key.setdefault(key, fid)
         classes[kept].append(fid)
+        if kept == fid and variants is not None:
+            variants.add(group, fid, key, form.nodes, form.inputs)
         if kept != fid:
             order = form.permutation(function, canonical[kept], functions[kept])
             merged[fid] = _Merge(kept, *order)

@@ -36,6 +36,7 @@ from rewrite.backends.onnx.constants import (
     hoist_constants,
     weight_names,
 )
+from rewrite.backends.onnx.distinct import Variant
 from rewrite.backends.onnx.membership import Membership
 from rewrite.backends.onnx.opsets import fix_opsets
 from rewrite.backends.onnx.options import OnnxOptions
@@ -61,6 +62,9 @@ class Outlined:
     those of its first call's group, in the function both call, counted once."""
     ids: Sequence[str] = field(default=(), repr=False)
     """The tree's display ids (:attr:`GroupTree.ids`), for :attr:`function_of`."""
+    variants: tuple[Variant, ...] = ()
+    """Per group identity made into more than one function, each function beside the first
+    and why it is not the first (filled by merging, see ``distinct``)."""
 
     @property
     def function_of(self) -> dict[str, FunctionId | None]:

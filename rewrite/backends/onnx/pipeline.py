@@ -27,6 +27,7 @@ from attrs import frozen
 from rewrite._gc import gc_paused
 from rewrite._mapped import start_checks
 from rewrite.backends.onnx.clone import copy_model
+from rewrite.backends.onnx.distinct import Variants
 from rewrite.backends.onnx.export import export_program, quiet_exporter
 from rewrite.backends.onnx.merge import merge_functions
 from rewrite.backends.onnx.naming import drop_node_names
@@ -211,17 +212,18 @@ def finish(model: ir.Model, tree: GroupTree, outlined: Outlined, options: OnnxOp
     with gc_paused():
         if optimized:
             optimize(model, identity.keys())
-        merged = merge_functions(model, identity, lift_scalars=options.constants != "embed")
+        variants = Variants(model.functions)
+        merged = merge_functions(model, identity, lift_scalars=options.constants != "embed",
+                                 variants=variants)
         functions = tuple(dict.fromkeys(merged.get(fid, fid) for fid in outlined.functions))
         fix_opsets(model, [model.functions[fid] for fid in functions], exported_opsets)
         _initializers_in_first_use_order(model.graph)
         if not options.body_node_names:
             drop_node_names(model.functions[fid] for fid in functions)
-    if not merged:
-        return outlined
     by_group = {k: merged.get(fid, fid) if fid is not None else None
                 for k, fid in outlined.by_group.items()}
-    return Outlined(by_group, functions, outlined.recomputed, outlined.ids)
+    return Outlined(by_group, functions, outlined.recomputed, outlined.ids,
+                    variants.renamed(merged))
 
 
 def _initializers_in_first_use_order(graph: ir.Graph) -> None:
