@@ -54,15 +54,13 @@ def build(blocks: int, seq: int) -> tuple[Path, np.ndarray]:
     import torch
     from transformers import GPT2Config, GPT2Model
 
+    from tests.models import perturb
+
     config = GPT2Config(n_layer=blocks, n_embd=64, n_head=4, vocab_size=1000,
                         n_positions=max(seq, 64), use_cache=False, bos_token_id=0,
                         eos_token_id=0)
     torch.manual_seed(0)
-    model = GPT2Model(config).eval()
-    with torch.no_grad():  # trained models have biases; transformers initializes them to 0
-        for name, parameter in model.named_parameters():
-            if name.endswith(".bias"):
-                parameter.normal_(0.0, 0.02)
+    model = perturb(GPT2Model(config).eval())  # no two blocks' biases or norms equal
     ids = torch.randint(0, config.vocab_size, (1, seq))
     program = torch.export.export(model, (ids,), kwargs={"return_dict": False, "use_cache": False})
     path = OUT / f"gpt2-{blocks}.pt2"

@@ -79,8 +79,10 @@ def build_llama(blocks: int, hidden: int):
     import torch
     from transformers import LlamaModel
 
+    from tests.models import perturb
+
     torch.manual_seed(0)
-    model = LlamaModel(_llama_config(blocks, hidden, use_cache=False)).eval()
+    model = perturb(LlamaModel(_llama_config(blocks, hidden, use_cache=False)).eval())
     ids = torch.randint(0, 1000, (1, 32))
     program = torch.export.export(model, (ids,), kwargs={"return_dict": False,
                                                          "use_cache": False})
@@ -97,8 +99,10 @@ def build_llama_static(blocks: int, hidden: int):
     from transformers import GenerationConfig, LlamaForCausalLM
     from transformers.integrations.executorch import TorchExportableModuleForDecoderOnlyLM
 
+    from tests.models import perturb
+
     torch.manual_seed(0)
-    model = LlamaForCausalLM(_llama_config(blocks, hidden, use_cache=True)).eval()
+    model = perturb(LlamaForCausalLM(_llama_config(blocks, hidden, use_cache=True)).eval())
     model.generation_config = GenerationConfig(
         use_cache=True, cache_implementation="static",
         cache_config={"batch_size": 1, "max_cache_len": 64})
