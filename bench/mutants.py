@@ -96,7 +96,7 @@ MUTANTS = (
         "outputs = [node.outputs[j] for j in out_at]  # type: ignore[index]",
         "outputs = [node.outputs[j] for j in reversed(out_at)]  # type: ignore[index]",
         ("tests/test_onnx_standins.py", "tests/test_onnx_perbody.py",
-         "tests/test_onnx_models.py"),
+         "tests/test_onnx_models.py"),  # test_onnx_standins: a block with two outputs
     ),
     Mutant(
         "sibling-node",
@@ -126,11 +126,14 @@ def _copy() -> Path:
 FAILED = re.compile(r"^(?:FAILED|ERROR) (\S+)", re.MULTILINE)
 
 
-def run(mutant: Mutant, tests: tuple[str, ...], python: str) -> tuple[list[str], float, str]:
-    """The tests that failed with ``mutant`` applied (to a copy), seconds, pytest's tail."""
+def run(mutant: Mutant | None, tests: tuple[str, ...], python: str
+        ) -> tuple[list[str], float, str]:
+    """The tests that failed with ``mutant`` applied (to a copy; None: unchanged), seconds,
+    pytest's tail."""
     repo = _copy()
     try:
-        mutant.apply(repo)
+        if mutant is not None:
+            mutant.apply(repo)
         env = {**os.environ, "PYTHONPATH": str(repo)}
         start = time.perf_counter()
         proc = subprocess.run([python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rfE",
@@ -148,12 +151,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("names", nargs="*", help="mutants to run (default: all)")
     parser.add_argument("--tests", nargs="+", help="tests to run instead of the mutant's own")
     parser.add_argument("--list", action="store_true", help="print the mutants' patches")
+    parser.add_argument("--control", action="store_true",
+                        help="first run every chosen mutant's tests on the unchanged copy "
+                        "(they must pass, or a failure would mean nothing)")
     args = parser.parse_args(argv)
     chosen = [m for m in MUTANTS if not args.names or m.name in args.names]
     if args.list:
         for mutant in chosen:
             print(f"## {mutant.name}: {mutant.bug}\n{mutant.patch()}")
         return 0
+    if args.control:
+        tests = tuple(dict.fromkeys(t for m in chosen for t in (args.tests or m.tests)))
+        failed, seconds, tail = run(None, tests, sys.executable)
+        print(f"control (no mutant): {len(failed)} failed in {seconds:.0f} s\n    {tail}")
+        if failed:
+            print("\n".join(f"    {test}" for test in failed))
+            return 1
     missed = []
     for mutant in chosen:
         failed, seconds, tail = run(mutant, tuple(args.tests or mutant.tests), sys.executable)

@@ -421,6 +421,39 @@ def chain(blocks: int = 3):
     return perturb(Chain(blocks).eval()), (torch.randn(2, 4),), {}
 
 
+class Pair(torch.nn.Module):
+    """A block with two outputs of one shape: outputs in the wrong order still make a valid
+    model, only the numbers tell."""
+
+    def __init__(self, width: int = 4):
+        super().__init__()
+        self.first = torch.nn.Linear(width, width)
+        self.second = torch.nn.Linear(width, width)
+
+    def forward(self, x):
+        h = torch.relu(self.first(x))
+        return h, torch.sigmoid(self.second(h))
+
+
+class PairChain(torch.nn.Module):
+    """Three Pair blocks; both outputs of each make the next one's input."""
+
+    def __init__(self, blocks: int = 3, width: int = 4):
+        super().__init__()
+        self.blocks = torch.nn.ModuleList([Pair(width) for _ in range(blocks)])
+
+    def forward(self, x):
+        for block in self.blocks:
+            h, gate = block(x)
+            x = h - 2 * gate
+        return x
+
+
+def pair_chain():
+    torch.manual_seed(0)
+    return perturb(PairChain().eval()), (torch.randn(2, 4),), {}
+
+
 class BasicBlock(torch.nn.Module):
     """torchvision's ResNet BasicBlock: two 3x3 convolutions and a (downsampled) shortcut."""
 

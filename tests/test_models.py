@@ -30,6 +30,7 @@ BUILDERS = {
     "settings": models.settings,
     "shared_apart": models.shared_apart,
     "chain": models.chain,
+    "pair_chain": models.pair_chain,
 }
 
 
