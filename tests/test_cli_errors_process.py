@@ -88,23 +88,25 @@ def test_unwritable_folder(tmp_path, gpt2_pt2):
     finally:
         if folder.parent == tmp_path:
             folder.chmod(0o700)
-    assert_clean_refusal(proc, 2, f"{out}: ")
-    assert len(proc.stderr.splitlines()) == 1, proc.stderr
+    assert proc.returncode == 2, proc
+    assert "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.splitlines()[-1] == f"{out}: cannot write (Permission denied)"
     assert not out.exists()
 
 
 def test_ctrl_c_during_apply_exits_130_and_writes_nothing(tmp_path, gpt2_pt2):
-    """SIGINT after the model is loaded (``-v`` prints the load's time), while lowering."""
+    """SIGINT after the model is read and grouped (``-v`` prints that step's time), while
+    lowering."""
     out = tmp_path / "out" / "gpt2.onnx"
     out.parent.mkdir()
     proc = subprocess.Popen([*rewrite_cmd(), "-v", "apply", str(GPT2_RULES), str(gpt2_pt2),
                              "-o", str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, cwd=ROOT)
-    first = proc.stderr.readline()  # "loading gpt2.pt2: 0.4s"
+    first = proc.stderr.readline()  # "reading gpt2.pt2 and grouping it: 0.4s"
     proc.send_signal(signal.SIGINT)
     stdout, rest = proc.communicate(timeout=120)
     stderr = first + rest
-    assert first.startswith("loading "), stderr
+    assert first.startswith(f"reading {gpt2_pt2} and grouping it: "), stderr
     assert proc.returncode == 130, stderr
     assert "Traceback" not in stderr, stderr
     assert stderr.splitlines()[-1] == "interrupted", stderr
