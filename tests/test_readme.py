@@ -6,7 +6,8 @@ order (they save ``gpt2.pt2``, ``llama.pt2``, ``staged.pt2``, ... there), then e
 ```` ```console ```` block, each ``$`` line run by ``sh`` in that folder with ``.venv/bin`` on
 ``PATH``. A command's stdout and stderr, together, must read as the lines the README prints
 under it: timings (``1.2s``) are normalized, and a ``...`` line stands for any number of lines.
-A rules file a console block uses and no command writes is the plain block just above it.
+A rules file a console block uses and no command writes is the plain block just above it;
+the shipped rules' folder prints as ``/path/to/rewrite/rules``.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import os
 import re
 import subprocess
 import sys
+from importlib import resources
 from pathlib import Path
 
 import pytest
@@ -23,7 +25,8 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text(encoding="utf-8")
-BLOCKS = re.findall(r"```(\w*)\n(.*?)```", README, re.S)
+FENCED = list(re.finditer(r"```(\w*)\n(.*?)```", README, re.S))
+BLOCKS = [(m[1], m[2]) for m in FENCED]
 TIME = re.compile(r"\b\d+\.\d+s\b")
 
 
@@ -72,12 +75,15 @@ def reader(tmp_path_factory) -> Path:
     """The reader's folder, with every Python snippet run in it (in one namespace, README
     order; the first API sketch gets the demo's program as ``program``)."""
     folder = tmp_path_factory.mktemp("readme")
+    (folder / "rules").symlink_to(ROOT / "rules")  # the examples run from the repository root
     demo = build_demo_model(folder)
     namespace = {"program": torch.export.load(str(demo))}
     with working_directory(folder):
-        for lang, body in BLOCKS:
-            if lang == "python":
-                exec(compile(body, "README.md", "exec"), namespace)  # noqa: S102
+        for found in FENCED:
+            if found[1] == "python":  # compiled at its README line, for tracebacks
+                line = README.count("\n", 0, found.start(2))
+                exec(compile("\n" * line + found[2], str(ROOT / "README.md"), "exec"),
+                     namespace)  # noqa: S102
     return folder
 
 
@@ -97,7 +103,10 @@ def matches(expected: list[str], got: list[str]) -> bool:
 
 
 def normalized(text: str) -> list[str]:
-    return [TIME.sub("0.0s", line.rstrip()) for line in text.splitlines()]
+    """Timings as 0.0s; the shipped rules' folder as the README writes it."""
+    shipped = str(resources.files("rewrite.library"))
+    return [TIME.sub("0.0s", line.rstrip()).replace(shipped, "/path/to/rewrite/rules")
+            for line in text.splitlines()]
 
 
 def test_the_readme_has_console_examples():
