@@ -71,6 +71,17 @@ MUTANTS = (
         NUMERIC,
     ),
     Mutant(
+        "fx-call-bias",
+        "per body: later calls are passed the first call's 1-d weights (biases, norms) only",
+        "rewrite/backends/onnx/subgraphs.py",
+        "(getter, attr, *[env[v] for v in inputs]),",
+        "(getter, attr, *[env[plans[calls[index].first][1][k]]\n"
+        "                                          if v.op == 'placeholder'\n"
+        "                                          and v.meta['val'].ndim == 1 else env[v]\n"
+        "                                          for k, v in enumerate(inputs)]),",
+        NUMERIC,
+    ),
+    Mutant(
         "onnx-call-weight",
         "outlining: each call of a function is passed the first call's initializers",
         "rewrite/backends/onnx/outline.py",

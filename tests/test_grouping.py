@@ -596,7 +596,8 @@ def _staged(graph) -> bool:
     return any(n.tags.get("stage") for n in graph.nodes)
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=200, deadline=None, derandomize=True,  # the refused share is stable
+          suppress_health_check=[HealthCheck.too_slow])
 @given(st.one_of(graphs(), staged_graphs()).filter(_staged),
        st.sampled_from(["split by stage", "split by stage\ngroup class *Block"]))
 def split_components_match_the_reference(graph, text):
