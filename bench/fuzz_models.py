@@ -4,7 +4,8 @@
 
 Starts from real small exports (GPT-2, Llama, BERT and a hand-written model with a shared
 submodule, as ``.onnx`` from ``torch.onnx.export(dynamo=True)``, the GPT-2 also already
-outlined by ``rewrite``, and GPT-2 / the shared model as ``.pt2``), built once into a cache
+outlined by ``rewrite``, and GPT-2 / the shared model / a model with stage tags as ``.pt2``),
+built once into a cache
 folder. Each case mutates one of them (:mod:`bench.model_mutations`: a node removed, an edge
 to a missing value, garbage or mismatched ``name_scopes`` / ``class_hierarchy`` metadata, a
 function with the name rewrite wants, truncation, byte flips, malformed ``nn_module_stack``
@@ -13,7 +14,9 @@ one of the shipped rule files. The contract, per exit code:
 
 * 0: ``out.onnx`` passes ``onnx.checker.check_model(full_check=True)`` and computes what the
   input computes in onnxruntime (eager PyTorch for a ``.pt2``) within 1e-4; the input itself
-  passed the checker (an invalid input must be refused, never "fixed" silently);
+  passed the checker (an invalid input must be refused, never "fixed" silently). A mutated
+  input that passes the checker but does not run in onnxruntime leaves nothing to compare
+  with: such outputs are counted apart (``compared``) and the tests bound their share;
 * 1 or 2: a short message on stderr (no traceback), no output file (nor a temporary one);
 * anything else (3: an internal error, or an exception escaping ``main``): a finding.
 
@@ -42,6 +45,9 @@ from bench.model_mutations import mutate_onnx, mutate_pt2
 from bench.ort_worker import CRASHED, OrtWorker
 
 RULES = ("modularize", "gpt2", "llama", "bert", "split_by_tags")
+PT2_BASES = {"gpt2": "gpt2", "shared": "shared_and_list", "staged": "staged"}
+"""The models also fuzzed as ``.pt2`` (name -> builder in ``tests.models``); ``staged`` only as
+``.pt2``: its regions carry a stage tag, so ``split_by_tags`` cases reach splitting."""
 MAX_MESSAGE_LINES = 6
 TOLERANCE = 1e-4
 TRACE = False
@@ -66,6 +72,11 @@ class Outcome:
     finding: str | None = None
     message: str = ""
     """The first line rewrite printed on a refusal."""
+    base: str = ""
+    rules: str = ""
+    compared: bool = False
+    """Exit 0 and the output computed what the input (or eager) computes; False when the
+    mutated input itself does not run in onnxruntime (the output only passed the checker)."""
 
 
 # --- the starting models ---------------------------------------------------------------------
@@ -78,21 +89,22 @@ def build_bases(folder: Path, names: tuple[str, ...] | None = None) -> list[Base
     from tests import models
 
     made = {"gpt2": models.gpt2, "llama": models.llama, "bert": models.bert,
-            "shared": models.shared_and_list}
+            "shared": models.shared_and_list, "staged": models.staged}
     bases = []
     for name, make in made.items():
         if names is not None and name not in names and f"{name}.pt2" not in names:
             continue
         model, args, kwargs = make()
-        program = models.export((model, args, kwargs))
-        if names is None or name in names:
+        # staged: regions tagged with a stage (split_by_tags splits it), as a .pt2 only
+        program = models.export((model, args, kwargs), preserve_meta=name == "staged")
+        if (names is None or name in names) and name != "staged":
             path = folder / f"{name}.onnx"
             if not path.exists():
                 _export_onnx(program, path)
             bases.append(Base(name, path, _feeds(path, args)))
             if name == "gpt2":
                 bases.append(_outlined(path, folder / "gpt2_outlined.onnx", args))
-        if (names is None or f"{name}.pt2" in names) and name in ("gpt2", "shared"):
+        if (names is None or f"{name}.pt2" in names) and name in PT2_BASES:
             path = folder / f"{name}.pt2"
             if not path.exists():
                 torch.export.save(program, str(path))
@@ -155,6 +167,8 @@ def run_case(base: Base, rng: random.Random, folder: Path) -> Outcome:
     else:
         mutation = mutate_pt2(base.path, rng, model)
     rules = rng.choice(RULES)
+    if base.name == "staged.pt2" and rng.random() < 0.5:
+        rules = "split_by_tags"  # its stage tags: the split is made, not refused
     if TRACE:
         print(f"case: {base.name} {mutation} {rules}", file=sys.stderr, flush=True)
     out = folder / "out.onnx"
@@ -164,17 +178,18 @@ def run_case(base: Base, rng: random.Random, folder: Path) -> Outcome:
     except Exception as e:  # noqa: BLE001 - escaping main is the finding
         return Outcome(-1, mutation, f"{type(e).__name__} escaped main: {e}")
     what = f"{base.name} {mutation} {rules}: exit {code}"
-    problem = None
+    problem, compared = None, False
     if _digest(model) != before:
         problem = "the input was changed"
     elif code == 0:
-        problem = _check_output(base, model, out)
+        problem, compared = _checked_output(base, model, out)
     elif code in (1, 2):
         problem = _check_refusal(err, folder, model)
     else:
         problem = f"exit {code}: {err.strip()[:600]}"
     first = err.strip().splitlines()[0] if code and err.strip() else ""
-    return Outcome(code, mutation, f"{what}: {problem}" if problem else None, first)
+    return Outcome(code, mutation, f"{what}: {problem}" if problem else None, first,
+                   base.name, rules, compared)
 
 
 def _remove(path: Path) -> None:
@@ -201,29 +216,36 @@ def _check_refusal(err: str, folder: Path, model: Path) -> str | None:
 
 
 def _check_output(base: Base, model: Path, out: Path) -> str | None:
+    """What is wrong with the output of an exit 0 (None: nothing)."""
+    return _checked_output(base, model, out)[0]
+
+
+def _checked_output(base: Base, model: Path, out: Path) -> tuple[str | None, bool]:
+    """(what is wrong with the output of an exit 0, whether it was compared with the
+    input's or eager's outputs)."""
     import onnx
 
     if not out.exists():
-        return "exit 0 without an output file"
+        return "exit 0 without an output file", False
     try:
         onnx.checker.check_model(str(out), full_check=True)
     except Exception as e:  # noqa: BLE001
-        return f"output fails the checker: {_first(e)}"
+        return f"output fails the checker: {_first(e)}", False
     if base.path.suffix == ".onnx":
         try:
             onnx.checker.check_model(str(model), full_check=True)
         except Exception as e:  # noqa: BLE001
-            return f"exit 0 on an input the checker refuses ({_first(e)})"
+            return f"exit 0 on an input the checker refuses ({_first(e)})", False
         expected = _run(model, base.feeds)
-        if expected is None or expected is CRASHED:  # valid, not runnable: nothing to compare
-            return None
+        if expected is None or expected is CRASHED:  # valid, not runnable: counted, reported
+            return None, False
     else:
         expected = list(base.expected)
     feeds = base.feeds or _pt2_feeds(out, base)
     got = _run(out, feeds)
     if got is None or got is CRASHED:
-        return f"output does not run in onnxruntime ({'it crashed' if got else 'refused'})"
-    return _compare(expected, got)
+        return f"output does not run in onnxruntime ({'it crashed' if got else 'refused'})", False
+    return _compare(expected, got), True
 
 
 def _pt2_feeds(out: Path, base: Base) -> dict:
@@ -232,7 +254,7 @@ def _pt2_feeds(out: Path, base: Base) -> dict:
 
     from tests import models
 
-    args = {"gpt2.pt2": models.gpt2, "shared.pt2": models.shared_and_list}[base.name]()[1]
+    args = getattr(models, PT2_BASES[base.name.removesuffix(".pt2")])()[1]
     graph = onnx.load(str(out), load_external_data=False).graph
     tensors = [a.numpy() for a in torch.utils._pytree.tree_leaves(args)]
     return {i.name: t for i, t in zip(graph.input, tensors)}
@@ -303,8 +325,11 @@ def report(outcomes: list[Outcome], seconds: float, messages: bool = False) -> i
         by_mutation[o.mutation.split(":")[0]][o.code] += 1
     findings = [o.finding for o in outcomes if o.finding]
     shown = ", ".join(f"exit {c}: {n}" for c, n in sorted(codes.items()))
+    compared = sum(o.compared for o in outcomes)
     print(f"cases: {len(outcomes)} in {seconds:.0f} s ({seconds / max(len(outcomes), 1):.2f} s "
           f"per case); {shown}; findings: {len(findings)}")
+    print(f"exit 0 compared with the input (or eager): {compared} of {codes[0]}; the rest passed "
+          "the checker, their mutated input does not run in onnxruntime")
     for mutation in sorted(by_mutation):
         counts = by_mutation[mutation]
         print(f"  {mutation:22} " + ", ".join(f"{c}: {n}" for c, n in sorted(counts.items())))

@@ -46,7 +46,7 @@ JOBS = {
 
 
 def build_model(layers: int, width: int) -> Path:
-    path = OUT / f"gpt2_wide_{layers}x{width}.pt2"
+    path = OUT / f"gpt2_wide_perturbed_{layers}x{width}.pt2"
     if path.exists():
         return path
     import torch

@@ -1,22 +1,27 @@
 """``rewrite apply`` on a 48-block GPT-2 ``.pt2`` vs a plain ``torch.onnx.export``, same run.
 
-    .venv/bin/python -m bench.onnx_apply [--blocks 48] [--repeats 3] [--ort-runs 1600]
+    .venv/bin/python -m bench.onnx_apply [--blocks 48] [--repeats 5] [--ort-runs 1600]
 
 1. Builds a random-weight GPT-2 (``--blocks`` blocks, width 64) and saves its ``.pt2`` in
-   ``bench/out/``. Its biases are drawn from N(0, 0.02), as in a trained model: transformers
-   initializes them to zero, and torch.onnx's optimizer then drops every bias of the flat
-   graph, a fold on weight *values* that a function shared by all blocks cannot make (the
-   biases are its inputs); with zero biases the flat model ran about 1.05x faster in
-   onnxruntime for that reason alone (48 Gemms without their bias, 12 blocks).
-2. Export time, after a warm-up, ``--repeats`` rounds, the two sides in alternating order, each
-   a whole process as a user runs it (both pay for starting Python and importing torch):
+   ``bench/out/``. Every weight is perturbed (``tests.models.perturb``), as in a trained
+   model: transformers initializes biases to zero and norms to one, and torch.onnx's optimizer
+   then drops every bias of the flat graph, a fold on weight *values* that a function shared
+   by all blocks cannot make (the biases are its inputs); with zero biases the flat model ran
+   about 1.05x faster in onnxruntime for that reason alone (48 Gemms without their bias).
+2. Export time, after a warm-up, ``--repeats`` rounds (at least 5: median, min and max are
+   shown), the two sides in alternating order, each a whole process as a user runs it (both
+   pay for starting Python and importing torch), with the same process settings on both sides:
    * ``rewrite apply rules/gpt2.rules X.pt2 -o Y.onnx`` (load, group, torch.onnx.export
      without its optimizer, outline, optimize each distinct function once, write);
    * plain: a script that runs ``torch.export.load`` + ``torch.onnx.export(program,
      dynamo=True)`` (defaults: optimize=True) + ``save``.
-   Target (issue 12): rewrite apply at least 5x faster. Wall time and the processes' CPU
-   time are both shown. Also, with the program already in memory (no load, nothing written),
-   ``rewrite.apply(rules, program).to_onnx()`` vs ``torch.onnx.export(program)``.
+   Both run with the ``rewrite`` command's process settings (``rewrite/cli/process.py``: the
+   collector tuned, the teardown skipped), and again both with Python's defaults. Target
+   (issue 12): rewrite apply at least 5x faster. Wall time and the processes' CPU time are
+   both shown. Also, with the program already in memory (no load, nothing written),
+   ``rewrite.apply(rules, program).to_onnx()`` vs ``torch.onnx.export(program)``: warm (in
+   this process, after one call of each: rewrite keeps torchlib's registry, torch.onnx.export
+   rebuilds it on every call) and cold (the first call of each in a fresh process).
 3. onnxruntime latency of the grouped model vs the flat one (CPU, 1 thread, default graph
    optimizations), measured by ``bench.ort_latency``: ``--ort-runs`` rounds over 16 sets of
    fresh sessions, each set created in a shuffled order, each round running grouped, flat and
@@ -37,12 +42,13 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
-import statistics
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
+
+from bench.stats import Spread
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "bench" / "out"
@@ -54,15 +60,13 @@ def build(blocks: int, seq: int) -> tuple[Path, np.ndarray]:
     import torch
     from transformers import GPT2Config, GPT2Model
 
+    from tests.models import perturb
+
     config = GPT2Config(n_layer=blocks, n_embd=64, n_head=4, vocab_size=1000,
                         n_positions=max(seq, 64), use_cache=False, bos_token_id=0,
                         eos_token_id=0)
     torch.manual_seed(0)
-    model = GPT2Model(config).eval()
-    with torch.no_grad():  # trained models have biases; transformers initializes them to 0
-        for name, parameter in model.named_parameters():
-            if name.endswith(".bias"):
-                parameter.normal_(0.0, 0.02)
+    model = perturb(GPT2Model(config).eval())  # no two blocks' biases or norms equal
     ids = torch.randint(0, config.vocab_size, (1, seq))
     program = torch.export.export(model, (ids,), kwargs={"return_dict": False, "use_cache": False})
     path = OUT / f"gpt2-{blocks}.pt2"
@@ -79,6 +83,63 @@ program = torch.export.load(sys.argv[1])
 with contextlib.redirect_stdout(io.StringIO()):
     torch.onnx.export(program, dynamo=True, verbose=False).save(sys.argv[2])
 """
+
+TUNED = """
+import atexit, gc, os, sys
+gc.disable()
+try:
+{imports}
+finally:
+    gc.freeze()
+    gc.set_threshold(*{thresholds})
+    gc.enable()
+{body}
+gc.freeze()
+atexit._run_exitfuncs()
+sys.stdout.flush()
+sys.stderr.flush()
+os._exit({code})
+"""
+"""A script run with the process settings of ``rewrite/cli/process.py`` (the ``rewrite``
+command's): the collector paused while modules import, then frozen, its thresholds raised,
+and the interpreter's teardown skipped."""
+
+REWRITE_DEFAULT = """
+import sys
+from rewrite.cli.main import main
+sys.exit(main(sys.argv[1:]))
+"""
+"""``rewrite`` with Python's default process settings (the collector as it is, a normal exit)."""
+
+
+def tuned(script: str) -> str:
+    """``script`` (its leading imports, then the rest) with the ``rewrite`` command's process
+    settings (:data:`TUNED`)."""
+    from rewrite.cli.process import THRESHOLDS
+
+    lines = script.strip().splitlines()
+    k = next(i for i, line in enumerate(lines) if not line.startswith(("import ", "from ")))
+    return TUNED.format(imports="\n".join("    " + line for line in lines[:k]),
+                        thresholds=THRESHOLDS, body="\n".join(lines[k:]), code=0)
+
+
+COLD_SCRIPT = """
+import contextlib, io, sys, time
+import torch
+import rewrite
+from rewrite.backends.onnx.export import quiet_exporter
+program = torch.export.load(sys.argv[1])
+rules = rewrite.load_rules(sys.argv[2])
+start = time.perf_counter()
+if sys.argv[3] == "rewrite":
+    rewrite.apply(rules, program).to_onnx()
+else:
+    with contextlib.redirect_stdout(io.StringIO()), quiet_exporter():
+        torch.onnx.export(program, dynamo=True, verbose=False)
+print(time.perf_counter() - start)
+"""
+"""The first in-memory call of one side in a fresh process (both sides cold: nothing cached,
+the same modules imported before the clock starts)."""
 
 
 def _child_cpu() -> float:
@@ -100,17 +161,34 @@ def _process(cmd: list[str]) -> tuple[float, float]:
     return elapsed
 
 
-def time_apply(pt2: Path, out: Path, *flags: str) -> tuple[float, float]:
-    """(wall, CPU) seconds of the process ``rewrite apply rules/gpt2.rules X.pt2 -o Y.onnx``."""
-    return _process([sys.executable, "-m", "rewrite", "-q", "apply", str(RULES), str(pt2),
-                     "-o", str(out), *flags])
+def time_apply(pt2: Path, out: Path, *flags: str, default: bool = False) -> tuple[float, float]:
+    """(wall, CPU) seconds of the process ``rewrite apply rules/gpt2.rules X.pt2 -o Y.onnx``
+    (``default``: with Python's default process settings instead of the command's)."""
+    argv = ["-q", "apply", str(RULES), str(pt2), "-o", str(out), *flags]
+    if default:
+        return _process([sys.executable, "-c", REWRITE_DEFAULT, *argv])
+    return _process([sys.executable, "-m", "rewrite", *argv])
 
 
-def time_plain(pt2: Path, out: Path) -> tuple[float, float]:
+def time_plain(pt2: Path, out: Path, default: bool = False) -> tuple[float, float]:
     """(wall, CPU) seconds of a process that loads the ``.pt2``, exports it with
     ``torch.onnx.export`` (defaults: optimize=True) and saves it; the exporter's log is muted
-    like rewrite's."""
-    return _process([sys.executable, "-c", PLAIN_SCRIPT, str(pt2), str(out)])
+    like rewrite's. With the ``rewrite`` command's process settings (:func:`tuned`), unless
+    ``default``."""
+    script = PLAIN_SCRIPT if default else tuned(PLAIN_SCRIPT)
+    return _process([sys.executable, "-c", script, str(pt2), str(out)])
+
+
+def time_cold(pt2: Path, side: str) -> float:
+    """Seconds of the first in-memory call of ``side`` (``rewrite`` or ``plain``) in a fresh
+    process (:data:`COLD_SCRIPT`)."""
+    import subprocess
+
+    proc = subprocess.run([sys.executable, "-c", COLD_SCRIPT, str(pt2), str(RULES), side],
+                          capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise SystemExit(f"cold {side} failed:\n{proc.stderr[-2000:]}")
+    return float(proc.stdout.strip().splitlines()[-1])
 
 
 def function_sizes(path: Path) -> dict[str, int]:
@@ -215,7 +293,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--blocks", type=int, default=48)
     parser.add_argument("--seq", type=int, default=32)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--ort-runs", type=int, default=1600)
     args = parser.parse_args(argv)
 
@@ -242,26 +320,29 @@ def main(argv: list[str] | None = None) -> int:
     rules = rewrite.load_rules(RULES)
     with console.status("warm-up (in memory: the torchlib registry)"):
         time_in_memory(program, rules, api_first=True)
-    applies, plains, apply_cpu, plain_cpu, apis, plain_exports = ([] for _ in range(6))
+    runs: dict[str, list[float]] = {k: [] for k in (
+        "apply", "plain", "apply cpu", "plain cpu", "apply default", "plain default",
+        "api", "export", "api cold", "export cold")}
     for round_ in range(args.repeats):
-        order = ("plain", "apply") if round_ % 2 == 0 else ("apply", "plain")
-        for side in order:
+        flip = round_ % 2 == 1
+        for side in (("apply", "plain") if flip else ("plain", "apply")):
             with console.status(f"round {round_ + 1}/{args.repeats}: {side}"):
-                if side == "apply":
-                    wall, cpu = time_apply(pt2, grouped_path)
-                    applies.append(wall)
-                    apply_cpu.append(cpu)
-                else:
-                    wall, cpu = time_plain(pt2, flat_path)
-                    plains.append(wall)
-                    plain_cpu.append(cpu)
+                timer = time_apply if side == "apply" else time_plain
+                wall, cpu = timer(pt2, grouped_path if side == "apply" else flat_path)
+                runs[side].append(wall)
+                runs[f"{side} cpu"].append(cpu)
+                runs[f"{side} default"].append(timer(
+                    pt2, grouped_path if side == "apply" else flat_path, default=True)[0])
         with console.status(f"round {round_ + 1}/{args.repeats}: in memory"):
-            api, export_only = time_in_memory(program, rules, api_first=round_ % 2 == 1)
-        apis.append(api)
-        plain_exports.append(export_only)
-        console.print(f"round {round_ + 1}: rewrite apply {applies[-1]:.2f}s "
-                      f"(CPU {apply_cpu[-1]:.2f}s), plain {plains[-1]:.2f}s (CPU "
-                      f"{plain_cpu[-1]:.2f}s); in memory {api:.2f}s vs {export_only:.2f}s")
+            api, export_only = time_in_memory(program, rules, api_first=flip)
+        runs["api"].append(api)
+        runs["export"].append(export_only)
+        with console.status(f"round {round_ + 1}/{args.repeats}: first calls, fresh processes"):
+            for side in (("rewrite", "plain") if flip else ("plain", "rewrite")):
+                runs["api cold" if side == "rewrite" else "export cold"].append(
+                    time_cold(pt2, side))
+        console.print(f"round {round_ + 1}: " + ", ".join(
+            f"{name} {values[-1]:.2f}s" for name, values in runs.items()))
     with console.status("function sizes before lowering step 1 (optimized flat export)"):
         before = sizes_before(program, rules)
 
@@ -279,9 +360,9 @@ def main(argv: list[str] | None = None) -> int:
     ort_grouped, ort_flat = latency["nodes"]
     same = latency["same"]
 
+    spread = {name: Spread.of(values) for name, values in runs.items()}
     apply_t, plain_t, apply_c, plain_c, api_t, plain_api_t = (
-        statistics.median(v)
-        for v in (applies, plains, apply_cpu, plain_cpu, apis, plain_exports))
+        spread[k].median for k in ("apply", "plain", "apply cpu", "plain cpu", "api", "export"))
     table = Table(title=f"GPT-2, {args.blocks} blocks (width 64, seq {args.seq}): "
                   f"{nodes_flat} flat ONNX nodes -> {len(grouped.functions)} functions, "
                   f"GPT2Block x{blocks[0].instances}")
@@ -294,14 +375,26 @@ def main(argv: list[str] | None = None) -> int:
                                            else "[red]under[/red]")
         return f"<= {target:.2f} " + ("[green]ok[/green]" if ratio <= target else "[red]over[/red]")
 
+    def ratio(baseline: str, ours: str) -> str:
+        return f"{spread[baseline].median / spread[ours].median:.2f}x"
+
     table.add_row("process `rewrite apply X.pt2 -o Y.onnx` vs process load + torch.onnx.export "
-                  "+ save (median s; ratio = times faster)",
-                  f"{apply_t:.2f}", f"{plain_t:.2f}", f"{plain_t / apply_t:.2f}x",
+                  "+ save, both with the `rewrite` command's process settings (tuned collector, "
+                  "no teardown); median s (min-max, runs); ratio = times faster",
+                  spread["apply"].show(), spread["plain"].show(), ratio("plain", "apply"),
                   verdict(plain_t / apply_t, 5, faster=True))
     table.add_row("  the same in CPU time of the processes (robust on a busy machine)",
-                  f"{apply_c:.2f}", f"{plain_c:.2f}", f"{plain_c / apply_c:.2f}x", "")
-    table.add_row("API, program in memory: apply().to_onnx() vs torch.onnx.export (median s)",
-                  f"{api_t:.2f}", f"{plain_api_t:.2f}", f"{plain_api_t / api_t:.2f}x", "")
+                  spread["apply cpu"].show(), spread["plain cpu"].show(),
+                  ratio("plain cpu", "apply cpu"), "")
+    table.add_row("  the same, both with Python's default process settings",
+                  spread["apply default"].show(), spread["plain default"].show(),
+                  ratio("plain default", "apply default"), "")
+    table.add_row("API, program in memory, warm (after one call of each): apply().to_onnx() vs "
+                  "torch.onnx.export (which rebuilds its registry on every call)",
+                  spread["api"].show(), spread["export"].show(), ratio("export", "api"), "")
+    table.add_row("  the first call of each, cold (a fresh process per run, same imports)",
+                  spread["api cold"].show(), spread["export cold"].show(),
+                  ratio("export cold", "api cold"), "")
     table.add_row("onnxruntime latency, grouped vs flat (median ms; median of per-round ratios)",
                   f"{lat.candidate * 1e3:.3f}", f"{lat.baseline * 1e3:.3f}", f"{lat.ratio:.3f}x",
                   verdict(lat.ratio, 1.02))
@@ -323,8 +416,8 @@ def main(argv: list[str] | None = None) -> int:
     console.print(f"graphs onnxruntime runs after inlining and optimizing: grouped {ort_grouped} "
                   f"nodes, flat {ort_flat} nodes; identical up to value names: "
                   + ("yes" if same else "[red]no[/red]"))
-    console.print(f"runs: apply {', '.join(f'{t:.2f}' for t in applies)}; "
-                  f"plain {', '.join(f'{t:.2f}' for t in plains)}")
+    console.print("runs (s): " + "; ".join(
+        f"{name} {', '.join(f'{t:.2f}' for t in values)}" for name, values in runs.items()))
     after = function_sizes(grouped_path)
     sizes = Table(title="nodes per function: optimized flat export, then outlined (before) vs "
                   "outlined, then each function optimized (now)")

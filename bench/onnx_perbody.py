@@ -1,6 +1,6 @@
 """Per-body ONNX lowering vs the flat path vs ``torch.onnx.export``, by model depth.
 
-    .venv/bin/python -m bench.onnx_perbody [--blocks 12 48] [--repeats 2] [--sides ...]
+    .venv/bin/python -m bench.onnx_perbody [--blocks 12 48] [--repeats 5] [--sides ...]
     .venv/bin/python -m bench.onnx_perbody --model llama --blocks 32 --hidden 1024
     .venv/bin/python -m bench.onnx_perbody --model llama-static --blocks 8 32 --hidden 256
 
@@ -19,8 +19,11 @@ first), its program in memory, the same process, after a warm-up, sides in alter
 
 Targets (issue 12): per-body at least 10x faster than the plain export on 48 blocks, and its
 time on the deepest model at most 1.5x its time on the shallowest. Medians: of ``--repeats``
-runs per side, and of at least ``--body-repeats`` for the per-body side (a fraction of a
-second each; its growth ratio is a ratio of two small times, where the machine's noise shows).
+runs per side (at least 5; min and max are shown too), and of at least ``--body-repeats`` for
+the per-body side (a fraction of a second each; its growth ratio is a ratio of two small
+times, where the machine's noise shows). The runs are warm: each side ran once before (its
+first call, reported apart: rewrite then keeps torchlib's registry, torch.onnx.export rebuilds
+it on every call); the first side to run also pays for what the process imports lazily.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ import sys
 import time
 
 from bench.onnx_apply import OUT, RULES, build
+from bench.stats import Spread
 
 LLAMA_RULES = RULES.parent / "llama.rules"
 
@@ -79,8 +83,10 @@ def build_llama(blocks: int, hidden: int):
     import torch
     from transformers import LlamaModel
 
+    from tests.models import perturb
+
     torch.manual_seed(0)
-    model = LlamaModel(_llama_config(blocks, hidden, use_cache=False)).eval()
+    model = perturb(LlamaModel(_llama_config(blocks, hidden, use_cache=False)).eval())
     ids = torch.randint(0, 1000, (1, 32))
     program = torch.export.export(model, (ids,), kwargs={"return_dict": False,
                                                          "use_cache": False})
@@ -97,8 +103,10 @@ def build_llama_static(blocks: int, hidden: int):
     from transformers import GenerationConfig, LlamaForCausalLM
     from transformers.integrations.executorch import TorchExportableModuleForDecoderOnlyLM
 
+    from tests.models import perturb
+
     torch.manual_seed(0)
-    model = LlamaForCausalLM(_llama_config(blocks, hidden, use_cache=True)).eval()
+    model = perturb(LlamaForCausalLM(_llama_config(blocks, hidden, use_cache=True)).eval())
     model.generation_config = GenerationConfig(
         use_cache=True, cache_implementation="static",
         cache_config={"batch_size": 1, "max_cache_len": 64})
@@ -113,7 +121,7 @@ def build_llama_static(blocks: int, hidden: int):
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--blocks", type=int, nargs="+", default=[12, 48])
-    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--body-repeats", type=int, default=7,
                         help="runs of the per-body side (at least --repeats)")
     parser.add_argument("--model", choices=("gpt2", "llama", "llama-static"), default="gpt2")
@@ -134,8 +142,7 @@ def main(argv: list[str] | None = None) -> int:
         path = (builders[args.model](blocks, args.hidden) if args.model in builders
                 else build(blocks, 32)[0])
         program = torch.export.load(str(path))
-        for side in sides:  # warm-up
-            _time(side, program, rules)
+        first = {side: _time(side, program, rules) for side in sides}  # warm-up, reported
         times: dict[str, list[float]] = {side: [] for side in sides}
         for i in range(args.repeats):
             for side in (sides if i % 2 == 0 else sides[::-1]):
@@ -147,6 +154,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{blocks} blocks: " + ", ".join(
             f"{side} {', '.join(f'{t:.2f}' for t in v)} s" for side, v in times.items()),
             file=sys.stderr)
+        print(f"{blocks} blocks, s: " + "; ".join(
+            f"{side} {Spread.of(v).show()}, first call {first[side]:.2f}"
+            for side, v in times.items()))
 
     nan = float("nan")
     print(f"{'blocks':>6} {'per-body s':>11} {'flat s':>8} {'export s':>9} "

@@ -46,7 +46,7 @@ OUT = ROOT / "bench" / "out"
 SUITE: dict[str, tuple[str, list[str], list[str]]] = {
     "grouping": ("bench.grouping", [], ["--repeats", "3"]),
     "fx": ("bench.fx_vs_unflatten", ["--repeats", "7"], ["--layers", "12", "--repeats", "3"]),
-    "onnx_apply": ("bench.onnx_apply", ["--repeats", "3", "--ort-runs", "1600"],
+    "onnx_apply": ("bench.onnx_apply", ["--repeats", "5", "--ort-runs", "1600"],
                    ["--blocks", "12", "--repeats", "1", "--ort-runs", "50"]),
     "onnx_perbody": ("bench.onnx_perbody", [], ["--blocks", "12", "24", "--repeats", "1",
                                                 "--body-repeats", "1"]),

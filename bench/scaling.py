@@ -199,7 +199,7 @@ def report(results: list[dict], rule_names: list[str]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[10_000, 100_000, 1_000_000])
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--rules", nargs="+", choices=list(RULE_SETS), default=list(RULE_SETS))
     args = parser.parse_args(argv)
     rule_sets = {name: RULE_SETS[name]() for name in args.rules}

@@ -173,13 +173,15 @@ def check(entry: Entry, *, timing: bool = True) -> Row:
     row["fx_nodes"] = nodes
     plain_s = None
     torch_failure = ""
+
+    def plain() -> None:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            torch.onnx.export(program, dynamo=True, verbose=False)
+
     try:
         if timing:
-            start = time.perf_counter()
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                torch.onnx.export(program, dynamo=True, verbose=False)
-            plain_s = time.perf_counter() - start
+            plain()  # can torch convert it? (also the warm-up of the timed runs below)
     except Exception as e:
         reason = f"torch.onnx.export: {_first_line(e)}"
         try:
@@ -200,10 +202,8 @@ def check(entry: Entry, *, timing: bool = True) -> Row:
                 _compare("modularize fx", _tensors(result.to_fx()(*args, **kwargs)), want,
                          entry.atol)
             rules = rewrite.parse_rules(f"group class {entry.block}", f"{entry.name}.rules")
-            start = time.perf_counter()
             blocks = rewrite.apply(rules, program)
             onnx_model = blocks.to_onnx()
-            rewrite_s = time.perf_counter() - start
             _check_onnx("blocks onnx", onnx_model, triple, want, entry.atol)
             functions = _block_functions(entry, onnx_model, blocks.tree)
             with torch.no_grad():
@@ -216,6 +216,16 @@ def check(entry: Entry, *, timing: bool = True) -> Row:
         return Row(**row, result="FAIL (error)",
                    detail=f"{type(e).__name__}: {_first_line(e)} ({Path(where.filename).name}:"
                           f"{where.lineno})")
+    rewrite_s = None
+    if timing:  # both warm (each ran above), alternating, medians of TIMING_RUNS
+        def ours() -> None:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                rewrite.apply(rules, program).to_onnx()
+
+        sides = {"rewrite": ours} if torch_failure else {"rewrite": ours, "plain": plain}
+        times = _timed_runs(sides, TIMING_RUNS)
+        rewrite_s, plain_s = times["rewrite"], times.get("plain")
     flattened = [f.id for f in result.tree.flattened]
     detail = f"modularize flattened {', '.join(flattened)}" if flattened else ""
     if entry.why_atol:
@@ -223,6 +233,23 @@ def check(entry: Entry, *, timing: bool = True) -> Row:
     detail = "; ".join(filter(None, [detail, entry.note, torch_failure]))
     return Row(**row, result=OK, functions=functions, rewrite_s=rewrite_s, plain_s=plain_s,
                detail=detail)
+
+
+TIMING_RUNS = 5
+
+
+def _timed_runs(sides: dict, runs: int) -> dict[str, float]:
+    """Median seconds of ``runs`` calls of each side, the sides in alternating order."""
+    import statistics
+
+    times: dict[str, list[float]] = {name: [] for name in sides}
+    names = list(sides)
+    for k in range(runs):
+        for name in (names if k % 2 == 0 else names[::-1]):
+            start = time.perf_counter()
+            sides[name]()
+            times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(values) for name, values in times.items()}
 
 
 def _seconds(value: float | None) -> str:
@@ -258,7 +285,8 @@ def report(rows: list[Row], command: str) -> str:
         "atol 1e-4, rtol 1e-4) and to FX (equal to eager); no two ONNX functions with the "
         "same body. *block functions/blocks*: functions made for the block class / its "
         "calls. *rewrite s*: `apply(blocks rule).to_onnx()` (it runs torch.onnx.export "
-        "itself); *torch.onnx.export s*: the plain export of the same program.", "",
+        "itself); *torch.onnx.export s*: the plain export of the same program; both warm "
+        f"(each ran once before), medians of {TIMING_RUNS} alternating runs.", "",
         summary, "", table(rows), "",
     ])
 

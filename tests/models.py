@@ -1,5 +1,7 @@
 """Small models with random weights, shared by tests, benchmarks and the demo.
 
+Every builder :func:`perturb`-s its model: no two per-layer tensors are equal.
+
 Nothing here downloads anything: transformers models are built from small configs.
 """
 
@@ -19,7 +21,7 @@ def gpt2(n_layer: int = 2, n_embd: int = 32, n_head: int = 2, vocab: int = 100, 
         use_cache=False, bos_token_id=0, eos_token_id=0,
     )
     torch.manual_seed(0)
-    model = GPT2Model(config).eval()
+    model = perturb(GPT2Model(config).eval())
     ids = torch.randint(0, vocab, (1, 8))
     return model, (ids,), {"return_dict": False, "use_cache": False}
 
@@ -36,7 +38,7 @@ def llama(layers: int = 2, hidden: int = 32, heads: int = 4, kv_heads: int = 2, 
         pad_token_id=0,
     )
     torch.manual_seed(0)
-    model = (LlamaForCausalLM if head else LlamaModel)(config).eval()
+    model = perturb((LlamaForCausalLM if head else LlamaModel)(config).eval())
     ids = torch.randint(0, vocab, (1, 8))
     return model, (ids,), {"return_dict": False, "use_cache": False}
 
@@ -50,7 +52,7 @@ def bert(layers: int = 2, hidden: int = 32, heads: int = 2, vocab: int = 100):
         pad_token_id=0,
     )
     torch.manual_seed(0)
-    model = BertModel(config).eval()
+    model = perturb(BertModel(config).eval())
     ids = torch.randint(0, vocab, (1, 8))
     return model, (ids,), {"return_dict": False}
 
@@ -100,7 +102,7 @@ class SharedAndList(torch.nn.Module):
 
 def shared_and_list():
     torch.manual_seed(0)
-    return SharedAndList().eval(), (torch.randn(2, 4),), {}
+    return perturb(SharedAndList().eval()), (torch.randn(2, 4),), {}
 
 
 class Staged(torch.nn.Module):
@@ -124,7 +126,7 @@ class Staged(torch.nn.Module):
 
 def staged():
     torch.manual_seed(0)
-    return Staged().eval(), (torch.randn(2, 4),), {}
+    return perturb(Staged().eval()), (torch.randn(2, 4),), {}
 
 
 def export(model_args_kwargs, *, preserve_meta: bool = False, strict: bool = False
@@ -168,7 +170,7 @@ class Stateful(torch.nn.Module):
 
 def stateful():
     torch.manual_seed(0)
-    return Stateful().eval(), (torch.randn(2, 4), torch.randn(2, 4)), {}
+    return perturb(Stateful().eval()), (torch.randn(2, 4), torch.randn(2, 4)), {}
 
 
 class Alternating(torch.nn.Module):
@@ -194,7 +196,7 @@ class Alternating(torch.nn.Module):
 
 def alternating():
     torch.manual_seed(0)
-    return Alternating().eval(), (torch.randn(2, 4),), {}
+    return perturb(Alternating().eval()), (torch.randn(2, 4),), {}
 
 
 # --- ONNX backend: constants that differ, calls of a shared module apart ---------------------
@@ -227,7 +229,7 @@ class TwoFactors(torch.nn.Module):
 
 def two_factors():
     torch.manual_seed(0)
-    return TwoFactors().eval(), (torch.randn(2, 4),), {}
+    return perturb(TwoFactors().eval()), (torch.randn(2, 4),), {}
 
 
 class NoOp(torch.nn.Module):
@@ -259,7 +261,7 @@ class TwoNoOps(torch.nn.Module):
 
 def two_noops():
     torch.manual_seed(0)
-    return TwoNoOps().eval(), (torch.randn(2, 4),), {}
+    return perturb(TwoNoOps().eval()), (torch.randn(2, 4),), {}
 
 
 class Flatten(torch.nn.Module):
@@ -281,7 +283,7 @@ class TwoShapes(torch.nn.Module):
 
 
 def two_shapes():
-    return TwoShapes().eval(), (torch.randn(2, 3, 4), torch.randn(2, 6, 5)), {}
+    return perturb(TwoShapes().eval()), (torch.randn(2, 3, 4), torch.randn(2, 6, 5)), {}
 
 
 class NormBlock(torch.nn.Module):
@@ -317,7 +319,7 @@ def settings():
     with torch.no_grad():  # eps matters only for inputs of small variance
         for block in model.blocks:
             block.norm.weight.normal_(1.0, 0.1)
-    return model, (torch.randn(2, 3, 8) * 1e-2,), {}
+    return perturb(model), (torch.randn(2, 3, 8) * 1e-2,), {}
 
 
 class SharedApart(torch.nn.Module):
@@ -334,25 +336,41 @@ class SharedApart(torch.nn.Module):
 
 def shared_apart():
     torch.manual_seed(0)
-    return SharedApart().eval(), (torch.randn(2, 4),), {}
+    return perturb(SharedApart().eval()), (torch.randn(2, 4),), {}
 
 
 # --- ONNX input: weights that differ between blocks --------------------------------------------
 
 
-def randomized(model_args_kwargs, seed: int = 1):
-    """The triple with every parameter redrawn, so identical blocks differ only in weights.
+def perturb(model: torch.nn.Module, seed: int = 1) -> torch.nn.Module:
+    """``model`` with every floating-point parameter and buffer perturbed in place (normal
+    noise, std 0.1; variances scaled by a factor near 1, so they stay positive); returns it.
 
-    Fresh transformers models start with LayerNorm weights of ones and zero biases: equal in
-    every block, and the ONNX optimizer then shares one initializer between blocks. Redrawn
-    values keep the test honest: blocks can share a function only if weights are its inputs.
+    Fresh models start with equal tensors in every block (transformers' zero biases and
+    LayerNorm weights of one, BatchNorm's zero means and unit variances): a bug that hands
+    block 3 the bias of block 0 would compute the same numbers. Perturbed, no two per-layer
+    tensors are equal (``test_models.py`` checks it), so numeric comparisons see wiring
+    mistakes; blocks can share a function only if weights are its inputs.
     """
-    model, args, kwargs = model_args_kwargs
     generator = torch.Generator().manual_seed(seed)
+    tensors = [*model.named_parameters(remove_duplicate=True),
+               *model.named_buffers(remove_duplicate=True)]
     with torch.no_grad():
-        for param in model.parameters():
-            base = 1.0 if param.ndim == 1 else 0.0
-            param.copy_(base + 0.1 * torch.randn(param.shape, generator=generator))
+        for name, tensor in tensors:
+            if not tensor.is_floating_point():
+                continue  # BatchNorm's num_batches_tracked, integer tables
+            noise = torch.randn(tensor.shape, generator=generator, dtype=tensor.dtype)
+            if name.endswith("running_var"):
+                tensor.mul_(torch.exp(0.1 * noise))
+            else:
+                tensor.add_(0.1 * noise)
+    return model
+
+
+def randomized(model_args_kwargs, seed: int = 1):
+    """The triple with its model :func:`perturb`-ed again with ``seed`` (builders already
+    perturb with seed 1)."""
+    perturb(model_args_kwargs[0], seed)
     return model_args_kwargs
 
 
@@ -400,7 +418,40 @@ class Chain(torch.nn.Module):
 
 def chain(blocks: int = 3):
     torch.manual_seed(0)
-    return Chain(blocks).eval(), (torch.randn(2, 4),), {}
+    return perturb(Chain(blocks).eval()), (torch.randn(2, 4),), {}
+
+
+class Pair(torch.nn.Module):
+    """A block with two outputs of one shape: outputs in the wrong order still make a valid
+    model, only the numbers tell."""
+
+    def __init__(self, width: int = 4):
+        super().__init__()
+        self.first = torch.nn.Linear(width, width)
+        self.second = torch.nn.Linear(width, width)
+
+    def forward(self, x):
+        h = torch.relu(self.first(x))
+        return h, torch.sigmoid(self.second(h))
+
+
+class PairChain(torch.nn.Module):
+    """Three Pair blocks; both outputs of each make the next one's input."""
+
+    def __init__(self, blocks: int = 3, width: int = 4):
+        super().__init__()
+        self.blocks = torch.nn.ModuleList([Pair(width) for _ in range(blocks)])
+
+    def forward(self, x):
+        for block in self.blocks:
+            h, gate = block(x)
+            x = h - 2 * gate
+        return x
+
+
+def pair_chain():
+    torch.manual_seed(0)
+    return perturb(PairChain().eval()), (torch.randn(2, 4),), {}
 
 
 class BasicBlock(torch.nn.Module):
@@ -467,7 +518,7 @@ def resnet():
             if isinstance(m, torch.nn.BatchNorm2d):
                 m.running_mean.uniform_(-0.5, 0.5)
                 m.running_var.uniform_(0.5, 1.5)
-    return model, (torch.randn(1, 3, 32, 32),), {}
+    return perturb(model), (torch.randn(1, 3, 32, 32),), {}
 
 
 class Mixer(torch.nn.Module):
@@ -519,4 +570,4 @@ class TwoBlockKinds(torch.nn.Module):
 
 def two_block_kinds():
     torch.manual_seed(0)
-    return TwoBlockKinds().eval(), (torch.randint(0, 50, (2, 6)),), {}
+    return perturb(TwoBlockKinds().eval()), (torch.randint(0, 50, (2, 6)),), {}

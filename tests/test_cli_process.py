@@ -7,9 +7,11 @@ import gc
 import subprocess
 import sys
 
+import onnx
+
 from rewrite.cli.main import main
 from rewrite.cli.process import THRESHOLDS
-from tests.onnx_fixtures import GPT2_RULES
+from tests.onnx_fixtures import GPT2_RULES, assert_matches_eager
 
 PROBE = """
 import atexit, gc, sys
@@ -39,12 +41,13 @@ def test_entry_point_exits_with_the_commands_code(tmp_path):
     assert "missing.rules" in proc.stderr
 
 
-def test_python_dash_m_is_the_entry_point(gpt2_pt2, tmp_path):
+def test_python_dash_m_is_the_entry_point(gpt2_pt2, gpt2_model, tmp_path):
     out = tmp_path / "gpt2.onnx"
     proc = subprocess.run([sys.executable, "-m", "rewrite", "-q", "apply", str(GPT2_RULES),
                            str(gpt2_pt2), "-o", str(out)], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
-    assert out.stat().st_size > 0
+    onnx.checker.check_model(str(out), full_check=True)
+    assert_matches_eager(out, gpt2_model)
 
 
 def test_main_leaves_the_callers_collector_alone():

@@ -1,6 +1,7 @@
 """The README matches the code: its rules parse and its commands are accepted by the CLI.
 
-(The Python snippets and commands were also run by hand; they export models, too slow here.)
+(``test_readme.py`` runs the Python snippets and the console examples and compares what
+they print.)
 """
 
 from __future__ import annotations

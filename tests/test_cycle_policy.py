@@ -16,6 +16,7 @@ import torch
 
 import rewrite
 from rewrite.grouping import group_graph
+from tests import models
 from tests.ir_builder import GraphBuilder, call
 from tests.onnx_fixtures import MODULARIZE, assert_matches_eager, checked_proto
 
@@ -43,7 +44,7 @@ class Outer(torch.nn.Module):
 @pytest.fixture(scope="module")
 def leaky():
     torch.manual_seed(0)
-    model = Outer().eval()
+    model = models.perturb(Outer().eval())
     args = (torch.randn(2, 4),)
     program = torch.export.export(model, args)
     mul = next(n for n in program.graph.nodes if n.target == torch.ops.aten.mul.Tensor)

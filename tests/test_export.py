@@ -75,7 +75,7 @@ class _Twice(torch.nn.Module):
 
 def test_outputs_that_are_inputs_or_repeated_get_their_own_names():
     torch.manual_seed(0)
-    module, x = _Twice().eval(), torch.randn(2, 4)
+    module, x = models.perturb(_Twice().eval()), torch.randn(2, 4)
     model = rewrite.export(module, (x,), rules="modularize", input_names=["x"],
                            output_names=["a", "b", "c"])
     assert [v.name for v in model.graph.outputs] == ["a", "b", "c"]

@@ -176,7 +176,8 @@ def test_empty_graph_and_foreign_inputs():
     fx_graph.output((x,))
     out = next(n for n in fx_graph.nodes if n.op == "output")
     out._input_nodes[foreign] = None  # what a broken pass could leave
-    with pytest.raises(KeyError):
+    with pytest.raises(rewrite.InputError, match="^the graph is malformed: node y is an input "
+                       "of one of its nodes but not a node of the graph$"):
         from_fx_graph(fx_graph)
 
 

@@ -17,7 +17,8 @@ from bench.model_mutations import mutate_onnx, mutate_pt2
 @pytest.fixture(scope="module")
 def bases(tmp_path_factory):
     folder = tmp_path_factory.mktemp("fuzz-models")
-    return {b.name: b for b in build_bases(folder, ("gpt2", "shared", "shared.pt2"))}
+    return {b.name: b for b in build_bases(folder, ("gpt2", "shared", "shared.pt2",
+                                                   "staged.pt2"))}
 
 
 def test_mutated_models_end_in_a_valid_output_or_a_clear_refusal(bases):
@@ -25,6 +26,18 @@ def test_mutated_models_end_in_a_valid_output_or_a_clear_refusal(bases):
     assert [o.finding for o in outcomes if o.finding] == []
     codes = {o.code for o in outcomes}
     assert {0, 2} <= codes  # the subset reaches both outputs and refusals
+    done = [o for o in outcomes if o.code == 0]
+    uncompared = [o.mutation for o in done if not o.compared]
+    assert len(uncompared) <= 0.1 * len(done), uncompared  # the rest only passed the checker
+
+
+def test_split_by_tags_cases_reach_the_split(bases):
+    """The stage-tagged model's ``split_by_tags`` cases are split (exit 0, compared with
+    eager), not refused for want of a tag."""
+    outcomes = fuzz([bases["staged.pt2"]], 6, seed=3, pt2_share=1.0)
+    assert [o.finding for o in outcomes if o.finding] == []
+    split = [o for o in outcomes if o.rules == "split_by_tags"]
+    assert any(o.code == 0 and o.compared for o in split), outcomes
 
 
 def _first_case(base, mutate, wanted: str, tmp_path):

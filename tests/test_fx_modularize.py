@@ -223,7 +223,7 @@ class WithConstants(torch.nn.Module):
 
 def test_lifted_constants_are_attributes_outside_the_state_dict():
     torch.manual_seed(0)
-    model, x = WithConstants().eval(), torch.randn(2, 4)
+    model, x = models.perturb(WithConstants().eval()), torch.randn(2, 4)
     program = torch.export.export(model, (x,))
     kinds = {s.kind.name for s in program.graph_signature.input_specs}
     assert "CONSTANT_TENSOR" in kinds
@@ -248,7 +248,7 @@ def test_tied_weights_stay_tied():
     config = GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=100, n_positions=64,
                         use_cache=False, bos_token_id=0, eos_token_id=0)
     torch.manual_seed(0)
-    model = GPT2LMHeadModel(config).eval()
+    model = models.perturb(GPT2LMHeadModel(config).eval())
     ids, kwargs = torch.randint(0, 100, (1, 8)), {"return_dict": False, "use_cache": False}
     program = torch.export.export(model, (ids,), kwargs=kwargs)
     gm = lowered(MODULARIZE, program)

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from functools import lru_cache
 
 import torch
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import rewrite
@@ -43,16 +44,32 @@ def rule_sets(draw):
     return name, text
 
 
+SEEN: Counter = Counter()
+MAX_REFUSED = 0.05
+"""Share of examples grouping may refuse (cannot be outlined) before the test fails: each
+one refused is an example not compared with eager."""
+
+
+def test_any_grouping_matches_eager():
+    SEEN.clear()
+    grouping_matches_eager()
+    print(f"{SEEN['refused']} of {SEEN['tried']} examples refused by grouping")
+    assert SEEN["tried"] >= 40
+    assert SEEN["refused"] <= MAX_REFUSED * SEEN["tried"], SEEN
+
+
 @settings(max_examples=40, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.too_slow])
 @given(rule_sets())
-def test_any_grouping_matches_eager(case):
+def grouping_matches_eager(case):
     name, text = case
     (model, args, kwargs), program = exported(name)
+    SEEN["tried"] += 1
     try:
         result = rewrite.apply(rewrite.parse_rules(text), program)
-    except rewrite.GroupingError:
-        assume(False)  # a grouping that cannot be outlined is rejected before lowering
+    except rewrite.GroupingError:  # cannot be outlined: rejected before lowering
+        SEEN["refused"] += 1
+        return
     gm = result.to_fx()
     assert_same_outputs(gm(*args, **kwargs), model(*args, **kwargs))
     made = {m.meta["rewrite"]["group"] for m in gm.modules() if isinstance(m, LoweredModule)}

@@ -83,7 +83,7 @@ class Clash(torch.nn.Module):
 
 def test_names_never_clash():
     torch.manual_seed(0)
-    model, args = Clash().eval(), (torch.randn(2, 4),)
+    model, args = models.perturb(Clash().eval()), (torch.randn(2, 4),)
     program = models.export((model, args, {}))
     gm = rewrite.apply(MODULARIZE, program).to_fx()
     assert calls(gm) == ["block", "block_call1_1", "block_call1"]

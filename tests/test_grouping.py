@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import copy
+import re
+from collections import Counter
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -231,9 +233,14 @@ def test_split_a_region_that_comes_back():
 # --- the engine against a plain reference implementation -------------------------------------
 
 
-def reference(rules, graph):
-    """Straightforward per-node, per-call grouping with the reference predicates; returns
-    {group id: (function, domain, origin, direct nodes)}, owner, tags, warnings, or 'error'."""
+def reference(rules, graph, predicates=None):
+    """Straightforward per-node, per-call grouping with ``predicates`` (one per rule, in
+    file order: :data:`PREDICATES`, written by hand from docs/rules.md; default: the
+    compiled ones); returns {group id: (function, domain, origin, direct nodes)}, owner,
+    tags, warnings, or 'error'."""
+    if predicates is None:
+        predicates = [rule.predicate for rule in rules.rules]
+    predicate = {id(rule): p for rule, p in zip(rules.rules, predicates, strict=True)}
     nodes = graph.nodes
     users = [[] for _ in nodes]
     for n in nodes:
@@ -304,7 +311,7 @@ def reference(rules, graph):
             facts = Facts(tuple(c.path for c in s), tuple(c.cls for c in s), (n.target,),
                           tags[n.index], tuple(f"{c.path}@{c.index}" for c in s),
                           tuple(measures[c] for c in s))
-            if rule.predicate(facts):
+            if predicate[id(rule)](facts):
                 hits[rule.order] += 1
                 tags[n.index].update(rule.assignments)
     chosen = {}
@@ -318,7 +325,7 @@ def reference(rules, graph):
             common = {k: v for k, v in common.items() if tags[i].get(k) == v}
         facts = Facts((c.path,), (c.cls,), {nodes[i].target for i in inside}, common,
                       (f"{c.path}@{c.index}",), (measures[c],))
-        matched = [r for r in ranked if r.predicate(facts)]
+        matched = [r for r in ranked if predicate[id(r)](facts)]
         for r in matched:
             hits[r.order] += 1
         if matched and matched[0].kind == "group":
@@ -421,6 +428,60 @@ RULES = ["group any", "group class *Block", "group path b.*.x or path s@1",
          'tag call 1 or depth >= 2 with k = "v"\ngroup has k', "group not repeats != 2"]
 
 
+def _some(values, test) -> bool:
+    """A selector on a node holds when some call around it matches (on a call: the call)."""
+    return any(test(v) for v in values)
+
+
+def _path(glob_regex: str):
+    return lambda f: _some(f.paths, lambda p: re.fullmatch(glob_regex, p) is not None)
+
+
+def _class_ends(suffix: str):  # a class glob without a dot matches the class name alone
+    return lambda f: _some(f.classes, lambda c: c.rsplit(".", 1)[-1].endswith(suffix))
+
+
+def _measure(name: str, test):
+    return lambda f: _some(f.measures, lambda m: test(m[name]))
+
+
+def _op_mm(f) -> bool:  # "aten.mm": any overload of the op
+    return any(t == "aten.mm" or t.startswith("aten.mm.") for t in f.ops)
+
+
+ANY = lambda f: True  # noqa: E731
+HAS_K = lambda f: "k" in f.tags  # noqa: E731
+PREDICATES = {  # RULES text -> one predicate per rule, by hand from docs/rules.md
+    "group any": [ANY],
+    "group class *Block": [_class_ends("Block")],
+    "group path b.*.x or path s@1": [
+        lambda f: _path(r"b\.[^.]*\.x")(f) or _some(f.keys, lambda k: k == "s@1")],
+    'group stage == "a"': [lambda f: f.tags.get("stage") == "a"],
+    "flat path b.1\ngroup any": [_path(r"b\.1"), ANY],
+    'tag op aten.mm with k = "v"\ngroup has k': [_op_mm, HAS_K],
+    "group op aten.mm": [_op_mm],
+    "group not class *X priority 1\nflat any": [lambda f: not _class_ends("X")(f), ANY],
+    'tag path b.0 with stage = "b"\ngroup stage != "b"': [
+        _path(r"b\.0"), lambda f: f.tags.get("stage") != "b"],
+    "group size >= 3": [_measure("size", lambda v: v >= 3)],
+    "group depth == 2 or repeats >= 3": [
+        lambda f: _measure("depth", lambda v: v == 2)(f) or _measure("repeats", lambda v: v >= 3)(f)],
+    "group call >= 1 or size < 2 and depth == 1": [
+        lambda f: _measure("call", lambda v: v >= 1)(f) or (
+            _measure("size", lambda v: v < 2)(f) and _measure("depth", lambda v: v == 1)(f))],
+    'tag call 1 or depth >= 2 with k = "v"\ngroup has k': [
+        lambda f: _measure("call", lambda v: v == 1)(f) or _measure("depth", lambda v: v >= 2)(f),
+        HAS_K],
+    "group not repeats != 2": [lambda f: not _measure("repeats", lambda v: v != 2)(f)],
+}
+
+
+def test_every_rules_text_has_hand_written_predicates():
+    assert set(PREDICATES) == set(RULES)
+    for text, predicates in PREDICATES.items():
+        assert len(predicates) == len(rewrite.parse_rules(text).rules), text
+
+
 @st.composite
 def graphs(draw):
     """Small graphs: a run of blocks with inner calls, shared calls, stackless nodes, tags,
@@ -444,7 +505,7 @@ def graphs(draw):
 @given(graphs(), st.sampled_from(RULES))
 def test_engine_matches_the_reference(graph, text):
     rules = rewrite.parse_rules(text, "r.rules")
-    expected = reference(rules, graph)
+    expected = reference(rules, graph, PREDICATES[text])
     if expected == "error":
         with pytest.raises(rewrite.GroupingError):
             group_graph(rules, graph)
@@ -518,16 +579,34 @@ def staged_graphs(draw):
     return g.graph()
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.one_of(graphs(), staged_graphs()),
+SPLIT_SEEN: Counter = Counter()
+
+
+def test_split_components_match_the_reference():
+    """Examples the engine refuses (a module group cut into a cycle) are not compared: at
+    most a few percent of them."""
+    SPLIT_SEEN.clear()
+    split_components_match_the_reference()
+    print(f"{SPLIT_SEEN['refused']} of {SPLIT_SEEN['tried']} split examples refused")
+    assert SPLIT_SEEN["tried"] >= 200
+    assert SPLIT_SEEN["refused"] <= 0.05 * SPLIT_SEEN["tried"], SPLIT_SEEN
+
+
+def _staged(graph) -> bool:
+    return any(n.tags.get("stage") for n in graph.nodes)
+
+
+@settings(max_examples=200, deadline=None, derandomize=True,  # the refused share is stable
+          suppress_health_check=[HealthCheck.too_slow])
+@given(st.one_of(graphs(), staged_graphs()).filter(_staged),
        st.sampled_from(["split by stage", "split by stage\ngroup class *Block"]))
-def test_split_components_match_the_reference(graph, text):
-    if not any(n.tags.get("stage") for n in graph.nodes):
-        return
+def split_components_match_the_reference(graph, text):
+    SPLIT_SEEN["tried"] += 1
     try:
         tree = group_graph(rewrite.parse_rules(text, "r.rules"), graph)
     except rewrite.GroupingError as e:
         assert "cannot be outlined" in str(e)  # a module group cut into a cycle
+        SPLIT_SEEN["refused"] += 1
         return
     top = [owner.split("/", 1)[0] for owner in tree.owner]
     expected = reference_components(graph)

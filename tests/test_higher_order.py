@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import rewrite
+from tests import models
 from tests.onnx_fixtures import MODULARIZE, assert_matches_eager, checked_proto, function_names
 
 
@@ -44,7 +45,7 @@ class Regions(torch.nn.Module):
 @pytest.fixture(scope="module")
 def regions():
     torch.manual_seed(0)
-    model, args = Regions().eval(), (torch.randn(2, 4),)
+    model, args = models.perturb(Regions().eval()), (torch.randn(2, 4),)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         program = torch.export.export(model, args, strict=True)
@@ -100,7 +101,7 @@ class Conditional(torch.nn.Module):
 def test_modules_inside_cond_are_not_grouped_and_the_warning_says_why(run_cli, tmp_path,
                                                                          strict):
     torch.manual_seed(0)
-    model, args = Conditional().eval(), (torch.randn(2, 4),)
+    model, args = models.perturb(Conditional().eval()), (torch.randn(2, 4),)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         program = torch.export.export(model, args, strict=strict)

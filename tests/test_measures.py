@@ -27,6 +27,20 @@ def keys(groups) -> list[str]:
     return [g.key for g in groups]
 
 
+def torch_sizes(program) -> dict[str, int]:
+    """Per module call key (``path``, ``path@N``), the operations inside it, nested calls
+    included, counted from torch's own ``nn_module_stack`` metadata (not by rewrite)."""
+    sizes: dict[str, int] = {}
+    for node in program.graph.nodes:
+        if node.op != "call_function":
+            continue
+        for key in node.meta.get("nn_module_stack", {}):
+            call = key.removeprefix("L__self__")
+            if call:
+                sizes[call] = sizes.get(call, 0) + 1
+    return sizes
+
+
 # --- what the values are ----------------------------------------------------------------------
 
 
@@ -34,8 +48,9 @@ def test_gpt2_blocks_by_size_depth_and_repeats(gpt2_program, gpt2_model):
     n_layer = gpt2_model[0].config.n_layer
     calls = every_call(gpt2_program)
     # size: every operation inside the call, nested calls included (= the modularize group)
-    big = [g for g in calls if g.size >= 30]
-    assert keys(big) == [f"h.{i}" for i in range(n_layer)]
+    sizes = torch_sizes(gpt2_program)
+    assert [g.size for g in calls] == [sizes[g.key] for g in calls]
+    assert sorted(k for k, size in sizes.items() if size >= 30) == [f"h.{i}" for i in range(n_layer)]
     assert groups_of("group size >= 30", gpt2_program) == [f"h.{i}" for i in range(n_layer)]
     assert groups_of("group size < 30 and class *GPT2Attention", gpt2_program) == [
         f"h.{i}.attn" for i in range(n_layer)]
@@ -59,8 +74,8 @@ def test_llama_layers_are_the_big_repeated_top_level_calls(llama_program, llama_
     layers = llama_model[0].config.num_hidden_layers
     text = "group repeats >= 2 and depth <= 1 and size >= 20"
     assert groups_of(text, llama_program) == [f"layers.{i}" for i in range(layers)]
-    # each layer's size is what its group holds under modularize
-    sizes = {g.key: g.size for g in every_call(llama_program)}
+    # each layer's size: the operations torch's metadata puts inside it
+    sizes = torch_sizes(llama_program)
     tree = rewrite.apply(rewrite.parse_rules(text), llama_program).tree
     assert {g.key: tree.measures(g).size for g in tree.groups()} == {
         f"layers.{i}": sizes[f"layers.{i}"] for i in range(layers)}
@@ -148,18 +163,22 @@ def test_check_accepts_every_form(run_cli, tmp_path):
 # --- explain shows the values -----------------------------------------------------------------
 
 
-def test_explain_json_and_verbose_text_show_the_values(run_cli, tmp_path, shared_pt2):
+def test_explain_json_and_verbose_text_show_the_values(run_cli, tmp_path, shared_pt2,
+                                                       shared_program):
     rules = tmp_path / "s.rules"
     rules.write_text("group path shared or path layers.*\ngroup class *Linear and call 1\n")
     r = run_cli("explain", rules, shared_pt2, "--json")
     assert r.code == 0, r
     groups = {g["id"]: g for g in json.loads(r.out)["groups"]}
+    sizes = torch_sizes(shared_program)
+    assert groups["shared@1"]["nodes"] == sizes["shared@1"]
     assert groups["shared@1"]["measures"] == {
-        "size": groups["shared@1"]["nodes"], "depth": 1, "repeats": 5, "call": 1}
+        "size": sizes["shared@1"], "depth": 1, "repeats": 5, "call": 1}
     (inner,) = groups["shared@1"]["children"]
     assert inner["id"] == "shared@1/shared.lin@1"
     # the Linear classes: 2 calls of shared.lin, 3 layers' lin, heads.proj
-    assert inner["measures"] == {"size": inner["nodes"], "depth": 2, "repeats": 6, "call": 1}
+    assert inner["measures"] == {"size": sizes["shared.lin@1"], "depth": 2, "repeats": 6,
+                                 "call": 1}
     assert groups["layers.2"]["measures"]["call"] == 0
 
     plain = run_cli("explain", rules, shared_pt2)

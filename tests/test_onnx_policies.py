@@ -195,7 +195,7 @@ class _Four(torch.nn.Module):
 def test_split_runs_never_take_the_name_of_another_value():
     """Runs a, b, a, a_1: the second run of a is named a_2, a_1 is the value's own."""
     torch.manual_seed(0)
-    triple = (_Four().eval(), (torch.randn(2, 4),), {})
+    triple = (models.perturb(_Four().eval()), (torch.randn(2, 4),), {})
     rules = rewrite.parse_rules(
         'tag path s0 or path s2 with stage = "a"\n'
         'tag path s1 with stage = "b"\n'
@@ -259,7 +259,7 @@ class _TwoBranchy(torch.nn.Module):
 
 def test_subgraphs_read_weights_through_function_inputs():
     torch.manual_seed(0)
-    model, x = _TwoBranchy().eval(), torch.randn(2, 4)
+    model, x = models.perturb(_TwoBranchy().eval()), torch.randn(2, 4)
     program = torch.export.export(model, (x,))
     onnx_model = rewrite.apply(rewrite.parse_rules("group class *_Branchy"), program).to_onnx()
     checked_proto(onnx_model)

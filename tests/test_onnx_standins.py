@@ -68,6 +68,17 @@ def test_repeated_blocks_are_not_materialized(rules, name, request):
     assert_matches_eager(fast.model, triple)
 
 
+def test_a_block_with_two_outputs_stands_in_with_its_outputs_in_order():
+    """Every output of a stand-in is wired to the reader of the matching output."""
+    triple = models.pair_chain()
+    fast, flat = _both(rewrite.parse_rules("group class Pair"), models.export(triple))
+    assert fast.inlined == 1  # blocks 2 and 3 stood in
+    _same_result(fast, flat)
+    checked_proto(fast.model)
+    assert_matches_eager(fast.model, triple)
+    assert_matches_eager(flat.model, triple)
+
+
 def test_gpt2_calls_keep_their_own_metadata(gpt2_3):
     triple, program = gpt2_3
     fast, flat = _both(GPT2_RULES, program)

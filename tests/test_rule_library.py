@@ -96,7 +96,6 @@ def test_gpt2_rules(gpt2_program):
 
 @pytest.mark.parametrize("family", ["llama", "bert"])
 def test_layers_share_one_onnx_function(family, llama_program, bert_program):
-    pytest.importorskip("rewrite.backends.onnx", reason="the ONNX backend has not landed")
     from rewrite.backends.onnx import summarize
 
     program = llama_program if family == "llama" else bert_program

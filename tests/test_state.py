@@ -19,6 +19,7 @@ import torch
 
 import rewrite
 from rewrite.backends.onnx import lower
+from tests import models
 from tests.onnx_fixtures import (LLAMA_RULES, MODULARIZE, checked_proto, function_names,
                                  run_onnx)
 
@@ -85,7 +86,7 @@ def assert_fx_equals_module(rules, make, calls) -> None:
 @pytest.mark.parametrize("strict", [False, True])
 def test_cache_model_fx_equals_module(strict):
     torch.manual_seed(0)
-    model = Cached().eval()
+    model = models.perturb(Cached().eval())
     x, pos = torch.randn(2, 4), torch.tensor([1, 3])
 
     def make():
@@ -111,7 +112,7 @@ def test_cache_model_onnx_equals_torch_onnx_export():
     """Strict export: torch.onnx.export cannot decompose this non-strict program (nor the
     non-strict static-cache decoder below)."""
     torch.manual_seed(0)
-    model = Cached(constants=False).eval()
+    model = models.perturb(Cached(constants=False).eval())
     x, pos = torch.randn(2, 4), torch.tensor([1, 3])
     program = torch.export.export(copy.deepcopy(model), (x, pos), strict=True)
     flat = torch.onnx.export(torch.export.export(copy.deepcopy(model), (x, pos), strict=True),
@@ -133,8 +134,6 @@ def test_cache_model_onnx_equals_torch_onnx_export():
 def static_cache_llama():
     from transformers import GenerationConfig
     from transformers.integrations.executorch import TorchExportableModuleForDecoderOnlyLM
-
-    from tests import models
 
     model, _, _ = models.llama(head=True)
     model.config.use_cache = True

@@ -28,6 +28,27 @@ FAMILIES = {  # fixture of the program, fixture of the (model, args, kwargs), bl
 }
 
 
+def reference_counts(model: torch.nn.Module, cls: str) -> tuple[int, int]:
+    """(calls, distinct bodies) of the blocks of class ``cls``, from the module tree alone
+    (each block is called once): two blocks have one body when their submodules have the same
+    classes and settings (scalar attributes: ``eps``, ``stride``, a residual scale) and their
+    weights the same shapes."""
+    def signature(block: torch.nn.Module) -> tuple:
+        parts = []
+        for name, module in block.named_modules():
+            settings = sorted((k, v) for k, v in vars(module).items()
+                              if isinstance(v, (bool, int, float, str, tuple))
+                              and k not in ("training", "layer_idx")  # which layer: no setting
+                              and not k.startswith("_"))
+            parts.append((name, type(module).__qualname__, tuple(settings)))
+        tensors = [*block.named_parameters(), *block.named_buffers()]
+        parts.extend((name, tuple(t.shape), t.dtype) for name, t in tensors)
+        return tuple(parts)
+
+    blocks = [m for m in model.modules() if type(m).__name__ == cls]
+    return len(blocks), len({signature(b) for b in blocks})
+
+
 def block_lines(text: str) -> dict[str, tuple[int, int]]:
     """Block class -> (calls, distinct bodies), as the suggestion's comments say."""
     out = {}
@@ -75,6 +96,7 @@ def test_suggested_rules_give_one_function_per_distinct_body(family, request, ru
     text, model = suggest_and_apply(run_cli, tmp_path, path, **(options or [{}])[0])
     blocks = block_lines(text)
     assert list(blocks) == classes  # outermost first, then the ones inside
+    assert blocks == {cls: reference_counts(triple[0], cls) for cls in classes}
     for cls, (calls, bodies) in blocks.items():
         made = functions_of(model, cls)
         assert len(made) == bodies, (cls, made)

@@ -23,10 +23,18 @@ _UNBOUNDED = 10_000
 """Width used when the output is not a terminal: tables are never cut to 80 columns."""
 
 
+class _Console(Console):
+    def on_broken_pipe(self) -> None:
+        """The reader went away (``rewrite explain ... | head``): ``main`` exits 141, as a
+        process killed by SIGPIPE (rich's own handler exits 1, the code of a rules error)."""
+        self.quiet = True
+        raise BrokenPipeError
+
+
 def _console(*, stderr: bool) -> Console:
     # stderr never wraps (diagnostics, also the backends' messages); stdout's trees may wrap
-    console = Console(stderr=stderr, soft_wrap=stderr, highlight=False, markup=False,
-                      emoji=False)
+    console = _Console(stderr=stderr, soft_wrap=stderr, highlight=False, markup=False,
+                       emoji=False)
     if not console.is_terminal:
         console.width = _UNBOUNDED
     return console

@@ -19,7 +19,7 @@ def import_modules(modules: list[str]) -> None:
             importlib.import_module(module)
         except ModuleNotFoundError as e:
             raise InputError(f"--import {module}: no module named {e.name!r}") from None
-        except Exception as e:  # the module's own code failed: say so in one line
+        except (Exception, SystemExit) as e:  # the module's own code failed (or exited)
             raise InputError(
                 f"--import {module}: importing it failed: {type(e).__name__}: {first_line(e)}"
             ) from None

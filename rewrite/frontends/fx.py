@@ -42,6 +42,7 @@ import torch
 
 from rewrite._gc import gc_paused
 from rewrite._torch_private import is_op_overload
+from rewrite.errors import InputError
 from rewrite.frontends.calls import split_runs
 from rewrite.frontends.nn_module_stack import EMPTY_STACK_KEY, STACK, NnModuleStacks, class_name
 from rewrite.frontends.regions import region_stacks
@@ -239,7 +240,8 @@ def _edges(fx_nodes: list[torch.fx.Node]) -> tuple[np.ndarray, np.ndarray]:
     if total and (int(at.max()) >= size or not np.array_equal(sorted_ids[at], wanted)):
         members = set(fx_nodes)
         bad = next(x for ins in inputs for x in ins if x not in members)
-        raise KeyError(f"node {bad} is an input of this graph but not one of its nodes")
+        raise InputError(f"the graph is malformed: node {bad} is an input of one of its "
+                         "nodes but not a node of the graph")
     return start, order[at]
 
 
