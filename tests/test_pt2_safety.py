@@ -340,3 +340,19 @@ def test_weights_flags_are_checked(run_cli, tmp_path, gpt2_pt2, argv, message):
     assert r.code == 2
     assert message in r.err and "Traceback" not in r.err
     assert listing(tmp_path) == []
+
+
+def test_a_directory_header_zipfile_cannot_read_is_a_corrupt_archive(run_cli, tmp_path,
+                                                                   gpt2_pt2):
+    """Found by fuzzing: a flipped byte in an entry's 'version needed to extract' made
+    zipfile raise NotImplementedError (exit 3)."""
+    data = bytearray(gpt2_pt2.read_bytes())
+    name = zipfile.ZipFile(gpt2_pt2).namelist()[0].encode()
+    at = data.find(b"PK\x01\x02")
+    while bytes(data[at + 46:at + 46 + len(name)]) != name:
+        at = data.find(b"PK\x01\x02", at + 4)
+    data[at + 6:at + 8] = (64).to_bytes(2, "little")  # version needed to extract: 6.4
+    path = tmp_path / "version.pt2"
+    path.write_bytes(bytes(data))
+    r = run_cli("explain", GPT2_RULES, path)
+    assert_refused(r, 2, f"{path}: corrupt .pt2 archive (zip file version 6.4)")

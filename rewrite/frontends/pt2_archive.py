@@ -107,7 +107,8 @@ def open_archive(path: Path) -> Archive:
     try:
         with zipfile.ZipFile(path) as archive:
             infos = archive.infolist()
-    except (zipfile.BadZipFile, zlib.error, EOFError, OSError, ValueError) as e:
+    except (zipfile.BadZipFile, zlib.error, EOFError, OSError, ValueError, struct.error,
+            NotImplementedError) as e:  # a header zipfile cannot read (zip file version 6.4)
         raise InputError(f"{path}: corrupt .pt2 archive ({e})") from None
     names = [i.filename for i in infos]
     if any(n.endswith("/data.pkl") or n == "data.pkl" for n in names) and not any(
