@@ -320,6 +320,43 @@ def settings():
     return model, (torch.randn(2, 3, 8) * 1e-2,), {}
 
 
+class EpsBlock(torch.nn.Module):
+    """A pre-norm residual block: ``x + scale * linear(norm(x))``, its eps and scale settings."""
+
+    def __init__(self, eps: float, scale: float, width: int = 8):
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(width, eps=eps)
+        self.lin = torch.nn.Linear(width, width)
+        self.scale = scale
+
+    def forward(self, x):
+        return x + self.lin(self.norm(x)) * self.scale
+
+
+class EpsBlocks(torch.nn.Module):
+    """Four EpsBlocks that differ in eps and in the residual scale, the last 1.0 (a multiply
+    an optimizer removes)."""
+
+    def __init__(self, width: int = 8):
+        super().__init__()
+        settings = [(1e-5, 0.5), (1e-6, 0.25), (1e-5, 0.125), (1e-3, 1.0)]
+        self.blocks = torch.nn.ModuleList(EpsBlock(e, s, width) for e, s in settings)
+
+    def forward(self, x):
+        for block in self.blocks:
+            x = block(x)
+        return x
+
+
+def eps_blocks():
+    torch.manual_seed(0)
+    model = EpsBlocks().eval()
+    with torch.no_grad():  # eps matters only for inputs of small variance
+        for block in model.blocks:
+            block.norm.weight.normal_(1.0, 0.1)
+    return model, (torch.randn(2, 3, 8) * 1e-2,), {}
+
+
 class SharedApart(torch.nn.Module):
     """A shared module called twice with another module's call in between."""
 
