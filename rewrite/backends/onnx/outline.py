@@ -14,8 +14,10 @@ Stand-ins (a :class:`standins.Plan`): a call of the per-body lowering that was n
 one node, the one member of its group. That group becomes a call of the function its first
 call's group got, the arguments and outputs picked by position in the torch call (each
 recorded when the first call's group is outlined, through the values outlining replaced).
-When that is not exactly what outlining the inlined call would give, the run ends with
-:class:`standins.Materialize` (the lowering inlines those calls and starts again).
+When that is not exactly what outlining the inlined call would give, the groups above it
+are left as they are, the other groups are outlined, and the run returns a
+:class:`standins.MustInline` naming every such call (the model is then thrown away: the
+lowering inlines those calls and starts again).
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ from rewrite.backends.onnx.opsets import fix_opsets
 from rewrite.backends.onnx.options import OnnxOptions
 from rewrite.backends.onnx.remat import recompute_shared
 from rewrite.backends.onnx.repeats import Reference, Repeats
-from rewrite.backends.onnx.standins import Materialize, Plan, Reuse
+from rewrite.backends.onnx.standins import MustInline, Plan, Reuse
 from rewrite.backends.onnx.structure import Key, Keyer
 from rewrite.backends.onnx.summary import FunctionId
 from rewrite.grouping import Group, GroupTree
@@ -109,15 +111,11 @@ class _Outliner:
         self.function_of: dict[int, FunctionId | None] = {}
         self.made: list[ir.Function] = []
 
-    def run(self) -> Outlined:
-        try:
-            for group in self.tree.root.children:
-                self._lower(group, [group])
-        except Exception:
-            if not self.failed:
-                raise
+    def run(self) -> Outlined | MustInline:
+        for group in self.tree.root.children:
+            self._lower(group, [group])
         if self.failed:  # stand-ins left in the graph: the result is thrown away
-            raise Materialize(self.failed, "stand-ins cannot call their first call's function")
+            return MustInline(self.failed, "stand-ins cannot call their first call's function")
         self.graph.sort()
         # constants now embedded in functions leave their initializers unused
         ir.passes.common.RemoveUnusedNodesPass()(self.model)
@@ -132,8 +130,11 @@ class _Outliner:
         if reuse is not None:
             return [self._stand_in(group, chain, reuse)]
         members = list(self.members.of(group.index))
+        failed = len(self.failed)
         for child in group.children:
             members.extend(self._lower(child, chain + [child]))
+        if len(self.failed) > failed:  # a stand-in below stays: this model is thrown away
+            return []
         if self.on_group is not None:
             self.on_group(group)
         if not members:
@@ -340,8 +341,9 @@ class _Outliner:
 
 def outline(model: ir.Model, tree: GroupTree, options: OnnxOptions | None = None,
             on_group: Callable[[Group], None] | None = None, plan: Plan | None = None
-            ) -> Outlined:
+            ) -> Outlined | MustInline:
     """Outline every group of ``tree`` (built on ``model``'s main graph; with ``plan``, read
-    with its stand-ins) in place."""
+    with its stand-ins) in place; the stand-ins that cannot call their first call's function
+    (only with a ``plan``): :class:`standins.MustInline`."""
     with gc_paused():  # many short-lived IR objects: collections would only slow it down
         return _Outliner(model, tree, options or OnnxOptions(), on_group, plan).run()

@@ -46,7 +46,7 @@ from rewrite.backends.onnx import torch_private
 from rewrite.backends.onnx.inline import inline_functions
 from rewrite.backends.onnx.standins import DOMAIN as STANDIN_DOMAIN
 from rewrite.backends.onnx.standins import (
-    Materialize,
+    MustInline,
     Plan,
     StandIn,
     Template,
@@ -78,7 +78,7 @@ _INLINED_HOPS = tuple(getattr(torch.ops.higher_order, name) for name in (
     if hasattr(torch.ops.higher_order, name))
 """Higher-order ops that decomposition inlines (their bodies are plain ops), outside the
 repeated bodies (a group holding one is not made a shared body)."""
-__all__ = ["Materialize", "PerBody", "PerBodyLowering", "Unsupported", "check", "functional",
+__all__ = ["MustInline", "PerBody", "PerBodyLowering", "Unsupported", "check", "functional",
            "in_place", "lower_per_body"]
 
 
@@ -110,13 +110,13 @@ class PerBody:
         """What each standing node stands for, for the ONNX frontend."""
         return {node: s.expansion for node, s in self.stand_ins.items()}
 
-    def planned(self, tree: GroupTree) -> "PerBody":
-        """This with the :attr:`plan` for ``tree`` (grouped from this model); raises
-        :class:`standins.Materialize`."""
+    def planned(self, tree: GroupTree) -> "PerBody | MustInline":
+        """This with the :attr:`plan` for ``tree`` (grouped from this model), or the calls
+        that cannot stand in (:func:`standins.plan`)."""
         if not self.stand_ins:
             return self
-        return evolve(self, plan=plan(tree, self.model.graph, self.stand_ins, self.templates,
-                                      self.group_ids))
+        found = plan(tree, self.model.graph, self.stand_ins, self.templates, self.group_ids)
+        return found if isinstance(found, MustInline) else evolve(self, plan=found)
 
 
 def _in_place(node: torch.fx.Node) -> bool:
@@ -135,8 +135,11 @@ def functional(program: torch.export.ExportedProgram) -> torch.export.ExportedPr
     (``run_decompositions({})``, nothing decomposed), which writes each mutation as a new
     value that the program returns (its signature says which buffer or input it updates).
     An AOT-autograd re-trace of the flat program: the one step of this path whose cost grows
-    with the model rather than with its distinct bodies."""
-    return program.run_decompositions({})
+    with the model rather than with its distinct bodies. torch's errors: :class:`TorchFailed`."""
+    try:
+        return program.run_decompositions({})
+    except Exception as e:
+        raise torch_private.TorchFailed.of(e) from e
 
 
 def check(program: torch.export.ExportedProgram) -> None:
@@ -225,7 +228,7 @@ def lower_per_body(program: torch.export.ExportedProgram, tree: GroupTree,
 
 class PerBodyLowering:
     """One program decomposed once (steps 1-2); :meth:`lower` translates and inlines it,
-    again with more calls inlined when the outliner asks (:class:`standins.Materialize`)."""
+    again with more calls inlined when they cannot stand in (:class:`standins.MustInline`)."""
 
     def __init__(self, program: torch.export.ExportedProgram, tree: GroupTree,
                  custom_translation_table: Mapping | None = None) -> None:
@@ -239,9 +242,10 @@ class PerBodyLowering:
             self.decomposed = torch_private.decompose(rebuilt, self.tables)
 
     def lower(self, materialize: frozenset[int] = frozenset(), *,
-              stand_ins: bool = True) -> PerBody:
+              stand_ins: bool = True) -> PerBody | MustInline:
         """Translate and inline: the first call of each body, every call in ``materialize``
-        and, without ``stand_ins``, every call; the others stand in (:mod:`standins`)."""
+        and, without ``stand_ins``, every call; the others stand in (:mod:`standins`). The
+        calls whose first call's inlined nodes cannot be copied: :class:`MustInline`."""
         with gc_paused():
             return _Lowering(self, materialize, stand_ins).run()
 
@@ -256,7 +260,7 @@ class _Lowering:
         self.materialize = materialize
         self.stand_ins = stand_ins
 
-    def run(self) -> PerBody:
+    def run(self) -> PerBody | MustInline:
         model, calls, graph = self.model, self.calls, self.graph
         decomposed = self.decomposed
         ir_by_name = {node.name: node for node in graph.nodes}
@@ -371,8 +375,10 @@ class _Lowering:
                 _repath(node.metadata_props, path_maps[index], parsed)
             elif index in inlined:
                 inlined[index].append(node)
-        templates = {f: self._template(f, inlined[f], input_names[f], names[f], standing)
-                     for f in firsts}
+        templates = {f: self._template(inlined[f], input_names[f], names[f]) for f in firsts}
+        uncopied = [i for i in standing if templates[calls[i].first] is None]
+        if uncopied:
+            return MustInline(uncopied, "a first call's inlined nodes cannot be copied")
         at = {f: [position(f, n) for n in templates[f].nodes] for f in firsts}
         expansions = {}
         for index, node in standing.items():
@@ -385,20 +391,17 @@ class _Lowering:
                        len(calls) - len(standing), expansions, templates,
                        tuple(call.group.id for call in calls), self.materialize)
 
-    def _template(self, first: int, nodes: list[ir.Node], input_names: list[str | None],
-                  output_names: list[str | None], standing: dict[int, ir.Node]) -> Template:
-        """The template of call ``first`` inlined as ``nodes``: inlining kept the names of
-        the call's outputs, and of its inputs (an inlined call's outputs, maybe, whose values
-        it replaced), so both are found again by name."""
+    def _template(self, nodes: list[ir.Node], input_names: list[str | None],
+                  output_names: list[str | None]) -> Template | None:
+        """The template of a first call inlined as ``nodes`` (None: its stand-ins cannot
+        copy it): inlining kept the names of the call's outputs, and of its inputs (an
+        inlined call's outputs, maybe, whose values it replaced), so both are found again
+        by name."""
         made = {v.name: v for n in nodes for v in n.outputs if v.name is not None}
         outer = {v.name: v for n in nodes for v in n.inputs
                  if v is not None and v.name is not None and v.name not in made}
-        template = make_template(nodes, [outer.get(n) if n else None for n in input_names],
-                                 [made.get(n) if n else None for n in output_names])
-        if template is None:
-            raise Materialize([i for i in standing if self.calls[i].first == first],
-                              "a first call's inlined nodes cannot be copied")
-        return template
+        return make_template(nodes, [outer.get(n) if n else None for n in input_names],
+                             [made.get(n) if n else None for n in output_names])
 
     def _stand_ins(self, call_nodes: dict[int, ir.Node]) -> dict[int, ir.Node]:
         """The calls left standing (their nodes moved to :data:`standins.DOMAIN`): not the

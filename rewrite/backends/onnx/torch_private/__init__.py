@@ -25,8 +25,9 @@ result the same (``tests/test_onnx_decompose.py`` compares with torch's plain pa
 
 torchlib's registry is built by :mod:`torchlib`.
 
-Anything missing or changed raises :class:`Unavailable`; the caller then lowers the flat
-program (the public ``torch.onnx.export``).
+Anything missing or changed raises :class:`Unavailable`, an error of torch's own code on
+the program (its decomposition, translation, the opset conversion) :class:`TorchFailed`;
+the caller then lowers the flat program (the public ``torch.onnx.export``).
 
 One private API of onnxscript (checked with 0.7.2), also here: its version converter's
 node-by-node conversion (``_version_converter.convert_version``), which the public
@@ -44,7 +45,11 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 import torch
 
 from rewrite._torch_private import lazy_graph_modules
-from rewrite.backends.onnx.torch_private.base import CHECKED_TORCH_VERSIONS, Unavailable
+from rewrite.backends.onnx.torch_private.base import (
+    CHECKED_TORCH_VERSIONS,
+    TorchFailed,
+    Unavailable,
+)
 from rewrite.backends.onnx.torch_private.recording import (
     Trace,
     placeholders_in_order,
@@ -56,7 +61,7 @@ from rewrite.backends.onnx.torchlib import from_torchlib
 if TYPE_CHECKING:
     import onnx_ir as ir
 
-__all__ = ["CHECKED_TORCH_VERSIONS", "Unavailable", "available", "convert_opset", "decompose",
+__all__ = ["CHECKED_TORCH_VERSIONS", "TorchFailed", "Unavailable", "available", "convert_opset", "decompose",
            "lowering_tables", "target_opset", "translate"]
 
 
@@ -142,6 +147,17 @@ def lowering_tables(custom_translation_table: Mapping | None = None) -> tuple:
 
 def decompose(program: torch.export.ExportedProgram, tables: tuple
               ) -> torch.export.ExportedProgram:
+    """:func:`_decompose`; torch's errors raised as :class:`TorchFailed`."""
+    try:
+        return _decompose(program, tables)
+    except Unavailable:
+        raise
+    except Exception as e:
+        raise TorchFailed.of(e) from e
+
+
+def _decompose(program: torch.export.ExportedProgram, tables: tuple
+               ) -> torch.export.ExportedProgram:
     """``program`` decomposed as torch.onnx.export decomposes it, by a ``make_fx`` re-trace of
     its graph module (placeholders and outputs keep their names: the signature stays valid),
     with the tables of :func:`lowering_tables`. The program must be functional (no
@@ -259,7 +275,11 @@ def translate(decomposed: torch.export.ExportedProgram, tables: tuple) -> "ir.Mo
     """torch.onnx's translation of a decomposed program (each submodule: one function), with
     the registry of :func:`lowering_tables`."""
     registry = tables[0]
-    return _apis()["to_onnx_program"](decomposed, registry=registry).model
+    to_onnx_program = _apis()["to_onnx_program"]
+    try:
+        return to_onnx_program(decomposed, registry=registry).model
+    except Exception as e:
+        raise TorchFailed.of(e) from e
 
 
 def convert_opset(model: "ir.Model") -> None:
@@ -280,7 +300,10 @@ def convert_opset(model: "ir.Model") -> None:
     if refs:
         from onnxscript.version_converter import convert_version
         convert = convert_version
-    convert(model, target_version=target)
+    try:
+        convert(model, target_version=target)
+    except Exception as e:
+        raise TorchFailed.of(e) from e
 
 
 def target_opset() -> int:
