@@ -128,9 +128,9 @@ def sizes_before(program, rules) -> dict[str, int]:
     exported with torch.onnx's optimizer, then outlined (assembled from the backend's parts,
     for this comparison only)."""
     import rewrite
-    from rewrite.backends.onnx.export import export_program
-    from rewrite.backends.onnx.outline import outline
-    from rewrite.backends.onnx.remap import regroup
+    from rewrite.backends.onnx.lowering._flat import export_program
+    from rewrite.backends.onnx.outlining._outline import outline
+    from rewrite.backends.onnx.lowering._regroup import regroup
 
     exported = export_program(program, optimize=True)
     tree, _ = regroup(rules, rewrite.apply(rules, program).tree, exported.model,
@@ -171,7 +171,7 @@ def time_in_memory(program, rules, api_first: bool) -> tuple[float, float]:
     import torch
 
     import rewrite
-    from rewrite.backends.onnx.export import quiet_exporter
+    from rewrite.backends.onnx.lowering._flat import quiet_exporter
 
     def api() -> float:
         start = time.perf_counter()

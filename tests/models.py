@@ -298,12 +298,12 @@ class NormBlock(torch.nn.Module):
 
 
 class Settings(torch.nn.Module):
-    """Four NormBlocks that differ only in eps and scale."""
+    """Blocks of one class that differ only in their settings: four NormBlocks by default."""
 
-    def __init__(self, width: int = 8):
+    def __init__(self, width: int = 8, block: type = NormBlock,
+                 settings=((1e-5, 0.5), (1e-6, 0.5), (1e-5, 0.25), (1e-3, 2.0))):
         super().__init__()
-        settings = [(1e-5, 0.5), (1e-6, 0.5), (1e-5, 0.25), (1e-3, 2.0)]
-        self.blocks = torch.nn.ModuleList(NormBlock(e, s, width) for e, s in settings)
+        self.blocks = torch.nn.ModuleList(block(e, s, width) for e, s in settings)
 
     def forward(self, x):
         for block in self.blocks:
@@ -311,50 +311,38 @@ class Settings(torch.nn.Module):
         return x
 
 
-def settings():
-    torch.manual_seed(0)
-    model = Settings().eval()
-    with torch.no_grad():  # eps matters only for inputs of small variance
+def _small_inputs(model: Settings):
+    """``model`` with its norms' weights drawn, on an input of small variance (where eps
+    matters)."""
+    with torch.no_grad():
         for block in model.blocks:
             block.norm.weight.normal_(1.0, 0.1)
     return model, (torch.randn(2, 3, 8) * 1e-2,), {}
 
 
-class EpsBlock(torch.nn.Module):
-    """A pre-norm residual block: ``x + scale * linear(norm(x))``, its eps and scale settings."""
+def settings():
+    torch.manual_seed(0)
+    return _small_inputs(Settings().eval())
 
-    def __init__(self, eps: float, scale: float, width: int = 8):
-        super().__init__()
-        self.norm = torch.nn.LayerNorm(width, eps=eps)
-        self.lin = torch.nn.Linear(width, width)
-        self.scale = scale
+
+class EpsBlock(NormBlock):
+    """A NormBlock without the ReLU: ``x + linear(norm(x)) * scale``."""
 
     def forward(self, x):
         return x + self.lin(self.norm(x)) * self.scale
 
 
-class EpsBlocks(torch.nn.Module):
+class EpsBlocks(Settings):
     """Four EpsBlocks that differ in eps and in the residual scale, the last 1.0 (a multiply
     an optimizer removes)."""
 
     def __init__(self, width: int = 8):
-        super().__init__()
-        settings = [(1e-5, 0.5), (1e-6, 0.25), (1e-5, 0.125), (1e-3, 1.0)]
-        self.blocks = torch.nn.ModuleList(EpsBlock(e, s, width) for e, s in settings)
-
-    def forward(self, x):
-        for block in self.blocks:
-            x = block(x)
-        return x
+        super().__init__(width, EpsBlock, ((1e-5, 0.5), (1e-6, 0.25), (1e-5, 0.125), (1e-3, 1.0)))
 
 
 def eps_blocks():
     torch.manual_seed(0)
-    model = EpsBlocks().eval()
-    with torch.no_grad():  # eps matters only for inputs of small variance
-        for block in model.blocks:
-            block.norm.weight.normal_(1.0, 0.1)
-    return model, (torch.randn(2, 3, 8) * 1e-2,), {}
+    return _small_inputs(EpsBlocks().eval())
 
 
 class SharedApart(torch.nn.Module):

@@ -124,7 +124,7 @@ def test_body_nodes_keep_their_names_and_metadata(gpt2_lowered):
 
 
 def test_an_optimizer_failure_names_the_function_and_the_way_around(gpt2_lowered, monkeypatch):
-    from rewrite.backends.onnx import optimize as optimize_module
+    from rewrite.backends.onnx.finishing import _optimize as optimize_module
     from rewrite.errors import InputError
 
     def broken(model, **_):

@@ -16,7 +16,7 @@ import pytest
 
 import rewrite
 from rewrite.backends.onnx import OnnxOptions, lower
-from rewrite.backends.onnx.perbody import check, lower_per_body
+from rewrite.backends.onnx.lowering import PerBodyLowering, check
 from rewrite.errors import InputError
 from tests import models
 from tests.onnx_fixtures import (
@@ -46,6 +46,12 @@ def _shape(model: ir.Model) -> dict:
     out["main"] = [(n.domain, n.op_type, _paths(n), sorted(n.metadata_props))
                    for n in model.graph]
     return out
+
+
+def lower_per_body(program, tree):
+    """The per-body lowering of ``program`` grouped as ``tree``, every call but the first of
+    each body standing in."""
+    return PerBodyLowering(program, tree).lower()
 
 
 def _both(rules, program):
@@ -144,7 +150,7 @@ def test_a_repeated_call_that_cannot_be_recorded_falls_back(gpt2_model, gpt2_pro
                                                             monkeypatch):
     """The decomposition records repeated calls without dispatching them, their weights not
     traced; when one cannot be recorded, the flat path is taken with one warning naming it."""
-    from rewrite.backends.onnx import torch_private
+    from rewrite._private import torch_exporter as torch_private
 
     monkeypatch.setattr(torch_private.Trace, "_call_again", lambda self, node: None)
     lowering = lower(rewrite.apply(GPT2_RULES, gpt2_program))
@@ -197,7 +203,7 @@ def test_an_error_of_torch_in_the_per_body_decomposition_falls_back(gpt2_model, 
                                                                      monkeypatch):
     """torch's own decomposition raising on the program is a reason, not a bug: the flat path
     runs (torch.onnx.export runs the same decomposition, and says what fails)."""
-    from rewrite.backends.onnx import torch_private
+    from rewrite._private import torch_exporter as torch_private
 
     def fails(*args):
         raise ValueError("Cannot view a tensor\nwith details")
@@ -216,7 +222,7 @@ def test_an_unexpected_error_in_a_per_body_step_surfaces(gpt2_program, monkeypat
     """A bug in rewrite's own per-body step is not a reason to fall back: it surfaces (no
     silent flat export), and no file is written."""
     from rewrite.backends.onnx import save_onnx
-    from rewrite.backends.onnx.perbody import PerBodyLowering
+    from rewrite.backends.onnx.lowering._perbody import PerBodyLowering
 
     def broken(self, *args, **kwargs):
         raise KeyError("a bug")

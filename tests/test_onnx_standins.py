@@ -15,7 +15,8 @@ import ast
 import pytest
 
 import rewrite
-from rewrite.backends.onnx import OnnxOptions, lower, standins
+from rewrite.backends.onnx import OnnxOptions, lower
+from rewrite.backends.onnx import _standins as standins
 from tests import models
 from tests.onnx_fixtures import GPT2_RULES, LLAMA_RULES, assert_matches_eager, checked_proto
 from tests.test_onnx_perbody import _both, _same_result
@@ -120,7 +121,7 @@ def _refuse_one(original, refused: list):
 def test_a_stand_in_that_does_not_fit_is_inlined(gpt2_3, monkeypatch):
     """The outliner finds a stand-in it cannot call: the lowering runs again with that call
     inlined, and the result is the same."""
-    from rewrite.backends.onnx.outline import _Outliner
+    from rewrite.backends.onnx.outlining._outline import _Outliner
 
     triple, program = gpt2_3
     refused: list = []
@@ -173,8 +174,8 @@ on cycle flatten
 def test_grouping_sees_a_stand_in_as_the_nodes_it_stands_for(text, gpt2_3):
     """The ONNX tree read with stand-ins is the tree of the graph with every call inlined:
     the same groups, sizes (``size`` selectors) and names."""
-    from rewrite.backends.onnx.perbody import PerBodyLowering
-    from rewrite.backends.onnx.remap import regroup_with
+    from rewrite.backends.onnx.lowering._perbody import PerBodyLowering
+    from rewrite.backends.onnx.lowering._regroup import regroup_with
 
     _, program = gpt2_3
     rules = rewrite.parse_rules(text)

@@ -7,20 +7,20 @@
 
   1. per body (:func:`_per_body`; a program with in-place ops first in torch's functional
      form, :func:`perbody.functional`, grouped again): torch.onnx lowers the ops (one
-     decomposition, not optimized), each distinct body translated once (:mod:`perbody`),
+     decomposition, not optimized), each distinct body translated once (:mod:`lowering._perbody`),
      each repeated call but the first of its body left standing in for its nodes
-     (:mod:`standins`); :mod:`remap` groups its nodes with the same rules and
-     :mod:`outline` outlines. Translating, planning and outlining each return the calls
+     (:mod:`_standins`); :mod:`lowering._regroup` groups its nodes with the same rules and
+     :mod:`outlining` outlines. Translating, planning and outlining each return the calls
      that cannot stand in (a :class:`standins.MustInline`) instead of a result: the one
      loop, :func:`_inlining_until_all_fit`, translates again with those inlined too (the
      decomposition kept) until none is found;
   2. the flat program (:func:`_flat`): ``torch.onnx.export``, grouped again, outlined.
 
-  Then :func:`finish`: :mod:`optimize` runs onnxscript's optimizer once per distinct
-  function body and over the main graph (``OnnxOptions.optimize``), :mod:`merge` merges
-  equal functions, :mod:`opsets` fixes the opset imports.
+  Then :func:`finish`: :mod:`finishing._optimize` runs onnxscript's optimizer once per distinct
+  function body and over the main graph (``OnnxOptions.optimize``), :mod:`finishing._merge` merges
+  equal functions, :mod:`_opsets` fixes the opset imports.
 * ``.onnx`` / onnx_ir.Model: outlined with the tree ``apply`` made. A model the caller
-  gave is copied first (:mod:`clone`; the input is never changed); one ``apply`` loaded from
+  gave is copied first (:mod:`lowering._clone`; the input is never changed); one ``apply`` loaded from
   a path belongs to rewrite alone, so the first lowering outlines it as it is (no copy), and
   later lowerings of the same result read the file again.
 """
@@ -35,25 +35,23 @@ import torch
 from attrs import evolve, frozen
 
 from rewrite._gc import gc_paused
-from rewrite.backends.onnx.clone import copy_model
-from rewrite.backends.onnx.export import export_program, quiet_exporter
-from rewrite.backends.onnx.merge import merge_functions
-from rewrite.backends.onnx.naming import drop_node_names
-from rewrite.backends.onnx.opsets import fix_opsets
-from rewrite.backends.onnx.optimize import optimize
-from rewrite.backends.onnx.options import OnnxOptions
-from rewrite.backends.onnx.outline import Outlined, outline
-from rewrite.backends.onnx.progress import SILENT, Progress
-from rewrite.backends.onnx.perbody import (
+from rewrite.backends.onnx._standins import MustInline, Plan
+from rewrite.backends.onnx.finishing import finish
+from rewrite.backends.onnx.lowering import (
+    NOT_HERE,
     PerBodyLowering,
-    Unsupported,
     check,
+    copy_model,
+    export_program,
     functional,
     in_place,
+    quiet_exporter,
+    regroup,
+    regroup_with,
 )
-from rewrite.backends.onnx.standins import MustInline, Plan
-from rewrite.backends.onnx.torch_private import TorchFailed, Unavailable
-from rewrite.backends.onnx.remap import regroup, regroup_with
+from rewrite.backends.onnx.options import OnnxOptions
+from rewrite.backends.onnx.outlining import Outlined, outline
+from rewrite.backends.onnx.progress import SILENT, Progress
 from rewrite.errors import Diagnostic, InputError, first_line
 from rewrite.frontends import load_graph
 from rewrite.grouping import GroupTree, group_graph
@@ -78,7 +76,7 @@ class Lowering:
     program) or ``onnx`` (the input was ONNX)."""
     inlined: int | None = None
     """``per-body``: how many grouped calls were inlined (the first of each body, and those
-    that could not stand in, see ``standins``); the others were never materialized."""
+    that could not stand in, see ``_standins``); the others were never materialized."""
 
 
 _OUTLINED = "rewrite.outlined"
@@ -108,16 +106,28 @@ def lower(result: "Result", options: OnnxOptions | None = None,
     tree = result.tree
     source = tree.graph.source
     if tree.graph.kind == "onnx":
-        model, onnx_tree = _onnx_model(result)
-        lowering = Lowering(model, onnx_tree, _outline(model, onnx_tree, options, progress))
-    elif isinstance(source, torch.export.ExportedProgram):
-        lowering = _lower_program(result, source, options, progress)
-    else:
+        return outline_in_place(*_onnx_model(result), options, progress)
+    if not isinstance(source, torch.export.ExportedProgram):
         raise InputError(
             "ONNX output needs an ExportedProgram, a .pt2 file or an ONNX model; export this "
             "GraphModule with torch.export.export first"
         )
-    optimized = options.optimize and tree.graph.kind != "onnx"
+    return _finished(_lower_program(result, source, options, progress), options, progress,
+                     options.optimize)
+
+
+def outline_in_place(model: ir.Model, tree: GroupTree, options: OnnxOptions,
+                     progress: Progress = SILENT) -> Lowering:
+    """An ONNX model (``.onnx`` input, :class:`rewrite.RewritePass`) outlined in place with
+    ``tree`` (grouped over its main graph) and finished, not optimized."""
+    outlined = _outline(model, tree, options, progress)
+    assert not isinstance(outlined, MustInline), "no stand-ins without a plan"
+    return _finished(Lowering(model, tree, outlined), options, progress, False)
+
+
+def _finished(lowering: Lowering, options: OnnxOptions, progress: Progress, optimized: bool
+              ) -> Lowering:
+    """``lowering`` finished (:func:`finishing.finish`)."""
     with progress.step(f"optimizing {len(lowering.outlined.functions)} functions and the main "
                        "graph" if optimized else "merging equal functions"):
         outlined = finish(lowering.model, lowering.tree, lowering.outlined, options, optimized)
@@ -174,7 +184,7 @@ def _lower_program(result: "Result", program: torch.export.ExportedProgram,
 
 def _flat(result: "Result", program: torch.export.ExportedProgram, tree: GroupTree,
           options: OnnxOptions, progress: Progress) -> Lowering:
-    """``torch.onnx.export`` of the flat program, grouped again (:mod:`remap`), outlined."""
+    """``torch.onnx.export`` of the flat program, grouped again (:mod:`lowering._regroup`), outlined."""
     with progress.step(f"torch.onnx.export ({_count(tree.graph)} FX nodes)"):
         exported = export_program(
             program, optimize=False, custom_translation_table=options.custom_translation_table)
@@ -186,7 +196,7 @@ def _flat(result: "Result", program: torch.export.ExportedProgram, tree: GroupTr
 
 def _per_body(result: "Result", program: torch.export.ExportedProgram, tree: GroupTree,
               options: OnnxOptions, progress: Progress) -> Lowering | NotHere:
-    """Each distinct body decomposed and translated once (:mod:`perbody`; a program with
+    """Each distinct body decomposed and translated once (:mod:`lowering._perbody`; a program with
     in-place ops first in its functional form, grouped again), or why not."""
     try:
         if in_place(program):
@@ -197,7 +207,7 @@ def _per_body(result: "Result", program: torch.export.ExportedProgram, tree: Gro
             with quiet_exporter():
                 lowering = PerBodyLowering(program, tree, options.custom_translation_table)
             return _inlining_until_all_fit(result, lowering, options, progress)
-    except (Unsupported, Unavailable, TorchFailed) as e:
+    except NOT_HERE as e:
         return NotHere(first_line(e), program, tree)
 
 
@@ -245,46 +255,6 @@ def _functional(result: "Result", program: torch.export.ExportedProgram
     with quiet_exporter():
         program = functional(program)
     return program, group_graph(result.rules, load_graph(program))
-
-
-def finish(model: ir.Model, tree: GroupTree, outlined: Outlined, options: OnnxOptions,
-           optimized: bool) -> Outlined:
-    """Optimize the outlined ``model`` if asked, then merge functions (:mod:`merge`) and
-    unname their nodes if asked; ``outlined`` with merged functions replaced."""
-    records = tree.records
-    identity = {fid: (records[k].domain, records[k].function_name)  # type: ignore[union-attr]
-                for k, fid in outlined.by_group.items() if fid is not None}
-    exported_opsets = dict(model.opset_imports)
-    with gc_paused():
-        if optimized:
-            optimize(model, identity.keys())
-        merged = merge_functions(model, identity, lift_scalars=options.constants != "embed")
-        functions = tuple(dict.fromkeys(merged.get(fid, fid) for fid in outlined.functions))
-        fix_opsets(model, [model.functions[fid] for fid in functions], exported_opsets)
-        _initializers_in_first_use_order(model.graph)
-        if not options.body_node_names:
-            drop_node_names(model.functions[fid] for fid in functions)
-    if not merged:
-        return outlined
-    by_group = {k: merged.get(fid, fid) if fid is not None else None
-                for k, fid in outlined.by_group.items()}
-    return Outlined(by_group, functions, outlined.recomputed, outlined.ids)
-
-
-def _initializers_in_first_use_order(graph: ir.Graph) -> None:
-    """Initializers in the order the main graph first reads them, as torch.onnx writes them:
-    onnxruntime lays weights out in memory in this order (measured: ~1% of latency on GPT-2)."""
-    first: dict[str, int] = {}
-    for i, node in enumerate(graph):
-        for value in node.inputs:
-            if value is not None and value.name is not None:
-                first.setdefault(value.name, i)
-    inits = graph.initializers
-    ordered = sorted(inits.items(), key=lambda item: first.get(item[0], len(first) + 1))
-    if [name for name, _ in ordered] != list(inits):
-        inits.clear()
-        for name, value in ordered:
-            inits[name] = value
 
 
 def _count(graph: Graph) -> int:

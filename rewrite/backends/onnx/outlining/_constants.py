@@ -29,9 +29,9 @@ from typing import Hashable
 import onnx_ir as ir
 from attrs import frozen
 
-from rewrite.backends.onnx.membership import Membership
+from rewrite.backends.onnx.outlining._membership import Membership
 from rewrite.backends.onnx.options import OnnxOptions
-from rewrite.backends.onnx.structure import Keyer
+from rewrite.backends.onnx.outlining._body_keys import Keyer
 
 WEIGHT_MARKS = (
     "pkg.torch.export.graph_signature.InputSpec.kind",

@@ -8,14 +8,14 @@ translates it op by op: a 48-block model is decomposed and translated 48 times. 
    every value from outside passed as inputs (:func:`subgraphs.rebuild`). Bodies are the
    same when their nodes are (ops, arguments, scalars; the shapes and types of their inputs)
    and so are their group subtrees, tags and leaving nodes.
-2. :mod:`torch_private` decomposes that program with torch.onnx's decomposition table
+2. :mod:`rewrite._private.torch_exporter` decomposes that program with torch.onnx's decomposition table
    (``make_fx``; the TracingContext's invoke_subgraph cache traces each body once, and each
    further call of a body is recorded without being run) and
    translates it with torch.onnx's translator, which makes one ONNX function per subgraph
    (:class:`PerBodyLowering`: decomposed once, translated again if calls must be inlined).
 3. Each body is converted to torch.onnx.export's opset once. The *first* call of each body is
-   inlined (:mod:`inline`), each inlined node marked with its call; the other calls stay one
-   node each, standing in for the nodes inlining would give (:mod:`standins`; a call whose
+   inlined (:mod:`rewrite._private.onnx_ir_inline`), each inlined node marked with its call; the other calls stay one
+   node each, standing in for the nodes inlining would give (:mod:`_standins`; a call whose
    outputs are used unlike the first's, and every call when asked or under the ``input``
    constant policy, is inlined too, its nodes' metadata (module paths in ``name_scopes`` /
    ``namespace``) that of its own call). A :data:`Resolver` gives each node the module
@@ -42,10 +42,11 @@ from attrs import evolve, field, frozen
 from onnx_ir.passes import common as common_passes
 
 from rewrite._gc import gc_paused
-from rewrite.backends.onnx import torch_private
-from rewrite.backends.onnx.inline import inline_functions
-from rewrite.backends.onnx.standins import DOMAIN as STANDIN_DOMAIN
-from rewrite.backends.onnx.standins import (
+from rewrite._private import torch_exporter
+from rewrite._private.torch_graphs import is_higher_order, is_in_place
+from rewrite._private.onnx_ir_inline import inline_functions
+from rewrite.backends.onnx._standins import DOMAIN as STANDIN_DOMAIN
+from rewrite.backends.onnx._standins import (
     MustInline,
     Plan,
     StandIn,
@@ -54,13 +55,15 @@ from rewrite.backends.onnx.standins import (
     plan,
     stand_in,
 )
-from rewrite.backends.onnx.subgraphs import Unsupported, rebuild
+from rewrite.backends.onnx.lowering._invoke_subgraph import Unsupported, rebuild
+from rewrite.backends.onnx.lowering._provenance import nearest, node_facts
 from rewrite.frontends.onnx import (
     CLASS_HIERARCHY,
+    NAME_SCOPES,
+    NAMESPACE,
     Expansion,
     NodeFacts,
     Resolver,
-    onnx_target,
     read_scopes,
 )
 from rewrite.grouping import GroupTree
@@ -70,8 +73,6 @@ if TYPE_CHECKING:
 
 CALL_KEY = "rewrite.perbody.call"
 """ONNX node metadata while lowering: index of the call an inlined node belongs to."""
-NAME_SCOPES = "pkg.torch.onnx.name_scopes"
-NAMESPACE = "namespace"
 _SUBGRAPH_DOMAIN = "pkg.torch.__subgraph__"
 _INLINED_HOPS = tuple(getattr(torch.ops.higher_order, name) for name in (
     "wrap_with_set_grad_enabled", "wrap_with_autocast")
@@ -79,7 +80,7 @@ _INLINED_HOPS = tuple(getattr(torch.ops.higher_order, name) for name in (
 """Higher-order ops that decomposition inlines (their bodies are plain ops), outside the
 repeated bodies (a group holding one is not made a shared body)."""
 __all__ = ["MustInline", "PerBody", "PerBodyLowering", "Unsupported", "check", "functional",
-           "in_place", "lower_per_body"]
+           "in_place"]
 
 
 @frozen
@@ -119,15 +120,10 @@ class PerBody:
         return found if isinstance(found, MustInline) else evolve(self, plan=found)
 
 
-def _in_place(node: torch.fx.Node) -> bool:
-    return node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload) \
-        and node.target._schema.is_mutable
-
-
 def in_place(program: torch.export.ExportedProgram) -> bool:
     """Whether ``program`` has in-place ops (torch.export's training IR keeps them: a static
     KV cache's ``index_copy_``); :func:`functional` removes them."""
-    return any(_in_place(node) for node in program.graph.nodes)
+    return any(is_in_place(node) for node in program.graph.nodes)
 
 
 def functional(program: torch.export.ExportedProgram) -> torch.export.ExportedProgram:
@@ -139,49 +135,27 @@ def functional(program: torch.export.ExportedProgram) -> torch.export.ExportedPr
     try:
         return program.run_decompositions({})
     except Exception as e:
-        raise torch_private.TorchFailed.of(e) from e
+        raise torch_exporter.TorchFailed.of(e) from e
 
 
 def check(program: torch.export.ExportedProgram) -> None:
     """Raise :class:`Unsupported` for programs this path does not handle (mutations are
     handled in their functional form, see :func:`functional`)."""
-    reason = torch_private.available()
+    reason = torch_exporter.available()
     if reason is not None:
         raise Unsupported(f"torch's private exporter APIs changed ({reason})")
     signature = program.graph_signature
     if getattr(signature, "backward_signature", None) is not None:
         raise Unsupported("the program is a joint forward/backward graph")
     for node in program.graph.nodes:
-        if isinstance(node.target, torch._ops.HigherOrderOperator) \
+        if is_higher_order(node.target) \
                 and node.target not in _INLINED_HOPS:
             raise Unsupported(f"the program has a higher-order op ({node.target.name()})")
-        if _in_place(node):  # one :func:`functional` left
+        if is_in_place(node):  # one :func:`functional` left
             raise Unsupported(f"the program has an in-place op ({node.target})")
         val = node.meta.get("val")
         if isinstance(val, torch.Tensor) and not all(isinstance(d, int) for d in val.shape):
             raise Unsupported("the program has dynamic shapes")
-
-
-def _sources(node: Any) -> tuple:
-    """``from_node`` provenance of an FX node or of a provenance record."""
-    if isinstance(node, torch.fx.Node):
-        return tuple(node.meta.get("from_node") or ())
-    return tuple(getattr(node, "from_node", None) or ())
-
-
-def _original(fx_node: torch.fx.Node, names: dict[str, Any]) -> Any:
-    """What ``names`` maps the nearest ``from_node`` ancestor of ``fx_node`` to (that exists
-    there), else what it maps ``fx_node``'s own name to (as ``remap._original_name``)."""
-    todo = list(_sources(fx_node))
-    seen = 0
-    while todo and seen < 64:
-        node = todo.pop(0)
-        seen += 1
-        found = names.get(getattr(node, "name", None))
-        if found is not None:
-            return found
-        todo.extend(_sources(node))
-    return names.get(fx_node.name)
 
 
 def _path_map(first: "list[Node]", this: "list[Node]") -> dict[str, str]:
@@ -218,14 +192,6 @@ def _repath(props: dict[str, str], paths: dict[str, str], parsed: dict[str, Any]
                                     for path, sep, rest in parsed[key])
 
 
-def lower_per_body(program: torch.export.ExportedProgram, tree: GroupTree,
-                   custom_translation_table: Mapping | None = None, *,
-                   stand_ins: bool = True) -> PerBody:
-    """The ONNX model of ``program`` and how to group it (see the module docstring); ops
-    translated as ``torch.onnx.export(custom_translation_table=...)`` translates them."""
-    return PerBodyLowering(program, tree, custom_translation_table).lower(stand_ins=stand_ins)
-
-
 class PerBodyLowering:
     """One program decomposed once (steps 1-2); :meth:`lower` translates and inlines it,
     again with more calls inlined when they cannot stand in (:class:`standins.MustInline`)."""
@@ -237,41 +203,61 @@ class PerBodyLowering:
         # the inlining took 5-8x longer with it)
         with gc_paused():
             self.tree = tree
-            self.tables = torch_private.lowering_tables(custom_translation_table)
+            self.tables = torch_exporter.lowering_tables(custom_translation_table)
             rebuilt, self.calls = rebuild(program, tree)
-            self.decomposed = torch_private.decompose(rebuilt, self.tables)
+            self.decomposed = torch_exporter.decompose(rebuilt, self.tables)
 
     def lower(self, materialize: frozenset[int] = frozenset(), *,
               stand_ins: bool = True) -> PerBody | MustInline:
         """Translate and inline: the first call of each body, every call in ``materialize``
-        and, without ``stand_ins``, every call; the others stand in (:mod:`standins`). The
+        and, without ``stand_ins``, every call; the others stand in (:mod:`_standins`). The
         calls whose first call's inlined nodes cannot be copied: :class:`MustInline`."""
         with gc_paused():
             return _Lowering(self, materialize, stand_ins).run()
 
 
 class _Lowering:
+    """One translation of a :class:`PerBodyLowering` (see :meth:`PerBodyLowering.lower`)."""
+
     def __init__(self, source: PerBodyLowering, materialize: frozenset[int],
                  stand_ins: bool) -> None:
         self.calls = source.calls
         self.decomposed = source.decomposed
-        self.model = torch_private.translate(source.decomposed, source.tables)
+        self.model = torch_exporter.translate(source.decomposed, source.tables)
         self.graph = source.tree.graph
         self.materialize = materialize
         self.stand_ins = stand_ins
 
     def run(self) -> PerBody | MustInline:
-        model, calls, graph = self.model, self.calls, self.graph
-        decomposed = self.decomposed
-        ir_by_name = {node.name: node for node in graph.nodes}
-        main = {n.name: n for n in decomposed.graph_module.graph.nodes}
-        call_by_name = {call.name: i for i, call in enumerate(calls)}
-        body_index = [{n.name: i for i, n in enumerate(call.nodes)} for call in calls]
-        decomposed_body: dict[int, dict[str, torch.fx.Node]] = {}
+        calls = self.calls
+        call_nodes, facts = self._mark_calls()
+        standing, input_names, names = self._inline(call_nodes)
+        firsts = set(input_names)
+        inlined = self._unmark(standing, facts, firsts)
+        templates = {f: self._template(inlined[f], input_names[f], names[f]) for f in firsts}
+        uncopied = [i for i in standing if templates[calls[i].first] is None]
+        if uncopied:
+            return MustInline(uncopied, "a first call's inlined nodes cannot be copied")
+        at = {f: [facts.position(f, n) for n in templates[f].nodes] for f in firsts}
+        expansions = {}
+        for index, node in standing.items():
+            first = calls[index].first
+            template = templates[first]
+            expansions[node] = stand_in(node, index, first, template, [
+                facts.of_call(index, p, n) for p, n in zip(at[first], template.nodes)])
+        distinct = len({call.first for call in calls})
+        return PerBody(self.model, facts, distinct, len(calls),
+                       len(calls) - len(standing), expansions, templates,
+                       tuple(call.group.id for call in calls), self.materialize)
 
-        # mark every call node with its call
+    def _mark_calls(self) -> "tuple[dict[int, ir.Node], _Facts]":
+        """Every call node of the translated model marked with its call (``CALL_KEY``): the
+        call nodes by call, and the facts of the model's nodes (read while marked)."""
+        main = {n.name: n for n in self.decomposed.graph_module.graph.nodes}
+        call_by_name = {call.name: i for i, call in enumerate(self.calls)}
+        bodies: dict[int, dict[str, torch.fx.Node]] = {}
         call_nodes: dict[int, ir.Node] = {}
-        for node in model.graph:
+        for node in self.model.graph:
             if node.domain != _SUBGRAPH_DOMAIN:
                 continue
             scopes = read_scopes(node)
@@ -282,16 +268,24 @@ class _Lowering:
             node.metadata_props[CALL_KEY] = str(origin)
             call_nodes[origin] = node
             getter = fx_call.args[0]
-            body = getattr(decomposed.graph_module, getter.target)
-            decomposed_body[origin] = {n.name: n for n in body.graph.nodes}
-        # torch.onnx.export converts its model to its default opset (onnxscript's converter
-        # inlines every function first): here each body is converted once, then inlined (the
-        # bodies, torchlib's helpers: each inlined node keeps its call's marks); dead nodes go
-        # (the translation of a re-traced graph can leave a dead Constant that the flat export
-        # does not have; it would upset outlining)
-        torch_private.convert_opset(model)
+            body = getattr(self.decomposed.graph_module, getter.target)
+            bodies[origin] = {n.name: n for n in body.graph.nodes}
+        return call_nodes, _Facts(self.calls, self.graph, main, bodies)
+
+    def _inline(self, call_nodes: dict[int, ir.Node]) -> tuple[
+            dict[int, ir.Node], dict[int, list[str | None]], dict[int, list[str | None]]]:
+        """Convert the opset, leave the stand-ins, inline the rest: the calls left standing,
+        and per first call of a stand-in the names of its inputs and outputs.
+
+        torch.onnx.export converts its model to its default opset (onnxscript's converter
+        inlines every function first): here each body is converted once, then inlined (the
+        bodies, torchlib's helpers: each inlined node keeps its call's marks); dead nodes go
+        (the translation of a re-traced graph can leave a dead Constant that the flat export
+        does not have; it would upset outlining)."""
+        model = self.model
+        torch_exporter.convert_opset(model)
         standing = self._stand_ins(call_nodes)
-        firsts = {calls[i].first for i in standing}
+        firsts = {self.calls[i].first for i in standing}
         input_names = {f: [v.name if v is not None else None for v in call_nodes[f].inputs]
                        for f in firsts}
         names = {f: [v.name for v in call_nodes[f].outputs] for f in firsts}
@@ -300,73 +294,29 @@ class _Lowering:
                         common_passes.RemoveUnusedOpsetsPass()):
             cleanup(model)
         standing = {i: n for i, n in standing.items() if n.graph is model.graph}
+        return standing, input_names, names
 
-        # module paths of the first call -> this call's, for the other calls inlined
+    def _path_maps(self, standing: dict[int, ir.Node]) -> dict[int, dict[str, str]]:
+        """Module paths of the first call -> this call's, for the other calls inlined."""
+        calls, graph = self.calls, self.graph
         repathed = [i for i, call in enumerate(calls) if call.first != i and i not in standing]
         ir_nodes = {i: [graph.nodes[j] for j in calls[i].group.all_nodes()]
                     for i in {*repathed, *(calls[i].first for i in repathed)}}
-        path_maps = {i: _path_map(ir_nodes[calls[i].first], ir_nodes[i]) for i in repathed}
-        first_names = {first: {n.name: n for n in calls[first].nodes}
-                       for first in {call.first for call in calls}}
-        facts: dict[int, NodeFacts | None] = {}
-        # the nodes of every call of one body carry the same metadata texts until repathed,
-        # and come from the same decomposed body nodes: parsed and traced back once per body
-        # node
-        scopes_of: dict[tuple, Any] = {}
-        position_of: dict[tuple[int, str], int | None] = {}
+        return {i: _path_map(ir_nodes[calls[i].first], ir_nodes[i]) for i in repathed}
 
-        def scopes_for(onnx_node: ir.Node) -> Any:
-            props = onnx_node.metadata_props
-            key = (props.get(NAME_SCOPES), props.get(CLASS_HIERARCHY))
-            if key not in scopes_of:
-                scopes_of[key] = read_scopes(onnx_node)
-            return scopes_of[key]
-
-        def position(index: int, onnx_node: ir.Node) -> int | None:
-            """Position in its call's body of the FX node an inlined node came from."""
-            scopes = scopes_for(onnx_node)
-            if scopes is None:
-                return None
-            first = calls[index].first
-            key = (first, scopes[0][-1])
-            if key not in position_of:
-                fx = decomposed_body.get(index, {}).get(scopes[0][-1])
-                source = _original(fx, first_names[first]) if fx is not None else None
-                position_of[key] = (body_index[first].get(source.name)
-                                    if source is not None else None)
-            return position_of[key]
-
-        def of_call(index: int, at: int | None, onnx_node: ir.Node) -> NodeFacts:
-            original = ir_by_name.get(calls[index].nodes[at].name) if at is not None else None
-            return _facts(original, onnx_node)
-
-        def resolve(onnx_node: ir.Node) -> NodeFacts:
-            mark = onnx_node.metadata_props.get(CALL_KEY)
-            if mark is not None:
-                index = int(mark)
-                return of_call(index, position(index, onnx_node), onnx_node)
-            scopes = scopes_for(onnx_node)
-            original = None
-            if scopes is not None:
-                fx = main.get(scopes[0][-1])
-                if fx is not None and fx.op != "placeholder":
-                    original = _original(fx, ir_by_name)
-            return _facts(original, onnx_node)
-
-        def resolver(onnx_node: ir.Node) -> NodeFacts:
-            key = id(onnx_node)
-            if key not in facts:
-                facts[key] = resolve(onnx_node)
-            return facts[key]
-
+    def _unmark(self, standing: dict[int, ir.Node], facts: "_Facts", firsts: set[int]
+                ) -> dict[int, list[ir.Node]]:
+        """Resolve every node while the marks are there, then repath the other calls' nodes
+        and drop the marks; the inlined nodes of each first call in ``firsts``."""
+        path_maps = self._path_maps(standing)
         parsed: dict[str, Any] = {}
         inlined: dict[int, list[ir.Node]] = {f: [] for f in firsts}
         standing_nodes = set(standing.values())
-        for node in model.graph:  # resolve while the marks are there, then repath, drop them
+        for node in self.model.graph:
             if node in standing_nodes:
                 node.metadata_props.pop(CALL_KEY, None)
                 continue
-            resolver(node)
+            facts(node)
             mark = node.metadata_props.pop(CALL_KEY, None)
             if mark is None:
                 continue
@@ -375,21 +325,7 @@ class _Lowering:
                 _repath(node.metadata_props, path_maps[index], parsed)
             elif index in inlined:
                 inlined[index].append(node)
-        templates = {f: self._template(inlined[f], input_names[f], names[f]) for f in firsts}
-        uncopied = [i for i in standing if templates[calls[i].first] is None]
-        if uncopied:
-            return MustInline(uncopied, "a first call's inlined nodes cannot be copied")
-        at = {f: [position(f, n) for n in templates[f].nodes] for f in firsts}
-        expansions = {}
-        for index, node in standing.items():
-            first = calls[index].first
-            template = templates[first]
-            expansions[node] = stand_in(node, index, first, template, [
-                of_call(index, p, n) for p, n in zip(at[first], template.nodes)])
-        distinct = len({call.first for call in calls})
-        return PerBody(model, resolver, distinct, len(calls),
-                       len(calls) - len(standing), expansions, templates,
-                       tuple(call.group.id for call in calls), self.materialize)
+        return inlined
 
     def _template(self, nodes: list[ir.Node], input_names: list[str | None],
                   output_names: list[str | None]) -> Template | None:
@@ -421,15 +357,75 @@ class _Lowering:
         return standing
 
 
-def _facts(original: "Node | None", onnx_node: ir.Node) -> NodeFacts:
-    """The facts of the grouped program's node ``original`` for ``onnx_node`` (none known
-    for an I/O node or no node: its own op)."""
-    if original is None or original.is_io:
-        return NodeFacts(None, onnx_target(onnx_node))
-    return NodeFacts(original.stack, original.target, original.tags)
+class _Facts:
+    """The :data:`Resolver` of a translated model: the module stack, op target and tags of
+    the grouped program's node each ONNX node came from, worked out once per node. The nodes
+    of every call of one body carry the same metadata texts until repathed, and come from the
+    same decomposed body nodes: parsed and traced back once per body node."""
+
+    def __init__(self, calls, graph, main: dict[str, torch.fx.Node],
+                 bodies: dict[int, dict[str, torch.fx.Node]]) -> None:
+        self.calls = calls
+        self.main = main
+        """The decomposed program's nodes by name."""
+        self.bodies = bodies
+        """Per call, its decomposed body's nodes by name."""
+        self.ir_by_name = {node.name: node for node in graph.nodes}
+        self.body_index = [{n.name: i for i, n in enumerate(call.nodes)} for call in calls]
+        self.first_names = {first: {n.name: n for n in calls[first].nodes}
+                            for first in {call.first for call in calls}}
+        self.facts: dict[int, NodeFacts | None] = {}
+        self.scopes_of: dict[tuple, Any] = {}
+        self.position_of: dict[tuple[int, str], int | None] = {}
+
+    def __call__(self, onnx_node: ir.Node) -> NodeFacts:
+        key = id(onnx_node)
+        if key not in self.facts:
+            self.facts[key] = self._resolve(onnx_node)
+        return self.facts[key]
+
+    def _scopes(self, onnx_node: ir.Node) -> Any:
+        props = onnx_node.metadata_props
+        key = (props.get(NAME_SCOPES), props.get(CLASS_HIERARCHY))
+        if key not in self.scopes_of:
+            self.scopes_of[key] = read_scopes(onnx_node)
+        return self.scopes_of[key]
+
+    def position(self, index: int, onnx_node: ir.Node) -> int | None:
+        """Position in its call's body of the FX node an inlined node came from."""
+        scopes = self._scopes(onnx_node)
+        if scopes is None:
+            return None
+        first = self.calls[index].first
+        key = (first, scopes[0][-1])
+        if key not in self.position_of:
+            fx = self.bodies.get(index, {}).get(scopes[0][-1])
+            source = nearest(fx, self.first_names[first]) if fx is not None else None
+            self.position_of[key] = (self.body_index[first].get(source.name)
+                                     if source is not None else None)
+        return self.position_of[key]
+
+    def of_call(self, index: int, at: int | None, onnx_node: ir.Node) -> NodeFacts:
+        """The facts of the node at position ``at`` of call ``index``'s body."""
+        original = (self.ir_by_name.get(self.calls[index].nodes[at].name)
+                    if at is not None else None)
+        return node_facts(original, onnx_node)
+
+    def _resolve(self, onnx_node: ir.Node) -> NodeFacts:
+        mark = onnx_node.metadata_props.get(CALL_KEY)
+        if mark is not None:
+            index = int(mark)
+            return self.of_call(index, self.position(index, onnx_node), onnx_node)
+        scopes = self._scopes(onnx_node)
+        original = None
+        if scopes is not None:
+            fx = self.main.get(scopes[0][-1])
+            if fx is not None and fx.op != "placeholder":
+                original = nearest(fx, self.ir_by_name)
+        return node_facts(original, onnx_node)
 
 
 def _origin_call(fx_call: torch.fx.Node | None, call_by_name: dict[str, int]) -> int | None:
     if fx_call is None:
         return None
-    return _original(fx_call, call_by_name)
+    return nearest(fx_call, call_by_name)

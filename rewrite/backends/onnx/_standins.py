@@ -1,6 +1,6 @@
 """Calls left as one node: each stands in for the nodes inlining it would give.
 
-The per-body lowering (:mod:`perbody`) gets from torch.onnx one function per distinct body and
+The per-body lowering (:mod:`lowering._perbody`) gets from torch.onnx one function per distinct body and
 one call of it per grouped call. Only the first call of each body is inlined; every other
 call stays one node (domain :data:`DOMAIN`, which onnx_ir's ``InlinePass`` skips) that *stands
 in* for the nodes inlining it would give:
@@ -11,7 +11,7 @@ in* for the nodes inlining it would give:
 * :func:`plan` checks that each stand-in's rows form a group subtree shaped like the first
   call's (same groups, kinds, names, domains, each row in the matching group) and gives the
   outliner a :class:`Reuse`: the stand-in's group becomes a call of the function the first
-  call's group got, its arguments and outputs picked by position (:mod:`outline`).
+  call's group got, its arguments and outputs picked by position (:mod:`outlining`).
 
 Anything else (rows that form no such subtree; a first-call function that reads a value that
 is not one of the call's inputs or returns one that is not its output; an embedded constant

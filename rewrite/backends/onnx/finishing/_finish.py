@@ -1,0 +1,57 @@
+"""The last stage: the outlined model optimized, equal functions merged, opsets fixed."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import onnx_ir as ir
+
+from rewrite._gc import gc_paused
+from rewrite.backends.onnx._opsets import fix_opsets
+from rewrite.backends.onnx.finishing._merge import merge_functions
+from rewrite.backends.onnx.finishing._optimize import optimize
+from rewrite.backends.onnx.options import OnnxOptions
+from rewrite.backends.onnx.outlining import Outlined, drop_node_names
+
+if TYPE_CHECKING:
+    from rewrite.grouping import GroupTree
+
+
+def finish(model: ir.Model, tree: GroupTree, outlined: Outlined, options: OnnxOptions,
+           optimized: bool) -> Outlined:
+    """Optimize the outlined ``model`` if asked, then merge functions (:mod:`finishing._merge`) and
+    unname their nodes if asked; ``outlined`` with merged functions replaced."""
+    records = tree.records
+    identity = {fid: (records[k].domain, records[k].function_name)  # type: ignore[union-attr]
+                for k, fid in outlined.by_group.items() if fid is not None}
+    exported_opsets = dict(model.opset_imports)
+    with gc_paused():
+        if optimized:
+            optimize(model, identity.keys())
+        merged = merge_functions(model, identity, lift_scalars=options.constants != "embed")
+        functions = tuple(dict.fromkeys(merged.get(fid, fid) for fid in outlined.functions))
+        fix_opsets(model, [model.functions[fid] for fid in functions], exported_opsets)
+        _initializers_in_first_use_order(model.graph)
+        if not options.body_node_names:
+            drop_node_names(model.functions[fid] for fid in functions)
+    if not merged:
+        return outlined
+    by_group = {k: merged.get(fid, fid) if fid is not None else None
+                for k, fid in outlined.by_group.items()}
+    return Outlined(by_group, functions, outlined.recomputed, outlined.ids)
+
+
+def _initializers_in_first_use_order(graph: ir.Graph) -> None:
+    """Initializers in the order the main graph first reads them, as torch.onnx writes them:
+    onnxruntime lays weights out in memory in this order (measured: ~1% of latency on GPT-2)."""
+    first: dict[str, int] = {}
+    for i, node in enumerate(graph):
+        for value in node.inputs:
+            if value is not None and value.name is not None:
+                first.setdefault(value.name, i)
+    inits = graph.initializers
+    ordered = sorted(inits.items(), key=lambda item: first.get(item[0], len(first) + 1))
+    if [name for name, _ in ordered] != list(inits):
+        inits.clear()
+        for name, value in ordered:
+            inits[name] = value
