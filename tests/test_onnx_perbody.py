@@ -16,7 +16,7 @@ import pytest
 
 import rewrite
 from rewrite.backends.onnx import OnnxOptions, lower
-from rewrite.backends.onnx.lowering import PerBodyLowering, check
+from rewrite.backends.onnx.lowering import DecomposedProgram, check
 from rewrite.errors import InputError
 from tests import models
 from tests.onnx_fixtures import (
@@ -51,7 +51,7 @@ def _shape(model: ir.Model) -> dict:
 def lower_per_body(program, tree):
     """The per-body lowering of ``program`` grouped as ``tree``, every call but the first of
     each body standing in."""
-    return PerBodyLowering(program, tree).lower()
+    return DecomposedProgram(program, tree).translate()
 
 
 def _both(rules, program):
@@ -222,12 +222,12 @@ def test_an_unexpected_error_in_a_per_body_step_surfaces(gpt2_program, monkeypat
     """A bug in rewrite's own per-body step is not a reason to fall back: it surfaces (no
     silent flat export), and no file is written."""
     from rewrite.backends.onnx import save_onnx
-    from rewrite.backends.onnx.lowering._perbody import PerBodyLowering
+    from rewrite.backends.onnx.lowering._perbody import DecomposedProgram
 
     def broken(self, *args, **kwargs):
         raise KeyError("a bug")
 
-    monkeypatch.setattr(PerBodyLowering, "lower", broken)
+    monkeypatch.setattr(DecomposedProgram, "translate", broken)
     out = tmp_path / "out.onnx"
     with pytest.raises(KeyError, match="a bug"):
         save_onnx(rewrite.apply(GPT2_RULES, gpt2_program), out, lowering=lowering)

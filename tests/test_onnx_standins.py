@@ -174,16 +174,16 @@ on cycle flatten
 def test_grouping_sees_a_stand_in_as_the_nodes_it_stands_for(text, gpt2_3):
     """The ONNX tree read with stand-ins is the tree of the graph with every call inlined:
     the same groups, sizes (``size`` selectors) and names."""
-    from rewrite.backends.onnx.lowering._perbody import PerBodyLowering
+    from rewrite.backends.onnx.lowering._perbody import DecomposedProgram
     from rewrite.backends.onnx.lowering._regroup import regroup_with
 
     _, program = gpt2_3
     rules = rewrite.parse_rules(text)
     result = rewrite.apply(rules, program)
-    lowering = PerBodyLowering(program, result.tree)
+    lowering = DecomposedProgram(program, result.tree)
 
     def tree(stand_ins: bool):
-        lowered = lowering.lower(stand_ins=stand_ins)
+        lowered = lowering.translate(stand_ins=stand_ins)
         assert bool(lowered.stand_ins) == stand_ins
         grouped, warnings = regroup_with(rules, result.tree, lowered.model, lowered.resolver,
                                          lowered.expansions)

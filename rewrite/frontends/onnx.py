@@ -121,11 +121,11 @@ def _parse_list(text: str) -> object:
 def read_scopes(node: "ir.Node") -> tuple[list[str], list[str]] | None:
     """``(name_scopes, class_hierarchy)`` from a node's metadata, None when absent/unusable."""
     props = node.metadata_props
-    return _scopes(_string_list(props.get(NAME_SCOPES)),
-                   _string_list(props.get(CLASS_HIERARCHY)))
+    return _scopes(string_list(props.get(NAME_SCOPES)),
+                   string_list(props.get(CLASS_HIERARCHY)))
 
 
-def _string_list(text: str | None) -> list[str] | None:
+def string_list(text: str | None) -> list[str] | None:
     """The list of strings ``text`` spells, None when absent or not a list (or not text:
     a corrupt file's metadata that is not UTF-8 reads as bytes)."""
     if not text or type(text) is not str:
@@ -219,12 +219,12 @@ class _MetadataReader:
         return stack, self._targets.id(classes[-1])
 
     def _list(self, text: str | None) -> list[str] | None:
-        """``_string_list(text)``, once per text (shared: do not change it)."""
+        """``string_list(text)``, once per text (shared: do not change it)."""
         if text is None:
             return None
         found = self._lists.get(text, _UNSEEN)
         if found is _UNSEEN:
-            found = self._lists[text] = _string_list(text)
+            found = self._lists[text] = string_list(text)
         return found  # type: ignore[return-value]
 
 

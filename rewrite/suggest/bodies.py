@@ -54,7 +54,13 @@ def _onnx_key(model: ir.Model) -> Callable[[Sequence[ir.Node]], Hashable]:
     """The outliner's body key, for bodies of ``model``'s main graph (the backend is imported
     here, for ONNX-sourced graphs only: it imports torch.onnx and onnxscript)."""
     from rewrite.backends.onnx.options import OnnxOptions
-    from rewrite.backends.onnx.outlining import ConstantPolicy, Keyer, boundary, owners, weight_names
+    from rewrite.backends.onnx.outlining import (
+        ConstantPolicy,
+        Keyer,
+        boundary,
+        owners,
+        weight_names,
+    )
 
     keyer = Keyer()
     policy = ConstantPolicy(OnnxOptions(), keyer, weight_names(model))
@@ -62,13 +68,8 @@ def _onnx_key(model: ir.Model) -> Callable[[Sequence[ir.Node]], Hashable]:
 
     def key(members: Sequence[ir.Node]) -> Hashable:
         inputs, outputs = boundary(list(members), set(members), owner)
-        args, constants = [], {}
-        for value in inputs:
-            embedded = policy.embedded(value)
-            if embedded is None:
-                args.append(value)
-            else:
-                constants[value] = embedded.key
+        args, embedded = policy.split(inputs)
+        constants = {value: constant.key for value, constant in embedded.items()}
         return keyer.body(("", ""), list(members), args, constants, outputs)
 
     return key

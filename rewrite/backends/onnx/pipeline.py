@@ -39,7 +39,7 @@ from rewrite.backends.onnx._standins import MustInline, Plan
 from rewrite.backends.onnx.finishing import finish
 from rewrite.backends.onnx.lowering import (
     NOT_HERE,
-    PerBodyLowering,
+    DecomposedProgram,
     check,
     copy_model,
     export_program,
@@ -205,13 +205,13 @@ def _per_body(result: "Result", program: torch.export.ExportedProgram, tree: Gro
         with progress.step("torch.onnx: decomposing and translating each distinct body once"):
             check(program)
             with quiet_exporter():
-                lowering = PerBodyLowering(program, tree, options.custom_translation_table)
-            return _inlining_until_all_fit(result, lowering, options, progress)
+                decomposed = DecomposedProgram(program, tree, options.custom_translation_table)
+            return _inlining_until_all_fit(result, decomposed, options, progress)
     except NOT_HERE as e:
         return NotHere(first_line(e), program, tree)
 
 
-def _inlining_until_all_fit(result: "Result", lowering: PerBodyLowering,
+def _inlining_until_all_fit(result: "Result", decomposed: DecomposedProgram,
                             options: OnnxOptions, progress: Progress) -> Lowering:
     """The one loop of the per-body path: translate with the first call of each body and the
     calls in ``inlined`` inlined, the others standing in where they can (not under the
@@ -220,7 +220,7 @@ def _inlining_until_all_fit(result: "Result", lowering: PerBodyLowering,
     :class:`MustInline`): again with those inlined too, until none is found."""
     inlined: frozenset[int] = frozenset()
     while True:
-        found = _translate_and_outline(result, lowering, options, progress, inlined)
+        found = _translate_and_outline(result, decomposed, options, progress, inlined)
         if isinstance(found, Lowering):
             return found
         grown = inlined | found.calls
@@ -228,12 +228,13 @@ def _inlining_until_all_fit(result: "Result", lowering: PerBodyLowering,
         inlined = grown
 
 
-def _translate_and_outline(result: "Result", lowering: PerBodyLowering, options: OnnxOptions,
+def _translate_and_outline(result: "Result", decomposed: DecomposedProgram,
+                           options: OnnxOptions,
                            progress: Progress, inlined: frozenset[int]
                            ) -> Lowering | MustInline:
     """One round of :func:`_inlining_until_all_fit`."""
     with quiet_exporter():
-        lowered = lowering.lower(inlined, stand_ins=options.constants != "input")
+        lowered = decomposed.translate(inlined, stand_ins=options.constants != "input")
     if isinstance(lowered, MustInline):
         return lowered
     onnx_tree, warnings = regroup_with(result.rules, result.tree, lowered.model,

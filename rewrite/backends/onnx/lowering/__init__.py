@@ -19,8 +19,8 @@ from rewrite.backends.onnx.lowering._clone import copy_model
 from rewrite.backends.onnx.lowering._flat import export_program, quiet_exporter
 from rewrite.backends.onnx.lowering._invoke_subgraph import Unsupported
 from rewrite.backends.onnx.lowering._perbody import (
-    PerBody,
-    PerBodyLowering,
+    Translation,
+    DecomposedProgram,
     check,
     functional,
     in_place,
@@ -33,6 +33,6 @@ NOT_HERE = (Unsupported, Unavailable, TorchFailed)
 shape (:class:`Unsupported`), torch's private APIs missing (:class:`Unavailable`), torch's
 own code failing on it (:class:`TorchFailed`)."""
 
-__all__ = ["NOT_HERE", "PerBody", "PerBodyLowering", "TorchFailed", "Unavailable",
+__all__ = ["NOT_HERE", "Translation", "DecomposedProgram", "TorchFailed", "Unavailable",
            "Unsupported", "check", "copy_model", "export_program", "functional", "in_place",
            "quiet_exporter", "regroup", "regroup_with"]

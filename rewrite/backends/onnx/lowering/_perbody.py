@@ -12,7 +12,8 @@ translates it op by op: a 48-block model is decomposed and translated 48 times. 
    (``make_fx``; the TracingContext's invoke_subgraph cache traces each body once, and each
    further call of a body is recorded without being run) and
    translates it with torch.onnx's translator, which makes one ONNX function per subgraph
-   (:class:`PerBodyLowering`: decomposed once, translated again if calls must be inlined).
+   (:class:`DecomposedProgram`: decomposed once, translated again if calls must be inlined,
+   :meth:`DecomposedProgram.translate`).
 3. Each body is converted to torch.onnx.export's opset once. The *first* call of each body is
    inlined (:mod:`rewrite._private.onnx_ir_inline`), each inlined node marked with its call; the other calls stay one
    node each, standing in for the nodes inlining would give (:mod:`_standins`; a call whose
@@ -33,7 +34,6 @@ a few list entries each, not their nodes.
 
 from __future__ import annotations
 
-import ast
 from typing import TYPE_CHECKING, Any, Mapping
 
 import onnx_ir as ir
@@ -65,6 +65,7 @@ from rewrite.frontends.onnx import (
     NodeFacts,
     Resolver,
     read_scopes,
+    string_list,
 )
 from rewrite.grouping import GroupTree
 
@@ -79,12 +80,12 @@ _INLINED_HOPS = tuple(getattr(torch.ops.higher_order, name) for name in (
     if hasattr(torch.ops.higher_order, name))
 """Higher-order ops that decomposition inlines (their bodies are plain ops), outside the
 repeated bodies (a group holding one is not made a shared body)."""
-__all__ = ["MustInline", "PerBody", "PerBodyLowering", "Unsupported", "check", "functional",
+__all__ = ["MustInline", "Translation", "DecomposedProgram", "Unsupported", "check", "functional",
            "in_place"]
 
 
 @frozen
-class PerBody:
+class Translation:
     """The ONNX model (calls inlined or standing) and how to group its nodes."""
 
     model: ir.Model
@@ -102,7 +103,7 @@ class PerBody:
     group_ids: tuple[str, ...] = ()
     """Per call, its group's display id."""
     materialized: frozenset[int] = frozenset()
-    """Calls inlined because they could not stand in (asked by :meth:`PerBodyLowering.lower`)."""
+    """Calls inlined because they could not stand in (asked by :meth:`DecomposedProgram.translate`)."""
     plan: Plan | None = None
     """The outliner's :class:`standins.Plan`, once grouped (:meth:`planned`)."""
 
@@ -111,7 +112,7 @@ class PerBody:
         """What each standing node stands for, for the ONNX frontend."""
         return {node: s.expansion for node, s in self.stand_ins.items()}
 
-    def planned(self, tree: GroupTree) -> "PerBody | MustInline":
+    def planned(self, tree: GroupTree) -> "Translation | MustInline":
         """This with the :attr:`plan` for ``tree`` (grouped from this model), or the calls
         that cannot stand in (:func:`standins.plan`)."""
         if not self.stand_ins:
@@ -176,12 +177,9 @@ def _repath(props: dict[str, str], paths: dict[str, str], parsed: dict[str, Any]
     scopes = props.get(NAME_SCOPES)
     if scopes:
         if scopes not in parsed:
-            try:
-                parsed[scopes] = ast.literal_eval(scopes)
-            except (ValueError, SyntaxError):
-                parsed[scopes] = None
+            parsed[scopes] = string_list(scopes)
         items = parsed[scopes]
-        if isinstance(items, list):
+        if items is not None:
             props[NAME_SCOPES] = repr([paths.get(s, s) for s in items])
     namespace = props.get(NAMESPACE)
     if namespace:
@@ -192,9 +190,9 @@ def _repath(props: dict[str, str], paths: dict[str, str], parsed: dict[str, Any]
                                     for path, sep, rest in parsed[key])
 
 
-class PerBodyLowering:
-    """One program decomposed once (steps 1-2); :meth:`lower` translates and inlines it,
-    again with more calls inlined when they cannot stand in (:class:`standins.MustInline`)."""
+class DecomposedProgram:
+    """One program decomposed once (steps 1-2); :meth:`translate` translates and inlines it,
+    again with more calls inlined when they cannot stand in (:class:`_standins.MustInline`)."""
 
     def __init__(self, program: torch.export.ExportedProgram, tree: GroupTree,
                  custom_translation_table: Mapping | None = None) -> None:
@@ -207,19 +205,19 @@ class PerBodyLowering:
             rebuilt, self.calls = rebuild(program, tree)
             self.decomposed = torch_exporter.decompose(rebuilt, self.tables)
 
-    def lower(self, materialize: frozenset[int] = frozenset(), *,
-              stand_ins: bool = True) -> PerBody | MustInline:
+    def translate(self, materialize: frozenset[int] = frozenset(), *,
+                  stand_ins: bool = True) -> Translation | MustInline:
         """Translate and inline: the first call of each body, every call in ``materialize``
         and, without ``stand_ins``, every call; the others stand in (:mod:`_standins`). The
         calls whose first call's inlined nodes cannot be copied: :class:`MustInline`."""
         with gc_paused():
-            return _Lowering(self, materialize, stand_ins).run()
+            return _Translator(self, materialize, stand_ins).run()
 
 
-class _Lowering:
-    """One translation of a :class:`PerBodyLowering` (see :meth:`PerBodyLowering.lower`)."""
+class _Translator:
+    """One translation of a :class:`DecomposedProgram` (see :meth:`DecomposedProgram.translate`)."""
 
-    def __init__(self, source: PerBodyLowering, materialize: frozenset[int],
+    def __init__(self, source: DecomposedProgram, materialize: frozenset[int],
                  stand_ins: bool) -> None:
         self.calls = source.calls
         self.decomposed = source.decomposed
@@ -228,7 +226,7 @@ class _Lowering:
         self.materialize = materialize
         self.stand_ins = stand_ins
 
-    def run(self) -> PerBody | MustInline:
+    def run(self) -> Translation | MustInline:
         calls = self.calls
         call_nodes, facts = self._mark_calls()
         standing, input_names, names = self._inline(call_nodes)
@@ -246,7 +244,7 @@ class _Lowering:
             expansions[node] = stand_in(node, index, first, template, [
                 facts.of_call(index, p, n) for p, n in zip(at[first], template.nodes)])
         distinct = len({call.first for call in calls})
-        return PerBody(self.model, facts, distinct, len(calls),
+        return Translation(self.model, facts, distinct, len(calls),
                        len(calls) - len(standing), expansions, templates,
                        tuple(call.group.id for call in calls), self.materialize)
 

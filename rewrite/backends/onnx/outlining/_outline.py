@@ -184,7 +184,7 @@ class _Outliner:
         if not outputs:
             self.function_of[group.index] = None
             return members
-        args, embedded = self._split(inputs)
+        args, embedded = self.constants.split(inputs)
         function, call = self._keyed_call(group, chain, identity, members, member_set, first,
                                           args, embedded, outputs)
         if snapshot is not None:
@@ -200,7 +200,7 @@ class _Outliner:
         raw_inputs, raw_outputs = boundary(members, member_set, self.owner)
         if not raw_outputs:
             return None
-        raw_args, raw_embedded = self._split(raw_inputs)
+        raw_args, raw_embedded = self.constants.split(raw_inputs)
         constants = {v: e.key for v, e in raw_embedded.items()}
         hit = self.repeats.find(identity, members, raw_args, constants, raw_outputs)
         if hit is None:
@@ -329,18 +329,6 @@ class _Outliner:
                 if value is not None and value.producer() not in member_set:
                     node.replace_input_with(i, None)
         self.graph.remove(members)
-
-    def _split(self, inputs: list[ir.Value]) -> tuple[list[ir.Value], dict[ir.Value, Embedded]]:
-        """``inputs`` -> (function arguments, embedded constants)."""
-        args: list[ir.Value] = []
-        embedded: dict[ir.Value, Embedded] = {}
-        for value in inputs:
-            found = self.constants.embedded(value)
-            if found is None:
-                args.append(value)
-            else:
-                embedded[value] = found
-        return args, embedded
 
     def _constant_key(self, value: ir.Value) -> Key | None:
         found = self.constants.embedded(value)
