@@ -16,9 +16,10 @@
      decomposition kept) until none is found;
   2. the flat program (:func:`_flat`): ``torch.onnx.export``, grouped again, outlined.
 
-  Then :func:`finish`: :mod:`finishing._optimize` runs onnxscript's optimizer once per distinct
-  function body and over the main graph (``OnnxOptions.optimize``), :mod:`finishing._merge` merges
-  equal functions, :mod:`_opsets` fixes the opset imports.
+  Then :func:`finishing.finish`: scalar variants merged into one function with attributes
+  (:mod:`finishing._merge`), onnxscript's optimizer once per distinct function body and
+  over the main graph (``OnnxOptions.optimize``, :mod:`finishing._optimize`), equal
+  functions merged, the opset imports fixed (:mod:`_opsets`).
 * ``.onnx`` / onnx_ir.Model: outlined with the tree ``apply`` made. A model the caller
   gave is copied first (:mod:`lowering._clone`; the input is never changed); one ``apply`` loaded from
   a path belongs to rewrite alone, so the first lowering outlines it as it is (no copy), and

@@ -19,16 +19,27 @@ if TYPE_CHECKING:
 
 def finish(model: ir.Model, tree: GroupTree, outlined: Outlined, options: OnnxOptions,
            optimized: bool) -> Outlined:
-    """Optimize the outlined ``model`` if asked, then merge functions (:mod:`finishing._merge`) and
-    unname their nodes if asked; ``outlined`` with merged functions replaced."""
+    """Merge the functions of the outlined ``model`` (:mod:`finishing._merge`): when it is
+    optimized, its scalar variants first (bodies equal up to a scalar share one function
+    reading an attribute: the optimizer cannot fold a scale of 1.0 in one of them away and
+    leave it apart), then optimize, then merge again (folding can make bodies equal); unname
+    their nodes if asked. ``outlined`` with merged functions replaced."""
     records = tree.records
     identity = {fid: (records[k].domain, records[k].function_name)  # type: ignore[union-attr]
                 for k, fid in outlined.by_group.items() if fid is not None}
     exported_opsets = dict(model.opset_imports)
+    lift = options.constants != "embed"
     with gc_paused():
+        merged: dict = {}
         if optimized:
+            if lift:  # scalar variants first: a function attribute is not folded away
+                merged = merge_functions(model, identity, lift_scalars=True)
+                identity = {merged.get(fid, fid): group for fid, group in identity.items()
+                            if merged.get(fid, fid) in model.functions}
             optimize(model, identity.keys())
-        merged = merge_functions(model, identity, lift_scalars=options.constants != "embed")
+        again = merge_functions(model, identity, lift_scalars=lift)
+        merged = {fid: again.get(new, new) for fid, new in merged.items()} | {
+            fid: new for fid, new in again.items() if fid not in merged}
         functions = tuple(dict.fromkeys(merged.get(fid, fid) for fid in outlined.functions))
         fix_opsets(model, [model.functions[fid] for fid in functions], exported_opsets)
         _initializers_in_first_use_order(model.graph)

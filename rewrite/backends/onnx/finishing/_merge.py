@@ -2,7 +2,9 @@
 
 Outlining gives one function per distinct body; optimizing can make distinct bodies equal
 (a no-op folded away), and bodies may differ only in a scalar setting (a LayerNorm ``eps``, a
-residual scale, a rope theta). Both kinds are merged here, innermost functions first (a
+residual scale, a rope theta). ``finishing.finish`` merges scalar variants before optimizing
+(the optimizer would fold a scale of 1.0 away in one block only, and keep it apart), and
+everything again after. Both kinds are merged here, innermost functions first (a
 function comes after the functions it calls in ``model.functions``), and calls retargeted:
 
 * equal bodies (structural keys, see ``outlining._body_keys``) always share one function;
