@@ -63,28 +63,28 @@ MUTANTS = (
     Mutant(
         "fx-call-weight",
         "per body: a repeated body's later calls are passed the first call's weights",
-        "rewrite/backends/onnx/subgraphs.py",
-        "(getter, attr, *[env[v] for v in inputs]),",
-        "(getter, attr, *[env[plans[calls[index].first][1][k]]\n"
+        "rewrite/backends/onnx/lowering/_invoke_subgraph.py",
+        "(getter, plan.attr, *[env[v] for v in plan.inputs]),",
+        "(getter, plan.attr, *[env[self.plans[self.calls[index].first].inputs[k]]\n"
         "                                          if v.op == 'placeholder' else env[v]\n"
-        "                                          for k, v in enumerate(inputs)]),",
+        "                                          for k, v in enumerate(plan.inputs)]),",
         NUMERIC,
     ),
     Mutant(
         "fx-call-bias",
         "per body: later calls are passed the first call's 1-d weights (biases, norms) only",
-        "rewrite/backends/onnx/subgraphs.py",
-        "(getter, attr, *[env[v] for v in inputs]),",
-        "(getter, attr, *[env[plans[calls[index].first][1][k]]\n"
+        "rewrite/backends/onnx/lowering/_invoke_subgraph.py",
+        "(getter, plan.attr, *[env[v] for v in plan.inputs]),",
+        "(getter, plan.attr, *[env[self.plans[self.calls[index].first].inputs[k]]\n"
         "                                          if v.op == 'placeholder'\n"
         "                                          and v.meta['val'].ndim == 1 else env[v]\n"
-        "                                          for k, v in enumerate(inputs)]),",
+        "                                          for k, v in enumerate(plan.inputs)]),",
         NUMERIC,
     ),
     Mutant(
         "onnx-call-weight",
         "outlining: each call of a function is passed the first call's initializers",
-        "rewrite/backends/onnx/outline.py",
+        "rewrite/backends/onnx/outlining/_outline.py",
         "        results = [ir.Value(name=v.name, type=v.type, shape=v.shape) for v in outputs]\n",
         "        first = self.__dict__.setdefault('_first_args', {}).setdefault(name, args)\n"
         "        args = [f if a.is_initializer() and f.is_initializer() else a\n"
@@ -95,7 +95,7 @@ MUTANTS = (
     Mutant(
         "lifted-scalar",
         "merging: each call passes the lifted scalar of the next merged body (rotated)",
-        "rewrite/backends/onnx/merge.py",
+        "rewrite/backends/onnx/finishing/_merge.py",
         "for fid, value in zip(members, call_value):",
         "for fid, value in zip(members, call_value[1:] + call_value[:1]):",
         ("tests/test_onnx_scalars.py", "tests/test_onnx_policies.py"),
@@ -103,7 +103,7 @@ MUTANTS = (
     Mutant(
         "stand-in-outputs",
         "stand-ins: a stand-in's outputs rewired in reverse order",
-        "rewrite/backends/onnx/outline.py",
+        "rewrite/backends/onnx/outlining/_outline.py",
         "outputs = [node.outputs[j] for j in out_at]  # type: ignore[index]",
         "outputs = [node.outputs[j] for j in reversed(out_at)]  # type: ignore[index]",
         ("tests/test_onnx_standins.py", "tests/test_onnx_perbody.py",

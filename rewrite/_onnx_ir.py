@@ -44,19 +44,24 @@ def holds_graphs(node: "ir.Node") -> bool:
     return False
 
 
-def subgraph_captures(node: "ir.Node") -> Iterator["ir.Value"]:
-    """Outer-scope values read by the nodes of ``node``'s subgraphs (recursively)."""
+def graphs_of(node: "ir.Node") -> Iterator["ir.Graph"]:
+    """The graphs held by ``node``'s attributes (an ``If``'s branches, a ``Loop``'s body; not
+    recursive)."""
     import onnx_ir as ir
 
     for attr in attribute_values(node):
-        if attr.type == ir.AttributeType.GRAPH:
-            graphs = [attr.as_graph()]
-        elif attr.type == ir.AttributeType.GRAPHS:
-            graphs = list(attr.as_graphs())
-        else:
+        if attr.is_ref():
             continue
-        for graph in graphs:
-            yield from _graph_captures(graph)
+        if attr.type == ir.AttributeType.GRAPH:
+            yield attr.as_graph()
+        elif attr.type == ir.AttributeType.GRAPHS:
+            yield from attr.as_graphs()
+
+
+def subgraph_captures(node: "ir.Node") -> Iterator["ir.Value"]:
+    """Outer-scope values read by the nodes of ``node``'s subgraphs (recursively)."""
+    for graph in graphs_of(node):
+        yield from _graph_captures(graph)
 
 
 def _graph_captures(graph: "ir.Graph") -> Iterator["ir.Value"]:
@@ -70,3 +75,11 @@ def _graph_captures(graph: "ir.Graph") -> Iterator["ir.Value"]:
             if id(captured) not in local:
                 yield captured
         local.update(id(v) for v in inner.outputs)
+
+
+def inner_nodes(node: "ir.Node") -> Iterator["ir.Node"]:
+    """Every node inside ``node``'s subgraphs, recursively."""
+    for graph in graphs_of(node):
+        for inner in graph:
+            yield inner
+            yield from inner_nodes(inner)

@@ -23,10 +23,9 @@ import onnx_ir as ir
 import onnx_ir.passes
 
 from rewrite.api import apply
-from rewrite.backends.onnx.pipeline import finish, lower
-from rewrite.backends.onnx.naming import check_identity
 from rewrite.backends.onnx.options import OnnxOptions
-from rewrite.backends.onnx.outline import outline
+from rewrite.backends.onnx.outlining import check_identity
+from rewrite.backends.onnx.pipeline import lower, outline_in_place
 from rewrite.compile import RuleSet, load_rules
 
 logger = logging.getLogger("rewrite")
@@ -79,8 +78,7 @@ class RewritePass(onnx_ir.passes.PassBase):
         before = (len(model.graph), len(model.graph.initializers))
         if self._in_place:
             out = model
-            outlined = finish(model, result.tree, outline(model, result.tree, self.options),
-                              self.options, optimized=False)
+            outlined = outline_in_place(model, result.tree, self.options).outlined
         else:
             lowering = lower(result, self.options)
             out, outlined = lowering.model, lowering.outlined

@@ -6,9 +6,16 @@ frontend that only fills the nodes.
 
 from __future__ import annotations
 
-from typing import Iterable, Mapping
+from typing import Iterable, Mapping, Sequence
 
 from rewrite.ir import Graph, ModuleCall, Node
+from rewrite.ir.columns import CallColumns
+from rewrite.ir.stacks import StackTreeBuilder
+
+
+def call_columns_of(calls: Sequence[ModuleCall]) -> CallColumns:
+    """Call columns derived from the calls alone (what a frontend's columns must equal)."""
+    return StackTreeBuilder(calls).call_columns()
 
 
 def call(path: str, cls: str = "pkg.mod.Block", index: int = 0) -> ModuleCall:

@@ -300,12 +300,12 @@ class NormBlock(torch.nn.Module):
 
 
 class Settings(torch.nn.Module):
-    """Four NormBlocks that differ only in eps and scale."""
+    """Blocks of one class that differ only in their settings: four NormBlocks by default."""
 
-    def __init__(self, width: int = 8):
+    def __init__(self, width: int = 8, block: type = NormBlock,
+                 settings=((1e-5, 0.5), (1e-6, 0.5), (1e-5, 0.25), (1e-3, 2.0))):
         super().__init__()
-        settings = [(1e-5, 0.5), (1e-6, 0.5), (1e-5, 0.25), (1e-3, 2.0)]
-        self.blocks = torch.nn.ModuleList(NormBlock(e, s, width) for e, s in settings)
+        self.blocks = torch.nn.ModuleList(block(e, s, width) for e, s in settings)
 
     def forward(self, x):
         for block in self.blocks:
@@ -313,13 +313,38 @@ class Settings(torch.nn.Module):
         return x
 
 
-def settings():
-    torch.manual_seed(0)
-    model = Settings().eval()
-    with torch.no_grad():  # eps matters only for inputs of small variance
+def _small_inputs(model: Settings):
+    """``model`` with its norms' weights drawn, on an input of small variance (where eps
+    matters)."""
+    with torch.no_grad():
         for block in model.blocks:
             block.norm.weight.normal_(1.0, 0.1)
     return perturb(model), (torch.randn(2, 3, 8) * 1e-2,), {}
+
+
+def settings():
+    torch.manual_seed(0)
+    return _small_inputs(Settings().eval())
+
+
+class EpsBlock(NormBlock):
+    """A NormBlock without the ReLU: ``x + linear(norm(x)) * scale``."""
+
+    def forward(self, x):
+        return x + self.lin(self.norm(x)) * self.scale
+
+
+class EpsBlocks(Settings):
+    """Four EpsBlocks that differ in eps and in the residual scale, the last 1.0 (a multiply
+    an optimizer removes)."""
+
+    def __init__(self, width: int = 8):
+        super().__init__(width, EpsBlock, ((1e-5, 0.5), (1e-6, 0.25), (1e-5, 0.125), (1e-3, 1.0)))
+
+
+def eps_blocks():
+    torch.manual_seed(0)
+    return _small_inputs(EpsBlocks().eval())
 
 
 class SharedApart(torch.nn.Module):

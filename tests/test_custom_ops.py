@@ -78,7 +78,7 @@ def test_a_failed_decomposition_shows_the_view_error_under_it():
     torch.onnx.export raises it (its message constants and exception summary)."""
     from torch.onnx._internal.exporter import _core, _errors
 
-    from rewrite.backends.onnx.torch_failure import torch_onnx_failure
+    from rewrite.backends.onnx.lowering._torch_failure import torch_onnx_failure
 
     cause = RuntimeError("Cannot view a tensor with shape [2, 8] and strides [1, 2] as a tensor "
                          "with shape (16,)!\nFurther details: ...")

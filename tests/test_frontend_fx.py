@@ -91,7 +91,7 @@ def test_columns_agree_with_the_nodes(shared_program):
 
 def check_columns(graph) -> None:
     """The columns, the stack tree and the call columns say what the records say."""
-    from rewrite.ir.columns import call_columns_of
+    from tests.ir_builder import call_columns_of
 
     columns, nodes = graph.columns, graph.nodes.materialize()
     for node in nodes:

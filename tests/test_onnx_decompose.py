@@ -13,8 +13,8 @@ import torch
 from torch.onnx._internal.exporter import _fx_passes
 
 import rewrite
-from rewrite.backends.onnx import torch_private
-from rewrite.backends.onnx.subgraphs import rebuild
+from rewrite._private import torch_exporter as torch_private
+from rewrite.backends.onnx.lowering._invoke_subgraph import rebuild
 from tests.onnx_fixtures import GPT2_RULES, assert_matches_eager
 
 

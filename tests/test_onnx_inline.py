@@ -11,7 +11,7 @@ import onnxruntime as ort
 from onnx_ir.passes.common import InlinePass
 from onnx_ir.passes.common import inliner as onnx_ir_inliner
 
-from rewrite.backends.onnx.inline import inline_functions, linear_unique_names
+from rewrite._private.onnx_ir_inline import inline_functions, linear_unique_names
 
 MODEL = """
 <ir_version: 10, opset_import: ["" : 20, "local" : 1]>

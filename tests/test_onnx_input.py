@@ -28,7 +28,7 @@ from attrs import frozen
 
 import rewrite
 from rewrite.backends.onnx import Lowering, lower
-from rewrite.backends.onnx.clone import copy_model
+from rewrite.backends.onnx.lowering._clone import copy_model
 from rewrite.frontends.onnx import CLASS_HIERARCHY, NAME_SCOPES
 from tests import models
 from tests.onnx_fixtures import (

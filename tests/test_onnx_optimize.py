@@ -69,7 +69,7 @@ def noops():
 
 def test_bodies_equal_after_optimizing_share_one_function(noops):
     triple, result = noops
-    lowering = lower(result)
+    lowering = lower(result, OnnxOptions(constants="embed"))  # no scalar variants
     model = lowering.model
     checked_proto(model)
     assert_matches_eager(model, triple)
@@ -79,6 +79,19 @@ def test_bodies_equal_after_optimizing_share_one_function(noops):
     assert {g: f[1] for g, f in lowering.outlined.function_of.items()} == {
         "a": "NoOp", "b": "NoOp", "c": "NoOp_1"}
     assert [f[1] for f in lowering.outlined.functions] == ["NoOp", "NoOp_1"]
+
+
+def test_scalar_variants_are_merged_before_optimizing(noops):
+    """a (``* 1``) and c (``* -1``) differ in a scalar: one function, the factor an attribute
+    (merged before the optimizer could fold a's ``* 1`` away); b's ``+ 0`` is folded away."""
+    triple, result = noops
+    lowering = lower(result)
+    checked_proto(lowering.model)
+    assert_matches_eager(lowering.model, triple)
+    assert {g: f[1] for g, f in lowering.outlined.function_of.items()} == {
+        "a": "NoOp", "b": "NoOp_1", "c": "NoOp"}
+    factors = [n.attributes["mul"].value for n in lowering.model.graph if n.op_type == "NoOp"]
+    assert factors == [1.0, -1.0]
 
 
 def test_without_optimizing_the_bodies_differ(noops):
@@ -124,7 +137,7 @@ def test_body_nodes_keep_their_names_and_metadata(gpt2_lowered):
 
 
 def test_an_optimizer_failure_names_the_function_and_the_way_around(gpt2_lowered, monkeypatch):
-    from rewrite.backends.onnx import optimize as optimize_module
+    from rewrite.backends.onnx.finishing import _optimize as optimize_module
     from rewrite.errors import InputError
 
     def broken(model, **_):

@@ -16,7 +16,7 @@ import pytest
 
 import rewrite
 from rewrite.backends.onnx import OnnxOptions, lower
-from rewrite.backends.onnx.perbody import check, lower_per_body
+from rewrite.backends.onnx.lowering import DecomposedProgram, check
 from rewrite.errors import InputError
 from tests import models
 from tests.onnx_fixtures import (
@@ -46,6 +46,12 @@ def _shape(model: ir.Model) -> dict:
     out["main"] = [(n.domain, n.op_type, _paths(n), sorted(n.metadata_props))
                    for n in model.graph]
     return out
+
+
+def lower_per_body(program, tree):
+    """The per-body lowering of ``program`` grouped as ``tree``, every call but the first of
+    each body standing in."""
+    return DecomposedProgram(program, tree).translate()
 
 
 def _both(rules, program):
@@ -144,7 +150,7 @@ def test_a_repeated_call_that_cannot_be_recorded_falls_back(gpt2_model, gpt2_pro
                                                             monkeypatch):
     """The decomposition records repeated calls without dispatching them, their weights not
     traced; when one cannot be recorded, the flat path is taken with one warning naming it."""
-    from rewrite.backends.onnx import torch_private
+    from rewrite._private import torch_exporter as torch_private
 
     monkeypatch.setattr(torch_private.Trace, "_call_again", lambda self, node: None)
     lowering = lower(rewrite.apply(GPT2_RULES, gpt2_program))
@@ -153,3 +159,76 @@ def test_a_repeated_call_that_cannot_be_recorded_falls_back(gpt2_model, gpt2_pro
     assert len(reasons) == 1 and "cannot record the repeated call" in reasons[0]
     checked_proto(lowering.model)
     assert_matches_eager(lowering.model, gpt2_model)
+
+
+class _Notes:
+    """A :class:`Progress` that keeps the notes it hears."""
+
+    def __init__(self) -> None:
+        self.notes: list[str] = []
+
+    def step(self, text):
+        from rewrite.backends.onnx.progress import SILENT
+
+        return SILENT.step(text)
+
+    def update(self, text):
+        pass
+
+    def note(self, text):
+        self.notes.append(text)
+
+
+def test_an_unsupported_program_runs_the_flat_path_with_a_one_line_reason(tmp_path):
+    """The per-body strategy does not apply (dynamic shapes): the flat one runs, and the user
+    hears which path ran and why, in one line."""
+    import torch
+
+    from rewrite.backends.onnx import save_onnx
+
+    model, args, _ = models.chain()
+    batch = torch.export.Dim("batch", min=2, max=64)
+    program = torch.export.export(model, args, dynamic_shapes=({0: batch},))
+    heard = _Notes()
+    lowering = save_onnx(rewrite.apply(MODULARIZE, program), tmp_path / "out.onnx",
+                         progress=heard)
+    assert lowering.path == "flat"
+    reasons = [note for note in heard.notes if "per-body" in note]
+    assert len(reasons) == 1 and "\n" not in reasons[0]
+    assert "torch.onnx.export" in reasons[0] and "dynamic shapes" in reasons[0]
+    assert_matches_eager(ir.load(str(tmp_path / "out.onnx")), (model, args, {}))
+
+
+def test_an_error_of_torch_in_the_per_body_decomposition_falls_back(gpt2_model, gpt2_program,
+                                                                     monkeypatch):
+    """torch's own decomposition raising on the program is a reason, not a bug: the flat path
+    runs (torch.onnx.export runs the same decomposition, and says what fails)."""
+    from rewrite._private import torch_exporter as torch_private
+
+    def fails(*args):
+        raise ValueError("Cannot view a tensor\nwith details")
+
+    monkeypatch.setattr(torch_private, "_decompose", fails)
+    lowering = lower(rewrite.apply(GPT2_RULES, gpt2_program))
+    assert lowering.path == "flat"
+    reasons = [d.message for d in lowering.warnings if "per-body" in d.message]
+    assert len(reasons) == 1 and reasons[0].endswith("ValueError: Cannot view a tensor")
+    assert_matches_eager(lowering.model, gpt2_model)
+
+
+@pytest.mark.parametrize("lowering", ["auto", "per-body"])
+def test_an_unexpected_error_in_a_per_body_step_surfaces(gpt2_program, monkeypatch, tmp_path,
+                                                         lowering):
+    """A bug in rewrite's own per-body step is not a reason to fall back: it surfaces (no
+    silent flat export), and no file is written."""
+    from rewrite.backends.onnx import save_onnx
+    from rewrite.backends.onnx.lowering._perbody import DecomposedProgram
+
+    def broken(self, *args, **kwargs):
+        raise KeyError("a bug")
+
+    monkeypatch.setattr(DecomposedProgram, "translate", broken)
+    out = tmp_path / "out.onnx"
+    with pytest.raises(KeyError, match="a bug"):
+        save_onnx(rewrite.apply(GPT2_RULES, gpt2_program), out, lowering=lowering)
+    assert not out.exists()

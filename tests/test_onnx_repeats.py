@@ -12,8 +12,8 @@ import numpy as np
 import onnx_ir as ir
 import pytest
 
-from rewrite.backends.onnx.repeats import Reference, Repeats
-from rewrite.backends.onnx.structure import Keyer
+from rewrite.backends.onnx.outlining._repeats import Reference, Repeats
+from rewrite.backends.onnx.outlining._body_keys import Keyer
 from rewrite.frontends.onnx import CLASS_HIERARCHY, NAME_SCOPES, from_onnx_model
 from rewrite.ir.columns import columns_of
 

@@ -161,3 +161,21 @@ def test_rewrite_pass_in_place_lifts_scalars_too(settings, tmp_path):
     assert_matches_eager(model, triple)
     assert top_calls(model) == {"NormBlock": 4}
     assert "epsilon" in _block(model).attributes
+
+
+@pytest.mark.parametrize("lowering", ["per-body", "flat"])
+def test_a_scale_of_one_still_shares_the_block_function(lowering):
+    """Four blocks that differ in eps and a residual scale 0.5, 0.25, 0.125, 1.0 give one
+    EpsBlock function under modularize: the scalar variants are merged before optimizing (a
+    function attribute cannot be folded), so the multiply by 1.0 is not removed from the
+    fourth block alone; each call passes its values."""
+    triple = models.eps_blocks()
+    model = _lowered(models.export(triple), MODULARIZE, lowering=lowering)
+    assert_matches_eager(model, triple)
+    assert top_calls(model) == {"EpsBlock": 4}
+    assert [name for name in function_names(model) if name.startswith("EpsBlock")] == \
+        ["EpsBlock"]
+    passed = [(n.attributes["epsilon"].value, n.attributes["mul"].value)
+              for n in model.graph if n.op_type == "EpsBlock"]
+    np.testing.assert_allclose(passed, [(1e-5, 0.5), (1e-6, 0.25), (1e-5, 0.125), (1e-3, 1.0)],
+                               rtol=1e-6)

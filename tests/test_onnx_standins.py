@@ -15,7 +15,8 @@ import ast
 import pytest
 
 import rewrite
-from rewrite.backends.onnx import OnnxOptions, lower, standins
+from rewrite.backends.onnx import OnnxOptions, lower
+from rewrite.backends.onnx import _standins as standins
 from tests import models
 from tests.onnx_fixtures import GPT2_RULES, LLAMA_RULES, assert_matches_eager, checked_proto
 from tests.test_onnx_perbody import _both, _same_result
@@ -131,7 +132,7 @@ def _refuse_one(original, refused: list):
 def test_a_stand_in_that_does_not_fit_is_inlined(gpt2_3, monkeypatch):
     """The outliner finds a stand-in it cannot call: the lowering runs again with that call
     inlined, and the result is the same."""
-    from rewrite.backends.onnx.outline import _Outliner
+    from rewrite.backends.onnx.outlining._outline import _Outliner
 
     triple, program = gpt2_3
     refused: list = []
@@ -184,16 +185,16 @@ on cycle flatten
 def test_grouping_sees_a_stand_in_as_the_nodes_it_stands_for(text, gpt2_3):
     """The ONNX tree read with stand-ins is the tree of the graph with every call inlined:
     the same groups, sizes (``size`` selectors) and names."""
-    from rewrite.backends.onnx.perbody import PerBodyLowering
-    from rewrite.backends.onnx.remap import regroup_with
+    from rewrite.backends.onnx.lowering._perbody import DecomposedProgram
+    from rewrite.backends.onnx.lowering._regroup import regroup_with
 
     _, program = gpt2_3
     rules = rewrite.parse_rules(text)
     result = rewrite.apply(rules, program)
-    lowering = PerBodyLowering(program, result.tree)
+    lowering = DecomposedProgram(program, result.tree)
 
     def tree(stand_ins: bool):
-        lowered = lowering.lower(stand_ins=stand_ins)
+        lowered = lowering.translate(stand_ins=stand_ins)
         assert bool(lowered.stand_ins) == stand_ins
         grouped, warnings = regroup_with(rules, result.tree, lowered.model, lowered.resolver,
                                          lowered.expansions)

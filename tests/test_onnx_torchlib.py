@@ -1,13 +1,13 @@
 """torchlib's registry built without translating every function's signature
-(:mod:`rewrite.backends.onnx.torchlib`) is torch's ``from_torchlib``."""
+(:mod:`rewrite._private.torchlib`) is torch's ``from_torchlib``."""
 
 from __future__ import annotations
 
 from onnxscript._framework_apis.torch_2_5 import get_torchlib_ops
 from torch.onnx._internal.exporter._registration import ONNXRegistry
 
-from rewrite.backends.onnx import torchlib
-from rewrite.backends.onnx.torch_private import lowering_tables, target_opset
+from rewrite._private import torchlib
+from rewrite._private.torch_exporter import lowering_tables, target_opset
 from tests.onnx_fixtures import assert_matches_eager, gpt2_lowered  # noqa: F401 (fixture)
 
 

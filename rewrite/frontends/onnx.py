@@ -26,8 +26,8 @@ nodes it merges, so a later block may read a value "of" block 0. The policy, sta
   ``Add`` whose metadata was stripped, read in its block and by the next) goes into that call;
 * outlining: small non-weight constants (initializers the export made, ``Constant`` outputs)
   become a ``Constant`` inside every function that reads them
-  (:mod:`rewrite.backends.onnx.constants`), and a cheap node one block computes and another
-  reads is recomputed in the reader (:mod:`rewrite.backends.onnx.remat`). So functions stay
+  (:mod:`rewrite.backends.onnx.outlining._constants`), and a cheap node one block computes and another
+  reads is recomputed in the reader (:mod:`rewrite.backends.onnx.outlining._recompute`). So functions stay
   valid and identical blocks still share one function (tested with the metadata of all shape
   plumbing stripped). With all but ``MatMul``/``Gemm``/``LayerNormalization``/``Gather``
   stripped, the functions are still valid and compute the same (tested), but blocks may no
@@ -71,6 +71,8 @@ if TYPE_CHECKING:
 
 NAME_SCOPES = "pkg.torch.onnx.name_scopes"
 CLASS_HIERARCHY = "pkg.torch.onnx.class_hierarchy"
+NAMESPACE = "namespace"
+"""torch.onnx's node metadata keys: module paths, classes, and both as one text."""
 
 
 @frozen
@@ -119,11 +121,11 @@ def _parse_list(text: str) -> object:
 def read_scopes(node: "ir.Node") -> tuple[list[str], list[str]] | None:
     """``(name_scopes, class_hierarchy)`` from a node's metadata, None when absent/unusable."""
     props = node.metadata_props
-    return _scopes(_string_list(props.get(NAME_SCOPES)),
-                   _string_list(props.get(CLASS_HIERARCHY)))
+    return _scopes(string_list(props.get(NAME_SCOPES)),
+                   string_list(props.get(CLASS_HIERARCHY)))
 
 
-def _string_list(text: str | None) -> list[str] | None:
+def string_list(text: str | None) -> list[str] | None:
     """The list of strings ``text`` spells, None when absent or not a list (or not text:
     a corrupt file's metadata that is not UTF-8 reads as bytes)."""
     if not text or type(text) is not str:
@@ -217,12 +219,12 @@ class _MetadataReader:
         return stack, self._targets.id(classes[-1])
 
     def _list(self, text: str | None) -> list[str] | None:
-        """``_string_list(text)``, once per text (shared: do not change it)."""
+        """``string_list(text)``, once per text (shared: do not change it)."""
         if text is None:
             return None
         found = self._lists.get(text, _UNSEEN)
         if found is _UNSEEN:
-            found = self._lists[text] = _string_list(text)
+            found = self._lists[text] = string_list(text)
         return found  # type: ignore[return-value]
 
 

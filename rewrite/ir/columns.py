@@ -140,13 +140,6 @@ class CallColumns:
         return len(self.paths)
 
 
-def call_columns_of(calls: Sequence["ModuleCall"]) -> CallColumns:
-    """Call columns derived from the calls."""
-    from rewrite.ir.stacks import StackTreeBuilder
-
-    return StackTreeBuilder(calls).call_columns()
-
-
 def tags_key(tags: Mapping[str, str]) -> tuple:
     """A hashable key of a tag set (order-insensitive)."""
     return tuple(sorted(tags.items()))

@@ -8,7 +8,7 @@ the same body when the backend that lowers the model would say so, by its own de
   ops, constant arguments, data flow, input types and shapes). The FX backend's own key,
   :func:`rewrite.backends.fx.compile.code_key`, is not used: it compares generated code, node
   names included, which only the FX backend's renaming makes equal between blocks.
-* ONNX-sourced graphs: :meth:`rewrite.backends.onnx.structure.Keyer.body` over the body's
+* ONNX-sourced graphs: :meth:`rewrite.backends.onnx.outlining._body_keys.Keyer.body` over the body's
   inputs and outputs (``boundary``), small constants compared by content as the default
   constant policy embeds them (``ConstantPolicy``): the key the outliner gives a body in graph
   order (``repeats``).
@@ -53,10 +53,14 @@ def _fx_key(nodes: Sequence) -> Hashable:
 def _onnx_key(model: ir.Model) -> Callable[[Sequence[ir.Node]], Hashable]:
     """The outliner's body key, for bodies of ``model``'s main graph (the backend is imported
     here, for ONNX-sourced graphs only: it imports torch.onnx and onnxscript)."""
-    from rewrite.backends.onnx.boundary import boundary, owners
-    from rewrite.backends.onnx.constants import ConstantPolicy, weight_names
     from rewrite.backends.onnx.options import OnnxOptions
-    from rewrite.backends.onnx.structure import Keyer
+    from rewrite.backends.onnx.outlining import (
+        ConstantPolicy,
+        Keyer,
+        boundary,
+        owners,
+        weight_names,
+    )
 
     keyer = Keyer()
     policy = ConstantPolicy(OnnxOptions(), keyer, weight_names(model))
@@ -64,13 +68,8 @@ def _onnx_key(model: ir.Model) -> Callable[[Sequence[ir.Node]], Hashable]:
 
     def key(members: Sequence[ir.Node]) -> Hashable:
         inputs, outputs = boundary(list(members), set(members), owner)
-        args, constants = [], {}
-        for value in inputs:
-            embedded = policy.embedded(value)
-            if embedded is None:
-                args.append(value)
-            else:
-                constants[value] = embedded.key
+        args, embedded = policy.split(inputs)
+        constants = {value: constant.key for value, constant in embedded.items()}
         return keyer.body(("", ""), list(members), args, constants, outputs)
 
     return key

@@ -1,22 +1,24 @@
 """ONNX backend: groups become nested, deduplicated ONNX model-local functions.
 
 ``to_onnx(result)`` returns the ``onnx_ir.Model``; ``save_onnx(result, path)`` writes it
-(atomically, with external data for large models). Modules, one concern each:
+(atomically, with external data for large models). :mod:`pipeline` (:func:`lower`) runs the
+stages, each a subpackage with a small public front and private modules:
 
-* ``export``: torch.onnx.export of the program (ops are lowered by torch, never here);
-* ``remap``: group torch.onnx's nodes with the same rules (exact module calls from the FX
-  program the exporter translated);
-* ``outline``: groups -> functions (``boundary``: a group's inputs/outputs; ``structure``:
-  body keys for dedup; ``repeats``: repeated blocks matched node by node; ``constants``: the
-  constant policy; ``remat``: shared cheap nodes recomputed; ``naming``; ``opsets``);
-* ``pipeline``: the pipeline, :func:`lower` (``clone``: the copy a given model is outlined
-  in); ``save``: writing; ``summary``: the function tree as data; ``progress``: how it
-  reports (rendered by the caller: the CLI draws it on the console).
+1. ``lowering``: ONNX ops for the program, grouped with the same rules (strategies: per
+   body, the flat program; the ``.onnx`` input is copied, not lowered);
+2. ``outlining``: groups -> functions (members, boundaries, body keys, repeats, constants,
+   recomputation, naming);
+3. ``finishing``: optimize, merge scalar variants and equal functions, opsets.
+
+Shared by two stages: ``_standins`` (calls left standing for the nodes they stand for, and
+the plan the outliner follows), ``_opsets``. Around them: ``options`` (:class:`OnnxOptions`),
+``progress`` (:class:`Progress`, how the backend reports; the CLI draws it), ``summary``
+(the function tree as data), ``save`` (writing). Private APIs of torch, onnxscript and
+onnx_ir: :mod:`rewrite._private`.
 
 The pipeline imports torch.onnx and onnxscript; this package imports it on first use of
 :func:`lower` / :class:`Lowering` (or ``to_onnx`` / ``save_onnx``), so that what only reads
-ONNX models (``rewrite suggest`` on an ``.onnx`` file: ``structure``, ``boundary``) does not
-pay for them.
+ONNX models (``rewrite suggest`` on an ``.onnx`` file: ``outlining``) does not pay for them.
 """
 
 from __future__ import annotations

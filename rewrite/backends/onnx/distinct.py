@@ -34,7 +34,7 @@ from typing import Mapping, Sequence
 import onnx_ir as ir
 from attrs import evolve, frozen
 
-from rewrite.backends.onnx.structure import Key
+from rewrite.backends.onnx.outlining._body_keys import Key
 
 FunctionId = tuple[str, str, str]
 Identity = tuple[str, str]

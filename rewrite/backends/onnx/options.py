@@ -26,7 +26,7 @@ class OnnxOptions:
     * ``"attribute"`` (default): a ``Constant`` node inside the function; modules whose bodies
       differ only in scalars (an ``eps``, a scale: a float op attribute or a one-element
       floating-point constant) share one function that reads a function attribute where they
-      differ, each call giving its value (see ``merge``).
+      differ, each call giving its value (see ``finishing._merge``).
     * ``"embed"``: a ``Constant`` node inside the function. The value is part of the
       function's body, so modules that differ only in such a constant get separate
       functions (``Name``, ``Name_1``).
@@ -42,7 +42,7 @@ class OnnxOptions:
     constants: str = field(default="attribute", validator=validators.in_(CONSTANT_POLICIES))
     constant_limit: int = field(default=64, validator=validators.ge(0))
     recompute: bool = True
-    """Recompute small shared computations per group (see ``remat``) so dedup survives CSE."""
+    """Recompute small shared computations per group (see ``outlining._recompute``) so dedup survives CSE."""
     optimize: bool = True
     """Optimize with torch.onnx's optimizer (onnxscript's), after outlining: once per distinct
     function body and once over the main graph (``.pt2`` / ExportedProgram input; an ``.onnx``

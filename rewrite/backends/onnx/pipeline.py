@@ -1,16 +1,27 @@
 """From a :class:`Result` to an ``onnx_ir.Model`` with functions: the backend's pipeline.
 
-* ``.pt2`` / ExportedProgram (with in-place ops: in torch's functional form,
-  :func:`perbody.functional`, grouped again): torch.onnx lowers the ops (one
-  decomposition, not optimized; per body, :mod:`perbody`, each repeated call but the first
-  of its body left standing in for its nodes, :mod:`standins`), :mod:`remap` groups its
-  nodes with the same rules, :mod:`outline` outlines, and :mod:`optimize` runs onnxscript's
-  optimizer once per distinct function body and over the main graph
-  (``OnnxOptions.optimize``). A stand-in that does not fit (:class:`standins.Materialize`,
-  from planning or outlining) is inlined: translated, grouped and outlined again, the
-  decomposition kept.
+* ``.pt2`` / ExportedProgram: strategies tried in order (``OnnxOptions.lowering``), each
+  returning a :class:`Lowering` or a :class:`NotHere` with its reason, like torch.onnx's
+  capture strategies; only a :class:`NotHere` moves on to the next, and says why in a
+  warning; any other error surfaces.
+
+  1. per body (:func:`_per_body`; a program with in-place ops first in torch's functional
+     form, :func:`perbody.functional`, grouped again): torch.onnx lowers the ops (one
+     decomposition, not optimized), each distinct body translated once (:mod:`lowering._perbody`),
+     each repeated call but the first of its body left standing in for its nodes
+     (:mod:`_standins`); :mod:`lowering._regroup` groups its nodes with the same rules and
+     :mod:`outlining` outlines. Translating, planning and outlining each return the calls
+     that cannot stand in (a :class:`standins.MustInline`) instead of a result: the one
+     loop, :func:`_inlining_until_all_fit`, translates again with those inlined too (the
+     decomposition kept) until none is found;
+  2. the flat program (:func:`_flat`): ``torch.onnx.export``, grouped again, outlined.
+
+  Then :func:`finishing.finish`: scalar variants merged into one function with attributes
+  (:mod:`finishing._merge`), onnxscript's optimizer once per distinct function body and
+  over the main graph (``OnnxOptions.optimize``, :mod:`finishing._optimize`), equal
+  functions merged, the opset imports fixed (:mod:`_opsets`).
 * ``.onnx`` / onnx_ir.Model: outlined with the tree ``apply`` made. A model the caller
-  gave is copied first (:mod:`clone`; the input is never changed); one ``apply`` loaded from
+  gave is copied first (:mod:`lowering._clone`; the input is never changed); one ``apply`` loaded from
   a path belongs to rewrite alone, so the first lowering outlines it as it is (no copy), and
   later lowerings of the same result read the file again.
 """
@@ -22,30 +33,27 @@ from typing import TYPE_CHECKING
 
 import onnx_ir as ir
 import torch
-from attrs import frozen
+from attrs import evolve, frozen
 
 from rewrite._gc import gc_paused
 from rewrite._mapped import start_checks
-from rewrite.backends.onnx.clone import copy_model
-from rewrite.backends.onnx.distinct import Variants
-from rewrite.backends.onnx.export import export_program, quiet_exporter
-from rewrite.backends.onnx.merge import merge_functions
-from rewrite.backends.onnx.naming import drop_node_names
-from rewrite.backends.onnx.opsets import fix_opsets
-from rewrite.backends.onnx.optimize import optimize
-from rewrite.backends.onnx.options import OnnxOptions
-from rewrite.backends.onnx.outline import Outlined, outline
-from rewrite.backends.onnx.progress import SILENT, Progress
-from rewrite.backends.onnx.perbody import (
-    PerBody,
-    PerBodyLowering,
-    Unsupported,
+from rewrite.backends.onnx._standins import MustInline, Plan
+from rewrite.backends.onnx.finishing import finish
+from rewrite.backends.onnx.lowering import (
+    NOT_HERE,
+    DecomposedProgram,
     check,
+    copy_model,
+    export_program,
     functional,
     in_place,
+    quiet_exporter,
+    regroup,
+    regroup_with,
 )
-from rewrite.backends.onnx.standins import Materialize
-from rewrite.backends.onnx.remap import regroup, regroup_with
+from rewrite.backends.onnx.options import OnnxOptions
+from rewrite.backends.onnx.outlining import Outlined, outline
+from rewrite.backends.onnx.progress import SILENT, Progress
 from rewrite.errors import Diagnostic, InputError, first_line
 from rewrite.frontends import load_graph
 from rewrite.grouping import GroupTree, group_graph
@@ -70,7 +78,7 @@ class Lowering:
     program) or ``onnx`` (the input was ONNX)."""
     inlined: int | None = None
     """``per-body``: how many grouped calls were inlined (the first of each body, and those
-    that could not stand in, see ``standins``); the others were never materialized."""
+    that could not stand in, see ``_standins``); the others were never materialized."""
 
 
 _OUTLINED = "rewrite.outlined"
@@ -99,81 +107,149 @@ def lower(result: "Result", options: OnnxOptions | None = None,
     progress = progress or SILENT
     tree = result.tree
     source = tree.graph.source
-    warnings: list[Diagnostic] = []
-    path = "onnx"
-    lowered: PerBody | None = None
-    lowering: PerBodyLowering | None = None
     if tree.graph.kind == "onnx":
-        model, onnx_tree = _onnx_model(result)
-    elif isinstance(source, torch.export.ExportedProgram):
-        start_checks([*source.state_dict.values(), *source.constants.values()])
-        model, onnx_tree, warnings, path, lowered, lowering = _lower_program(
-            result, source, options, progress)
-    else:
+        return outline_in_place(*_onnx_model(result), options, progress)
+    if not isinstance(source, torch.export.ExportedProgram):
         raise InputError(
             "ONNX output needs an ExportedProgram, a .pt2 file or an ONNX model; export this "
             "GraphModule with torch.export.export first"
         )
-    plan = lowered.plan if lowered is not None else None
-    while True:
-        total = sum(1 for _ in onnx_tree.groups())
-        done = 0
+    start_checks([*source.state_dict.values(), *source.constants.values()])  # see _mapped
+    return _finished(_lower_program(result, source, options, progress), options, progress,
+                     options.optimize)
 
-        def on_group(group) -> None:
-            nonlocal done
-            done += 1
-            progress.update(f"outlining groups: {done}/{total} ({group.id})")
 
-        try:
-            with progress.step(f"outlining {total} groups into ONNX functions"):
-                outlined = outline(model, onnx_tree, options, on_group, plan)
-            break
-        except Materialize as e:  # again, with those calls inlined (see ``standins``)
-            if lowering is None or lowered is None:
-                raise
-            lowered, onnx_tree, _ = _per_body(result, lowering, options,
-                                              lowered.materialized | e.calls)
-            model, plan = lowered.model, lowered.plan
-    optimized = options.optimize and tree.graph.kind != "onnx"
-    with progress.step(f"optimizing {len(outlined.functions)} functions and the main graph"
-                       if optimized else "merging equal functions"):
-        outlined = finish(model, onnx_tree, outlined, options, optimized)
-    return Lowering(model, onnx_tree, outlined, tuple(warnings), path,
-                    lowered.inlined if lowered is not None else None)
+def outline_in_place(model: ir.Model, tree: GroupTree, options: OnnxOptions,
+                     progress: Progress = SILENT) -> Lowering:
+    """An ONNX model (``.onnx`` input, :class:`rewrite.RewritePass`) outlined in place with
+    ``tree`` (grouped over its main graph) and finished, not optimized."""
+    outlined = _outline(model, tree, options, progress)
+    assert not isinstance(outlined, MustInline), "no stand-ins without a plan"
+    return _finished(Lowering(model, tree, outlined), options, progress, False)
+
+
+def _finished(lowering: Lowering, options: OnnxOptions, progress: Progress, optimized: bool
+              ) -> Lowering:
+    """``lowering`` finished (:func:`finishing.finish`)."""
+    with progress.step(f"optimizing {len(lowering.outlined.functions)} functions and the main "
+                       "graph" if optimized else "merging equal functions"):
+        outlined = finish(lowering.model, lowering.tree, lowering.outlined, options, optimized)
+    return evolve(lowering, outlined=outlined)
+
+
+def _outline(model: ir.Model, tree: GroupTree, options: OnnxOptions, progress: Progress,
+             plan: Plan | None = None) -> Outlined | MustInline:
+    """:func:`outline.outline`, its progress reported (a :class:`MustInline` only with a
+    ``plan``)."""
+    total = sum(1 for _ in tree.groups())
+    done = 0
+
+    def on_group(group) -> None:
+        nonlocal done
+        done += 1
+        progress.update(f"outlining groups: {done}/{total} ({group.id})")
+
+    with progress.step(f"outlining {total} groups into ONNX functions"):
+        return outline(model, tree, options, on_group, plan)
+
+
+@frozen
+class NotHere:
+    """A strategy that does not apply to this program: why, and what the next strategy
+    lowers (the program as this one left it: in its functional form, maybe)."""
+
+    reason: str
+    program: torch.export.ExportedProgram
+    tree: GroupTree
+    """``program``'s groups."""
 
 
 def _lower_program(result: "Result", program: torch.export.ExportedProgram,
-                   options: OnnxOptions, progress: Progress):
-    """ONNX ops for ``program`` grouped like ``result.tree``: per body (:mod:`perbody`), or
-    with ``torch.onnx.export`` of the flat program (``options.lowering``)."""
-    tree = result.tree
-    warnings: list[Diagnostic] = []
-    if options.lowering != "flat":
-        try:
-            if in_place(program):
-                with progress.step("torch.export: functionalizing the program's in-place ops"):
-                    program, tree = _functional(result, program)
-            with progress.step("torch.onnx: decomposing and translating each distinct body once"):
-                check(program)
-                with quiet_exporter():
-                    lowering = PerBodyLowering(program, tree, options.custom_translation_table)
-                lowered, onnx_tree, more = _per_body(result, lowering, options, frozenset())
-            return lowered.model, onnx_tree, more, "per-body", lowered, lowering
-        except Unsupported as e:
-            reason = str(e)
-        except Exception as e:  # torch internals (private APIs) changed or failed
-            text = first_line(e)
-            reason = f"{type(e).__name__}: {text}" if text else type(e).__name__
+                   options: OnnxOptions, progress: Progress) -> Lowering:
+    """ONNX ops for ``program`` grouped like ``result.tree``, outlined: the strategies of
+    ``options.lowering`` tried in order (per body, :func:`_per_body`; the flat program,
+    :func:`_flat`), like torch.onnx's capture strategies. Only a :class:`NotHere` moves on to
+    the next (and says why in a warning); any other error surfaces."""
+    strategies = {"auto": (_per_body, _flat), "per-body": (_per_body,), "flat": (_flat,)}
+    found: Lowering | NotHere = NotHere("", program, result.tree)
+    warnings: tuple[Diagnostic, ...] = ()
+    for strategy in strategies[options.lowering]:
+        found = strategy(result, found.program, found.tree, options, progress)
+        if isinstance(found, Lowering):
+            return evolve(found, warnings=(*warnings, *found.warnings))
         if options.lowering == "per-body":
-            raise InputError(f"cannot lower this program per body: {reason}")
-        warnings.append(Diagnostic(
+            raise InputError(f"cannot lower this program per body: {found.reason}")
+        warnings = (Diagnostic(
             "warning", f"lowered the flat program with torch.onnx.export (slower): per-body "
-            f"lowering is not possible: {reason}"))
+            f"lowering is not possible: {found.reason}"),)
+    raise AssertionError("the flat strategy applies to every program")
+
+
+def _flat(result: "Result", program: torch.export.ExportedProgram, tree: GroupTree,
+          options: OnnxOptions, progress: Progress) -> Lowering:
+    """``torch.onnx.export`` of the flat program, grouped again (:mod:`lowering._regroup`), outlined."""
     with progress.step(f"torch.onnx.export ({_count(tree.graph)} FX nodes)"):
         exported = export_program(
             program, optimize=False, custom_translation_table=options.custom_translation_table)
-    onnx_tree, more = regroup(result.rules, tree, exported.model, exported.program)
-    return exported.model, onnx_tree, warnings + more, "flat", None, None
+    onnx_tree, warnings = regroup(result.rules, tree, exported.model, exported.program)
+    outlined = _outline(exported.model, onnx_tree, options, progress)
+    assert not isinstance(outlined, MustInline), "no stand-ins without a plan"
+    return Lowering(exported.model, onnx_tree, outlined, tuple(warnings), "flat")
+
+
+def _per_body(result: "Result", program: torch.export.ExportedProgram, tree: GroupTree,
+              options: OnnxOptions, progress: Progress) -> Lowering | NotHere:
+    """Each distinct body decomposed and translated once (:mod:`lowering._perbody`; a program with
+    in-place ops first in its functional form, grouped again), or why not."""
+    try:
+        if in_place(program):
+            with progress.step("torch.export: functionalizing the program's in-place ops"):
+                program, tree = _functional(result, program)
+        with progress.step("torch.onnx: decomposing and translating each distinct body once"):
+            check(program)
+            with quiet_exporter():
+                decomposed = DecomposedProgram(program, tree, options.custom_translation_table)
+            return _inlining_until_all_fit(result, decomposed, options, progress)
+    except NOT_HERE as e:
+        return NotHere(first_line(e), program, tree)
+
+
+def _inlining_until_all_fit(result: "Result", decomposed: DecomposedProgram,
+                            options: OnnxOptions, progress: Progress) -> Lowering:
+    """The one loop of the per-body path: translate with the first call of each body and the
+    calls in ``inlined`` inlined, the others standing in where they can (not under the
+    ``input`` constant policy, whose hoisted constants they cannot copy), group, plan the
+    stand-ins, outline; each step may find calls that cannot stand in (a
+    :class:`MustInline`): again with those inlined too, until none is found."""
+    inlined: frozenset[int] = frozenset()
+    while True:
+        found = _translate_and_outline(result, decomposed, options, progress, inlined)
+        if isinstance(found, Lowering):
+            return found
+        grown = inlined | found.calls
+        assert grown != inlined, f"calls to inline found again: {sorted(found.calls)}"
+        inlined = grown
+
+
+def _translate_and_outline(result: "Result", decomposed: DecomposedProgram,
+                           options: OnnxOptions,
+                           progress: Progress, inlined: frozenset[int]
+                           ) -> Lowering | MustInline:
+    """One round of :func:`_inlining_until_all_fit`."""
+    with quiet_exporter():
+        lowered = decomposed.translate(inlined, stand_ins=options.constants != "input")
+    if isinstance(lowered, MustInline):
+        return lowered
+    onnx_tree, warnings = regroup_with(result.rules, result.tree, lowered.model,
+                                       lowered.resolver, lowered.expansions)
+    planned = lowered.planned(onnx_tree)
+    if isinstance(planned, MustInline):
+        return planned
+    outlined = _outline(planned.model, onnx_tree, options, progress, planned.plan)
+    if isinstance(outlined, MustInline):
+        return outlined
+    return Lowering(planned.model, onnx_tree, outlined, tuple(warnings), "per-body",
+                    planned.inlined)
 
 
 def _functional(result: "Result", program: torch.export.ExportedProgram
@@ -183,63 +259,6 @@ def _functional(result: "Result", program: torch.export.ExportedProgram
     with quiet_exporter():
         program = functional(program)
     return program, group_graph(result.rules, load_graph(program))
-
-
-def _per_body(result: "Result", lowering: PerBodyLowering, options: OnnxOptions,
-              materialize: frozenset[int]):
-    """Translate (the calls in ``materialize`` inlined, the others standing in where they
-    can: not under the ``input`` constant policy, whose hoisted constants they cannot
-    copy), group, and plan the stand-ins; again with more calls inlined until they fit."""
-    while True:
-        try:
-            with quiet_exporter():
-                lowered = lowering.lower(materialize, stand_ins=options.constants != "input")
-            onnx_tree, more = regroup_with(result.rules, result.tree, lowered.model,
-                                           lowered.resolver, lowered.expansions)
-            return lowered.planned(onnx_tree), onnx_tree, more
-        except Materialize as e:
-            materialize |= e.calls
-
-
-def finish(model: ir.Model, tree: GroupTree, outlined: Outlined, options: OnnxOptions,
-           optimized: bool) -> Outlined:
-    """Optimize the outlined ``model`` if asked, then merge functions (:mod:`merge`) and
-    unname their nodes if asked; ``outlined`` with merged functions replaced."""
-    records = tree.records
-    identity = {fid: (records[k].domain, records[k].function_name)  # type: ignore[union-attr]
-                for k, fid in outlined.by_group.items() if fid is not None}
-    exported_opsets = dict(model.opset_imports)
-    with gc_paused():
-        if optimized:
-            optimize(model, identity.keys())
-        variants = Variants(model.functions)
-        merged = merge_functions(model, identity, lift_scalars=options.constants != "embed",
-                                 variants=variants)
-        functions = tuple(dict.fromkeys(merged.get(fid, fid) for fid in outlined.functions))
-        fix_opsets(model, [model.functions[fid] for fid in functions], exported_opsets)
-        _initializers_in_first_use_order(model.graph)
-        if not options.body_node_names:
-            drop_node_names(model.functions[fid] for fid in functions)
-    by_group = {k: merged.get(fid, fid) if fid is not None else None
-                for k, fid in outlined.by_group.items()}
-    return Outlined(by_group, functions, outlined.recomputed, outlined.ids,
-                    variants.renamed(merged))
-
-
-def _initializers_in_first_use_order(graph: ir.Graph) -> None:
-    """Initializers in the order the main graph first reads them, as torch.onnx writes them:
-    onnxruntime lays weights out in memory in this order (measured: ~1% of latency on GPT-2)."""
-    first: dict[str, int] = {}
-    for i, node in enumerate(graph):
-        for value in node.inputs:
-            if value is not None and value.name is not None:
-                first.setdefault(value.name, i)
-    inits = graph.initializers
-    ordered = sorted(inits.items(), key=lambda item: first.get(item[0], len(first) + 1))
-    if [name for name, _ in ordered] != list(inits):
-        inits.clear()
-        for name, value in ordered:
-            inits[name] = value
 
 
 def _count(graph: Graph) -> int:

@@ -23,9 +23,9 @@ from typing import Mapping
 
 import onnx_ir as ir
 
-from rewrite.backends.onnx.boundary import detach, owners
-from rewrite.backends.onnx.constants import is_weight
-from rewrite.backends.onnx.membership import Membership
+from rewrite.backends.onnx.outlining._boundary import detach, owners
+from rewrite.backends.onnx.outlining._constants import is_weight
+from rewrite.backends.onnx.outlining._membership import Membership
 from rewrite._onnx_ir import holds_graphs
 
 LIMIT = 8

@@ -2,7 +2,7 @@
 
 Member order. Keys (and a function's input order) follow the members' order, so isomorphic
 bodies must list their members alike even when the graph does not: a node recomputed into a
-group (``remat``) sits before its reader, while the original sat where the trace put it.
+group (``outlining._recompute``) sits before its reader, while the original sat where the trace put it.
 :meth:`Keyer.canonical_order` is a topological order that prefers, among ready nodes, the
 smallest *structural label* (a digest of the op, its attributes and its inputs' labels, inputs
 from outside labelled by type), and the graph position only between equal labels.
@@ -12,10 +12,10 @@ nodes (domain, op, overload, attributes, subgraphs), how values flow between the
 input or embedded constant each reads, which values are returned, and the types and shapes of
 the inputs. Embedded constants and tensor attributes are compared by content.
 
-This is the one definition of "identical body": :mod:`repeats` compares a body with an
+This is the one definition of "identical body": :mod:`outlining._repeats` compares a body with an
 earlier one piece by piece (stopping at the first difference) through the same parts
 (:meth:`Keyer.head`, :meth:`Keyer.refs`, :meth:`Keyer.input`, :meth:`Keyer.same_attribute`,
-:meth:`Keyer.types`), and ``merge`` extends the Keyer (scalars seen by kind).
+:meth:`Keyer.types`), and ``finishing._merge`` extends the Keyer (scalars seen by kind).
 """
 
 from __future__ import annotations

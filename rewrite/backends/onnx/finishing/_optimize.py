@@ -12,8 +12,8 @@ turned back into ``Constant`` nodes (with their metadata, where they were ``Cons
 Values inside a body keep the shapes and types of the export (outlining moves the nodes and
 their values, and a function input copies the type and shape of the value it stands for), so
 shape-dependent folding still fires. A body is only shared by calls whose inputs have equal
-types and shapes (they are part of its structural key, see ``structure``), so folding for one
-call's shapes holds for all its calls. Folding can make bodies that differed equal: ``merge``
+types and shapes (they are part of its structural key, see ``outlining._body_keys``), so folding for one
+call's shapes holds for all its calls. Folding can make bodies that differed equal: ``finishing._merge``
 merges them afterwards.
 
 Differences from optimizing the flat graph, where whole blocks are visible: weights are function
@@ -25,7 +25,8 @@ again after inlining the functions.
 
 from __future__ import annotations
 
-from typing import Collection
+import contextlib
+from typing import Collection, Iterator
 
 import onnx_ir as ir
 from onnxscript.optimizer import optimize_ir
@@ -65,7 +66,8 @@ def _optimize_body(model: ir.Model, function: ir.Function) -> None:
     graph = function.graph
     constant_meta = {node.outputs[0].name: dict(node.metadata_props) for node in graph
                      if node.op_type == "Constant" and node.domain == ""}
-    optimize_ir(ir.Model(graph, ir_version=model.ir_version), inline=False)
+    with _settings_as_inputs(graph):
+        optimize_ir(ir.Model(graph, ir_version=model.ir_version), inline=False)
     for name, value in list(graph.initializers.items()):
         del graph.initializers[name]
         tensor = value.const_value
@@ -76,3 +78,30 @@ def _optimize_body(model: ir.Model, function: ir.Function) -> None:
         node.outputs[0].type, node.outputs[0].shape = value.type, value.shape
         graph.append(node)
     graph.sort()
+
+
+@contextlib.contextmanager
+def _settings_as_inputs(graph: ir.Graph) -> Iterator[None]:
+    """Within the block, each ``Constant`` whose value is a function attribute (a scalar
+    setting, see ``finishing._merge``) is an input of ``graph``: the optimizer would fold it
+    as a constant of an unknown (NaN) value. The nodes are put back afterwards."""
+    settings = [node for node in graph if node.op_type == "Constant" and node.domain == ""
+                and any(attr.is_ref() for attr in node.attributes.values())]
+    stand_ins = []
+    for node in settings:
+        made = node.outputs[0]
+        value = ir.Value(name=made.name, type=made.type, shape=made.shape)
+        ir.convenience.replace_all_uses_with(made, value)
+        graph.remove(node)
+        graph.inputs.append(value)
+        stand_ins.append(value)
+    try:
+        yield
+    finally:
+        for node, value in zip(settings, stand_ins):
+            graph.inputs.remove(value)
+            graph.append(node)
+            ir.convenience.replace_all_uses_with(value, node.outputs[0],
+                                                 replace_graph_outputs=True)
+        if settings:
+            graph.sort()

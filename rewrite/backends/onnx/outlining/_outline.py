@@ -2,7 +2,7 @@
 
 For each group, children first: its members are its own ONNX nodes plus the call nodes that
 replaced its children. Values its members read from outside are the function's inputs
-(weights, buffers, activations; small constants are embedded, see ``constants``); values read
+(weights, buffers, activations; small constants are embedded, see ``outlining._constants``); values read
 outside or returned by the graph are its outputs. The body's structural key decides: a new
 function, or a call of an existing one with an equal body (12 identical blocks -> one function,
 12 calls). A call node replaces the members; readers outside switch to its outputs.
@@ -14,8 +14,10 @@ Stand-ins (a :class:`standins.Plan`): a call of the per-body lowering that was n
 one node, the one member of its group. That group becomes a call of the function its first
 call's group got, the arguments and outputs picked by position in the torch call (each
 recorded when the first call's group is outlined, through the values outlining replaced).
-When that is not exactly what outlining the inlined call would give, the run ends with
-:class:`standins.Materialize` (the lowering inlines those calls and starts again).
+When that is not exactly what outlining the inlined call would give, the groups above it
+are left as they are, the other groups are outlined, and the run returns a
+:class:`standins.MustInline` naming every such call (the model is then thrown away: the
+lowering inlines those calls and starts again).
 """
 
 from __future__ import annotations
@@ -28,22 +30,22 @@ import onnx_ir.passes.common
 from attrs import field, frozen
 
 from rewrite._gc import gc_paused
-from rewrite.backends.onnx import naming
-from rewrite.backends.onnx.boundary import boundary, detach, owners, rewire, substitute
-from rewrite.backends.onnx.constants import (
+from rewrite.backends.onnx.outlining import _naming as naming
+from rewrite.backends.onnx.outlining._boundary import boundary, detach, owners, rewire, substitute
+from rewrite.backends.onnx.outlining._constants import (
     ConstantPolicy,
     Embedded,
     hoist_constants,
     weight_names,
 )
 from rewrite.backends.onnx.distinct import Variant
-from rewrite.backends.onnx.membership import Membership
-from rewrite.backends.onnx.opsets import fix_opsets
+from rewrite.backends.onnx.outlining._membership import Membership
+from rewrite.backends.onnx._opsets import fix_opsets
 from rewrite.backends.onnx.options import OnnxOptions
-from rewrite.backends.onnx.remat import recompute_shared
-from rewrite.backends.onnx.repeats import Reference, Repeats
-from rewrite.backends.onnx.standins import Materialize, Plan, Reuse
-from rewrite.backends.onnx.structure import Key, Keyer
+from rewrite.backends.onnx.outlining._recompute import recompute_shared
+from rewrite.backends.onnx.outlining._repeats import Body, Reference, Repeats
+from rewrite.backends.onnx._standins import MustInline, Plan, Reuse
+from rewrite.backends.onnx.outlining._body_keys import Key, Keyer
 from rewrite.backends.onnx.summary import FunctionId
 from rewrite.grouping import Group, GroupTree
 
@@ -57,8 +59,8 @@ class Outlined:
     functions: tuple[FunctionId, ...]
     """The functions made, in the order they were made."""
     recomputed: int = 0
-    """Nodes copied into groups by ``remat`` (shared cheap nodes recomputed per group); a
-    stand-in's group (see ``standins``) has no nodes to copy into: the copies inside it are
+    """Nodes copied into groups by ``outlining._recompute`` (shared cheap nodes recomputed per group); a
+    stand-in's group (see ``_standins``) has no nodes to copy into: the copies inside it are
     those of its first call's group, in the function both call, counted once."""
     ids: Sequence[str] = field(default=(), repr=False)
     """The tree's display ids (:attr:`GroupTree.ids`), for :attr:`function_of`."""
@@ -76,6 +78,25 @@ class Outlined:
     def calls(self) -> Counter:
         """Call sites per function (one per outlined group)."""
         return Counter(f for f in self.by_group.values() if f is not None)
+
+
+@frozen
+class _Snapshot:
+    """A body outlined for the first time, as :class:`Repeats` will match later repeats."""
+
+    body: Body
+    """``Repeats.snapshot`` of the body."""
+    args: list[ir.Value]
+    """Its arguments and outputs in member order (before the canonical order)."""
+    outputs: list[ir.Value]
+
+    def reference(self, function: ir.Function, member_order: list[int],
+                  args: list[ir.Value], outputs: list[ir.Value]) -> Reference:
+        """The :class:`Reference` to ``function``, made from this body in these orders."""
+        arg_index = {v: i for i, v in enumerate(self.args)}
+        output_index = {v: i for i, v in enumerate(self.outputs)}
+        return Reference(self.body, function, member_order, [arg_index[v] for v in args],
+                         [output_index[v] for v in outputs])
 
 
 class _Outliner:
@@ -113,15 +134,11 @@ class _Outliner:
         self.function_of: dict[int, FunctionId | None] = {}
         self.made: list[ir.Function] = []
 
-    def run(self) -> Outlined:
-        try:
-            for group in self.tree.root.children:
-                self._lower(group, [group])
-        except Exception:
-            if not self.failed:
-                raise
+    def run(self) -> Outlined | MustInline:
+        for group in self.tree.root.children:
+            self._lower(group, [group])
         if self.failed:  # stand-ins left in the graph: the result is thrown away
-            raise Materialize(self.failed, "stand-ins cannot call their first call's function")
+            return MustInline(self.failed, "stand-ins cannot call their first call's function")
         self.graph.sort()
         # constants now embedded in functions leave their initializers unused
         ir.passes.common.RemoveUnusedNodesPass()(self.model)
@@ -136,66 +153,92 @@ class _Outliner:
         if reuse is not None:
             return [self._stand_in(group, chain, reuse)]
         members = list(self.members.of(group.index))
+        failed = len(self.failed)
         for child in group.children:
             members.extend(self._lower(child, chain + [child]))
+        if len(self.failed) > failed:  # a stand-in below stays: this model is thrown away
+            return []
         if self.on_group is not None:
             self.on_group(group)
         if not members:
             self.function_of[group.index] = None
             return []
+        return self._outline(group, chain, members)
+
+    def _outline(self, group: Group, chain: list[Group], members: list[ir.Node]
+                 ) -> list[ir.Node]:
+        """Replace ``members`` (``group``'s, children outlined) by a call of a function: an
+        earlier repeat's, one with an equal body key, or a new one; when nothing they compute
+        is used, leave them flat (dead code) and return them."""
         member_set = set(members)
         first = min(self.position[m] for m in members)
         members.sort(key=self.position.__getitem__)
-        # Repeated blocks reuse an earlier body's function and orders (see ``repeats``); not
-        # for nodes holding subgraphs (canonical labels read captured values by name).
         identity = (group.domain, group.function_name)
-        body = None
+        snapshot = None
+        # Repeated blocks reuse an earlier body's function and orders (see ``outlining._repeats``); not
+        # for nodes holding subgraphs (canonical labels read captured values by name).
         if self.holders.isdisjoint(members):
-            raw_inputs, raw_outputs = boundary(members, member_set, self.owner)
-            if raw_outputs:
-                raw_args, raw_embedded = self._split(raw_inputs)
-                constants = {v: e.key for v, e in raw_embedded.items()}
-                hit = self.repeats.find(identity, members, raw_args, constants, raw_outputs)
-                if hit is not None:
-                    members = [members[i] for i in hit.member_order]
-                    args = [raw_args[i] for i in hit.arg_order]
-                    outputs = [raw_outputs[i] for i in hit.output_order]
-                    self._note_first(group, hit.function, self._positions(group, args, outputs))
-                    return [self._reuse(group, chain, hit.function, args, outputs, members,
-                                        member_set, first)]
-                body = self.repeats.snapshot(identity, members, raw_args, constants,
-                                             raw_outputs)
-        by_position = members
-        rank = {node: i for i, node in enumerate(by_position)}
-        members = self.keyer.canonical_order(by_position, rank, self._constant_key)
+            found = self._repeat(group, chain, identity, members, member_set, first)
+            if isinstance(found, ir.Node):
+                return [found]
+            snapshot = found
+        rank = {node: i for i, node in enumerate(members)}
+        members = self.keyer.canonical_order(members, rank, self._constant_key)
         inputs, outputs = boundary(members, member_set, self.owner)
-        if not outputs:  # nothing it computes is used: leave it flat (dead code)
+        if not outputs:
             self.function_of[group.index] = None
             return members
-        args, embedded = self._split(inputs)
+        args, embedded = self.constants.split(inputs)
+        function, call = self._keyed_call(group, chain, identity, members, member_set, first,
+                                          args, embedded, outputs)
+        if snapshot is not None:
+            self.repeats.add(snapshot.reference(function, [rank[n] for n in members], args,
+                                                outputs))
+        return [call]
+
+    def _repeat(self, group: Group, chain: list[Group], identity: tuple[str, str],
+                members: list[ir.Node], member_set: set[ir.Node], first: tuple
+                ) -> "ir.Node | _Snapshot | None":
+        """The call of an earlier repeat's function that replaces ``members``, else what a
+        later repeat needs of this body (None: it has no outputs)."""
+        raw_inputs, raw_outputs = boundary(members, member_set, self.owner)
+        if not raw_outputs:
+            return None
+        raw_args, raw_embedded = self.constants.split(raw_inputs)
+        constants = {v: e.key for v, e in raw_embedded.items()}
+        hit = self.repeats.find(identity, members, raw_args, constants, raw_outputs)
+        if hit is None:
+            body = self.repeats.snapshot(identity, members, raw_args, constants, raw_outputs)
+            return _Snapshot(body, raw_args, raw_outputs)
+        members = [members[i] for i in hit.member_order]
+        args = [raw_args[i] for i in hit.arg_order]
+        outputs = [raw_outputs[i] for i in hit.output_order]
+        self._note_first(group, hit.function, self._positions(group, args, outputs))
+        return self._reuse(group, chain, hit.function, args, outputs, members, member_set,
+                           first)
+
+    def _keyed_call(self, group: Group, chain: list[Group], identity: tuple[str, str],
+                    members: list[ir.Node], member_set: set[ir.Node], first: tuple,
+                    args: list[ir.Value], embedded: dict[ir.Value, Embedded],
+                    outputs: list[ir.Value]) -> tuple[ir.Function, ir.Node]:
+        """The function whose body key is that of ``members`` (made if new) and its call."""
         key = self.keyer.body(identity, members, args, {v: e.key for v, e in embedded.items()},
                               outputs)
         function = self.registry.get(key)
         if function is not None:
             self._note_first(group, function, self._positions(group, args, outputs))
             call = self._reuse(group, chain, function, args, outputs, members, member_set, first)
-        else:
-            name = self.names.new(group.domain, group.function_name)
-            positions = self._positions(group, args, outputs)  # before the rewiring
-            call = self._call(group, chain, name, args, outputs, members)
-            self._rewire(outputs, list(call.outputs), member_set)
-            function = self.registry[key] = self._make_function(group, name, members, args,
-                                                                embedded, outputs)
-            self._note_first(group, function, positions)
-            self.function_of[group.index] = function.identifier()
-            self.position[call] = first
-        if body is not None:
-            arg_index = {v: i for i, v in enumerate(raw_args)}
-            output_index = {v: i for i, v in enumerate(raw_outputs)}
-            self.repeats.add(Reference(body, function, [rank[n] for n in members],
-                                       [arg_index[v] for v in args],
-                                       [output_index[v] for v in outputs]))
-        return [call]
+            return function, call
+        name = self.names.new(group.domain, group.function_name)
+        positions = self._positions(group, args, outputs)  # before the rewiring
+        call = self._call(group, chain, name, args, outputs, members)
+        self._rewire(outputs, list(call.outputs), member_set)
+        function = self.registry[key] = self._make_function(group, name, members, args,
+                                                            embedded, outputs)
+        self._note_first(group, function, positions)
+        self.function_of[group.index] = function.identifier()
+        self.position[call] = first
+        return function, call
 
     def _reuse(self, group: Group, chain: list[Group], function: ir.Function,
                args: list[ir.Value], outputs: list[ir.Value], members: list[ir.Node],
@@ -274,7 +317,7 @@ class _Outliner:
                            self.position[node])
 
     def _only_member(self, group: Group, node: ir.Node) -> bool:
-        """``node`` is the one node of ``group`` and its descendants (``remat`` added none)."""
+        """``node`` is the one node of ``group`` and its descendants (``outlining._recompute`` added none)."""
         return self.members.of(group.index) == [node] and not any(
             self.members.of(inner.index) for inner in group.walk() if inner is not group)
 
@@ -290,18 +333,6 @@ class _Outliner:
                 if value is not None and value.producer() not in member_set:
                     node.replace_input_with(i, None)
         self.graph.remove(members)
-
-    def _split(self, inputs: list[ir.Value]) -> tuple[list[ir.Value], dict[ir.Value, Embedded]]:
-        """``inputs`` -> (function arguments, embedded constants)."""
-        args: list[ir.Value] = []
-        embedded: dict[ir.Value, Embedded] = {}
-        for value in inputs:
-            found = self.constants.embedded(value)
-            if found is None:
-                args.append(value)
-            else:
-                embedded[value] = found
-        return args, embedded
 
     def _constant_key(self, value: ir.Value) -> Key | None:
         found = self.constants.embedded(value)
@@ -344,8 +375,9 @@ class _Outliner:
 
 def outline(model: ir.Model, tree: GroupTree, options: OnnxOptions | None = None,
             on_group: Callable[[Group], None] | None = None, plan: Plan | None = None
-            ) -> Outlined:
+            ) -> Outlined | MustInline:
     """Outline every group of ``tree`` (built on ``model``'s main graph; with ``plan``, read
-    with its stand-ins) in place."""
+    with its stand-ins) in place; the stand-ins that cannot call their first call's function
+    (only with a ``plan``): :class:`standins.MustInline`."""
     with gc_paused():  # many short-lived IR objects: collections would only slow it down
         return _Outliner(model, tree, options or OnnxOptions(), on_group, plan).run()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Mapping
 
+from rewrite.backends.onnx.lowering._provenance import nearest, node_facts
 from rewrite.compile import RuleSet
 from rewrite.errors import Diagnostic
 from rewrite.frontends.fx import from_exported_program
@@ -20,7 +21,6 @@ from rewrite.frontends.onnx import (
     NodeFacts,
     Resolver,
     from_onnx_model,
-    onnx_target,
     read_scopes,
 )
 from rewrite.grouping import GroupTree, group_graph
@@ -31,34 +31,19 @@ if TYPE_CHECKING:
     import torch
 
 
-def _original_name(fx_node: "torch.fx.Node", original: set[str]) -> str | None:
-    """The first ``from_node`` ancestor of ``fx_node`` that exists in the grouped program."""
-    todo = list(fx_node.meta.get("from_node") or ())
-    seen = 0
-    while todo and seen < 64:
-        source = todo.pop(0)
-        seen += 1
-        name = getattr(source, "name", None)
-        if name in original:
-            return name
-        todo.extend(getattr(source, "from_node", None) or ())
-    return fx_node.name if fx_node.name in original else None
-
-
 def fx_resolver(decomposed: Graph, original: Graph) -> Resolver:
     """Facts of ONNX nodes from the FX nodes they were translated from."""
     by_name = {node.name: node for node in decomposed.nodes}
     target_of = {node.name: node.target for node in original.nodes}
-    names = set(target_of)
+    names = {name: name for name in target_of}
 
     def resolve(onnx_node: "ir.Node") -> NodeFacts:
         scopes = read_scopes(onnx_node)
         fx = by_name.get(scopes[0][-1]) if scopes is not None else None
         if fx is None or fx.is_io:
-            return NodeFacts(None, onnx_target(onnx_node))
-        name = _original_name(fx.source, names)
-        target = target_of[name] if name is not None else fx.target
-        return NodeFacts(fx.stack, target, fx.tags)
+            return node_facts(None, onnx_node)
+        name = nearest(fx.source, names)
+        return node_facts(fx, onnx_node, target_of[name] if name is not None else fx.target)
 
     return resolve
 

@@ -8,14 +8,15 @@ translates it op by op: a 48-block model is decomposed and translated 48 times. 
    every value from outside passed as inputs (:func:`subgraphs.rebuild`). Bodies are the
    same when their nodes are (ops, arguments, scalars; the shapes and types of their inputs)
    and so are their group subtrees, tags and leaving nodes.
-2. :mod:`torch_private` decomposes that program with torch.onnx's decomposition table
+2. :mod:`rewrite._private.torch_exporter` decomposes that program with torch.onnx's decomposition table
    (``make_fx``; the TracingContext's invoke_subgraph cache traces each body once, and each
    further call of a body is recorded without being run) and
    translates it with torch.onnx's translator, which makes one ONNX function per subgraph
-   (:class:`PerBodyLowering`: decomposed once, translated again if calls must be inlined).
+   (:class:`DecomposedProgram`: decomposed once, translated again if calls must be inlined,
+   :meth:`DecomposedProgram.translate`).
 3. Each body is converted to torch.onnx.export's opset once. The *first* call of each body is
-   inlined (:mod:`inline`), each inlined node marked with its call; the other calls stay one
-   node each, standing in for the nodes inlining would give (:mod:`standins`; a call whose
+   inlined (:mod:`rewrite._private.onnx_ir_inline`), each inlined node marked with its call; the other calls stay one
+   node each, standing in for the nodes inlining would give (:mod:`_standins`; a call whose
    outputs are used unlike the first's, and every call when asked or under the ``input``
    constant policy, is inlined too, its nodes' metadata (module paths in ``name_scopes`` /
    ``namespace``) that of its own call). A :data:`Resolver` gives each node the module
@@ -33,7 +34,6 @@ a few list entries each, not their nodes.
 
 from __future__ import annotations
 
-import ast
 from typing import TYPE_CHECKING, Any, Mapping
 
 import onnx_ir as ir
@@ -42,11 +42,12 @@ from attrs import evolve, field, frozen
 from onnx_ir.passes import common as common_passes
 
 from rewrite._gc import gc_paused
-from rewrite.backends.onnx import torch_private
-from rewrite.backends.onnx.inline import inline_functions
-from rewrite.backends.onnx.standins import DOMAIN as STANDIN_DOMAIN
-from rewrite.backends.onnx.standins import (
-    Materialize,
+from rewrite._private import torch_exporter
+from rewrite._private.torch_graphs import is_higher_order, is_in_place
+from rewrite._private.onnx_ir_inline import inline_functions
+from rewrite.backends.onnx._standins import DOMAIN as STANDIN_DOMAIN
+from rewrite.backends.onnx._standins import (
+    MustInline,
     Plan,
     StandIn,
     Template,
@@ -54,14 +55,17 @@ from rewrite.backends.onnx.standins import (
     plan,
     stand_in,
 )
-from rewrite.backends.onnx.subgraphs import Unsupported, rebuild
+from rewrite.backends.onnx.lowering._invoke_subgraph import Unsupported, rebuild
+from rewrite.backends.onnx.lowering._provenance import nearest, node_facts
 from rewrite.frontends.onnx import (
     CLASS_HIERARCHY,
+    NAME_SCOPES,
+    NAMESPACE,
     Expansion,
     NodeFacts,
     Resolver,
-    onnx_target,
     read_scopes,
+    string_list,
 )
 from rewrite.grouping import GroupTree
 
@@ -70,20 +74,18 @@ if TYPE_CHECKING:
 
 CALL_KEY = "rewrite.perbody.call"
 """ONNX node metadata while lowering: index of the call an inlined node belongs to."""
-NAME_SCOPES = "pkg.torch.onnx.name_scopes"
-NAMESPACE = "namespace"
 _SUBGRAPH_DOMAIN = "pkg.torch.__subgraph__"
 _INLINED_HOPS = tuple(getattr(torch.ops.higher_order, name) for name in (
     "wrap_with_set_grad_enabled", "wrap_with_autocast")
     if hasattr(torch.ops.higher_order, name))
 """Higher-order ops that decomposition inlines (their bodies are plain ops), outside the
 repeated bodies (a group holding one is not made a shared body)."""
-__all__ = ["Materialize", "PerBody", "PerBodyLowering", "Unsupported", "check", "functional",
-           "in_place", "lower_per_body"]
+__all__ = ["MustInline", "Translation", "DecomposedProgram", "Unsupported", "check", "functional",
+           "in_place"]
 
 
 @frozen
-class PerBody:
+class Translation:
     """The ONNX model (calls inlined or standing) and how to group its nodes."""
 
     model: ir.Model
@@ -101,7 +103,7 @@ class PerBody:
     group_ids: tuple[str, ...] = ()
     """Per call, its group's display id."""
     materialized: frozenset[int] = frozenset()
-    """Calls inlined because they could not stand in (asked by :meth:`PerBodyLowering.lower`)."""
+    """Calls inlined because they could not stand in (asked by :meth:`DecomposedProgram.translate`)."""
     plan: Plan | None = None
     """The outliner's :class:`standins.Plan`, once grouped (:meth:`planned`)."""
 
@@ -110,24 +112,19 @@ class PerBody:
         """What each standing node stands for, for the ONNX frontend."""
         return {node: s.expansion for node, s in self.stand_ins.items()}
 
-    def planned(self, tree: GroupTree) -> "PerBody":
-        """This with the :attr:`plan` for ``tree`` (grouped from this model); raises
-        :class:`standins.Materialize`."""
+    def planned(self, tree: GroupTree) -> "Translation | MustInline":
+        """This with the :attr:`plan` for ``tree`` (grouped from this model), or the calls
+        that cannot stand in (:func:`standins.plan`)."""
         if not self.stand_ins:
             return self
-        return evolve(self, plan=plan(tree, self.model.graph, self.stand_ins, self.templates,
-                                      self.group_ids))
-
-
-def _in_place(node: torch.fx.Node) -> bool:
-    return node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload) \
-        and node.target._schema.is_mutable
+        found = plan(tree, self.model.graph, self.stand_ins, self.templates, self.group_ids)
+        return found if isinstance(found, MustInline) else evolve(self, plan=found)
 
 
 def in_place(program: torch.export.ExportedProgram) -> bool:
     """Whether ``program`` has in-place ops (torch.export's training IR keeps them: a static
     KV cache's ``index_copy_``); :func:`functional` removes them."""
-    return any(_in_place(node) for node in program.graph.nodes)
+    return any(is_in_place(node) for node in program.graph.nodes)
 
 
 def functional(program: torch.export.ExportedProgram) -> torch.export.ExportedProgram:
@@ -135,50 +132,31 @@ def functional(program: torch.export.ExportedProgram) -> torch.export.ExportedPr
     (``run_decompositions({})``, nothing decomposed), which writes each mutation as a new
     value that the program returns (its signature says which buffer or input it updates).
     An AOT-autograd re-trace of the flat program: the one step of this path whose cost grows
-    with the model rather than with its distinct bodies."""
-    return program.run_decompositions({})
+    with the model rather than with its distinct bodies. torch's errors: :class:`TorchFailed`."""
+    try:
+        return program.run_decompositions({})
+    except Exception as e:
+        raise torch_exporter.TorchFailed.of(e) from e
 
 
 def check(program: torch.export.ExportedProgram) -> None:
     """Raise :class:`Unsupported` for programs this path does not handle (mutations are
     handled in their functional form, see :func:`functional`)."""
-    reason = torch_private.available()
+    reason = torch_exporter.available()
     if reason is not None:
         raise Unsupported(f"torch's private exporter APIs changed ({reason})")
     signature = program.graph_signature
     if getattr(signature, "backward_signature", None) is not None:
         raise Unsupported("the program is a joint forward/backward graph")
     for node in program.graph.nodes:
-        if isinstance(node.target, torch._ops.HigherOrderOperator) \
+        if is_higher_order(node.target) \
                 and node.target not in _INLINED_HOPS:
             raise Unsupported(f"the program has a higher-order op ({node.target.name()})")
-        if _in_place(node):  # one :func:`functional` left
+        if is_in_place(node):  # one :func:`functional` left
             raise Unsupported(f"the program has an in-place op ({node.target})")
         val = node.meta.get("val")
         if isinstance(val, torch.Tensor) and not all(isinstance(d, int) for d in val.shape):
             raise Unsupported("the program has dynamic shapes")
-
-
-def _sources(node: Any) -> tuple:
-    """``from_node`` provenance of an FX node or of a provenance record."""
-    if isinstance(node, torch.fx.Node):
-        return tuple(node.meta.get("from_node") or ())
-    return tuple(getattr(node, "from_node", None) or ())
-
-
-def _original(fx_node: torch.fx.Node, names: dict[str, Any]) -> Any:
-    """What ``names`` maps the nearest ``from_node`` ancestor of ``fx_node`` to (that exists
-    there), else what it maps ``fx_node``'s own name to (as ``remap._original_name``)."""
-    todo = list(_sources(fx_node))
-    seen = 0
-    while todo and seen < 64:
-        node = todo.pop(0)
-        seen += 1
-        found = names.get(getattr(node, "name", None))
-        if found is not None:
-            return found
-        todo.extend(_sources(node))
-    return names.get(fx_node.name)
 
 
 def _path_map(first: "list[Node]", this: "list[Node]") -> dict[str, str]:
@@ -199,12 +177,9 @@ def _repath(props: dict[str, str], paths: dict[str, str], parsed: dict[str, Any]
     scopes = props.get(NAME_SCOPES)
     if scopes:
         if scopes not in parsed:
-            try:
-                parsed[scopes] = ast.literal_eval(scopes)
-            except (ValueError, SyntaxError):
-                parsed[scopes] = None
+            parsed[scopes] = string_list(scopes)
         items = parsed[scopes]
-        if isinstance(items, list):
+        if items is not None:
             props[NAME_SCOPES] = repr([paths.get(s, s) for s in items])
     namespace = props.get(NAMESPACE)
     if namespace:
@@ -215,17 +190,9 @@ def _repath(props: dict[str, str], paths: dict[str, str], parsed: dict[str, Any]
                                     for path, sep, rest in parsed[key])
 
 
-def lower_per_body(program: torch.export.ExportedProgram, tree: GroupTree,
-                   custom_translation_table: Mapping | None = None, *,
-                   stand_ins: bool = True) -> PerBody:
-    """The ONNX model of ``program`` and how to group it (see the module docstring); ops
-    translated as ``torch.onnx.export(custom_translation_table=...)`` translates them."""
-    return PerBodyLowering(program, tree, custom_translation_table).lower(stand_ins=stand_ins)
-
-
-class PerBodyLowering:
-    """One program decomposed once (steps 1-2); :meth:`lower` translates and inlines it,
-    again with more calls inlined when the outliner asks (:class:`standins.Materialize`)."""
+class DecomposedProgram:
+    """One program decomposed once (steps 1-2); :meth:`translate` translates and inlines it,
+    again with more calls inlined when they cannot stand in (:class:`_standins.MustInline`)."""
 
     def __init__(self, program: torch.export.ExportedProgram, tree: GroupTree,
                  custom_translation_table: Mapping | None = None) -> None:
@@ -234,40 +201,61 @@ class PerBodyLowering:
         # the inlining took 5-8x longer with it)
         with gc_paused():
             self.tree = tree
-            self.tables = torch_private.lowering_tables(custom_translation_table)
+            self.tables = torch_exporter.lowering_tables(custom_translation_table)
             rebuilt, self.calls = rebuild(program, tree)
-            self.decomposed = torch_private.decompose(rebuilt, self.tables)
+            self.decomposed = torch_exporter.decompose(rebuilt, self.tables)
 
-    def lower(self, materialize: frozenset[int] = frozenset(), *,
-              stand_ins: bool = True) -> PerBody:
+    def translate(self, materialize: frozenset[int] = frozenset(), *,
+                  stand_ins: bool = True) -> Translation | MustInline:
         """Translate and inline: the first call of each body, every call in ``materialize``
-        and, without ``stand_ins``, every call; the others stand in (:mod:`standins`)."""
+        and, without ``stand_ins``, every call; the others stand in (:mod:`_standins`). The
+        calls whose first call's inlined nodes cannot be copied: :class:`MustInline`."""
         with gc_paused():
-            return _Lowering(self, materialize, stand_ins).run()
+            return _Translator(self, materialize, stand_ins).run()
 
 
-class _Lowering:
-    def __init__(self, source: PerBodyLowering, materialize: frozenset[int],
+class _Translator:
+    """One translation of a :class:`DecomposedProgram` (see :meth:`DecomposedProgram.translate`)."""
+
+    def __init__(self, source: DecomposedProgram, materialize: frozenset[int],
                  stand_ins: bool) -> None:
         self.calls = source.calls
         self.decomposed = source.decomposed
-        self.model = torch_private.translate(source.decomposed, source.tables)
+        self.model = torch_exporter.translate(source.decomposed, source.tables)
         self.graph = source.tree.graph
         self.materialize = materialize
         self.stand_ins = stand_ins
 
-    def run(self) -> PerBody:
-        model, calls, graph = self.model, self.calls, self.graph
-        decomposed = self.decomposed
-        ir_by_name = {node.name: node for node in graph.nodes}
-        main = {n.name: n for n in decomposed.graph_module.graph.nodes}
-        call_by_name = {call.name: i for i, call in enumerate(calls)}
-        body_index = [{n.name: i for i, n in enumerate(call.nodes)} for call in calls]
-        decomposed_body: dict[int, dict[str, torch.fx.Node]] = {}
+    def run(self) -> Translation | MustInline:
+        calls = self.calls
+        call_nodes, facts = self._mark_calls()
+        standing, input_names, names = self._inline(call_nodes)
+        firsts = set(input_names)
+        inlined = self._unmark(standing, facts, firsts)
+        templates = {f: self._template(inlined[f], input_names[f], names[f]) for f in firsts}
+        uncopied = [i for i in standing if templates[calls[i].first] is None]
+        if uncopied:
+            return MustInline(uncopied, "a first call's inlined nodes cannot be copied")
+        at = {f: [facts.position(f, n) for n in templates[f].nodes] for f in firsts}
+        expansions = {}
+        for index, node in standing.items():
+            first = calls[index].first
+            template = templates[first]
+            expansions[node] = stand_in(node, index, first, template, [
+                facts.of_call(index, p, n) for p, n in zip(at[first], template.nodes)])
+        distinct = len({call.first for call in calls})
+        return Translation(self.model, facts, distinct, len(calls),
+                       len(calls) - len(standing), expansions, templates,
+                       tuple(call.group.id for call in calls), self.materialize)
 
-        # mark every call node with its call
+    def _mark_calls(self) -> "tuple[dict[int, ir.Node], _Facts]":
+        """Every call node of the translated model marked with its call (``CALL_KEY``): the
+        call nodes by call, and the facts of the model's nodes (read while marked)."""
+        main = {n.name: n for n in self.decomposed.graph_module.graph.nodes}
+        call_by_name = {call.name: i for i, call in enumerate(self.calls)}
+        bodies: dict[int, dict[str, torch.fx.Node]] = {}
         call_nodes: dict[int, ir.Node] = {}
-        for node in model.graph:
+        for node in self.model.graph:
             if node.domain != _SUBGRAPH_DOMAIN:
                 continue
             scopes = read_scopes(node)
@@ -278,16 +266,24 @@ class _Lowering:
             node.metadata_props[CALL_KEY] = str(origin)
             call_nodes[origin] = node
             getter = fx_call.args[0]
-            body = getattr(decomposed.graph_module, getter.target)
-            decomposed_body[origin] = {n.name: n for n in body.graph.nodes}
-        # torch.onnx.export converts its model to its default opset (onnxscript's converter
-        # inlines every function first): here each body is converted once, then inlined (the
-        # bodies, torchlib's helpers: each inlined node keeps its call's marks); dead nodes go
-        # (the translation of a re-traced graph can leave a dead Constant that the flat export
-        # does not have; it would upset outlining)
-        torch_private.convert_opset(model)
+            body = getattr(self.decomposed.graph_module, getter.target)
+            bodies[origin] = {n.name: n for n in body.graph.nodes}
+        return call_nodes, _Facts(self.calls, self.graph, main, bodies)
+
+    def _inline(self, call_nodes: dict[int, ir.Node]) -> tuple[
+            dict[int, ir.Node], dict[int, list[str | None]], dict[int, list[str | None]]]:
+        """Convert the opset, leave the stand-ins, inline the rest: the calls left standing,
+        and per first call of a stand-in the names of its inputs and outputs.
+
+        torch.onnx.export converts its model to its default opset (onnxscript's converter
+        inlines every function first): here each body is converted once, then inlined (the
+        bodies, torchlib's helpers: each inlined node keeps its call's marks); dead nodes go
+        (the translation of a re-traced graph can leave a dead Constant that the flat export
+        does not have; it would upset outlining)."""
+        model = self.model
+        torch_exporter.convert_opset(model)
         standing = self._stand_ins(call_nodes)
-        firsts = {calls[i].first for i in standing}
+        firsts = {self.calls[i].first for i in standing}
         input_names = {f: [v.name if v is not None else None for v in call_nodes[f].inputs]
                        for f in firsts}
         names = {f: [v.name for v in call_nodes[f].outputs] for f in firsts}
@@ -296,73 +292,29 @@ class _Lowering:
                         common_passes.RemoveUnusedOpsetsPass()):
             cleanup(model)
         standing = {i: n for i, n in standing.items() if n.graph is model.graph}
+        return standing, input_names, names
 
-        # module paths of the first call -> this call's, for the other calls inlined
+    def _path_maps(self, standing: dict[int, ir.Node]) -> dict[int, dict[str, str]]:
+        """Module paths of the first call -> this call's, for the other calls inlined."""
+        calls, graph = self.calls, self.graph
         repathed = [i for i, call in enumerate(calls) if call.first != i and i not in standing]
         ir_nodes = {i: [graph.nodes[j] for j in calls[i].group.all_nodes()]
                     for i in {*repathed, *(calls[i].first for i in repathed)}}
-        path_maps = {i: _path_map(ir_nodes[calls[i].first], ir_nodes[i]) for i in repathed}
-        first_names = {first: {n.name: n for n in calls[first].nodes}
-                       for first in {call.first for call in calls}}
-        facts: dict[int, NodeFacts | None] = {}
-        # the nodes of every call of one body carry the same metadata texts until repathed,
-        # and come from the same decomposed body nodes: parsed and traced back once per body
-        # node
-        scopes_of: dict[tuple, Any] = {}
-        position_of: dict[tuple[int, str], int | None] = {}
+        return {i: _path_map(ir_nodes[calls[i].first], ir_nodes[i]) for i in repathed}
 
-        def scopes_for(onnx_node: ir.Node) -> Any:
-            props = onnx_node.metadata_props
-            key = (props.get(NAME_SCOPES), props.get(CLASS_HIERARCHY))
-            if key not in scopes_of:
-                scopes_of[key] = read_scopes(onnx_node)
-            return scopes_of[key]
-
-        def position(index: int, onnx_node: ir.Node) -> int | None:
-            """Position in its call's body of the FX node an inlined node came from."""
-            scopes = scopes_for(onnx_node)
-            if scopes is None:
-                return None
-            first = calls[index].first
-            key = (first, scopes[0][-1])
-            if key not in position_of:
-                fx = decomposed_body.get(index, {}).get(scopes[0][-1])
-                source = _original(fx, first_names[first]) if fx is not None else None
-                position_of[key] = (body_index[first].get(source.name)
-                                    if source is not None else None)
-            return position_of[key]
-
-        def of_call(index: int, at: int | None, onnx_node: ir.Node) -> NodeFacts:
-            original = ir_by_name.get(calls[index].nodes[at].name) if at is not None else None
-            return _facts(original, onnx_node)
-
-        def resolve(onnx_node: ir.Node) -> NodeFacts:
-            mark = onnx_node.metadata_props.get(CALL_KEY)
-            if mark is not None:
-                index = int(mark)
-                return of_call(index, position(index, onnx_node), onnx_node)
-            scopes = scopes_for(onnx_node)
-            original = None
-            if scopes is not None:
-                fx = main.get(scopes[0][-1])
-                if fx is not None and fx.op != "placeholder":
-                    original = _original(fx, ir_by_name)
-            return _facts(original, onnx_node)
-
-        def resolver(onnx_node: ir.Node) -> NodeFacts:
-            key = id(onnx_node)
-            if key not in facts:
-                facts[key] = resolve(onnx_node)
-            return facts[key]
-
+    def _unmark(self, standing: dict[int, ir.Node], facts: "_Facts", firsts: set[int]
+                ) -> dict[int, list[ir.Node]]:
+        """Resolve every node while the marks are there, then repath the other calls' nodes
+        and drop the marks; the inlined nodes of each first call in ``firsts``."""
+        path_maps = self._path_maps(standing)
         parsed: dict[str, Any] = {}
         inlined: dict[int, list[ir.Node]] = {f: [] for f in firsts}
         standing_nodes = set(standing.values())
-        for node in model.graph:  # resolve while the marks are there, then repath, drop them
+        for node in self.model.graph:
             if node in standing_nodes:
                 node.metadata_props.pop(CALL_KEY, None)
                 continue
-            resolver(node)
+            facts(node)
             mark = node.metadata_props.pop(CALL_KEY, None)
             if mark is None:
                 continue
@@ -371,34 +323,19 @@ class _Lowering:
                 _repath(node.metadata_props, path_maps[index], parsed)
             elif index in inlined:
                 inlined[index].append(node)
-        templates = {f: self._template(f, inlined[f], input_names[f], names[f], standing)
-                     for f in firsts}
-        at = {f: [position(f, n) for n in templates[f].nodes] for f in firsts}
-        expansions = {}
-        for index, node in standing.items():
-            first = calls[index].first
-            template = templates[first]
-            expansions[node] = stand_in(node, index, first, template, [
-                of_call(index, p, n) for p, n in zip(at[first], template.nodes)])
-        distinct = len({call.first for call in calls})
-        return PerBody(model, resolver, distinct, len(calls),
-                       len(calls) - len(standing), expansions, templates,
-                       tuple(call.group.id for call in calls), self.materialize)
+        return inlined
 
-    def _template(self, first: int, nodes: list[ir.Node], input_names: list[str | None],
-                  output_names: list[str | None], standing: dict[int, ir.Node]) -> Template:
-        """The template of call ``first`` inlined as ``nodes``: inlining kept the names of
-        the call's outputs, and of its inputs (an inlined call's outputs, maybe, whose values
-        it replaced), so both are found again by name."""
+    def _template(self, nodes: list[ir.Node], input_names: list[str | None],
+                  output_names: list[str | None]) -> Template | None:
+        """The template of a first call inlined as ``nodes`` (None: its stand-ins cannot
+        copy it): inlining kept the names of the call's outputs, and of its inputs (an
+        inlined call's outputs, maybe, whose values it replaced), so both are found again
+        by name."""
         made = {v.name: v for n in nodes for v in n.outputs if v.name is not None}
         outer = {v.name: v for n in nodes for v in n.inputs
                  if v is not None and v.name is not None and v.name not in made}
-        template = make_template(nodes, [outer.get(n) if n else None for n in input_names],
-                                 [made.get(n) if n else None for n in output_names])
-        if template is None:
-            raise Materialize([i for i in standing if self.calls[i].first == first],
-                              "a first call's inlined nodes cannot be copied")
-        return template
+        return make_template(nodes, [outer.get(n) if n else None for n in input_names],
+                             [made.get(n) if n else None for n in output_names])
 
     def _stand_ins(self, call_nodes: dict[int, ir.Node]) -> dict[int, ir.Node]:
         """The calls left standing (their nodes moved to :data:`standins.DOMAIN`): not the
@@ -418,15 +355,75 @@ class _Lowering:
         return standing
 
 
-def _facts(original: "Node | None", onnx_node: ir.Node) -> NodeFacts:
-    """The facts of the grouped program's node ``original`` for ``onnx_node`` (none known
-    for an I/O node or no node: its own op)."""
-    if original is None or original.is_io:
-        return NodeFacts(None, onnx_target(onnx_node))
-    return NodeFacts(original.stack, original.target, original.tags)
+class _Facts:
+    """The :data:`Resolver` of a translated model: the module stack, op target and tags of
+    the grouped program's node each ONNX node came from, worked out once per node. The nodes
+    of every call of one body carry the same metadata texts until repathed, and come from the
+    same decomposed body nodes: parsed and traced back once per body node."""
+
+    def __init__(self, calls, graph, main: dict[str, torch.fx.Node],
+                 bodies: dict[int, dict[str, torch.fx.Node]]) -> None:
+        self.calls = calls
+        self.main = main
+        """The decomposed program's nodes by name."""
+        self.bodies = bodies
+        """Per call, its decomposed body's nodes by name."""
+        self.ir_by_name = {node.name: node for node in graph.nodes}
+        self.body_index = [{n.name: i for i, n in enumerate(call.nodes)} for call in calls]
+        self.first_names = {first: {n.name: n for n in calls[first].nodes}
+                            for first in {call.first for call in calls}}
+        self.facts: dict[int, NodeFacts | None] = {}
+        self.scopes_of: dict[tuple, Any] = {}
+        self.position_of: dict[tuple[int, str], int | None] = {}
+
+    def __call__(self, onnx_node: ir.Node) -> NodeFacts:
+        key = id(onnx_node)
+        if key not in self.facts:
+            self.facts[key] = self._resolve(onnx_node)
+        return self.facts[key]
+
+    def _scopes(self, onnx_node: ir.Node) -> Any:
+        props = onnx_node.metadata_props
+        key = (props.get(NAME_SCOPES), props.get(CLASS_HIERARCHY))
+        if key not in self.scopes_of:
+            self.scopes_of[key] = read_scopes(onnx_node)
+        return self.scopes_of[key]
+
+    def position(self, index: int, onnx_node: ir.Node) -> int | None:
+        """Position in its call's body of the FX node an inlined node came from."""
+        scopes = self._scopes(onnx_node)
+        if scopes is None:
+            return None
+        first = self.calls[index].first
+        key = (first, scopes[0][-1])
+        if key not in self.position_of:
+            fx = self.bodies.get(index, {}).get(scopes[0][-1])
+            source = nearest(fx, self.first_names[first]) if fx is not None else None
+            self.position_of[key] = (self.body_index[first].get(source.name)
+                                     if source is not None else None)
+        return self.position_of[key]
+
+    def of_call(self, index: int, at: int | None, onnx_node: ir.Node) -> NodeFacts:
+        """The facts of the node at position ``at`` of call ``index``'s body."""
+        original = (self.ir_by_name.get(self.calls[index].nodes[at].name)
+                    if at is not None else None)
+        return node_facts(original, onnx_node)
+
+    def _resolve(self, onnx_node: ir.Node) -> NodeFacts:
+        mark = onnx_node.metadata_props.get(CALL_KEY)
+        if mark is not None:
+            index = int(mark)
+            return self.of_call(index, self.position(index, onnx_node), onnx_node)
+        scopes = self._scopes(onnx_node)
+        original = None
+        if scopes is not None:
+            fx = self.main.get(scopes[0][-1])
+            if fx is not None and fx.op != "placeholder":
+                original = nearest(fx, self.ir_by_name)
+        return node_facts(original, onnx_node)
 
 
 def _origin_call(fx_call: torch.fx.Node | None, call_by_name: dict[str, int]) -> int | None:
     if fx_call is None:
         return None
-    return _original(fx_call, call_by_name)
+    return nearest(fx_call, call_by_name)

@@ -9,11 +9,11 @@ from typing import Iterable, Iterator
 import onnx_ir as ir
 
 from rewrite.errors import GroupingError
+from rewrite.frontends.onnx import NAMESPACE
 from rewrite.grouping import Group
 
 RULE_KEY = "pkg.rewrite.rule"
 GROUP_KEY = "pkg.rewrite.group"
-NAMESPACE_KEY = "namespace"
 RESERVED_DOMAINS = ("", "ai.onnx", "ai.onnx.ml", "ai.onnx.training", "ai.onnx.preview.training")
 
 
@@ -107,7 +107,7 @@ def namespace(chain: list[Group], root_class: str | None) -> str:
 def call_metadata(chain: list[Group], root_class: str | None) -> dict[str, str]:
     """Metadata of the call node of ``chain[-1]`` (``chain`` runs from the top group down)."""
     group = chain[-1]
-    props = {NAMESPACE_KEY: namespace(chain, root_class), GROUP_KEY: group.id}
+    props = {NAMESPACE: namespace(chain, root_class), GROUP_KEY: group.id}
     if group.origin:
         props[RULE_KEY] = group.origin
     return props

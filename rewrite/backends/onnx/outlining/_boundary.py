@@ -6,30 +6,11 @@ bodies) count as part of the main-graph node that owns them.
 
 from __future__ import annotations
 
-from typing import Collection, Iterator, Mapping
+from typing import Collection, Mapping
 
 import onnx_ir as ir
 
-from rewrite._onnx_ir import attribute_values, graph_kinds, holds_graphs, subgraph_captures
-
-
-def subgraphs(node: ir.Node) -> Iterator[ir.Graph]:
-    """The graphs held by ``node``'s attributes (not recursive)."""
-    for attr in attribute_values(node):
-        if attr.is_ref():
-            continue
-        if attr.type == ir.AttributeType.GRAPH:
-            yield attr.as_graph()
-        elif attr.type == ir.AttributeType.GRAPHS:
-            yield from attr.as_graphs()
-
-
-def inner_nodes(node: ir.Node) -> Iterator[ir.Node]:
-    """Every node inside ``node``'s subgraphs, recursively."""
-    for graph in subgraphs(node):
-        for inner in graph:
-            yield inner
-            yield from inner_nodes(inner)
+from rewrite._onnx_ir import graph_kinds, holds_graphs, inner_nodes, subgraph_captures
 
 
 def owners(graph: ir.Graph) -> dict[ir.Node, ir.Node]:

@@ -2,10 +2,12 @@
 
 Outlining gives one function per distinct body; optimizing can make distinct bodies equal
 (a no-op folded away), and bodies may differ only in a scalar setting (a LayerNorm ``eps``, a
-residual scale, a rope theta). Both kinds are merged here, innermost functions first (a
+residual scale, a rope theta). ``finishing.finish`` merges scalar variants before optimizing
+(the optimizer would fold a scale of 1.0 away in one block only, and keep it apart), and
+everything again after. Both kinds are merged here, innermost functions first (a
 function comes after the functions it calls in ``model.functions``), and calls retargeted:
 
-* equal bodies (structural keys, see ``structure``) always share one function;
+* equal bodies (structural keys, see ``outlining._body_keys``) always share one function;
 * under the ``attribute`` and ``input`` constant policies (not ``embed``), bodies that differ
   only in *scalars* share one
   function whose body reads a function attribute (``ref_attr_name``) where they differ, each
@@ -29,8 +31,8 @@ import onnx_ir as ir
 from attrs import frozen
 
 from rewrite.backends.onnx.distinct import Variants
-from rewrite.backends.onnx.naming import FunctionNames, function_name
-from rewrite.backends.onnx.structure import Key, Keyer, Refs
+from rewrite.backends.onnx.outlining._naming import FunctionNames, function_name
+from rewrite.backends.onnx.outlining._body_keys import Key, Keyer, Refs
 
 Identifier = tuple[str, str, str]
 _FLOATS = {ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16, ir.DataType.DOUBLE}

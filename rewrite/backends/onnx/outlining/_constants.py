@@ -24,14 +24,14 @@ from __future__ import annotations
 
 import ast
 import re
-from typing import Hashable
+from typing import Hashable, Sequence
 
 import onnx_ir as ir
 from attrs import frozen
 
-from rewrite.backends.onnx.membership import Membership
+from rewrite.backends.onnx.outlining._membership import Membership
 from rewrite.backends.onnx.options import OnnxOptions
-from rewrite.backends.onnx.structure import Keyer
+from rewrite.backends.onnx.outlining._body_keys import Keyer
 
 WEIGHT_MARKS = (
     "pkg.torch.export.graph_signature.InputSpec.kind",
@@ -94,6 +94,19 @@ class ConstantPolicy:
         self._limit = options.constant_limit
         self._keyer = keyer
         self._cache: dict[ir.Value, Embedded | None] = {}
+
+    def split(self, inputs: Sequence[ir.Value]
+              ) -> tuple[list[ir.Value], dict[ir.Value, Embedded]]:
+        """A body's ``inputs`` -> (its function's arguments, the constants embedded in it)."""
+        args: list[ir.Value] = []
+        embedded: dict[ir.Value, Embedded] = {}
+        for value in inputs:
+            found = self.embedded(value)
+            if found is None:
+                args.append(value)
+            else:
+                embedded[value] = found
+        return args, embedded
 
     def embedded(self, value: ir.Value) -> Embedded | None:
         if not self._embed:

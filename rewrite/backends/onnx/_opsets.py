@@ -6,7 +6,7 @@ from typing import Iterable, Mapping
 
 import onnx_ir as ir
 
-from rewrite.backends.onnx.boundary import inner_nodes
+from rewrite._onnx_ir import inner_nodes
 
 FUNCTION_DOMAIN_VERSION = 1
 

@@ -1,8 +1,8 @@
 """Inline a model's local functions: onnx_ir's ``InlinePass``, its name search made linear.
 
-The per-body lowering (:mod:`perbody`) gets from torch.onnx a main graph that calls one
+The per-body lowering (:mod:`lowering._perbody`) gets from torch.onnx a main graph that calls one
 function per distinct body (and torchlib's helper functions) and inlines the first call of
-each body (the others stand in, :mod:`standins`, unless they must be inlined too) as
+each body (the others stand in, :mod:`_standins`, unless they must be inlined too) as
 torch.onnx.export would have written them; onnx_ir's ``InlinePass`` does it (it skips the
 standing calls: their domain has no function). The pass names each
 cloned node and value with the first free of ``name``, ``name_2``, ``name_3``... through its
@@ -12,7 +12,7 @@ blocks).
 
 While :func:`inline_functions` runs the pass, that function is replaced by one that gives the
 same names but remembers, per set of used names, the next suffix to try: names are only ever
-added to the set, so every candidate found taken stays taken. Checked with onnx_ir 1.1.0; if
+added to the set, so every candidate found taken stays taken. Checked with :data:`rewrite._private.CHECKED_WITH`; if
 onnx_ir no longer has the function, the pass runs as it is (the same result, slower).
 """
 

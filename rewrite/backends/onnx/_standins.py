@@ -1,6 +1,6 @@
 """Calls left as one node: each stands in for the nodes inlining it would give.
 
-The per-body lowering (:mod:`perbody`) gets from torch.onnx one function per distinct body and
+The per-body lowering (:mod:`lowering._perbody`) gets from torch.onnx one function per distinct body and
 one call of it per grouped call. Only the first call of each body is inlined; every other
 call stays one node (domain :data:`DOMAIN`, which onnx_ir's ``InlinePass`` skips) that *stands
 in* for the nodes inlining it would give:
@@ -11,21 +11,21 @@ in* for the nodes inlining it would give:
 * :func:`plan` checks that each stand-in's rows form a group subtree shaped like the first
   call's (same groups, kinds, names, domains, each row in the matching group) and gives the
   outliner a :class:`Reuse`: the stand-in's group becomes a call of the function the first
-  call's group got, its arguments and outputs picked by position (:mod:`outline`).
+  call's group got, its arguments and outputs picked by position (:mod:`outlining`).
 
 Anything else (rows that form no such subtree; a first-call function that reads a value that
 is not one of the call's inputs or returns one that is not its output; an embedded constant
-that differs; outputs used differently): :class:`Materialize` names the calls to inline, and
+that differs; outputs used differently): a :class:`MustInline` names the calls to inline, and
 the lowering runs again with them inlined, as every call used to be.
 """
 
 from __future__ import annotations
 
-from typing import Iterable, Mapping, Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 import onnx_ir as ir
-from attrs import frozen
+from attrs import field, frozen
 
 from rewrite._onnx_ir import holds_graphs
 from rewrite.frontends.onnx import Expansion, NodeFacts, expanded_rows
@@ -35,12 +35,14 @@ DOMAIN = "pkg.rewrite.standin"
 """Domain of a call left standing while lowering (no function has it: never inlined)."""
 
 
-class Materialize(Exception):
-    """These calls must be inlined (see the module docstring)."""
+@frozen
+class MustInline:
+    """These calls cannot stand in: the lowering must run again with them inlined (see the
+    module docstring). Returned, not raised, by the steps that find them."""
 
-    def __init__(self, calls: Iterable[int], reason: str) -> None:
-        super().__init__(reason)
-        self.calls = frozenset(calls)
+    calls: frozenset[int] = field(converter=frozenset)
+    """Indices of the calls (in the per-body lowering's list of calls)."""
+    reason: str
 
 
 @frozen
@@ -141,9 +143,10 @@ class Plan:
 
 
 def plan(tree: GroupTree, graph: ir.Graph, stand_ins: Mapping[ir.Node, StandIn],
-         templates: Mapping[int, Template], group_ids: Sequence[str]) -> Plan:
+         templates: Mapping[int, Template], group_ids: Sequence[str]) -> Plan | MustInline:
     """Match every stand-in's subtree with its first call's (see the module docstring);
-    ``group_ids``: per call, its group's display id. Raises :class:`Materialize`."""
+    ``group_ids``: per call, its group's display id. The calls whose subtrees differ from
+    their first call's: :class:`MustInline`."""
     rows = expanded_rows(list(graph), {n: s.expansion for n, s in stand_ins.items()})
     index = np.flatnonzero(~tree.graph.columns.is_io).tolist()
     row_of: dict[ir.Node, int] = {}
@@ -165,7 +168,7 @@ def plan(tree: GroupTree, graph: ir.Graph, stand_ins: Mapping[ir.Node, StandIn],
             continue
         reuses[own] = Reuse(node, standing.call, groups[own], groups, template)
     if failed:
-        raise Materialize(failed, "a call's groups differ from its first call's")
+        return MustInline(failed, "a call's groups differ from its first call's")
     return Plan(rows, reuses)
 
 

@@ -1,4 +1,4 @@
-"""Step 1 of the per-body lowering (:mod:`perbody`): the program with ``invoke_subgraph`` calls.
+"""Step 1 of the per-body lowering (:mod:`lowering._perbody`): the program with ``invoke_subgraph`` calls.
 
 The outermost groups whose bodies repeat become calls of one shared subgraph per distinct
 body: ``torch.ops.higher_order.invoke_subgraph(body, identifier, *inputs)``, weights and every
@@ -7,12 +7,11 @@ are (ops, arguments, scalars; the shapes and types of their inputs: ``_fx_keys.b
 their groups are (which body node sits in which group of the subtree, by position; the groups'
 function names and domains), their nodes' tags are, and the same nodes leave the body
 (:func:`_group_key`). Calls of one body then give the same function (all but the first are
-not even inlined, see :mod:`standins`).
+not even inlined, see :mod:`_standins`).
 """
 
 from __future__ import annotations
 
-import copy
 import operator
 from typing import Hashable
 
@@ -21,6 +20,7 @@ import torch
 from attrs import frozen
 
 from rewrite._fx_keys import body_key
+from rewrite._private.torch_graphs import is_higher_order, with_graph_module
 from rewrite._torch_private import LazyGraphModule
 from rewrite.grouping import GroupTree
 from rewrite.grouping.tree import Group
@@ -100,7 +100,7 @@ def _selected(tree: GroupTree, by_index) -> list[Chosen]:
     def visit(group: Group) -> None:
         indices = group.all_nodes()
         nodes = [by_index(i) for i in indices]
-        if any(n.op != "call_function" or isinstance(n.target, torch._ops.HigherOrderOperator)
+        if any(n.op != "call_function" or is_higher_order(n.target)
                for n in nodes):
             key, inputs = ("not shared", group.index), []  # a subgraph or a constant inside
         else:
@@ -129,70 +129,10 @@ def rebuild(program: torch.export.ExportedProgram, tree: GroupTree
             ) -> tuple[torch.export.ExportedProgram, list[Call]]:
     """A copy of ``program`` whose repeated groups call one shared subgraph per body."""
     source = program.graph_module
-    nodes_of = tree.graph.nodes
-    chosen = _selected(tree, lambda i: nodes_of[i].source)
     gm = LazyGraphModule(source, torch.fx.Graph())
-    owner_of: dict[torch.fx.Node, int] = {}
-    bodies: dict[Hashable, tuple[str, int]] = {}
-    plans = []
-    calls: list[Call] = []
-    for index, (group, nodes, key, inputs) in enumerate(chosen):
-        if key not in bodies:
-            attr = f"body_{len(bodies)}"
-            gm.register_module(attr, _subgraph(source, nodes, inputs))
-            bodies[key] = (attr, index)
-        attr, first = bodies[key]
-        plans.append((attr, inputs, _outputs(nodes)))
-        calls.append(Call(group, tuple(nodes), first, f"rewrite_call_{index}"))
-        for node in nodes:
-            owner_of[node] = index
-
+    plans, calls = _bodies(gm, source, tree)
+    _Emitter(gm.graph, plans, calls).emit(source.graph)
     graph = gm.graph
-    env: dict[torch.fx.Node, torch.fx.Node] = {}
-    done_calls: set[int] = set()
-
-    def emit_call(index: int) -> None:
-        attr, inputs, outputs = plans[index]
-        getter = graph.get_attr(attr)
-        call = graph.create_node("call_function", torch.ops.higher_order.invoke_subgraph,
-                                 (getter, attr, *[env[v] for v in inputs]),
-                                 name=calls[index].name)
-        call.meta["val"] = tuple(o.meta.get("val") for o in outputs)
-        for j, out in enumerate(outputs):
-            # named as the node it stands for: the signature names program outputs
-            item = graph.create_node("call_function", operator.getitem, (call, j),
-                                     name=out.name)
-            item.meta["val"] = out.meta.get("val")
-            env[out] = item
-        done_calls.add(index)
-
-    # emit in the original order, a call when all its inputs exist and before any user of
-    # its outputs (a valid order exists: grouping checked that collapsing groups keeps a DAG)
-    pending = [n for n in source.graph.nodes]
-    ready_inputs = [set(plan[1]) for plan in plans]
-    while pending:
-        progressed = False
-        rest = []
-        for node in pending:
-            index = owner_of.get(node)
-            if index is not None:
-                if index in done_calls:
-                    continue
-                if all(v in env for v in ready_inputs[index]):
-                    emit_call(index)
-                    progressed = True
-                else:
-                    rest.append(node)
-                continue
-            if all(a in env for a in node.all_input_nodes):
-                env[node] = graph.node_copy(node, lambda a: env[a])
-                progressed = True
-            else:
-                rest.append(node)
-        if not progressed:
-            raise Unsupported("the grouped calls cannot be ordered (data leaves a group and "
-                              "comes back)")
-        pending = rest
     for node in graph.nodes:  # subgraphs of the program's own higher-order ops
         if node.op == "get_attr" and not hasattr(gm, node.target):
             value = source.get_submodule(node.target) if "." not in node.target else None
@@ -201,6 +141,92 @@ def rebuild(program: torch.export.ExportedProgram, tree: GroupTree
             gm.register_module(node.target, value)
     graph.lint()
     gm.recompile()  # lazy: its code is made if it runs (decomposing reads the graph)
-    rebuilt = copy.copy(program)  # same signature, state and constants; new graph
-    rebuilt._graph_module = gm
-    return rebuilt, calls
+    return with_graph_module(program, gm), calls
+
+
+@frozen
+class _CallPlan:
+    """What the ``invoke_subgraph`` call of one grouped call reads and makes."""
+
+    attr: str
+    """The attribute of the rebuilt graph module that holds its body."""
+    inputs: list[torch.fx.Node]
+    outputs: list[torch.fx.Node]
+
+
+def _bodies(gm: torch.fx.GraphModule, source: torch.fx.GraphModule, tree: GroupTree
+            ) -> tuple[list[_CallPlan], list[Call]]:
+    """One subgraph per distinct body registered on ``gm``; per grouped call, its plan and
+    :class:`Call`."""
+    nodes_of = tree.graph.nodes
+    bodies: dict[Hashable, tuple[str, int]] = {}
+    plans: list[_CallPlan] = []
+    calls: list[Call] = []
+    for index, (group, nodes, key, inputs) in enumerate(
+            _selected(tree, lambda i: nodes_of[i].source)):
+        if key not in bodies:
+            attr = f"body_{len(bodies)}"
+            gm.register_module(attr, _subgraph(source, nodes, inputs))
+            bodies[key] = (attr, index)
+        attr, first = bodies[key]
+        plans.append(_CallPlan(attr, inputs, _outputs(nodes)))
+        calls.append(Call(group, tuple(nodes), first, f"rewrite_call_{index}"))
+    return plans, calls
+
+
+class _Emitter:
+    """Writes the rebuilt graph: the program's nodes in their order, each grouped call as one
+    ``invoke_subgraph`` call when all its inputs exist and before any user of its outputs (a
+    valid order exists: grouping checked that collapsing groups keeps a DAG)."""
+
+    def __init__(self, graph: torch.fx.Graph, plans: list[_CallPlan], calls: list[Call]
+                 ) -> None:
+        self.graph = graph
+        self.plans = plans
+        self.calls = calls
+        self.env: dict[torch.fx.Node, torch.fx.Node] = {}
+        self.done: set[int] = set()
+        self.owner_of = {node: index for index, call in enumerate(calls) for node in call.nodes}
+
+    def emit(self, source: torch.fx.Graph) -> None:
+        env, owner_of = self.env, self.owner_of
+        pending = [n for n in source.nodes]
+        ready_inputs = [set(plan.inputs) for plan in self.plans]
+        while pending:
+            progressed = False
+            rest = []
+            for node in pending:
+                index = owner_of.get(node)
+                if index is not None:
+                    if index in self.done:
+                        continue
+                    if all(v in env for v in ready_inputs[index]):
+                        self._call(index)
+                        progressed = True
+                    else:
+                        rest.append(node)
+                    continue
+                if all(a in env for a in node.all_input_nodes):
+                    env[node] = self.graph.node_copy(node, lambda a: env[a])
+                    progressed = True
+                else:
+                    rest.append(node)
+            if not progressed:
+                raise Unsupported("the grouped calls cannot be ordered (data leaves a group "
+                                  "and comes back)")
+            pending = rest
+
+    def _call(self, index: int) -> None:
+        plan, graph, env = self.plans[index], self.graph, self.env
+        getter = graph.get_attr(plan.attr)
+        call = graph.create_node("call_function", torch.ops.higher_order.invoke_subgraph,
+                                 (getter, plan.attr, *[env[v] for v in plan.inputs]),
+                                 name=self.calls[index].name)
+        call.meta["val"] = tuple(o.meta.get("val") for o in plan.outputs)
+        for j, out in enumerate(plan.outputs):
+            # named as the node it stands for: the signature names program outputs
+            item = graph.create_node("call_function", operator.getitem, (call, j),
+                                     name=out.name)
+            item.meta["val"] = out.meta.get("val")
+            env[out] = item
+        self.done.add(index)

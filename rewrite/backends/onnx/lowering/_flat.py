@@ -8,7 +8,7 @@ import torch
 from attrs import frozen
 
 from rewrite._logs import muted
-from rewrite.backends.onnx.torch_failure import torch_onnx_failure
+from rewrite.backends.onnx.lowering._torch_failure import torch_onnx_failure
 from rewrite.errors import InputError
 
 if TYPE_CHECKING:

@@ -1,6 +1,6 @@
-"""Every private torch API the per-body lowering (:mod:`perbody`) uses, in one package.
+"""The private torch APIs of the per-body lowering (``backends/onnx/lowering/_perbody.py``).
 
-Checked against torch 2.13.0 (with onnxscript 0.7.2). torch.onnx.export(program) runs, in
+Checked with the versions of :data:`rewrite._private.CHECKED_WITH`. torch.onnx.export(program) runs, in
 ``torch.onnx._internal.exporter._core``: ``_prepare_exported_program_for_export``
 (``run_decompositions`` with the ONNX decomposition table, an AOT-autograd re-trace of the
 whole program, then explicit type promotion and the removal of assertion nodes) and
@@ -15,7 +15,7 @@ result the same (``tests/test_onnx_decompose.py`` compares with torch's plain pa
 * a repeated call (its subgraph traced at an earlier call) is recorded as the nodes the
   tracer would make for it, with the call's known value, instead of being dispatched through
   make_fx (a fake-tensor run and a cache key over all its operands); the placeholders only
-  such calls read (their weights) are made directly rather than traced (:mod:`recording`);
+  such calls read (their weights) are made directly rather than traced (:mod:`rewrite._private.torch_recording`);
 * the graph modules made are torch's lazy ones
   (:func:`rewrite._torch_private.lazy_graph_modules`), whose code is generated when first
   used rather than at every pass's recompile;
@@ -23,12 +23,13 @@ result the same (``tests/test_onnx_decompose.py`` compares with torch's plain pa
   ``invoke_subgraph`` call, a placeholder, most ops) from its ``val`` instead of running it
   again under the fake mode (:func:`_promote_types`).
 
-torchlib's registry is built by :mod:`torchlib`.
+torchlib's registry is built by :mod:`rewrite._private.torchlib`.
 
-Anything missing or changed raises :class:`Unavailable`; the caller then lowers the flat
-program (the public ``torch.onnx.export``).
+Anything missing or changed raises :class:`Unavailable`, an error of torch's own code on
+the program (its decomposition, translation, the opset conversion) :class:`TorchFailed`;
+the caller then lowers the flat program (the public ``torch.onnx.export``).
 
-One private API of onnxscript (checked with 0.7.2), also here: its version converter's
+One private API of onnxscript, also here: its version converter's
 node-by-node conversion (``_version_converter.convert_version``), which the public
 ``convert_version`` runs after inlining every function; :func:`convert_opset` runs it on the
 model before inlining, so each distinct body is converted once (the public one is the
@@ -44,19 +45,20 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 import torch
 
 from rewrite._torch_private import lazy_graph_modules
-from rewrite.backends.onnx.torch_private.base import CHECKED_TORCH_VERSIONS, Unavailable
-from rewrite.backends.onnx.torch_private.recording import (
+from rewrite._private.errors import TorchFailed, Unavailable
+from rewrite._private.torch_graphs import with_graph_module
+from rewrite._private.torch_recording import (
     Trace,
     placeholders_in_order,
     recording_apis,
     repeated_calls,
 )
-from rewrite.backends.onnx.torchlib import from_torchlib
+from rewrite._private.torchlib import from_torchlib
 
 if TYPE_CHECKING:
     import onnx_ir as ir
 
-__all__ = ["CHECKED_TORCH_VERSIONS", "Unavailable", "available", "convert_opset", "decompose",
+__all__ = ["TorchFailed", "Unavailable", "available", "convert_opset", "decompose",
            "lowering_tables", "target_opset", "translate"]
 
 
@@ -142,6 +144,17 @@ def lowering_tables(custom_translation_table: Mapping | None = None) -> tuple:
 
 def decompose(program: torch.export.ExportedProgram, tables: tuple
               ) -> torch.export.ExportedProgram:
+    """:func:`_decompose`; torch's errors raised as :class:`TorchFailed`."""
+    try:
+        return _decompose(program, tables)
+    except Unavailable:
+        raise
+    except Exception as e:
+        raise TorchFailed.of(e) from e
+
+
+def _decompose(program: torch.export.ExportedProgram, tables: tuple
+               ) -> torch.export.ExportedProgram:
     """``program`` decomposed as torch.onnx.export decomposes it, by a ``make_fx`` re-trace of
     its graph module (placeholders and outputs keep their names: the signature stays valid),
     with the tables of :func:`lowering_tables`. The program must be functional (no
@@ -180,9 +193,7 @@ def decompose(program: torch.export.ExportedProgram, tables: tuple
         with torch.no_grad():
             _promote_types(new)
         new = api["remove_assertions"](new)
-    decomposed = copy.copy(program)
-    decomposed._graph_module = new
-    return decomposed
+    return with_graph_module(program, new)
 
 
 def _promote_types(gm: torch.fx.GraphModule) -> None:
@@ -259,7 +270,11 @@ def translate(decomposed: torch.export.ExportedProgram, tables: tuple) -> "ir.Mo
     """torch.onnx's translation of a decomposed program (each submodule: one function), with
     the registry of :func:`lowering_tables`."""
     registry = tables[0]
-    return _apis()["to_onnx_program"](decomposed, registry=registry).model
+    to_onnx_program = _apis()["to_onnx_program"]
+    try:
+        return to_onnx_program(decomposed, registry=registry).model
+    except Exception as e:
+        raise TorchFailed.of(e) from e
 
 
 def convert_opset(model: "ir.Model") -> None:
@@ -280,7 +295,10 @@ def convert_opset(model: "ir.Model") -> None:
     if refs:
         from onnxscript.version_converter import convert_version
         convert = convert_version
-    convert(model, target_version=target)
+    try:
+        convert(model, target_version=target)
+    except Exception as e:
+        raise TorchFailed.of(e) from e
 
 
 def target_opset() -> int:

@@ -8,7 +8,7 @@ permutations into canonical order. Each body that got a function is kept as a
 node with the references of its class (group identity and sizes), stopping at the first
 difference. Equal here means equal :meth:`Keyer.body` keys of the raw (graph-order) bodies,
 compared through the Keyer's own parts (there is one definition of "identical body", in
-:mod:`structure`): same ops, overloads, attributes, flow between members, which argument or
+:mod:`outlining._body_keys`): same ops, overloads, attributes, flow between members, which argument or
 embedded constant each input reads, same outputs, same argument types and shapes.
 """
 
@@ -19,7 +19,7 @@ from typing import Mapping
 import onnx_ir as ir
 from attrs import frozen
 
-from rewrite.backends.onnx.structure import Key, Keyer, Refs
+from rewrite.backends.onnx.outlining._body_keys import Key, Keyer, Refs
 
 
 @frozen

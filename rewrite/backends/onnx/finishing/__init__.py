@@ -1,0 +1,11 @@
+"""Stage 3 of the ONNX backend: finishing the outlined model (:func:`finish`).
+
+Scalar variants of one body merged into one function with attributes and equal functions
+merged (``_merge``), onnxscript's optimizer run once per distinct function body and over the
+main graph (``_optimize``), opset imports fixed (``backends.onnx._opsets``), initializers in
+first-use order, body node names dropped if asked (``_finish``).
+"""
+
+from rewrite.backends.onnx.finishing._finish import finish
+
+__all__ = ["finish"]
