@@ -17,7 +17,7 @@ import os
 import stat
 import tempfile
 from pathlib import Path
-from typing import Callable, Iterable, Iterator
+from typing import Iterable, Iterator
 
 from rewrite.errors import InputError
 
@@ -106,12 +106,6 @@ def write_text_atomic(output: str | Path, text: str) -> None:
     """Write ``text`` (UTF-8) to ``output`` whole or not at all."""
     with atomic_path(output) as tmp:
         tmp.write_text(text, encoding="utf-8")
-
-
-def write_atomic(output: str | Path, writer: Callable[[Path], None]) -> None:
-    """Call ``writer(tmp)`` to write a temporary file, then rename it to ``output``."""
-    with atomic_path(output) as tmp:
-        writer(tmp)
 
 
 @contextlib.contextmanager

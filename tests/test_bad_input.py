@@ -277,17 +277,14 @@ def test_output_unknown_type(run_cli, work):
 
 def test_output_written_atomically(tmp_path):
     """A writer that fails half-way leaves neither the output nor a temporary file."""
-    from rewrite.outputs import write_atomic
+    from rewrite.outputs import atomic_path
 
     out = tmp_path / "out.onnx"
     out.write_text("previous result")
 
-    def fails(tmp: Path) -> None:
+    with pytest.raises(KeyboardInterrupt), atomic_path(out) as tmp:
         tmp.write_text("half")
         raise KeyboardInterrupt
-
-    with pytest.raises(KeyboardInterrupt):
-        write_atomic(out, fails)
     assert out.read_text() == "previous result"
     assert listing(tmp_path) == ["out.onnx"]
 

@@ -28,7 +28,7 @@ def test_torch_is_a_supported_range_not_a_pin():
 
     import torch
 
-    from rewrite._torch_private import CHECKED_WITH
+    from rewrite._private.torch_programs import CHECKED_WITH
 
     dependencies = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
     [torch_requirement] = [r for r in map(Requirement, dependencies) if r.name == "torch"]

@@ -1,5 +1,5 @@
-"""Loading a .pt2 with the per-type planned JSON decoder (rewrite/_pt2_decode.py, installed by
-rewrite/_torch_private.py) gives the program torch.export.load gives, decodes to the objects
+"""Loading a .pt2 with the per-type planned JSON decoder (rewrite/_private/_pt2_decode.py, installed by
+rewrite/_private/torch_programs.py) gives the program torch.export.load gives, decodes to the objects
 torch's decoder makes, and leaves torch's module as it was."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch._export.serde import schema, serialize, union
 
-from rewrite._pt2_decode import SchemaDecoder
+from rewrite._private._pt2_decode import SchemaDecoder
 from rewrite.errors import InputError
 from rewrite.frontends.pt2 import load_pt2
 

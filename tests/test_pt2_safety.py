@@ -292,7 +292,7 @@ def test_explain_reads_no_weights(run_cli, tmp_path, gpt2_pt2):
 
 
 def _unavailable(*args, **kwargs):
-    from rewrite._torch_private import Unavailable
+    from rewrite._private.torch_programs import Unavailable
 
     raise Unavailable("torch._export.serde.serialize has no ExportedProgramDeserializer")
 

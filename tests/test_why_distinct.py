@@ -184,30 +184,19 @@ def _walk(groups: list[dict]):
         yield from _walk(group["children"])
 
 
-def test_extra_node_after_merging_and_renumbering(run_cli, tmp_path):
-    """Optimized, blocks ``a`` and ``b`` (a Linear times 1, plus 0) are the Linear alone and
-    share one function; ``c`` (times -1) keeps a Mul: its function, made third, is renumbered
-    ``NoOp_1``, and the reason names it so, with the Mul only it has."""
+def test_extra_node_after_merging_and_renumbering():
+    """Under ``--constants embed``, optimized, blocks ``a`` and ``b`` (a Linear times 1, plus
+    0) are the Linear alone and share one function; ``c`` (times -1) keeps a Mul: its
+    function, made third, is renumbered ``NoOp_1``, and the reason names the Mul only it has.
+    (Under the default policy the three share one function: the scalars are lifted before
+    optimizing, test_onnx_optimize.)"""
     from tests import models
 
     model, args, _ = models.two_noops()
-    pt2 = tmp_path / "noops.pt2"
-    torch.export.save(torch.export.export(model, args), str(pt2))
-    rules = tmp_path / "noop.rules"
-    rules.write_text("group class *NoOp\n")
-    data = explain(run_cli, rules, pt2)
-    onnx_model, calls = applied(run_cli, rules, pt2, tmp_path)
-    assert calls == {"NoOp": 2, "NoOp_1": 1}
-    groups = {g["id"]: g["onnx_function"] for g in _walk(data["groups"])}
-    (variant,) = data["onnx"]["variants"]
-    assert (variant["function"], variant["first"]) == (groups["c"], groups["a"])
-    assert groups["a"] == groups["b"] and variant["function"].endswith("::NoOp_1")
-    assert variant["kind"] == "node" and variant["first_side"]["node"] is None
-    mul = [n for n in onnx_model.functions[("pkg.tests", "NoOp_1", "")] if n.op_type == "Mul"]
-    assert (variant["other_side"]["value"], variant["other_side"]["node"]) == ("Mul",
-                                                                                mul[0].name)
-    assert variant["reason"] == (f"NoOp_1 vs NoOp: a node only one of them has: Mul at "
-                                 f"{mul[0].name} vs (none)")
+    (variant,) = _variants(model, args, "group class *NoOp\n", constants="embed")
+    assert variant.function[1] == "NoOp_1" and variant.first[1] == "NoOp"
+    assert variant.difference.kind == "node" and variant.difference.first.node is None
+    assert variant.difference.other.value == "Mul"
 
 
 def _variants(model: nn.Module, args: tuple, rules: str, **options):

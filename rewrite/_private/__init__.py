@@ -22,13 +22,16 @@ shim                   private API                                     without i
 ``onnx_ir_inline``     onnx_ir's ``inliner._make_unique_name``          ``InlinePass`` as is
 ``torch_graphs``       ``ExportedProgram._graph_module``, op schemas    --
                        (``torch._ops``)
+``torch_programs``     lazy graph modules, pytree code generation       eager modules,
+                       (the FX backend); ``.pt2`` loading: torch's       plain code;
+                       ``_bytes_to_dataclass``,                         ``torch.export.load``
+                       ``ExportedProgramDeserializer`` (the program     (weights copied,
+                       around weights rewrite mapped), its JSON         after rewrite's own
+                       decoding planned per type (``_pt2_decode``),     pickle checks)
+                       ``_pickle_load_obj`` (TorchBind, trusted only)
 =====================  ==============================================  ====================
 
-Still outside this package (issue 22 rewrites them; they move here after it merges, their
-``CHECKED_WITH`` replaced by :data:`CHECKED_WITH`): ``rewrite/_torch_private.py``
-(``fast_pt2_decoding``, ``lazy_program_graph_modules``, ``lazy_graph_modules``,
-``LazyGraphModule``), ``rewrite/_pt2_decode.py`` (torch's ``.pt2`` JSON decoding) and
-``rewrite/_swap.py`` (the one way to swap another library's function while a block runs).
+``_swap`` is the one way a shim replaces another library's function while a block runs.
 """
 
 CHECKED_WITH: dict[str, tuple[str, ...]] = {

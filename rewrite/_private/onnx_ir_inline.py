@@ -24,7 +24,7 @@ from typing import Iterator
 import onnx_ir as ir
 from onnx_ir.passes.common import InlinePass
 
-from rewrite._swap import swapped
+from rewrite._private._swap import swapped
 
 try:  # the private module whose name search is replaced (see the module docstring)
     from onnx_ir.passes.common import inliner as _inliner

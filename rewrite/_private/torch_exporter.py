@@ -17,7 +17,7 @@ result the same (``tests/test_onnx_decompose.py`` compares with torch's plain pa
   make_fx (a fake-tensor run and a cache key over all its operands); the placeholders only
   such calls read (their weights) are made directly rather than traced (:mod:`rewrite._private.torch_recording`);
 * the graph modules made are torch's lazy ones
-  (:func:`rewrite._torch_private.lazy_graph_modules`), whose code is generated when first
+  (:func:`rewrite._private.torch_programs.lazy_graph_modules`), whose code is generated when first
   used rather than at every pass's recompile;
 * the type promotion pass takes the value of every node no promotion rule applies to (an
   ``invoke_subgraph`` call, a placeholder, most ops) from its ``val`` instead of running it
@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import torch
 
-from rewrite._torch_private import lazy_graph_modules
+from rewrite._private.torch_programs import lazy_graph_modules
 from rewrite._private.errors import TorchFailed, Unavailable
 from rewrite._private.torch_graphs import with_graph_module
 from rewrite._private.torch_recording import (

@@ -18,7 +18,7 @@ from typing import Any, Callable
 
 from attrs import frozen
 
-from rewrite._swap import swapped
+from rewrite._private._swap import swapped
 
 
 

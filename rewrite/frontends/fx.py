@@ -41,7 +41,7 @@ import numpy as np
 import torch
 
 from rewrite._gc import gc_paused
-from rewrite._torch_private import is_op_overload
+from rewrite._private.torch_programs import is_op_overload
 from rewrite.errors import InputError
 from rewrite.frontends.calls import split_runs
 from rewrite.frontends.nn_module_stack import EMPTY_STACK_KEY, STACK, NnModuleStacks, class_name

@@ -6,7 +6,7 @@ code. Here the archive is read once, as data (:mod:`pt2_archive`): its JSON conf
 entry holds which tensor (:mod:`pt2_payloads`); every parameter, buffer and constant becomes
 a view of a private read-only mapping of the file (its pages are the file's, not the
 process's memory), and only the program's JSON is deserialized, by torch
-(:func:`rewrite._torch_private.deserialize_program`). The weights' checksums are verified on
+(:func:`rewrite._private.torch_programs.deserialize_program`). The weights' checksums are verified on
 a thread started by what is going to hand the weights on (the ONNX backend starts it when it
 begins lowering) and waited for before they are (:func:`rewrite._mapped.verify`); what reads
 only shapes (``explain``, ``suggest``) reads no weight.
@@ -32,7 +32,7 @@ from typing import Iterator
 
 import torch
 
-from rewrite._torch_private import Unavailable, deserialize_program, pt2_dtype
+from rewrite._private.torch_programs import Unavailable, deserialize_program, pt2_dtype
 from rewrite.errors import InputError, ModelWarning, causes, first_line
 from rewrite.frontends.pt2_archive import Archive, checksums, open_archive
 from rewrite.frontends.pt2_payloads import payloads, sample_inputs, tensors, unsafe_entries

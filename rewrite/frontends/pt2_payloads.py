@@ -20,7 +20,7 @@ import torch
 from attrs import frozen
 
 from rewrite._mapped import Check, register
-from rewrite._torch_private import load_torchbind
+from rewrite._private.torch_programs import load_torchbind
 from rewrite.errors import InputError
 from rewrite.frontends.pt2_archive import Archive
 

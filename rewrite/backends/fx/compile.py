@@ -21,7 +21,7 @@ from typing import Hashable, Iterable
 import torch
 
 from rewrite._fx_keys import freeze, target_key
-from rewrite._torch_private import real_recompile
+from rewrite._private.torch_programs import real_recompile
 from rewrite.backends.fx.module import LoweredModule
 
 _CODE_FIELDS = ("_code", "_lineno_map", "_prologue_start")

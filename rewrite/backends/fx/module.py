@@ -13,7 +13,7 @@ from typing import Any, Iterator
 
 import torch
 
-from rewrite._torch_private import LazyGraphModule
+from rewrite._private.torch_programs import LazyGraphModule
 from rewrite.backends.fx.names import identifier
 
 META_KEY = "rewrite"

@@ -22,7 +22,7 @@ from attrs import field, frozen
 from torch.export.graph_signature import InputKind, OutputKind
 from torch.fx.graph import CodeGen
 
-from rewrite._torch_private import codegen_of, pytree_codegen
+from rewrite._private.torch_programs import codegen_of, pytree_codegen
 from rewrite.errors import InputError
 
 PARAMETER, BUFFER, CONSTANT, MODULE = "parameter", "buffer", "constant", "module"

@@ -29,12 +29,13 @@ The records are plain data (names, short value texts, function ids); the CLI ren
 from __future__ import annotations
 
 from collections import Counter
-from typing import Mapping, Sequence
+from typing import TYPE_CHECKING, Mapping, Sequence
 
 import onnx_ir as ir
 from attrs import evolve, frozen
 
-from rewrite.backends.onnx.outlining._body_keys import Key
+if TYPE_CHECKING:  # outlining imports this module (Outlined.variants)
+    from rewrite.backends.onnx.outlining._body_keys import Key
 
 FunctionId = tuple[str, str, str]
 Identity = tuple[str, str]

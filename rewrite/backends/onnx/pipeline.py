@@ -205,11 +205,11 @@ def _per_body(result: "Result", program: torch.export.ExportedProgram, tree: Gro
         if in_place(program):
             with progress.step("torch.export: functionalizing the program's in-place ops"):
                 program, tree = _functional(result, program)
-        with progress.step("torch.onnx: decomposing and translating each distinct body once"):
+        with progress.step("torch.onnx: decomposing each distinct body once"):
             check(program)
             with quiet_exporter():
                 decomposed = DecomposedProgram(program, tree, options.custom_translation_table)
-            return _inlining_until_all_fit(result, decomposed, options, progress)
+        return _inlining_until_all_fit(result, decomposed, options, progress)
     except NOT_HERE as e:
         return NotHere(first_line(e), program, tree)
 
@@ -236,7 +236,9 @@ def _translate_and_outline(result: "Result", decomposed: DecomposedProgram,
                            progress: Progress, inlined: frozenset[int]
                            ) -> Lowering | MustInline:
     """One round of :func:`_inlining_until_all_fit`."""
-    with quiet_exporter():
+    again = f", {len(inlined)} more calls inlined" if inlined else ""
+    with progress.step(f"torch.onnx: translating each distinct body once{again}"), \
+            quiet_exporter():
         lowered = decomposed.translate(inlined, stand_ins=options.constants != "input")
     if isinstance(lowered, MustInline):
         return lowered

@@ -84,7 +84,10 @@ def write_model(model: ir.Model, output: str | Path, *, threshold: int,
     if not external and total > MAX_PROTO_BYTES:
         raise InputError(f"{out}: {total:,} bytes of weights do not fit in one ONNX file "
                          "(2 GB at most): write them as external data")
-    folder = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        folder = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    except OSError as e:
+        raise InputError(f"{out}: cannot write ({e.strerror or e})") from None
     try:
         staged = folder / out.name
         if external:

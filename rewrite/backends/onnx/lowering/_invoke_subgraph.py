@@ -21,7 +21,7 @@ from attrs import frozen
 
 from rewrite._fx_keys import body_key
 from rewrite._private.torch_graphs import is_higher_order, with_graph_module
-from rewrite._torch_private import LazyGraphModule
+from rewrite._private.torch_programs import LazyGraphModule
 from rewrite.grouping import GroupTree
 from rewrite.grouping.tree import Group
 

@@ -7,7 +7,7 @@ values and ~45% of ``torch.export.load``'s CPU time on the 48-block GPT-2. A
 :class:`SchemaDecoder` makes those decisions once per type and keeps a decoding function
 per type; the values it builds are the ones torch's decoder builds (same classes, same
 constructors, fields set from the same keys), and it raises the same errors on malformed
-data. Installed by :func:`rewrite._torch_private.fast_pt2_decoding`.
+data. Installed by :func:`rewrite._private.torch_programs.fast_pt2_decoding`.
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
-"""The private torch APIs ``rewrite`` uses, in one place, each with a fallback.
+"""The private torch APIs of programs and graph modules: the FX side and ``.pt2`` loading,
+each with a fallback.
 
-pyproject declares ``torch>=2.9``; these were checked against torch 2.13.0 (the version the
-Makefile installs and the tests run with). When a torch release moves or drops one of them,
-the fallback keeps ``rewrite`` working, slower or with a plainer result, instead of failing
-to import:
+Checked against the torch versions of :data:`rewrite._private.CHECKED_WITH` (the layer's one
+table). When a torch release moves or drops one of them, the fallback keeps ``rewrite``
+working, slower or with a plainer result, instead of failing to import:
 
 * ``torch.fx._lazy_graph_module._LazyGraphModule``: lowered FX modules compile their code
   once per distinct body (:mod:`rewrite.backends.fx.compile`). Fallback: plain
@@ -24,7 +24,7 @@ to import:
 * ``torch._export.serde.serialize._dict_to_dataclass`` (with ``schema`` and ``union``:
   ``_Union``, ``_UnionTag``): while a ``.pt2`` loads, the JSON is decoded by a decoder that
   inspects each schema type once, not once per value (:func:`fast_pt2_decoding`,
-  :mod:`rewrite._pt2_decode`; ~45% of ``torch.export.load``'s CPU time on the 48-block
+  :mod:`rewrite._private._pt2_decode`; ~45% of ``torch.export.load``'s CPU time on the 48-block
   GPT-2). Same program; used only on the torch versions of ``CHECKED_WITH`` (it copies
   torch's decoding); fallback: torch's decoder.
 * ``torch._export.serde.serialize`` (``_bytes_to_dataclass``, ``ExportedProgramDeserializer``,
@@ -50,15 +50,13 @@ from typing import Any, Iterator
 
 import torch
 
-from rewrite._pt2_decode import SchemaDecoder
-from rewrite._swap import swapped
+from rewrite._private import CHECKED_WITH as CHECKED_VERSIONS
+from rewrite._private.errors import Unavailable
+from rewrite._private._pt2_decode import SchemaDecoder
+from rewrite._private._swap import swapped
 
-CHECKED_WITH = ("2.13.0",)
-"""torch versions these private APIs were checked against."""
-
-
-class Unavailable(Exception):
-    """A private torch API is missing or not what this module was written against."""
+CHECKED_WITH = CHECKED_VERSIONS["torch"]
+"""torch versions these private APIs were checked against (the layer's one table)."""
 
 try:
     from torch.fx._lazy_graph_module import _LazyGraphModule as LazyGraphModule
@@ -134,7 +132,7 @@ def is_op_overload(target: Any) -> bool:
 @contextlib.contextmanager
 def fast_pt2_decoding() -> Iterator[None]:
     """While in this context, ``torch.export.load`` decodes the program's JSON with a
-    :class:`rewrite._pt2_decode.SchemaDecoder` (torch's ``_dict_to_dataclass`` inspects the
+    :class:`rewrite._private._pt2_decode.SchemaDecoder` (torch's ``_dict_to_dataclass`` inspects the
     target type again for every value; the decoder once per type; same program)."""
     try:
         from torch._export.serde import schema, serialize, union
