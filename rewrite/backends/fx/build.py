@@ -79,7 +79,7 @@ class _Builder:
     # -- one group ----------------------------------------------------------------------
 
     def _group_module(self, gid: int) -> LoweredModule:
-        h, flow, source = self.h, self.flow, self.source
+        flow, source = self.flow, self.source
         is_root = gid == 0
         graph = torch.fx.Graph()
         env: Env = {}
