@@ -102,9 +102,12 @@ def test_ctrl_c_during_apply_exits_130_and_writes_nothing(tmp_path, gpt2_pt2):
     lowering."""
     out = tmp_path / "out" / "gpt2.onnx"
     out.parent.mkdir()
+    # as a shell runs it in the foreground: SIGINT not ignored (a background job's children,
+    # e.g. a test suite started with &, inherit an ignored SIGINT and Python keeps it so)
     proc = subprocess.Popen([*rewrite_cmd(), "-v", "apply", str(GPT2_RULES), str(gpt2_pt2),
                              "-o", str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, cwd=ROOT)
+                            text=True, cwd=ROOT,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     first = proc.stderr.readline()  # "reading gpt2.pt2 and grouping it: 0.4s"
     proc.send_signal(signal.SIGINT)
     stdout, rest = proc.communicate(timeout=120)

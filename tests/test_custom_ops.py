@@ -64,6 +64,8 @@ def test_torch_onnx_failure_shows_its_cause(run_cli, scaled_pt2, tmp_path):
     assert r.code == 2, r
     assert "Traceback" not in r.err and "\x1b[" not in r.err
     lines = r.err.splitlines()
+    if lines[0].startswith("torch.onnx: decomposing each distinct body once: done in "):
+        lines = lines[1:]  # the per-body path decomposed it; translating it failed
     assert lines[0] == ("torch.onnx.export cannot convert this program: torch's ONNX exporter, "
                         "not the rules, failed at step 3/3 (convert the exported program to an "
                         "ONNX model)")
