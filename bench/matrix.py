@@ -58,7 +58,7 @@ def install(venv: Path, torch: str, pins: list[str]) -> dict[str, float]:
     if stamp.is_file():
         return json.loads(stamp.read_text())
     shutil.rmtree(venv, ignore_errors=True)
-    log = venv.with_suffix(".install.log")
+    log = venv.parent / f"{venv.name}.install.log"
     log.unlink(missing_ok=True)
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "-q"]
@@ -236,12 +236,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--table", type=Path, default=ROOT / "docs" / "MATRIX.md")
     parser.add_argument("--drop", action="store_true", help="delete each venv after its run")
     parser.add_argument("--no-probe", action="store_true")
+    parser.add_argument("--install-only", action="store_true",
+                        help="make the venvs, run nothing (to install while a suite runs)")
     args = parser.parse_args(argv)
     if args.label and len(args.versions) > 1:
         parser.error("--label names one venv: give one version")
     RESULTS.mkdir(parents=True, exist_ok=True)
     ok = True
     for version in args.versions:
+        if args.install_only:
+            install(MATRIX / f"torch-{args.label or version}", version, args.pin)
+            continue
         result = run_one(version, args.pin, args.label or version, not args.no_probe,
                          args.drop)
         ok = ok and result["suite"]["failed"] == result["suite"]["errors"] == 0
