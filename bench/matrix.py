@@ -64,7 +64,9 @@ def install(venv: Path, torch: str, pins: list[str]) -> dict[str, float]:
     pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "-q"]
     _run(pip + ["--upgrade", "pip"], log)
     times = {"torch": _run(["nice"] + pip + [f"torch=={torch}"], log)}
-    times["package"] = _run(["nice"] + pip + ["-e", ".[test,bench]", *pins], log)
+    # torch named again: pip must keep it (a torch outside pyproject's range is an error)
+    times["package"] = _run(["nice"] + pip + ["-e", ".[test,bench]", f"torch=={torch}", *pins],
+                            log)
     stamp.write_text(json.dumps(times))
     return times
 
