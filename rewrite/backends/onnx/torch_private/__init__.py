@@ -1,6 +1,6 @@
 """Every private torch API the per-body lowering (:mod:`perbody`) uses, in one package.
 
-Checked against torch 2.9.1, 2.10.0, 2.13.0 and 2.14.1 (with onnxscript 0.7.2; 0.6.1 with 2.14.1;
+Checked against torch 2.9.1, 2.10.0, 2.13.0 and 2.14.1 (with onnxscript 0.7.2; 0.7.0 with 2.14.1;
 ``make matrix``). torch.onnx.export(program) runs, in
 ``torch.onnx._internal.exporter._core``: ``_prepare_exported_program_for_export``
 (``run_decompositions`` with the ONNX decomposition table, an AOT-autograd re-trace of the
@@ -29,7 +29,7 @@ torchlib's registry is built by :mod:`torchlib`.
 Anything missing or changed raises :class:`Unavailable`; the caller then lowers the flat
 program (the public ``torch.onnx.export``).
 
-One private API of onnxscript (checked with 0.6.1 and 0.7.2), also here: its version converter's
+One private API of onnxscript (checked with 0.7.0 and 0.7.2), also here: its version converter's
 node-by-node conversion (``_version_converter.convert_version``), which the public
 ``convert_version`` runs after inlining every function; :func:`convert_opset` runs it on the
 model before inlining, so each distinct body is converted once (the public one is the
