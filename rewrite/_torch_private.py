@@ -1,6 +1,6 @@
 """The private torch APIs ``rewrite`` uses, in one place, each with a fallback.
 
-pyproject declares ``torch>=2.9,<2.15``; these were checked against the releases of
+pyproject declares ``torch>=2.9,<2.16``; these were checked against the releases of
 :data:`CHECKED_WITH` (``make matrix``: the suite on each; the Makefile installs 2.13.0). When a
 torch release moves or drops one of them,
 the fallback keeps ``rewrite`` working, slower or with a plainer result, instead of failing
@@ -55,7 +55,7 @@ import torch
 from rewrite._pt2_decode import SchemaDecoder
 from rewrite._swap import swapped
 
-CHECKED_WITH = ("2.9.1", "2.10.0", "2.13.0", "2.14.1")
+CHECKED_WITH = ("2.9.1", "2.10.0", "2.11.0", "2.13.0", "2.14.1", "2.15.0")
 """torch versions these private APIs were checked against (``make matrix``: docs/MATRIX.md)."""
 
 

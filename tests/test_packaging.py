@@ -35,6 +35,7 @@ def test_torch_is_a_supported_range_not_a_pin():
     specifier = torch_requirement.specifier
     assert all(s.operator not in ("==", "===", "~=") for s in specifier), specifier
     for supported in ("2.9.0", "2.9.1", "2.10.0", "2.11.0", "2.12.0", "2.13.0", "2.14.1",
+                      "2.15.0",
                       *CHECKED_WITH):
         assert specifier.contains(supported), (supported, specifier)
     assert specifier.contains(Version(torch.__version__).base_version)  # the one installed here
