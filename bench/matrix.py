@@ -209,7 +209,7 @@ def table(results: list[dict]) -> str:
     notes = []
     for r in sorted(results, key=_key):
         for name in r["suite"]["failures"]:
-            notes.append(f"- {r['label']}: failed: `{name}`")
+            notes.append(f"- {r['label']}: failed or error: `{name}`")
         for name in r["suite"].get("skips", []):
             notes.append(f"- {r['label']}: skipped: `{name}`")
     return "\n".join(lines + ([""] + notes if notes else [])) + "\n"
@@ -220,7 +220,8 @@ def write(path: Path) -> None:
     markers, or the whole file if it has none)."""
     results = [json.loads(p.read_text()) for p in RESULTS.glob("*.json")]
     begin, end = "<!-- matrix:begin -->", "<!-- matrix:end -->"
-    body = f"{begin}\n{table(results)}{end}"
+    when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    body = f"{begin}\nWritten {when} by `make matrix`.\n\n{table(results)}{end}"
     text = path.read_text() if path.is_file() else ""
     if begin in text and end in text:
         text = text[:text.index(begin)] + body + text[text.index(end) + len(end):]
