@@ -55,7 +55,7 @@ import torch
 from rewrite._pt2_decode import SchemaDecoder
 from rewrite._swap import swapped
 
-CHECKED_WITH = ("2.9.1", "2.10.0", "2.11.0", "2.13.0", "2.14.1", "2.15.0")
+CHECKED_WITH = ("2.9.1", "2.10.0", "2.11.0", "2.12.1", "2.13.0", "2.14.1", "2.15.0")
 """torch versions these private APIs were checked against (``make matrix``: docs/MATRIX.md)."""
 
 

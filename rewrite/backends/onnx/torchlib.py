@@ -1,6 +1,6 @@
 """torchlib's ONNX registry, built without parsing every torchlib function's source.
 
-Checked against torch 2.9.1, 2.10.0, 2.11.0, 2.13.0, 2.14.1, 2.15.0 and onnxscript 0.7.0, 0.7.2. ``ONNXRegistry.from_torchlib`` (how
+Checked against torch 2.9.1, 2.10.0, 2.11.0, 2.12.1, 2.13.0, 2.14.1, 2.15.0 and onnxscript 0.7.0, 0.7.2. ``ONNXRegistry.from_torchlib`` (how
 torch.onnx.export builds its registry) reads torchlib's functions from onnxscript's
 ``_framework_apis.get_torchlib_ops``, which reads each function's ``function_ir.domain``:
 for a trace-only function (most of torchlib) that property parses the function's Python
@@ -20,7 +20,7 @@ from attrs import frozen
 
 from rewrite._swap import swapped
 
-CHECKED_WITH = {"torch": ("2.9.1", "2.10.0", "2.11.0", "2.13.0", "2.14.1", "2.15.0"), "onnxscript": ("0.7.0", "0.7.2")}
+CHECKED_WITH = {"torch": ("2.9.1", "2.10.0", "2.11.0", "2.12.1", "2.13.0", "2.14.1", "2.15.0"), "onnxscript": ("0.7.0", "0.7.2")}
 """The versions whose private APIs this module was checked against."""
 
 

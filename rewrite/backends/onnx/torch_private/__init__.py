@@ -1,6 +1,6 @@
 """Every private torch API the per-body lowering (:mod:`perbody`) uses, in one package.
 
-Checked against torch 2.9.1, 2.10.0, 2.11.0, 2.13.0, 2.14.1 and 2.15.0 (with onnxscript 0.7.2; 0.7.0 with 2.14.1;
+Checked against torch 2.9.1, 2.10.0, 2.11.0, 2.12.1, 2.13.0, 2.14.1 and 2.15.0 (with onnxscript 0.7.2; 0.7.0 with 2.14.1;
 ``make matrix``). torch.onnx.export(program) runs, in
 ``torch.onnx._internal.exporter._core``: ``_prepare_exported_program_for_export``
 (``run_decompositions`` with the ONNX decomposition table, an AOT-autograd re-trace of the

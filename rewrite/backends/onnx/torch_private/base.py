@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-CHECKED_TORCH_VERSIONS = ("2.9.1", "2.10.0", "2.11.0", "2.13.0", "2.14.1", "2.15.0")
+CHECKED_TORCH_VERSIONS = ("2.9.1", "2.10.0", "2.11.0", "2.12.1", "2.13.0", "2.14.1", "2.15.0")
 """torch versions the private APIs of :mod:`torch_private` were checked against."""
 
 
