@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 
 ZOO_STAMP := $(VENV)/.zoo-installed
 
-.PHONY: install demo test bench zoo fuzz clean
+.PHONY: install demo test bench zoo fuzz matrix clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -36,6 +36,12 @@ $(ZOO_STAMP): $(STAMP) pyproject.toml
 
 zoo: $(ZOO_STAMP)
 	HF_HUB_OFFLINE=1 nice $(PY) -m bench.zoo
+
+# The suite on each supported torch (one venv per version under .matrix/, torch first), the
+# table in docs/MATRIX.md: see bench/matrix.py. MATRIX_ARGS="--versions 2.9.1 2.14.1" for some.
+MATRIX_ARGS ?=
+matrix:
+	$(PYTHON) bench/matrix.py $(MATRIX_ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache demo-out

@@ -7,6 +7,9 @@ Nothing here downloads anything: transformers models are built from small config
 
 from __future__ import annotations
 
+import contextlib
+from typing import Iterator
+
 import torch
 
 # --- transformers ----------------------------------------------------------------------------
@@ -105,6 +108,27 @@ def shared_and_list():
     return perturb(SharedAndList().eval()), (torch.randn(2, 4),), {}
 
 
+@contextlib.contextmanager
+def annotate(tags: dict) -> Iterator[None]:
+    """``torch.fx.traceback.annotate`` (torch 2.10+); on torch 2.9, what it does: the tags
+    in ``current_meta["custom"]``, which the tracers copy into each node's meta."""
+    from torch.fx import traceback
+
+    if hasattr(traceback, "annotate"):
+        with traceback.annotate(tags):
+            yield
+        return
+    before = traceback.current_meta.get("custom")
+    traceback.current_meta["custom"] = {**(before or {}), **tags}
+    try:
+        yield
+    finally:
+        if before is None:
+            del traceback.current_meta["custom"]
+        else:
+            traceback.current_meta["custom"] = before
+
+
 class Staged(torch.nn.Module):
     """Regions annotated with a ``stage`` tag, for split tests."""
 
@@ -115,8 +139,6 @@ class Staged(torch.nn.Module):
         self.dec = Sub(width)
 
     def forward(self, x):
-        from torch.fx.traceback import annotate
-
         with annotate({"stage": "encode"}):
             x = self.enc(x) + 1
         with annotate({"stage": "decode"}):
@@ -183,8 +205,6 @@ class Alternating(torch.nn.Module):
         self.third = Sub(width)
 
     def forward(self, x):
-        from torch.fx.traceback import annotate
-
         with annotate({"stage": "a"}):
             x = self.first(x)
         with annotate({"stage": "b"}):

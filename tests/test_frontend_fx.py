@@ -181,6 +181,36 @@ def test_empty_graph_and_foreign_inputs():
         from_fx_graph(fx_graph)
 
 
+def test_paths_as_dynamo_wrote_them_read_as_torch_writes_them(gpt2_program):
+    """torch 2.9's strict export leaves a path unnormalized when a decorated ``forward`` gets
+    ``self`` as an argument (``L['args'][0].h[slice(None, 2, None)]._modules['0']``): the
+    calls and groups are those of the normalized program; other paths stay as they are."""
+    program = copy.deepcopy(gpt2_program)
+    for node in program.graph.nodes:
+        stack = node.meta.get("nn_module_stack")
+        if stack:
+            node.meta["nn_module_stack"] = {key: (_dynamo_form(path), cls) if path else (path, cls)
+                                            for key, (path, cls) in stack.items()}
+    assert any("L['args'][0]" in path for node in program.graph.nodes
+               for path, _ in node.meta.get("nn_module_stack", {}).values())
+    assert keys(from_exported_program(program)) == keys(from_exported_program(gpt2_program))
+    rules = rewrite.parse_rules("group class *GPT2Block\ngroup class *GPT2Attention")
+    assert ([g.id for g in rewrite.apply(rules, program).tree.groups()]
+            == [g.id for g in rewrite.apply(rules, gpt2_program).tree.groups()])
+
+
+def _dynamo_form(path: str) -> str:
+    """``h.0.attn`` as ``L['args'][0].h[slice(None, 2, None)]._modules['0'].attn``."""
+    parts = path.split(".")
+    text = "L['args'][0]"
+    for i, part in enumerate(parts):
+        if part.isdigit() and i > 0 and parts[i - 1] == "h":
+            text += f"[slice(None, 2, None)]._modules['{part}']"
+        else:
+            text += f".{part}"
+    return text
+
+
 def test_unlifted_module_reads_like_the_program(shared_program):
     graph = from_graph_module(shared_program.module())
     assert keys(graph) == keys(from_exported_program(shared_program))

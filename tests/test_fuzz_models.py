@@ -90,7 +90,8 @@ def test_a_malformed_nn_module_stack_is_one_short_line(bases, tmp_path):
         model = tmp_path / "input.pt2"
         mutate_pt2(bases["shared.pt2"].path, random.Random(seed), model)
         code, err = run_cli(["-q", "explain", "modularize", str(model)])
-        if code == 2 and "expected metadata_split" in err:
+        # torch 2.10+ says "expected metadata_split to return 3 parts", 2.9 a bare assert
+        if code == 2 and "cannot read it (a node of" in err:
             break
     else:
         raise AssertionError("no seed breaks nn_module_stack for torch.export.load")

@@ -1,4 +1,4 @@
-"""The per-body decomposition's shortcuts (rewrite/backends/onnx/torch_private.py: lazy graph
+"""The per-body decomposition's shortcuts (rewrite/_private/torch_exporter.py: lazy graph
 modules, type promotion reading invoke_subgraph calls' values from meta, repeated calls
 recorded without dispatching them) change nothing: the same decomposed graphs, node values
 and ONNX model as torch's plain passes."""

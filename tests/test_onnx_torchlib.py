@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import torch
 from onnxscript._framework_apis.torch_2_5 import get_torchlib_ops
 from torch.onnx._internal.exporter._registration import ONNXRegistry
 
@@ -35,7 +36,11 @@ def test_registry_equals_from_torchlib():
 def test_lowering_uses_it_and_equals_eager(gpt2_model, gpt2_lowered):
     registry = lowering_tables()[0]
     slow = ONNXRegistry.from_torchlib(opset_version=registry.opset_version)
-    assert _entries(registry) == _entries(slow)
+    hop = torch.ops.higher_order.invoke_subgraph
+    assert registry.is_registered(hop)  # torch.onnx 2.9 has no translation: rewrite's is added
+    own = [] if slow.is_registered(hop) else [entry for entry in _entries(registry)
+                                              if entry[0] is hop]
+    assert _entries(registry) == _entries(slow) + own
     _, lowering = gpt2_lowered
     assert lowering.path == "per-body"
     assert_matches_eager(lowering.model, gpt2_model)

@@ -34,7 +34,9 @@ def test_torch_is_a_supported_range_not_a_pin():
     [torch_requirement] = [r for r in map(Requirement, dependencies) if r.name == "torch"]
     specifier = torch_requirement.specifier
     assert all(s.operator not in ("==", "===", "~=") for s in specifier), specifier
-    for supported in ("2.9.0", "2.9.1", "2.10.0", "2.11.0", "2.12.0", "2.13.0", *CHECKED_WITH):
+    for supported in ("2.9.0", "2.9.1", "2.10.0", "2.11.0", "2.12.0", "2.13.0", "2.14.1",
+                      "2.15.0",
+                      *CHECKED_WITH):
         assert specifier.contains(supported), (supported, specifier)
     assert specifier.contains(Version(torch.__version__).base_version)  # the one installed here
     assert not specifier.contains("2.8.0")  # before torch.onnx's metadata and dynamo=True export

@@ -69,7 +69,8 @@ def test_decoder_fails_as_torchs(cls, data):
         TORCH_DECODE(cls, data)
     with pytest.raises(want.type) as got:
         SchemaDecoder(schema, union)(cls, data)
-    assert str(got.value) == str(want.value)
+    if str(want.value):  # torch 2.9 asserts without a message; the decoder says what failed
+        assert str(got.value) == str(want.value)
 
 
 def test_decoder_is_undone_after_a_failed_load(tmp_path):

@@ -35,8 +35,9 @@ shim                   private API                                     without i
 """
 
 CHECKED_WITH: dict[str, tuple[str, ...]] = {
-    "torch": ("2.13.0",),
-    "onnxscript": ("0.7.2",),
+    "torch": ("2.9.1", "2.10.0", "2.11.0", "2.12.1", "2.13.0", "2.14.1", "2.15.0"),
+    "onnxscript": ("0.7.0", "0.7.2"),
     "onnx_ir": ("1.1.0",),
 }
-"""The one table of the versions every shim here was checked with."""
+"""The one table of the versions every shim here was checked with (``make matrix``: the
+suite on each torch release, docs/MATRIX.md)."""

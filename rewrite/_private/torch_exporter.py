@@ -112,9 +112,28 @@ def _registry_and_tables():
     # as torch.onnx.export (``_compat.export_compat``) builds it for its default opset
     try:
         registry = from_torchlib(max(api["default_opset"], api["torchlib_opset"]))
+        _with_invoke_subgraph(registry)
     except (ImportError, AttributeError) as e:  # pragma: no cover - not in the checked versions
         raise Unavailable(f"torch {torch.__version__}: {e}") from None
     return (registry, *_tables(registry))
+
+
+def _with_invoke_subgraph(registry) -> None:
+    """torch.onnx before 2.10 has no translation of ``invoke_subgraph``: register the one of
+    later releases (``_torchlib/ops/hop.py``: a call of the body's function), with the
+    ``call_op`` of that module, which 2.9 has."""
+    hop = torch.ops.higher_order.invoke_subgraph
+    if registry.is_registered(hop):
+        return
+    from torch.onnx._internal.exporter._torchlib.ops.hop import call_op
+
+    def invoke_subgraph(subgraph: "ir.Function", identifier: str | None, *operands):
+        subgraph.metadata_props["pkg.torch.ops.higher_order.invoke_subgraph.identifier"] = (
+            str(identifier))
+        return call_op(subgraph.name, *operands, _num_outputs=len(subgraph.outputs),
+                       _domain=subgraph.domain)
+
+    registry.register_op(hop, invoke_subgraph)
 
 
 def _tables(registry) -> tuple[dict, dict]:

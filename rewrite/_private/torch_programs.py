@@ -14,6 +14,10 @@ working, slower or with a plainer result, instead of failing to import:
 * ``torch.export.exported_program._create_graph_module_for_export``: while a ``.pt2``
   loads, it makes lazy graph modules (:func:`lazy_program_graph_modules`; the loader made
   each graph's code twice, and rewrite reads graphs). Fallback: eager (same modules).
+* ``torch._higher_order_ops.passes.inline_invoke_subgraph.inline_invoke_subgraph_nodes``
+  (2.10+): each ``invoke_subgraph`` call replaced by its body's nodes
+  (:mod:`rewrite.frontends.regions`). Fallback: the same copy made here (bodies without
+  submodules; torch 2.9 makes none).
 * ``torch.fx.graph._PyTreeCodeGen`` / ``_PyTreeInfo``: the lowered GraphModule takes the
   program's (nested) arguments like ``ExportedProgram.module()``. Fallback: the default
   code generation (flat positional arguments).
@@ -115,6 +119,41 @@ def pytree_codegen(names: list[str], in_spec: Any, out_spec: Any) -> torch.fx.gr
     if _PyTreeCodeGen is None:  # pragma: no cover - not in the checked versions
         return torch.fx.graph.CodeGen()
     return _PyTreeCodeGen(_PyTreeInfo(names, in_spec, out_spec))
+
+
+def inline_invoke_subgraph_nodes(gm: torch.fx.GraphModule, nodes: list[torch.fx.Node]) -> None:
+    """Replace each ``invoke_subgraph`` node of ``gm`` in ``nodes`` by its body's nodes:
+    torch's ``_higher_order_ops.passes.inline_invoke_subgraph`` (2.10+). Fallback (torch
+    2.9): the same copy, for bodies without submodules of their own."""
+    try:
+        from torch._higher_order_ops.passes.inline_invoke_subgraph import (
+            inline_invoke_subgraph_nodes as inline)
+    except ImportError:
+        inline = _inline_invoke_subgraph_nodes
+    inline(gm, nodes)
+
+
+def _inline_invoke_subgraph_nodes(gm: torch.fx.GraphModule, nodes: list[torch.fx.Node]) -> None:
+    import operator
+
+    for node in nodes:
+        getter, operands = node.args[0], node.args[2:]
+        body = getattr(gm, str(getter.target))
+        if any(True for _ in body.children()):
+            raise NotImplementedError("an invoke_subgraph body with submodules (torch < 2.10)")
+        env = dict(zip(body.graph.find_nodes(op="placeholder"), operands))
+        with gm.graph.inserting_before(node):
+            for inner in body.graph.nodes:
+                if inner.op not in ("placeholder", "output"):
+                    env[inner] = gm.graph.node_copy(inner, lambda n: env[n])
+        outputs = body.graph.output_node().args[0]
+        for user in list(node.users):
+            if user.op == "call_function" and user.target is operator.getitem:
+                user.replace_all_uses_with(env[outputs[user.args[1]]])
+                gm.graph.erase_node(user)
+        gm.graph.erase_node(node)
+        if not getter.users:
+            gm.graph.erase_node(getter)
 
 
 def codegen_of(graph: torch.fx.Graph) -> torch.fx.graph.CodeGen:

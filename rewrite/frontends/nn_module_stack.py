@@ -4,11 +4,15 @@ A stack dict is ``{key: (path, cls)}`` (``torch.export``, ``symbolic_trace``; ``
 or a string in a loaded ``.pt2``; a key ``path@N`` is the (N+1)-th call of the module) or
 ``{path: cls}`` (older tracers: no call indices, :attr:`NnModuleStacks.legacy`). The root
 entry (path ``""``) is no call: its class is the graph's root class. The entry
-``_empty_nn_module_stack_from_metadata_hook`` adds nothing.
+``_empty_nn_module_stack_from_metadata_hook`` adds nothing. A path torch left as dynamo wrote
+it (``L['args'][0].model.layers[0]``: torch 2.9's strict export of a module whose ``forward``
+a decorator calls with ``self`` as an argument) is read as torch writes the others
+(``model.layers.0``): :func:`dynamo_path`.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any, Mapping
 
 from rewrite.ir import ModuleCall
@@ -29,6 +33,30 @@ def class_name(cls: Any) -> str:
 
 
 _split_key = ModuleCall.split_key
+
+_DYNAMO_ROOT = re.compile(r"L\[['\"](?:self|args)['\"]\](?:\[0\])?")
+_DYNAMO_PART = re.compile(r"\.(\w+)|\[(\d+)\]|\[['\"]([^'\"]*)['\"]\]"
+                          r"|(\[slice\((?:None|0), \w+, (?:None|1)\)\])")
+
+
+def dynamo_path(path: str) -> str:
+    """``model.layers.0`` for dynamo's ``L['self'].model.layers[0]`` or
+    ``L['args'][0].model.layers[slice(None, 2, None)]._modules['0']`` (as torch's
+    ``_normalize_nn_module_stack`` reads them; a slice from the start keeps the indices of
+    a ``ModuleList``); any other text as it is."""
+    root = _DYNAMO_ROOT.match(path)
+    if root is None:
+        return path
+    parts, at = [], root.end()
+    while at < len(path):
+        part = _DYNAMO_PART.match(path, at)
+        if part is None:
+            return path
+        name = next(g for g in part.groups() if g is not None)
+        if name != "_modules" and part.group(4) is None:  # a prefix slice keeps the indices
+            parts.append(name)
+        at = part.end()
+    return ".".join(parts)
 
 
 class NnModuleStacks:
@@ -76,7 +104,8 @@ class NnModuleStacks:
             cls_name = self._classes.get(cls)
         except TypeError:  # unhashable
             cls_name = None
-        if type(path) is not str or not path or cls_name is None or last == EMPTY_STACK_KEY:
+        if (type(path) is not str or not path or cls_name is None or last == EMPTY_STACK_KEY
+                or path[:2] == "L["):
             return self._read_entry(raw, keys, parent)
         number = _split_key(last)[1]
         tree = self.tree
@@ -116,6 +145,8 @@ class NnModuleStacks:
             path, cls = value
             if type(path) is not str:
                 path = str(path)
+            elif path[:2] == "L[":
+                path = dynamo_path(path)
         else:  # {path: cls}
             self.legacy = True
             path, cls = head, value

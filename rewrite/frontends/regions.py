@@ -150,8 +150,7 @@ def readable_program(program: torch.export.ExportedProgram) -> torch.export.Expo
         for node, stack in stacks.items():
             copies[node].meta[_STACK] = stack
     if calls:
-        from torch._higher_order_ops.passes.inline_invoke_subgraph import (
-            inline_invoke_subgraph_nodes)
+        from rewrite._private.torch_programs import inline_invoke_subgraph_nodes
 
         for node in list(gm.graph.find_nodes(op="call_function", target=hop)):
             body = _attr(gm, node.args[0].target)

@@ -73,6 +73,8 @@ def _indent(text: str) -> str:
 
 def readable_code(module: torch.fx.GraphModule, name: str, **options: Any) -> str:
     """``print_readable`` text of ``module`` and its GraphModule descendants."""
+    # options left unset are not passed (torch 2.9's python_code has no additional_meta)
+    options = {key: value for key, value in options.items() if value is not None}
     code = module.graph.python_code(root_module="self", verbose=True, **options).src.lstrip("\n")
     info = module.meta.get(META_KEY) if isinstance(getattr(module, "meta", None), dict) else None
     header = ""

@@ -288,7 +288,9 @@ class _Translator:
                        for f in firsts}
         names = {f: [v.name for v in call_nodes[f].outputs] for f in firsts}
         inline_functions(model)
+        # (torch.onnx 2.9 leaves torchlib helpers no node calls: Rank, IsScalar)
         for cleanup in (common_passes.RemoveUnusedNodesPass(),
+                        common_passes.RemoveUnusedFunctionsPass(),
                         common_passes.RemoveUnusedOpsetsPass()):
             cleanup(model)
         standing = {i: n for i, n in standing.items() if n.graph is model.graph}
