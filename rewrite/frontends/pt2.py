@@ -6,10 +6,10 @@ code. Here the archive is read once, as data (:mod:`pt2_archive`): its JSON conf
 entry holds which tensor (:mod:`pt2_payloads`); every parameter, buffer and constant becomes
 a view of a private read-only mapping of the file (its pages are the file's, not the
 process's memory), and only the program's JSON is deserialized, by torch
-(:func:`rewrite._private.torch_programs.deserialize_program`). The weights' checksums are verified on
-a thread started by what is going to hand the weights on (the ONNX backend starts it when it
-begins lowering) and waited for before they are (:func:`rewrite._mapped.verify`); what reads
-only shapes (``explain``, ``suggest``) reads no weight.
+(:func:`rewrite._private.torch_programs.deserialize_program`). The weights' checksums are
+verified on a thread started by what is going to hand the weights on (the ONNX backend starts
+it when it begins lowering) and waited for before they are (:func:`rewrite._mapped.verify`);
+what reads only shapes (``explain``, ``suggest``) reads no weight.
 
 What only code could load (pickled tensors or objects, TorchBind objects, sample inputs that
 weights-only unpickling refuses) is refused: :class:`UnsafeModel` (exit 2) names the archive
@@ -35,7 +35,13 @@ import torch
 from rewrite._private.torch_programs import Unavailable, deserialize_program, pt2_dtype
 from rewrite.errors import InputError, ModelWarning, causes, first_line
 from rewrite.frontends.pt2_archive import Archive, checksums, open_archive
-from rewrite.frontends.pt2_payloads import payloads, sample_inputs, tensors, unsafe_entries
+from rewrite.frontends.pt2_payloads import (
+    payloads,
+    read_sample_inputs,
+    tensors,
+    trusted_sample_inputs,
+    unsafe_entries,
+)
 
 _TORCH_LOGGERS = ("torch.export", "torch._export")
 _UNREGISTERED = re.compile(r"Deserializing ([\w.]+) in pytree is not registered")
@@ -202,7 +208,8 @@ def load_pt2(path: str | Path, *, trust_model: bool = False) -> torch.export.Exp
         found = payloads(archive, model, pt2_dtype)
     except Unavailable as e:
         return _load_with_torch(archive, model, trust_model, str(e))
-    unsafe = unsafe_entries(archive, model, found)
+    inputs = read_sample_inputs(archive, model)
+    unsafe = unsafe_entries(found, inputs)
     if unsafe and not trust_model:
         raise UnsafeModel(path, unsafe, archive.root)
     verifier = checksums(archive, sorted({p.entry for p in found if not p.pickled}))
@@ -216,10 +223,10 @@ def load_pt2(path: str | Path, *, trust_model: bool = False) -> torch.export.Exp
             f"{archive.root}{name}: {why}): they were copied into memory, which is slower "
             "and uses RAM; torch.export.save writes them uncompressed and aligned"),
             stacklevel=2)
-    inputs = sample_inputs(archive, model, trust_model)
+    example = trusted_sample_inputs(archive, inputs) if trust_model else inputs.value
     with _captured_torch_logs() as capture:
         try:
-            program = deserialize_program(program_json, state, constants, inputs)
+            program = deserialize_program(program_json, state, constants, example)
         except Unavailable as e:
             return _load_with_torch(archive, model, trust_model, str(e))
         except Exception as e:  # torch raises many types here; all mean "unreadable"
@@ -232,8 +239,8 @@ def _load_with_torch(archive: Archive, model: str, trust_model: bool, why: str
     """``torch.export.load``, once nothing in the file needs pickle (or it is trusted):
     the fallback when torch's serialization API is not the one rewrite was checked with."""
     if not trust_model:
-        found = payloads(archive, model, _dtype_by_name)
-        unsafe = unsafe_entries(archive, model, found)
+        unsafe = unsafe_entries(payloads(archive, model, _dtype_by_name),
+                                read_sample_inputs(archive, model))
         if unsafe:
             raise UnsafeModel(archive.path, unsafe, archive.root)
     warnings.warn(ModelWarning(

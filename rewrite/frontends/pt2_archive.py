@@ -36,7 +36,8 @@ class Entry:
     """One zip entry: where its bytes are and what they should be."""
 
     name: str
-    """The name inside the archive, without the archive's root folder."""
+    """The name inside the archive, with the archive's root folder (as the zip lists it);
+    :attr:`Archive.entries` is keyed by the name without it."""
     offset: int
     """Where the entry's (stored or compressed) bytes start in the file."""
     size: int
@@ -91,11 +92,11 @@ class Archive:
             inflater = zlib.decompressobj(-zlib.MAX_WBITS)
             out = inflater.decompress(data, entry.size + 1)
         except zlib.error as e:
-            raise InputError(f"{self.path}: corrupt .pt2 archive ({self.root}{entry.name}: "
-                             f"{e})") from None
+            raise InputError(f"{self.path}: corrupt .pt2 archive ({entry.name}: {e})"
+                             ) from None
         if len(out) != entry.size:
-            raise InputError(f"{self.path}: corrupt .pt2 archive ({self.root}{entry.name} "
-                             f"holds {len(out):,} bytes, its header says {entry.size:,})")
+            raise InputError(f"{self.path}: corrupt .pt2 archive ({entry.name} holds "
+                             f"{len(out):,} bytes, its header says {entry.size:,})")
         return out
 
 

@@ -90,7 +90,7 @@ def _check_inflatable(archive: Archive, found: list[Payload]) -> None:
 def _extent(p: Payload) -> int:
     """Bytes of the entry that ``p``'s sizes, strides and offset reach."""
     assert p.dtype is not None
-    element = torch.empty((), dtype=p.dtype).element_size()
+    element = p.dtype.itemsize
     if 0 in p.sizes:
         return 0
     return (p.storage_offset + sum((n - 1) * s for n, s in zip(p.sizes, p.strides)) + 1) * element
@@ -154,7 +154,7 @@ def _int(value: Any) -> int:
 def _check_fits(archive: Archive, p: Payload, where: str) -> None:
     """Refuse metadata that reaches past the entry's bytes (or is malformed)."""
     assert p.dtype is not None
-    element = torch.empty((), dtype=p.dtype).element_size()
+    element = p.dtype.itemsize
     size = archive.entries[p.entry].size
     if len(p.sizes) != len(p.strides) or any(s < 0 for s in (*p.sizes, *p.strides)) \
             or p.storage_offset < 0:
@@ -168,46 +168,49 @@ def _check_fits(archive: Archive, p: Payload, where: str) -> None:
                          f"holds {size:,}")
 
 
-def unsafe_entries(archive: Archive, model: str, found: list[Payload]) -> dict[str, str]:
-    """Archive entry -> what loading it would run: what needs more than weights-only data."""
-    unsafe = {p.entry: p.pickled for p in found if p.pickled is not None}
-    name = SAMPLE_INPUTS.format(model)
-    if name in archive.entries:
-        reason = _sample_inputs_refusal(archive.read(name))
-        if reason is not None:
-            unsafe[name] = reason
-    return unsafe
+@frozen
+class SampleInputs:
+    """The program's example inputs, as weights-only unpickling reads them (once)."""
+
+    entry: str
+    """The archive entry (``data/sample_inputs/model.pt``)."""
+    value: Any = None
+    """What weights-only unpickling read; None when there are none or it refused them."""
+    refused: str | None = None
+    """Why weights-only unpickling refused them (only full pickle could load them)."""
 
 
-def _sample_inputs_refusal(data: bytes) -> str | None:
-    """Why weights-only unpickling refuses the sample inputs, or None if it loads them."""
+def read_sample_inputs(archive: Archive, model: str) -> SampleInputs:
+    """The sample inputs of ``model``, read with weights-only unpickling (which runs no
+    code from the file)."""
+    entry = SAMPLE_INPUTS.format(model)
+    data = archive.read(entry) if entry in archive.entries else b""
     if not data:
-        return None
+        return SampleInputs(entry)
     try:
-        torch.load(io.BytesIO(data), weights_only=True)
+        return SampleInputs(entry, torch.load(io.BytesIO(data), weights_only=True))
     except Exception as e:  # the weights-only unpickler raises several types
         text = str(e).strip().splitlines()
         detail = next((line.strip() for line in text if "GLOBAL" in line or "global" in line),
                       text[0] if text else type(e).__name__)
-        return f"sample inputs that only full pickle can load ({detail[:200]})"
-    return None
+        return SampleInputs(entry, refused="sample inputs that only full pickle can load "
+                            f"({detail[:200]})")
 
 
-def sample_inputs(archive: Archive, model: str, trusted: bool) -> Any:
-    """The program's example inputs: weights-only, or with full pickle when ``trusted``;
-    None when the archive has none."""
-    name = SAMPLE_INPUTS.format(model)
-    if name not in archive.entries:
-        return None
-    data = archive.read(name)
-    if not data:
-        return None
-    try:
-        return torch.load(io.BytesIO(data), weights_only=True)
-    except Exception:  # refused by weights-only unpickling: only a trusted file gets further
-        if not trusted:
-            raise
-    return torch.load(io.BytesIO(data), weights_only=False)
+def unsafe_entries(found: list[Payload], inputs: SampleInputs) -> dict[str, str]:
+    """Archive entry -> what loading it would run: what needs more than weights-only data."""
+    unsafe = {p.entry: p.pickled for p in found if p.pickled is not None}
+    if inputs.refused is not None:
+        unsafe[inputs.entry] = inputs.refused
+    return unsafe
+
+
+def trusted_sample_inputs(archive: Archive, inputs: SampleInputs) -> Any:
+    """The sample inputs of a file the user trusts: with full pickle where weights-only
+    unpickling refused them (it runs code from the file)."""
+    if inputs.refused is None:
+        return inputs.value
+    return torch.load(io.BytesIO(archive.read(inputs.entry)), weights_only=False)
 
 
 def tensors(archive: Archive, found: list[Payload], trusted: bool, check: Check | None = None
@@ -244,7 +247,7 @@ def _flat(archive: Archive, base: torch.Tensor | None, p: Payload,
     entry = archive.entries[p.entry]
     if entry.size == 0:
         return torch.empty(0, dtype=p.dtype)
-    element = torch.empty((), dtype=p.dtype).element_size()
+    element = p.dtype.itemsize
     if base is not None and not entry.compressed and entry.offset % element == 0:
         return base[entry.offset:entry.offset + entry.size].view(p.dtype)
     inflated.append((p.entry, "compressed" if entry.compressed else "not aligned"))

@@ -13,6 +13,7 @@ with old data, or the reverse.
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import tempfile
 import time
@@ -37,20 +38,19 @@ MAX_PROTO_BYTES = 2**31 - 2**26
 
 def tensor_bytes(model: ir.Model) -> int:
     """Bytes of the initializers (what decides whether external data is needed)."""
-    return sum(t.nbytes for t in _initializer_tensors(model))
+    return sum(v.const_value.nbytes for v in _initializers(model))  # type: ignore[union-attr]
 
 
-def _initializer_tensors(model: ir.Model) -> Iterator[ir.TensorProtocol]:
-    for graph in model.graphs():
-        for value in graph.initializers.values():
-            if value.const_value is not None:
-                yield value.const_value
+def _initializers(model: ir.Model) -> list[ir.Value]:
+    """The initializers with a value, of the main graph and of every subgraph."""
+    return [v for graph in model.graphs() for v in graph.initializers.values()
+            if v.const_value is not None]
 
 
 def verify_weights(model: ir.Model) -> None:
     """Wait for the checksums of the input file the model's weights are views of (an
     ``InputError`` if it is corrupt): before they are written or handed on."""
-    verify(getattr(t, "raw", None) for t in _initializer_tensors(model))
+    verify(getattr(v.const_value, "raw", None) for v in _initializers(model))
 
 
 def data_path(output: str | Path) -> Path:
@@ -110,21 +110,18 @@ def write_model(model: ir.Model, output: str | Path, *, threshold: int,
         shutil.rmtree(folder, ignore_errors=True)
 
 
-class _weights_by_reference:
+@contextlib.contextmanager
+def _weights_by_reference(model: ir.Model) -> Iterator[None]:
     """Within the block, the model's initializers that lie in a mapped file are
     :class:`onnx_ir.ExternalTensor`\\ s over it (the model is restored afterwards)."""
-
-    def __init__(self, model: ir.Model) -> None:
-        self._values = [v for g in model.graphs() for v in g.initializers.values()
-                        if v.const_value is not None]
-        self._tensors = [v.const_value for v in self._values]
-
-    def __enter__(self) -> None:
-        for value, tensor in zip(self._values, self._tensors):
-            value.const_value = by_reference(tensor)  # type: ignore[arg-type]
-
-    def __exit__(self, *exc: object) -> None:
-        for value, tensor in zip(self._values, self._tensors):
+    values = _initializers(model)
+    tensors = [v.const_value for v in values]
+    for value, tensor in zip(values, tensors):
+        value.const_value = by_reference(tensor)  # type: ignore[arg-type]
+    try:
+        yield
+    finally:
+        for value, tensor in zip(values, tensors):
             value.const_value = tensor
 
 
