@@ -97,22 +97,24 @@ def suite(venv: Path, label: str) -> dict:
                 "failures": ["pytest did not run: see " + str(log.relative_to(ROOT))]}
     cases = ET.parse(report).getroot().iter("testcase")
     counts = {"passed": 0, "failed": 0, "errors": 0, "skipped": 0}
-    failures, skips = [], []
+    failures, skips, details = [], [], []
     for case in cases:
         name = f"{case.get('classname')}::{case.get('name')}"
         kinds = {child.tag for child in case}
-        if "error" in kinds:
-            counts["errors"] += 1
-            failures.append(name)
-        elif "failure" in kinds:
-            counts["failed"] += 1
-            failures.append(name)
-        elif "skipped" in kinds:
-            counts["skipped"] += 1
-            skips.append(f"{name}: {case.find('skipped').get('message', '')}")
+        for kind in ("error", "failure"):
+            if kind in kinds:
+                counts["errors" if kind == "error" else "failed"] += 1
+                failures.append(name)
+                details.append(f"{name}\n{case.find(kind).text or case.find(kind).get('message')}")
+                break
         else:
-            counts["passed"] += 1
-    return {"seconds": seconds, **counts, "failures": failures, "skips": skips}
+            if "skipped" in kinds:
+                counts["skipped"] += 1
+                skips.append(f"{name}: {case.find('skipped').get('message', '')}")
+            else:
+                counts["passed"] += 1
+    return {"seconds": seconds, **counts, "failures": failures, "skips": skips,
+            "details": details}
 
 
 PROBE = """
@@ -175,6 +177,8 @@ def run_one(torch: str, pins: list[str], label: str, with_probe: bool, drop: boo
     s = result["suite"]
     print(f"[{label}] {s['passed']} passed, {s['failed']} failed, {s['errors']} errors, "
           f"{s['skipped']} skipped in {s['seconds']:.0f} s", flush=True)
+    for detail in s["details"]:  # a CI log shows what failed, not only how many
+        print(f"[{label}] FAILED {detail[-6000:]}", flush=True)
     if with_probe:
         result["probe"] = probe(venv, label)
         print(f"[{label}] rewrite apply: {result['probe']}", flush=True)
