@@ -139,6 +139,18 @@ class GroupTable:
         return tuple(reversed(out))
 
 
+@frozen
+class SubtreeShape:
+    """Where a group's nodes sit in its subtree (:meth:`GroupTree.subtree_shape`)."""
+
+    placed: tuple[int, ...]
+    """Per node (in the order given), the number of its group."""
+    groups: tuple[tuple, ...]
+    """Per number: ``(parent's number, kind, function name, domain)`` (``""``: the top)."""
+    ids: tuple[int, ...] = field(eq=False)
+    """Per number, the group's id in the tree (not part of the shape)."""
+
+
 @frozen(eq=False)
 class GroupTree:
     """Groups of one graph plus what a backend needs to lower them."""
@@ -196,6 +208,30 @@ class GroupTree:
             sets[:] = list(self.tag_sets)
             self._made["tags"] = tuple(sets[self.tags_id].tolist())
         return self._made["tags"]
+
+    def subtree_shape(self, group: int, nodes: Sequence[int]) -> SubtreeShape:
+        """How the nodes ``nodes`` (all inside group ``group``) sit in its subtree, with the
+        subtree's groups numbered in order of first node: two subtrees with equal shapes give
+        one function. ``group`` is number 0."""
+        records, parent = self.records, self.table.parent
+        local: dict[int, int] = {group: 0}
+        ordered = [group]
+        top = records[group]
+        shape: list[tuple] = [("", top.kind, top.function_name, top.domain)]
+
+        def number(g: int) -> int:
+            found = local.get(g)
+            if found is None:
+                up = number(int(parent[g]))
+                record = records[g]
+                found = local[g] = len(shape)
+                ordered.append(g)
+                shape.append((up, record.kind, record.function_name, record.domain))
+            return found
+
+        placed = tuple([number(g) for g in self.group_of[np.asarray(nodes, dtype=np.int64)]
+                        .tolist()])
+        return SubtreeShape(placed, tuple(shape), tuple(ordered))
 
     def groups(self) -> Iterator[Group]:
         """Every group but the root, parents before children."""

@@ -176,26 +176,15 @@ def _match(tree: GroupTree, own_index: int, first_index: int, mine: list[int],
            theirs: list[int]) -> dict[int, int] | None:
     """Groups of the subtree of group ``own_index``, which must hold exactly ``mine``, ->
     those of ``first_index``'s, which must hold ``theirs`` (row by row), when the two
-    subtrees are alike; else None."""
-    records, parent, group_of = tree.records, tree.table.parent, tree.group_of
+    subtrees have one shape (``GroupTree.subtree_shape``); else None."""
+    records = tree.records
     own, first = records[own_index], records[first_index]
     if own is None or first is None or own_index == first_index:
         return None
     if sorted(own.all_nodes()) != sorted(mine) or sorted(first.all_nodes()) != sorted(theirs):
         return None
-    groups = {own_index: first_index}
-    for a, b in zip(group_of[mine].tolist(), group_of[theirs].tolist()):
-        while a not in groups:
-            if b <= 0:
-                return None
-            groups[a] = b
-            a, b = int(parent[a]), int(parent[b])
-        if groups[a] != b:
-            return None
-    if len(set(groups.values())) != len(groups):
+    shape, first_shape = tree.subtree_shape(own_index, mine), tree.subtree_shape(first_index,
+                                                                                 theirs)
+    if shape != first_shape:
         return None
-    for a, b in groups.items():
-        x, y = records[a], records[b]
-        if (x.kind, x.function_name, x.domain) != (y.kind, y.function_name, y.domain):
-            return None
-    return groups
+    return dict(zip(shape.ids, first_shape.ids))

@@ -64,28 +64,13 @@ def _subgraph(owner: torch.fx.GraphModule, nodes: list[torch.fx.Node],
 
 def _group_key(tree: GroupTree, group: Group, indices: list[int],
                nodes: list[torch.fx.Node]) -> Hashable:
-    """What else two calls of one body must share to give one function: per node (by
-    position) its group in the subtree and its tags; per group of the subtree (numbered in
-    order of first node) its parent, kind, function name and domain; which nodes leave."""
-    records, parent = tree.records, tree.table.parent
-    local: dict[int, int] = {group.index: 0}
-    shape: list[tuple] = [("", group.kind, group.function_name, group.domain)]
-
-    def number(g: int) -> int:
-        found = local.get(g)
-        if found is None:
-            up = number(int(parent[g]))
-            record = records[g]
-            found = local[g] = len(shape)
-            shape.append((up, record.kind, record.function_name, record.domain))
-        return found
-
-    at = np.asarray(indices, dtype=np.int64)
-    placed = tuple([number(g) for g in tree.group_of[at].tolist()])
-    tagged = tuple(tree.tags_id[at].tolist())  # ids into one tree's tag sets
+    """What else two calls of one body must share to give one function: the shape of the
+    group's subtree (``GroupTree.subtree_shape``), each node's tags, which nodes leave."""
+    shape = tree.subtree_shape(group.index, indices)
+    tagged = tuple(tree.tags_id[np.asarray(indices, dtype=np.int64)].tolist())  # one tree's ids
     members = set(nodes)
     leaving = tuple([k for k, n in enumerate(nodes) if any(u not in members for u in n.users)])
-    return placed, tuple(shape), tagged, leaving
+    return shape, tagged, leaving
 
 
 Chosen = tuple[Group, list[torch.fx.Node], Hashable, list[torch.fx.Node]]

@@ -6,6 +6,9 @@ group (``outlining._recompute``) sits before its reader, while the original sat 
 :meth:`Keyer.canonical_order` is a topological order that prefers, among ready nodes, the
 smallest *structural label* (a digest of the op, its attributes and its inputs' labels, inputs
 from outside labelled by type), and the graph position only between equal labels.
+A label is made of a node key's parts (:meth:`Keyer.head`, :meth:`Keyer.attribute`) but its
+inputs: a key names a member's output by the member's position, which is what the order decides;
+a label names it by the producer's label.
 
 A key is equal for bodies that are equal up to value names, metadata and weight values:
 nodes (domain, op, overload, attributes, subgraphs), how values flow between them, which
@@ -203,7 +206,7 @@ class Keyer:
         by_position = _kahn(members, producers, position.__getitem__)
         labels: dict[ir.Node, str] = {}
         for node in by_position:
-            parts = [node.domain, node.op_type, node.overload, str(len(node.outputs))]
+            parts = [str(part) for part in self.head(node)]  # as in a node's key
             for value in node.inputs:
                 if value is None:
                     parts.append("-")
