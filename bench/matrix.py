@@ -17,7 +17,8 @@ onnx, onnx-ir, onnxscript, onnxruntime). In it:
 
 Results go to ``.matrix/results/<label>.json`` (label: the torch version, or ``--label``);
 the table of every result there is written to ``--table`` (default ``docs/MATRIX.md``).
-Exits 1 if a suite failed. ``--drop`` deletes each venv after its run (each CUDA build of
+A test that fails is run once more on its own; passing then, it counts as passed and is
+printed and listed as flaky (with the first traceback). Exits 1 if a suite failed. ``--drop`` deletes each venv after its run (each CUDA build of
 torch is ~5 GB). Only the standard library: this runs outside the venvs it makes.
 """
 
@@ -80,41 +81,79 @@ def versions_in(venv: Path) -> dict[str, str]:
     return json.loads(out)
 
 
-def suite(venv: Path, label: str) -> dict:
-    """``pytest -q`` in ``venv``: counts, the failing tests, wall time."""
-    report = venv / "junit.xml"
+def _node_id(classname: str, name: str) -> str:
+    """pytest's node id of a junit test case (``tests.test_x.TestK`` -> ``tests/test_x.py::TestK``)."""
+    parts = classname.split(".")
+    for cut in range(len(parts), 0, -1):
+        if (ROOT / Path(*parts[:cut])).with_suffix(".py").is_file():
+            return "::".join(["/".join(parts[:cut]) + ".py", *parts[cut:], name])
+    return f"{classname}::{name}"
+
+
+def _pytest(venv: Path, log: Path, report: Path, tests: list[str]) -> dict | None:
+    """``pytest -q`` (on ``tests``, or the whole suite) in ``venv``: counts, failing tests
+    (node ids) with their tracebacks, skips; None when pytest wrote no report."""
     report.unlink(missing_ok=True)
+    with log.open("a") as out:
+        subprocess.run(["nice", str(venv / "bin" / "python"), "-m", "pytest", "-q",
+                        "-p", "no:cacheprovider", f"--junitxml={report}", *tests],
+                       stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
+    if not report.is_file():
+        return None
+    counts = {"passed": 0, "failed": 0, "errors": 0, "skipped": 0}
+    failures, skips, details, kinds, passed = [], [], [], [], []
+    for case in ET.parse(report).getroot().iter("testcase"):
+        node = _node_id(case.get("classname", ""), case.get("name", ""))
+        tags = {child.tag for child in case}
+        for kind in ("error", "failure"):
+            if kind in tags:
+                counts["errors" if kind == "error" else "failed"] += 1
+                failures.append(node)
+                kinds.append("errors" if kind == "error" else "failed")
+                found = case.find(kind)
+                details.append(f"{node}\n{found.text or found.get('message')}")
+                break
+        else:
+            if "skipped" in tags:
+                counts["skipped"] += 1
+                skips.append(f"{node}: {case.find('skipped').get('message', '')}")
+            else:
+                counts["passed"] += 1
+                passed.append(node)
+    return {**counts, "failures": failures, "skips": skips, "details": details,
+            "kinds": kinds, "passed_ids": passed}
+
+
+def suite(venv: Path, label: str, tests: list[str] | None = None) -> dict:
+    """The whole suite in ``venv``: counts, failing tests, wall time. A test that fails is
+    run once more on its own: if it passes then, it counts as passed and is listed as
+    *flaky* with the first run's traceback (printed, and in the table's notes)."""
     log = RESULTS / f"{label}.pytest.log"
     log.unlink(missing_ok=True)
     start = time.perf_counter()
-    with log.open("w") as out:
-        subprocess.run(["nice", str(venv / "bin" / "python"), "-m", "pytest", "-q",
-                        "-p", "no:cacheprovider", f"--junitxml={report}"],
-                       stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
-    seconds = time.perf_counter() - start
-    if not report.is_file():
-        return {"seconds": seconds, "passed": 0, "failed": 0, "errors": 1, "skipped": 0,
+    result = _pytest(venv, log, RESULTS / f"{label}.junit.xml", tests or [])
+    if result is None:
+        return {"seconds": time.perf_counter() - start, "passed": 0, "failed": 0,
+                "errors": 1, "skipped": 0, "flaky": [], "details": [],
                 "failures": ["pytest did not run: see " + str(log.relative_to(ROOT))]}
-    cases = ET.parse(report).getroot().iter("testcase")
-    counts = {"passed": 0, "failed": 0, "errors": 0, "skipped": 0}
-    failures, skips, details = [], [], []
-    for case in cases:
-        name = f"{case.get('classname')}::{case.get('name')}"
-        kinds = {child.tag for child in case}
-        for kind in ("error", "failure"):
-            if kind in kinds:
-                counts["errors" if kind == "error" else "failed"] += 1
-                failures.append(name)
-                details.append(f"{name}\n{case.find(kind).text or case.find(kind).get('message')}")
-                break
-        else:
-            if "skipped" in kinds:
-                counts["skipped"] += 1
-                skips.append(f"{name}: {case.find('skipped').get('message', '')}")
-            else:
-                counts["passed"] += 1
-    return {"seconds": seconds, **counts, "failures": failures, "skips": skips,
-            "details": details}
+    result["flaky"] = []
+    if result["failures"]:
+        again = _pytest(venv, log, RESULTS / f"{label}.again.junit.xml", result["failures"])
+        if again is not None:
+            first = list(zip(result.pop("failures"), result.pop("details"),
+                             result.pop("kinds")))
+            result["failures"], result["details"] = [], []
+            for node, detail, kind in first:
+                if node not in again["passed_ids"]:
+                    result["failures"].append(node)
+                    result["details"].append(detail)
+                else:
+                    result["flaky"].append(detail)
+                    result[kind] -= 1
+                    result["passed"] += 1
+    result.pop("passed_ids", None)
+    result.pop("kinds", None)
+    return {"seconds": time.perf_counter() - start, **result}
 
 
 PROBE = """
@@ -179,6 +218,9 @@ def run_one(torch: str, pins: list[str], label: str, with_probe: bool, drop: boo
           f"{s['skipped']} skipped in {s['seconds']:.0f} s", flush=True)
     for detail in s["details"]:  # a CI log shows what failed, not only how many
         print(f"[{label}] FAILED {detail[-6000:]}", flush=True)
+    for detail in s["flaky"]:
+        print(f"[{label}] FLAKY (failed, then passed when run again) {detail[-6000:]}",
+              flush=True)
     if with_probe:
         result["probe"] = probe(venv, label)
         print(f"[{label}] rewrite apply: {result['probe']}", flush=True)
@@ -214,6 +256,9 @@ def table(results: list[dict]) -> str:
     for r in sorted(results, key=_key):
         for name in r["suite"]["failures"]:
             notes.append(f"- {r['label']}: failed or error: `{name}`")
+        for detail in r["suite"].get("flaky", []):
+            notes.append(f"- {r['label']}: flaky (failed, passed when run again): "
+                         f"`{detail.splitlines()[0]}`")
         for name in r["suite"].get("skips", []):
             notes.append(f"- {r['label']}: skipped: `{name}`")
     return "\n".join(lines + ([""] + notes if notes else [])) + "\n"
