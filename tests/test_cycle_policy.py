@@ -161,3 +161,51 @@ def test_explain_marks_the_flattened_group(run_cli, tmp_path, leaky_pt2):
     assert flat["class"].endswith("Leaky") and flat["rule"].endswith("modularize.rules:3")
     assert {"mul", "linear_1"} <= set(flat["nodes"])
     assert flat["reason"].startswith("group blk cannot be outlined")
+
+
+# --- malformed module stacks: one call nested in two places ------------------------------------
+
+
+def test_a_child_moved_up_beside_a_group_of_the_same_call_merges_with_it():
+    """Most of h.m's nodes say (h, h.m); one says (h.m, h), as a stack written in reverse.
+    h has a cycle through the top-level h.m; flattened, its child h/h.m lands beside that h.m:
+    one group per call, so ids stay unique and the outliner sees the cycle-free tree."""
+    h, hm = call("h", "pkg.H"), call("h.m", "pkg.M")
+    g = GraphBuilder()
+    x = g.input()
+    n1 = g.op("n1", inputs=[x], stack=(h, hm))
+    n2 = g.op("n2", inputs=[n1], stack=(hm, h))
+    n3 = g.op("n3", inputs=[n1, n2], stack=(h, hm))
+    n4 = g.op("n4", inputs=[n3], stack=(h,))
+    g.output([n4])
+    tree = group_graph(rewrite.parse_rules("group any\non cycle flatten", "x.rules"), g.graph())
+    assert [(f.id, f.into) for f in tree.flattened] == [("h", "")]
+    groups = {grp.id: ([tree.graph.nodes[i].name for i in grp.nodes], [c.id for c in grp.children])
+              for grp in tree.groups()}
+    assert groups == {"h.m": (["n1", "n3"], ["h.m/h"]), "h.m/h": (["n2"], [])}
+    assert dict(zip([n.name for n in tree.graph.nodes], tree.owner))["n4"] == ""
+
+
+@pytest.fixture(scope="module")
+def reversed_stack_gpt2(gpt2_model):
+    """The test GPT-2 with one node of block 0's MLP activation carrying its module stack in
+    reverse order (as the fuzzer's ``nn_module_stack`` mutation writes it)."""
+    program = models.export(gpt2_model)
+    node = next(n for n in program.graph.nodes if n.target == torch.ops.aten.pow.Tensor_Scalar)
+    stack = node.meta["nn_module_stack"]
+    assert [path for path, _ in stack.values()][-1] == "h.0.mlp.act"
+    node.meta["nn_module_stack"] = dict(reversed(list(stack.items())))
+    return program
+
+
+@pytest.mark.parametrize("lowering", ["per-body", "flat"])
+def test_a_stack_in_reverse_order_still_lowers_to_a_valid_model_equal_to_eager(
+        reversed_stack_gpt2, gpt2_model, lowering):
+    from tests.onnx_fixtures import GPT2_RULES
+
+    result = rewrite.apply(GPT2_RULES, reversed_stack_gpt2)
+    assert [f.id for f in result.tree.flattened] == ["h.0"]
+    ids = [grp.id for grp in result.tree.groups()]
+    assert len(ids) == len(set(ids)) and "h.0.mlp" in ids, ids
+    model = result.to_onnx(lowering=lowering)
+    assert_matches_eager(checked_proto(model), gpt2_model)

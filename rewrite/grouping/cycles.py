@@ -84,15 +84,37 @@ def flattenable(cycle: Cycle) -> bool:
 def flatten_group(graph: Graph, segments: Segments, table: GroupTable, parent: np.ndarray,
                   group_of: np.ndarray, cycle: Cycle) -> Flattened:
     """Dissolve the cycle's first group into its parent: updates ``parent`` and ``group_of``
-    in place (the group keeps its id but holds nothing)."""
+    in place (the group keeps its id but holds nothing). A child that lands beside a group of
+    the same call (only malformed module stacks nest a call in two places) merges into it: one
+    group per path, as grouping made them."""
     path = cycle.parent + (cycle.groups[0],)
     k = next(g for g in range(1, len(table)) if table.count[g] and table.path(g) == path)
     up = int(parent[k])
     ids = [segments.display(table.path(g)) for g in (k, up)]
     group_of[group_of == k] = up
-    parent[parent == k] = up
+    moved = np.flatnonzero(parent == k).tolist()
+    parent[moved] = up
+    gone = {k}
+    for child in moved:
+        _merge_with_namesake(table, parent, group_of, child, gone)
     return Flattened(ids[0], segments.calls[cycle.groups[0]], segments.rule(cycle.groups[0]), ids[1], _reason(segments, cycle),
                      cycle_nodes(graph, cycle))
+
+
+def _merge_with_namesake(table: GroupTable, parent: np.ndarray, group_of: np.ndarray,
+                         group: int, gone: set[int]) -> None:
+    """If a sibling of ``group`` stands for the same segment, move ``group``'s nodes and
+    children into it (children meeting a namesake there merge too)."""
+    up, segment = int(parent[group]), int(table.segment[group])
+    for other in np.flatnonzero((parent == up) & (table.segment == segment)).tolist():
+        if other != group and other not in gone and table.count[other]:
+            gone.add(group)
+            group_of[group_of == group] = other
+            moved = np.flatnonzero(parent == group).tolist()
+            parent[moved] = other
+            for child in moved:
+                _merge_with_namesake(table, parent, group_of, child, gone)
+            return
 
 
 def flattened_warning(flat: Flattened) -> Diagnostic:
