@@ -21,7 +21,7 @@
   over the main graph (``OnnxOptions.optimize``, :mod:`finishing._optimize`), equal
   functions merged, the opset imports fixed (:mod:`_opsets`).
 * ``.onnx`` / onnx_ir.Model: outlined with the tree ``apply`` made. A model the caller
-  gave is copied first (:mod:`lowering._clone`; the input is never changed); one ``apply`` loaded from
+  gave is copied first (``Model.clone``: tensors shared; the input is never changed); one ``apply`` loaded from
   a path belongs to rewrite alone, so the first lowering outlines it as it is (no copy), and
   later lowerings of the same result read the file again.
 """
@@ -43,7 +43,6 @@ from rewrite.backends.onnx.lowering import (
     NOT_HERE,
     DecomposedProgram,
     check,
-    copy_model,
     export_program,
     functional,
     in_place,
@@ -89,9 +88,10 @@ def _onnx_model(result: "Result") -> tuple[ir.Model, GroupTree]:
     """The ONNX model to outline in place, and its tree (see the module docstring)."""
     tree = result.tree
     if not isinstance(result.model, (str, Path)):
-        # outlining reads the copy's main-graph nodes in order, as the tree's ONNX nodes
+        # outlining reads the copy's main-graph nodes in order, as the tree's ONNX nodes;
+        # the copy shares the tensors (most of its cost was the garbage collector)
         with gc_paused():
-            return copy_model(tree.graph.source), tree
+            return tree.graph.source.clone(), tree
     model: ir.Model = tree.graph.source
     if model.meta.get(_OUTLINED):  # read the file again and group it as ``apply`` did
         tree = group_graph(result.rules, load_graph(result.model))

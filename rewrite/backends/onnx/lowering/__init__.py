@@ -11,11 +11,10 @@ turns into a :class:`~rewrite.backends.onnx.pipeline.NotHere`):
 * the flat program (``_flat``): ``torch.onnx.export`` (its failures explained by
   ``_torch_failure``).
 
-``_regroup`` groups the ONNX nodes with the same rules; ``_clone`` copies a given ONNX model
-(an ``.onnx`` input is outlined as it is, never lowered).
+``_regroup`` groups the ONNX nodes with the same rules (an ``.onnx`` input is outlined as it
+is, never lowered).
 """
 
-from rewrite.backends.onnx.lowering._clone import copy_model
 from rewrite.backends.onnx.lowering._flat import export_program, quiet_exporter
 from rewrite.backends.onnx.lowering._invoke_subgraph import Unsupported
 from rewrite.backends.onnx.lowering._perbody import (
@@ -34,5 +33,5 @@ shape (:class:`Unsupported`), torch's private APIs missing (:class:`Unavailable`
 own code failing on it (:class:`TorchFailed`)."""
 
 __all__ = ["NOT_HERE", "Translation", "DecomposedProgram", "TorchFailed", "Unavailable",
-           "Unsupported", "check", "copy_model", "export_program", "functional", "in_place",
+           "Unsupported", "check", "export_program", "functional", "in_place",
            "quiet_exporter", "regroup", "regroup_with"]
