@@ -161,3 +161,27 @@ def test_import_of_a_module_that_raises(tmp_path, gpt2_pt2, body, reason):
     assert proc.returncode == 2, proc.stderr
     assert "Traceback" not in proc.stderr, proc.stderr
     assert proc.stderr.splitlines() == [f"--import custom_ops: {reason}"]
+
+
+INTERRUPTED_IMPORT = """
+import sys
+
+class CtrlC:  # Ctrl-C arriving while torch imports (a second or more on a cold start)
+    def find_spec(self, name, path=None, target=None):
+        if name == "torch":
+            raise KeyboardInterrupt
+        return None
+
+sys.meta_path.insert(0, CtrlC())
+sys.argv = ["rewrite", "explain", sys.argv[1], sys.argv[2]]
+from rewrite.cli.process import run
+run()
+"""
+
+
+def test_ctrl_c_while_torch_imports_exits_130_without_a_traceback(gpt2_pt2):
+    proc = subprocess.run([sys.executable, "-c", INTERRUPTED_IMPORT, str(GPT2_RULES),
+                           str(gpt2_pt2)], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert proc.returncode == 130, proc.stderr
+    assert proc.stderr == "interrupted\n"
+    assert proc.stdout == ""

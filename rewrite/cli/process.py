@@ -38,6 +38,9 @@ def run() -> NoReturn:
     gc.disable()
     try:
         from rewrite.cli.main import main
+    except KeyboardInterrupt:  # Ctrl-C while torch imports: as during the command
+        print("interrupted", file=sys.stderr)
+        _exit(130)
     finally:
         gc.freeze()
         gc.set_threshold(*THRESHOLDS)
