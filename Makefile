@@ -22,6 +22,7 @@ demo: $(STAMP)
 	$(PY) examples/demo.py
 
 test: $(STAMP)
+	$(PY) -m ruff check rewrite bench tests
 	$(PY) -m pytest -q
 
 bench: $(STAMP)

@@ -104,7 +104,9 @@ statement = st.one_of(
     st.tuples(selector, st.lists(option, max_size=3)).map(
         lambda t: " ".join(["group", t[0], *t[1]])
     ),
-    st.tuples(selector, st.lists(option, max_size=1)).map(lambda t: " ".join(["flat", t[0], *t[1]])),
+    st.tuples(selector, st.lists(option, max_size=1)).map(
+        lambda t: " ".join(["flat", t[0], *t[1]])
+    ),
     st.tuples(selector, st.lists(assignment, min_size=1, max_size=3)).map(
         lambda t: f"tag {t[0]} with {', '.join(t[1])}"
     ),

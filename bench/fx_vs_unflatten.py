@@ -12,9 +12,10 @@ same process, medians of ``--repeats`` runs:
   interpreter modules do not need compiling), so no cost hides behind a lazy first call.
 
 Torch runs single-threaded (``torch.set_num_threads(1)``): forward calls on a busy machine
-otherwise measure thread-pool contention. The program is unflattened once before timing: unflatten removes dead nodes from the program
-in place, so every timed run then sees the same graph. Outputs of both results are checked
-against eager PyTorch. Not a test: run it on a quiet machine; it prints a ratio table.
+otherwise measure thread-pool contention. The program is unflattened once before timing: unflatten
+removes dead nodes from the program in place, so every timed run then sees the same graph. Outputs
+of both results are checked against eager PyTorch. Not a test: run it on a quiet machine; it prints
+a ratio table.
 """
 
 from __future__ import annotations
@@ -77,7 +78,9 @@ def main(argv: list[str] | None = None) -> int:
         "rewrite apply().to_fx()": lambda: rewrite.apply(rules, program).to_fx(),
         "torch.export.unflatten": lambda: torch.export.unflatten(program),
         "ExportedProgram.module()": lambda: program.module(),
-        "rewrite to_fx() + 1st call": lambda: rewrite.apply(rules, program).to_fx()(*args, **kwargs),
+        "rewrite to_fx() + 1st call": (
+            lambda: rewrite.apply(rules, program).to_fx()(*args, **kwargs)
+        ),
         "unflatten + 1st call": lambda: torch.export.unflatten(program)(*args, **kwargs),
     }
     wall: dict[str, list[float]] = {name: [] for name in cases}

@@ -6,12 +6,12 @@
 Per depth: a random-weight GPT-2 (the demo's: ``examples/demo.py``, ``transformers``, nothing
 downloaded) exported with ``torch.export`` and saved; ``rewrite explain RULES MODEL --html
 OUT.html`` run as a user runs it, with ``rules/gpt2.rules`` (blocks, attention, MLP) and
-``rules/modularize.rules`` (every module call a group: ~580 groups at 48 blocks) (its wall time is reported, not the target); then the page is
-opened ``--loads`` times in a fresh tab of headless Chromium (Debian's, driven over DevTools:
-``tests/browser.py``) and the browser's own navigation timing is read: ``loadEventEnd`` (the
-page parsed, laid out, its script run), and the time a filter of the tree takes (typing
-``attn``: the script and the layout it causes). Targets: under 2 MB, opens in under 1 s (the
-median).
+``rules/modularize.rules`` (every module call a group: ~580 groups at 48 blocks) (its wall time is
+reported, not the target); then the page is opened ``--loads`` times in a fresh tab of headless
+Chromium (Debian's, driven over DevTools: ``tests/browser.py``) and the browser's own navigation
+timing is read: ``loadEventEnd`` (the page parsed, laid out, its script run), and the time a filter
+of the tree takes (typing ``attn``: the script and the layout it causes). Targets: under 2 MB, opens
+in under 1 s (the median).
 """
 
 from __future__ import annotations

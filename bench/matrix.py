@@ -18,8 +18,9 @@ onnx, onnx-ir, onnxscript, onnxruntime). In it:
 Results go to ``.matrix/results/<label>.json`` (label: the torch version, or ``--label``);
 the table of every result there is written to ``--table`` (default ``docs/MATRIX.md``).
 A test that fails is run once more on its own; passing then, it counts as passed and is
-printed and listed as flaky (with the first traceback). Exits 1 if a suite failed. ``--drop`` deletes each venv after its run (each CUDA build of
-torch is ~5 GB). Only the standard library: this runs outside the venvs it makes.
+printed and listed as flaky (with the first traceback). Exits 1 if a suite failed. ``--drop``
+deletes each venv after its run (each CUDA build of torch is ~5 GB). Only the standard library: this
+runs outside the venvs it makes.
 """
 
 from __future__ import annotations
@@ -82,7 +83,8 @@ def versions_in(venv: Path) -> dict[str, str]:
 
 
 def _node_id(classname: str, name: str) -> str:
-    """pytest's node id of a junit test case (``tests.test_x.TestK`` -> ``tests/test_x.py::TestK``)."""
+    """pytest's node id of a junit test case (``tests.test_x.TestK`` ->
+    ``tests/test_x.py::TestK``)."""
     parts = classname.split(".")
     for cut in range(len(parts), 0, -1):
         if (ROOT / Path(*parts[:cut])).with_suffix(".py").is_file():

@@ -18,13 +18,15 @@ import argparse
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "bench" / "out"
 
-_PRELUDE = "import resource, json, sys, time, warnings; warnings.filterwarnings('ignore'); t0 = time.perf_counter()\n"
+_PRELUDE = (
+    "import resource, json, sys, time, warnings; warnings.filterwarnings('ignore');"
+    " t0 = time.perf_counter()\n"
+)
 _REPORT = (
     "\nprint('RESULT ' + json.dumps({'rss_mb': resource.getrusage(resource.RUSAGE_SELF).ru_maxrss"
     " / 1024, 'seconds': time.perf_counter() - t0}))\n"
@@ -63,7 +65,8 @@ def build_model(layers: int, width: int) -> Path:
 
 def run_job(name: str, pt2: Path) -> dict:
     out = OUT / f"memory_{name.replace(' ', '_').replace('.', '_')}.onnx"
-    code = _PRELUDE + JOBS[name].format(pt2=str(pt2), out=str(out), rules=str(ROOT / "rules/gpt2.rules")) + _REPORT
+    code = _PRELUDE + JOBS[name].format(pt2=str(pt2), out=str(out),
+                                        rules=str(ROOT / "rules/gpt2.rules")) + _REPORT
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
     for line in proc.stdout.splitlines():
         if line.startswith("RESULT "):
@@ -85,7 +88,8 @@ def main(argv: list[str] | None = None) -> dict:
     for name, r in results.items():
         print(f"{name:<20} {r['rss_mb']:>12.0f} {r['seconds']:>9.1f} {r['rss_mb'] / base:>21.2f}x")
     ratio = results["rewrite apply"]["rss_mb"] / base
-    print(f"target: rewrite apply <= 1.30x torch.onnx.export -> {'met' if ratio <= 1.3 else 'NOT met'} ({ratio:.2f}x)")
+    print(f"target: rewrite apply <= 1.30x torch.onnx.export -> "
+          f"{'met' if ratio <= 1.3 else 'NOT met'} ({ratio:.2f}x)")
     return {"results": results, "ratio": ratio}
 
 

@@ -1,7 +1,8 @@
 """Outlining flat torch.onnx GPT-2 exports: rewrite vs onnx-diagnostic, and growth with depth.
 
     .venv/bin/python -m bench.onnx_outline [--blocks 12 48 192] [--compare 12 48] [--repeats 5]
-    .venv/bin/python -m bench.onnx_outline --compare 12 48 192 --repeats 3   # the numbers in the report
+    # the numbers in the report:
+    .venv/bin/python -m bench.onnx_outline --compare 12 48 192 --repeats 3
 
 Not a test: run it on a quiet machine; it prints ratio tables.
 
@@ -116,7 +117,8 @@ def check(path: Path, grouped_proto, diagnostic_proto, blocks: int) -> str:
     for a, b in zip(flat.run(None, feed), grouped.run(None, feed)):
         np.testing.assert_allclose(a, b, atol=1e-4, rtol=1e-4)
     calls = sum(1 for n in grouped_proto.graph.node if n.op_type == "GPT2Block")
-    assert calls == blocks and len(grouped_proto.functions) == 1, (calls, len(grouped_proto.functions))
+    assert calls == blocks and len(grouped_proto.functions) == 1, (
+        calls, len(grouped_proto.functions))
     return (f"rewrite: {len(grouped_proto.functions)} function, {calls} calls, equal to the flat "
             f"model in onnxruntime; onnx-diagnostic: {len(diagnostic_proto.functions)} functions")
 

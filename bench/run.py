@@ -15,7 +15,8 @@ fx                 ``apply().to_fx()`` vs ``torch.export.unflatten``            
 onnx_apply         ``rewrite apply`` vs ``torch.onnx.export``; ORT latency         >= 5x, <= 1.02x
 onnx_perbody       per-body lowering vs flat vs ``torch.onnx.export``, 12/48       >= 10x, <= 1.5x
 onnx_outline       ONNX outlining vs onnx-diagnostic; growth 12/48/192 blocks     >= 10x
-scaling            synthetic 10k/100k/1M nodes vs a bare pass; growth             <= 10x, <= 3x, <= 1.5x
+scaling            synthetic 10k/100k/1M nodes vs a bare pass; growth             <= 10x, <= 3x,
+                                                                                  <= 1.5x
 memory             peak RSS of ``rewrite apply`` vs ``torch.onnx.export``, ~1 GB   <= 1.3x
 weights            1.24B bf16 Llama ``.pt2``: apply vs cp vs plain path; memory   >= 4x, ...
 html_report        ``explain --html``, 48 blocks: page size, opening in Chromium   < 2 MB, < 1 s
@@ -50,7 +51,8 @@ SUITE: dict[str, tuple[str, list[str], list[str]]] = {
                    ["--blocks", "12", "--repeats", "1", "--ort-runs", "50"]),
     "onnx_perbody": ("bench.onnx_perbody", [], ["--blocks", "12", "24", "--repeats", "1",
                                                 "--body-repeats", "1"]),
-    "onnx_outline": ("bench.onnx_outline", ["--repeats", "5"], ["--blocks", "12", "48", "--compare", "12", "--repeats", "1"]),
+    "onnx_outline": ("bench.onnx_outline", ["--repeats", "5"],
+                     ["--blocks", "12", "48", "--compare", "12", "--repeats", "1"]),
     "scaling": ("bench.scaling", [], ["--sizes", "10000", "100000"]),
     "memory": ("bench.memory", [], ["--layers", "4", "--width", "512"]),
     "weights": ("bench.weights", [], ["--quick"]),

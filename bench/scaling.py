@@ -140,7 +140,7 @@ def measure(sizes: list[int], repeats: int, rule_sets: dict[str, RuleSet]) -> li
                     times[k][name].append(elapsed)
                 if repeat == 0:  # the Group records, ids and owners, built on first read
                     rows[k].setdefault("records", {})[name] = _cpu(
-                        lambda: (tree.root, tree.owner))[0]
+                        lambda tree=tree: (tree.root, tree.owner))[0]
                 del tree
     for row, graph, timing in zip(rows, irs, times):
         assert graph is not None

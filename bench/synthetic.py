@@ -68,7 +68,8 @@ class _Builder:
         # named up front and args set afterwards: Graph.call_function's naming and argument
         # checks are most of the cost of building a million nodes
         self.count += 1
-        node = self.graph.create_node("call_function", target, name=f"{target._opname}_{self.count}")
+        node = self.graph.create_node("call_function", target,
+                                      name=f"{target._opname}_{self.count}")
         node.args = args
         return node
 
@@ -116,7 +117,8 @@ def _block(b: _Builder, path: str, x, params: list, const) -> torch.fx.Node:
         kt = b.op(aten.transpose.int, k, -2, -1)
         s = b.op(aten.div.Tensor, b.op(aten.matmul.default, q, kt), 2.0)
         p = b.op(aten._softmax.default, s, -1, False)
-        p = b.module(f"{path}.attn.drop", "Dropout", lambda: b.op(aten.dropout.default, p, 0.1, False))
+        p = b.module(f"{path}.attn.drop", "Dropout",
+                     lambda: b.op(aten.dropout.default, p, 0.1, False))
         o = b.op(aten.matmul.default, p, v)
         o = b.op(aten.transpose.int, o, 1, 2)
         o = b.op(aten.view.default, o, [1, 4, 64])

@@ -102,7 +102,8 @@ class GroupingError(RewriteError):
         if rule:
             text = f"{rule}: error: {message}"
         if nodes:
-            shown = ", ".join(nodes[:8]) + (f", ... ({len(nodes)} in all)" if len(nodes) > 8 else "")
+            shown = ", ".join(nodes[:8]) + (
+                f", ... ({len(nodes)} in all)" if len(nodes) > 8 else "")
             text += f"\n  nodes involved: {shown}"
         super().__init__(text)
 

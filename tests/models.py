@@ -15,7 +15,8 @@ import torch
 # --- transformers ----------------------------------------------------------------------------
 
 
-def gpt2(n_layer: int = 2, n_embd: int = 32, n_head: int = 2, vocab: int = 100, positions: int = 64):
+def gpt2(n_layer: int = 2, n_embd: int = 32, n_head: int = 2, vocab: int = 100,
+         positions: int = 64):
     """(model, example args, example kwargs) of a random-weight GPT2Model."""
     from transformers import GPT2Config, GPT2Model
 

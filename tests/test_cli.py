@@ -7,7 +7,6 @@ import json
 import re
 from pathlib import Path
 
-import pytest
 
 import rewrite
 
@@ -150,7 +149,8 @@ def test_warnings_on_stderr_and_quiet_drops_them(run_cli, gpt2_pt2, tmp_path):
     rules.write_text("group class *GPT2Block\ngroup class *NoSuchThing\n")
     r = run_cli("explain", rules, gpt2_pt2)
     assert r.code == 0
-    assert r.err.splitlines()[0] == f"{rules}:2:1: warning: group rule matches nothing in this model"
+    assert r.err.splitlines()[0] == (
+        f"{rules}:2:1: warning: group rule matches nothing in this model")
     assert "NoSuchThing" not in r.out
     quiet = run_cli("explain", rules, gpt2_pt2, "--quiet")
     assert quiet.code == 0 and quiet.err == "" and quiet.out == r.out

@@ -66,7 +66,8 @@ def test_readable_code(shared_program):
                    "class lin(torch.nn.Module):", "class proj(torch.nn.Module):"):
         assert header in lines
     assert "# shared@1: tests.models.Sub (rule rules/modularize.rules:3)" in lines
-    assert any(line.startswith("shared_call1") and "self.shared_call1(shared" in line for line in lines)
+    assert any(line.startswith("shared_call1") and "self.shared_call1(shared" in line
+               for line in lines)
 
 
 class Clash(torch.nn.Module):

@@ -14,7 +14,6 @@ import rewrite
 from rewrite.compile import Facts
 from rewrite.frontends import from_exported_program, from_graph_module
 from rewrite.grouping import group_graph
-from tests import models
 from tests.ir_builder import GraphBuilder, call
 
 GPT2 = "transformers.models.gpt2.modeling_gpt2."
@@ -465,7 +464,8 @@ PREDICATES = {  # RULES text -> one predicate per rule, by hand from docs/rules.
         _path(r"b\.0"), lambda f: f.tags.get("stage") != "b"],
     "group size >= 3": [_measure("size", lambda v: v >= 3)],
     "group depth == 2 or repeats >= 3": [
-        lambda f: _measure("depth", lambda v: v == 2)(f) or _measure("repeats", lambda v: v >= 3)(f)],
+        lambda f: _measure("depth", lambda v: v == 2)(f) or (
+            _measure("repeats", lambda v: v >= 3)(f))],
     "group call >= 1 or size < 2 and depth == 1": [
         lambda f: _measure("call", lambda v: v >= 1)(f) or (
             _measure("size", lambda v: v < 2)(f) and _measure("depth", lambda v: v == 1)(f))],

@@ -50,7 +50,8 @@ def test_gpt2_blocks_by_size_depth_and_repeats(gpt2_program, gpt2_model):
     # size: every operation inside the call, nested calls included (= the modularize group)
     sizes = torch_sizes(gpt2_program)
     assert [g.size for g in calls] == [sizes[g.key] for g in calls]
-    assert sorted(k for k, size in sizes.items() if size >= 30) == [f"h.{i}" for i in range(n_layer)]
+    assert sorted(k for k, size in sizes.items() if size >= 30) == [
+        f"h.{i}" for i in range(n_layer)]
     assert groups_of("group size >= 30", gpt2_program) == [f"h.{i}" for i in range(n_layer)]
     assert groups_of("group size < 30 and class *GPT2Attention", gpt2_program) == [
         f"h.{i}.attn" for i in range(n_layer)]

@@ -400,4 +400,5 @@ def test_a_given_model_is_outlined_in_a_copy_sharing_its_weights(case):
     assert kept
     for name in kept:
         assert out.graph.initializers[name] is not model.graph.initializers[name]
-        assert out.graph.initializers[name].const_value is model.graph.initializers[name].const_value
+        assert (out.graph.initializers[name].const_value
+                is model.graph.initializers[name].const_value)

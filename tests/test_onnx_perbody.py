@@ -16,7 +16,7 @@ import pytest
 
 import rewrite
 from rewrite.backends.onnx import OnnxOptions, lower
-from rewrite.backends.onnx.lowering import DecomposedProgram, check
+from rewrite.backends.onnx.lowering import DecomposedProgram
 from rewrite.errors import InputError
 from tests import models
 from tests.onnx_fixtures import (

@@ -1,6 +1,6 @@
-"""Loading a .pt2 with the per-type planned JSON decoder (rewrite/_private/_pt2_decode.py, installed by
-rewrite/_private/torch_programs.py) gives the program torch.export.load gives, decodes to the objects
-torch's decoder makes, and leaves torch's module as it was."""
+"""Loading a .pt2 with the per-type planned JSON decoder (rewrite/_private/_pt2_decode.py, installed
+by rewrite/_private/torch_programs.py) gives the program torch.export.load gives, decodes to the
+objects torch's decoder makes, and leaves torch's module as it was."""
 
 from __future__ import annotations
 

@@ -14,7 +14,6 @@ import zipfile
 from pathlib import Path
 from typing import Callable
 
-import numpy as np
 import onnx
 import pytest
 import torch

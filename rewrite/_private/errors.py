@@ -10,8 +10,8 @@ class Unavailable(Exception):
 
 class TorchFailed(Exception):
     """torch's own code (its decomposition, functionalization or translation, called through
-    a shim) raised on this program: the per-body path does not apply (torch.onnx.export of the flat program, which
-    runs the same code, says what fails, or succeeds)."""
+    a shim) raised on this program: the per-body path does not apply (torch.onnx.export of the flat
+    program, which runs the same code, says what fails, or succeeds)."""
 
     @classmethod
     def of(cls, error: BaseException) -> "TorchFailed":

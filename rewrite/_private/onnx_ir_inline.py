@@ -12,8 +12,9 @@ blocks).
 
 While :func:`inline_functions` runs the pass, that function is replaced by one that gives the
 same names but remembers, per set of used names, the next suffix to try: names are only ever
-added to the set, so every candidate found taken stays taken. Checked with :data:`rewrite._private.CHECKED_WITH`; if
-onnx_ir no longer has the function, the pass runs as it is (the same result, slower).
+added to the set, so every candidate found taken stays taken. Checked with
+:data:`rewrite._private.CHECKED_WITH`; if onnx_ir no longer has the function, the pass runs as it is
+(the same result, slower).
 """
 
 from __future__ import annotations

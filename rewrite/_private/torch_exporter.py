@@ -1,7 +1,7 @@
 """The private torch APIs of the per-body lowering (``backends/onnx/lowering/_perbody.py``).
 
-Checked with the versions of :data:`rewrite._private.CHECKED_WITH`. torch.onnx.export(program) runs, in
-``torch.onnx._internal.exporter._core``: ``_prepare_exported_program_for_export``
+Checked with the versions of :data:`rewrite._private.CHECKED_WITH`. torch.onnx.export(program) runs,
+in ``torch.onnx._internal.exporter._core``: ``_prepare_exported_program_for_export``
 (``run_decompositions`` with the ONNX decomposition table, an AOT-autograd re-trace of the
 whole program, then explicit type promotion and the removal of assertion nodes) and
 ``_exported_program_to_onnx_program`` (the op-by-op translation, one ONNX function per
@@ -15,7 +15,8 @@ result the same (``tests/test_onnx_decompose.py`` compares with torch's plain pa
 * a repeated call (its subgraph traced at an earlier call) is recorded as the nodes the
   tracer would make for it, with the call's known value, instead of being dispatched through
   make_fx (a fake-tensor run and a cache key over all its operands); the placeholders only
-  such calls read (their weights) are made directly rather than traced (:mod:`rewrite._private.torch_recording`);
+  such calls read (their weights) are made directly rather than traced
+  (:mod:`rewrite._private.torch_recording`);
 * the graph modules made are torch's lazy ones
   (:func:`rewrite._private.torch_programs.lazy_graph_modules`), whose code is generated when first
   used rather than at every pass's recompile;

@@ -1,6 +1,7 @@
 """Repeated ``invoke_subgraph`` calls recorded in a ``make_fx`` trace without dispatching them
 (private make_fx internals: the proxy mode's tracer, its node factory, ``track_tensor_tree``;
-the invoke_subgraph cache; checked against the torch versions of :data:`rewrite._private.CHECKED_WITH`).
+the invoke_subgraph cache; checked against the torch versions of
+:data:`rewrite._private.CHECKED_WITH`).
 
 make_fx dispatches every call of a subgraph: a fake-tensor run of the call and a cache key
 over all its operands (~1 ms each), and traces each weight it reads. A call whose subgraph

@@ -34,7 +34,8 @@ def check_template(template: str, span: Span | None) -> str:
                 "{" + f + "}" for f in FIELDS
             )
             raise RuleError(
-                [Diagnostic("error", f"unknown template field {{{field_name}}} in {template!r}", span, hint)]
+                [Diagnostic("error", f"unknown template field {{{field_name}}} in {template!r}",
+                            span, hint)]
             )
     return template
 

@@ -26,10 +26,10 @@ nodes it merges, so a later block may read a value "of" block 0. The policy, sta
   ``Add`` whose metadata was stripped, read in its block and by the next) goes into that call;
 * outlining: small non-weight constants (initializers the export made, ``Constant`` outputs)
   become a ``Constant`` inside every function that reads them
-  (:mod:`rewrite.backends.onnx.outlining._constants`), and a cheap node one block computes and another
-  reads is recomputed in the reader (:mod:`rewrite.backends.onnx.outlining._recompute`). So functions stay
-  valid and identical blocks still share one function (tested with the metadata of all shape
-  plumbing stripped). With all but ``MatMul``/``Gemm``/``LayerNormalization``/``Gather``
+  (:mod:`rewrite.backends.onnx.outlining._constants`), and a cheap node one block computes and
+  another reads is recomputed in the reader (:mod:`rewrite.backends.onnx.outlining._recompute`). So
+  functions stay valid and identical blocks still share one function (tested with the metadata of
+  all shape plumbing stripped). With all but ``MatMul``/``Gemm``/``LayerNormalization``/``Gather``
   stripped, the functions are still valid and compute the same (tested), but blocks may no
   longer look alike.
 

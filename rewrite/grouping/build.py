@@ -23,7 +23,13 @@ import numpy as np
 from rewrite._gc import gc_paused
 from rewrite.compile import RuleSet
 from rewrite.errors import Diagnostic
-from rewrite.grouping.cycles import Flattened, flatten_group, flattenable, flattened_warning, raise_cycle
+from rewrite.grouping.cycles import (
+    Flattened,
+    flatten_group,
+    flattenable,
+    flattened_warning,
+    raise_cycle,
+)
 from rewrite.grouping.decide import decide_calls
 from rewrite.grouping.measures import CallMeasures
 from rewrite.grouping.placement import place_nodes

@@ -97,8 +97,8 @@ def flatten_group(graph: Graph, segments: Segments, table: GroupTable, parent: n
     gone = {k}
     for child in moved:
         _merge_with_namesake(table, parent, group_of, child, gone)
-    return Flattened(ids[0], segments.calls[cycle.groups[0]], segments.rule(cycle.groups[0]), ids[1], _reason(segments, cycle),
-                     cycle_nodes(graph, cycle))
+    return Flattened(ids[0], segments.calls[cycle.groups[0]], segments.rule(cycle.groups[0]),
+                     ids[1], _reason(segments, cycle), cycle_nodes(graph, cycle))
 
 
 def _merge_with_namesake(table: GroupTable, parent: np.ndarray, group_of: np.ndarray,

@@ -65,7 +65,8 @@ class Node:
     """Position in topological order; also the node's id in its :class:`Graph`."""
     name: str
     op: str
-    """``placeholder``, ``call_function``, ``get_attr``, ``output``... or ``onnx`` for ONNX nodes."""
+    """``placeholder``, ``call_function``, ``get_attr``, ``output``...
+    or ``onnx`` for ONNX nodes."""
     target: str
     """``aten.mm.default``, ``_operator.getitem``, or the ONNX ``domain::OpType``."""
     inputs: tuple[int, ...]

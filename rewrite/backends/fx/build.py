@@ -145,8 +145,10 @@ class _Builder:
         target = node.target
         if node.op == "call_module":
             full = str(target)
-            target = self.layout.relative(gid, full) if self.layout.owns(self.h, gid, full) else full
-            attributes[target] = Attribute(full, resolve_attribute(self.source.modules, full).value, MODULE)
+            target = (self.layout.relative(gid, full) if self.layout.owns(self.h, gid, full)
+                      else full)
+            attributes[target] = Attribute(
+                full, resolve_attribute(self.source.modules, full).value, MODULE)
         new = _node(
             graph, node.op, target,
             torch.fx.map_arg(node.args, env.__getitem__),
@@ -187,7 +189,8 @@ class _Builder:
             item.meta = getitem_meta(meta, output)
             env[output] = item
 
-    def _root_output(self, graph: torch.fx.Graph, env: Env, attributes: dict[str, Attribute]) -> None:
+    def _root_output(self, graph: torch.fx.Graph, env: Env,
+                     attributes: dict[str, Attribute]) -> None:
         """Write mutations back with ``copy_``, then return the user outputs."""
         source = self.source
         copies: dict[torch.fx.Node, torch.fx.Node] = {}
@@ -199,7 +202,8 @@ class _Builder:
             value = env[mutation.value]
             new = graph.create_node("call_function", torch.ops.aten.copy_.default, (target, value),
                                     name=node_name(f"copy_{target.name}"))
-            new.meta = {k: v for k, v in value.meta.items() if k in ("nn_module_stack", "stack_trace", "val")}
+            new.meta = {k: v for k, v in value.meta.items()
+                        if k in ("nn_module_stack", "stack_trace", "val")}
             copies[mutation.value] = new
         result = torch.fx.map_arg(source.outputs, lambda n: copies[n] if n in copies else env[n])
         out = graph.output(result)

@@ -99,7 +99,8 @@ def _order(h: Hierarchy, gid: int, deps: dict[Item, set[Item]]) -> tuple[Item, .
     """The group's items in topological order, earliest first position first (Kahn)."""
     position, first = h.position, h.first
     items: list[Item] = [*h.direct[gid], *h.children[gid]]
-    key = {item: (position[item] if isinstance(item, torch.fx.Node) else first[item]) for item in items}
+    key = {item: (position[item] if isinstance(item, torch.fx.Node) else first[item])
+           for item in items}
     users: dict[Item, list[Item]] = defaultdict(list)
     waiting: dict[Item, int] = {}
     for item in items:

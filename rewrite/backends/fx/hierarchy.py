@@ -123,7 +123,8 @@ def build_hierarchy(tree: GroupTree, source: FxSource) -> Hierarchy:
     )
 
 
-def _leaf_call(direct: list[torch.fx.Node], children: list[int], prefix: str) -> torch.fx.Node | None:
+def _leaf_call(direct: list[torch.fx.Node], children: list[int],
+               prefix: str) -> torch.fx.Node | None:
     """A group that is one ``call_module`` of its own module is that module, not a new one."""
     if prefix and not children and len(direct) == 1:
         node = direct[0]

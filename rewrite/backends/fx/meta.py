@@ -57,7 +57,8 @@ def _cut(raw: dict, group: Group) -> tuple[dict, int] | None:
     return fallback
 
 
-def call_meta(group: Group, members: Iterable[torch.fx.Node], outputs: tuple[torch.fx.Node, ...]) -> dict:
+def call_meta(group: Group, members: Iterable[torch.fx.Node],
+              outputs: tuple[torch.fx.Node, ...]) -> dict:
     """Meta of the ``call_module`` node for ``group``."""
     meta: dict[str, Any] = {}
     for node in members:

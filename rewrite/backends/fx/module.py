@@ -56,7 +56,8 @@ def new_module(class_name: str, meta: dict[str, Any]) -> LoweredModule:
     return module
 
 
-def graph_children(module: torch.nn.Module, prefix: str = "") -> Iterator[tuple[str, torch.fx.GraphModule]]:
+def graph_children(module: torch.nn.Module,
+                   prefix: str = "") -> Iterator[tuple[str, torch.fx.GraphModule]]:
     """GraphModules below ``module``, looking through plain containers (``h`` -> ``h_0``)."""
     for name, child in module.named_children():
         path = f"{prefix}_{name}" if prefix else name
@@ -80,7 +81,8 @@ def readable_code(module: torch.fx.GraphModule, name: str, **options: Any) -> st
     header = ""
     if info and info.get("kind") != "root":
         what = info.get("class") or info.get("kind")
-        header = f"# {info['group']}: {what}" + (f" (rule {info['rule']})" if info.get("rule") else "") + "\n"
+        header = (f"# {info['group']}: {what}"
+                  + (f" (rule {info['rule']})" if info.get("rule") else "") + "\n")
     text = _indent(f"class {name}(torch.nn.Module):\n" + code)
     parts = [""]
     for child_name, child in graph_children(module):

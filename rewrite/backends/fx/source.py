@@ -103,7 +103,8 @@ def resolve_attribute(root: torch.nn.Module, target: str) -> Attribute:
             owner = getattr(owner, part)
         value = getattr(owner, leaf)
     except AttributeError:
-        raise InputError(f"the graph reads attribute {target!r}, which the module does not have") from None
+        raise InputError(f"the graph reads attribute {target!r}, "
+                         "which the module does not have") from None
     if leaf in getattr(owner, "_parameters", {}):
         return Attribute(target, value, PARAMETER)
     if leaf in getattr(owner, "_buffers", {}):
@@ -146,7 +147,8 @@ _LIFTED = {
     InputKind.CONSTANT_TENSOR: CONSTANT,
     InputKind.CUSTOM_OBJ: CONSTANT,
 }
-_MUTATIONS = (OutputKind.BUFFER_MUTATION, OutputKind.PARAMETER_MUTATION, OutputKind.USER_INPUT_MUTATION)
+_MUTATIONS = (OutputKind.BUFFER_MUTATION, OutputKind.PARAMETER_MUTATION,
+              OutputKind.USER_INPUT_MUTATION)
 _USER_OUTPUTS = (OutputKind.USER_OUTPUT, OutputKind.LOSS_OUTPUT)
 
 

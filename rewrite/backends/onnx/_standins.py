@@ -1,7 +1,7 @@
 """Calls left as one node: each stands in for the nodes inlining it would give.
 
-The per-body lowering (:mod:`lowering._perbody`) gets from torch.onnx one function per distinct body and
-one call of it per grouped call. Only the first call of each body is inlined; every other
+The per-body lowering (:mod:`lowering._perbody`) gets from torch.onnx one function per distinct body
+and one call of it per grouped call. Only the first call of each body is inlined; every other
 call stays one node (domain :data:`DOMAIN`, which onnx_ir's ``InlinePass`` skips) that *stands
 in* for the nodes inlining it would give:
 

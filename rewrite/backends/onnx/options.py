@@ -42,7 +42,8 @@ class OnnxOptions:
     constants: str = field(default="attribute", validator=validators.in_(CONSTANT_POLICIES))
     constant_limit: int = field(default=64, validator=validators.ge(0))
     recompute: bool = True
-    """Recompute small shared computations per group (see ``outlining._recompute``) so dedup survives CSE."""
+    """Recompute small shared computations per group (see ``outlining._recompute``)
+    so dedup survives CSE."""
     optimize: bool = True
     """Optimize with torch.onnx's optimizer (onnxscript's), after outlining: once per distinct
     function body and once over the main graph (``.pt2`` / ExportedProgram input; an ``.onnx``

@@ -21,9 +21,9 @@
   over the main graph (``OnnxOptions.optimize``, :mod:`finishing._optimize`), equal
   functions merged, the opset imports fixed (:mod:`_opsets`).
 * ``.onnx`` / onnx_ir.Model: outlined with the tree ``apply`` made. A model the caller
-  gave is copied first (``Model.clone``: tensors shared; the input is never changed); one ``apply`` loaded from
-  a path belongs to rewrite alone, so the first lowering outlines it as it is (no copy), and
-  later lowerings of the same result read the file again.
+  gave is copied first (``Model.clone``: tensors shared; the input is never changed); one ``apply``
+  loaded from a path belongs to rewrite alone, so the first lowering outlines it as it is (no copy),
+  and later lowerings of the same result read the file again.
 """
 
 from __future__ import annotations
@@ -187,7 +187,8 @@ def _lower_program(result: "Result", program: torch.export.ExportedProgram,
 
 def _flat(result: "Result", program: torch.export.ExportedProgram, tree: GroupTree,
           options: OnnxOptions, progress: Progress) -> Lowering:
-    """``torch.onnx.export`` of the flat program, grouped again (:mod:`lowering._regroup`), outlined."""
+    """``torch.onnx.export`` of the flat program, grouped again (:mod:`lowering._regroup`),
+    outlined."""
     with progress.step(f"torch.onnx.export ({_count(tree.graph)} FX nodes)"):
         exported = export_program(
             program, optimize=False, custom_translation_table=options.custom_translation_table)

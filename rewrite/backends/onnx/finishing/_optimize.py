@@ -12,9 +12,9 @@ turned back into ``Constant`` nodes (with their metadata, where they were ``Cons
 Values inside a body keep the shapes and types of the export (outlining moves the nodes and
 their values, and a function input copies the type and shape of the value it stands for), so
 shape-dependent folding still fires. A body is only shared by calls whose inputs have equal
-types and shapes (they are part of its structural key, see ``outlining._body_keys``), so folding for one
-call's shapes holds for all its calls. Folding can make bodies that differed equal: ``finishing._merge``
-merges them afterwards.
+types and shapes (they are part of its structural key, see ``outlining._body_keys``), so folding for
+one call's shapes holds for all its calls. Folding can make bodies that differed equal:
+``finishing._merge`` merges them afterwards.
 
 Differences from optimizing the flat graph, where whole blocks are visible: weights are function
 inputs, so nothing folds on weight *values* (the flat optimizer drops a Gemm bias that happens

@@ -1,4 +1,5 @@
-"""Step 1 of the per-body lowering (:mod:`lowering._perbody`): the program with ``invoke_subgraph`` calls.
+"""Step 1 of the per-body lowering (:mod:`lowering._perbody`): the program with
+``invoke_subgraph`` calls.
 
 The outermost groups whose bodies repeat become calls of one shared subgraph per distinct
 body: ``torch.ops.higher_order.invoke_subgraph(body, identifier, *inputs)``, weights and every

@@ -8,17 +8,17 @@ translates it op by op: a 48-block model is decomposed and translated 48 times. 
    every value from outside passed as inputs (:func:`subgraphs.rebuild`). Bodies are the
    same when their nodes are (ops, arguments, scalars; the shapes and types of their inputs)
    and so are their group subtrees, tags and leaving nodes.
-2. :mod:`rewrite._private.torch_exporter` decomposes that program with torch.onnx's decomposition table
-   (``make_fx``; the TracingContext's invoke_subgraph cache traces each body once, and each
+2. :mod:`rewrite._private.torch_exporter` decomposes that program with torch.onnx's decomposition
+   table (``make_fx``; the TracingContext's invoke_subgraph cache traces each body once, and each
    further call of a body is recorded without being run) and
    translates it with torch.onnx's translator, which makes one ONNX function per subgraph
    (:class:`DecomposedProgram`: decomposed once, translated again if calls must be inlined,
    :meth:`DecomposedProgram.translate`).
 3. Each body is converted to torch.onnx.export's opset once. The *first* call of each body is
-   inlined (:mod:`rewrite._private.onnx_ir_inline`), each inlined node marked with its call; the other calls stay one
-   node each, standing in for the nodes inlining would give (:mod:`_standins`; a call whose
-   outputs are used unlike the first's, and every call when asked or under the ``input``
-   constant policy, is inlined too, its nodes' metadata (module paths in ``name_scopes`` /
+   inlined (:mod:`rewrite._private.onnx_ir_inline`), each inlined node marked with its call; the
+   other calls stay one node each, standing in for the nodes inlining would give (:mod:`_standins`;
+   a call whose outputs are used unlike the first's, and every call when asked or under the
+   ``input`` constant policy, is inlined too, its nodes' metadata (module paths in ``name_scopes`` /
    ``namespace``) that of its own call). A :data:`Resolver` gives each node the module
    stack, op target and tags of the node of the grouped program it came from (worked out
    once per body node; inlined nodes only: a stand-in's rows get their facts from its own
@@ -103,7 +103,8 @@ class Translation:
     group_ids: tuple[str, ...] = ()
     """Per call, its group's display id."""
     materialized: frozenset[int] = frozenset()
-    """Calls inlined because they could not stand in (asked by :meth:`DecomposedProgram.translate`)."""
+    """Calls inlined because they could not stand in (asked by
+    :meth:`DecomposedProgram.translate`)."""
     plan: Plan | None = None
     """The outliner's :class:`standins.Plan`, once grouped (:meth:`planned`)."""
 

@@ -2,8 +2,8 @@
 
 Member order. Keys (and a function's input order) follow the members' order, so isomorphic
 bodies must list their members alike even when the graph does not: a node recomputed into a
-group (``outlining._recompute``) sits before its reader, while the original sat where the trace put it.
-:meth:`Keyer.canonical_order` is a topological order that prefers, among ready nodes, the
+group (``outlining._recompute``) sits before its reader, while the original sat where the trace put
+it. :meth:`Keyer.canonical_order` is a topological order that prefers, among ready nodes, the
 smallest *structural label* (a digest of the op, its attributes and its inputs' labels, inputs
 from outside labelled by type), and the graph position only between equal labels.
 A label is made of a node key's parts (:meth:`Keyer.head`, :meth:`Keyer.attribute`) but its

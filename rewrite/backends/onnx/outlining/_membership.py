@@ -21,7 +21,8 @@ Position = tuple[int, int, int]
 class Membership:
     """Direct ONNX members per group id (0 = top level), with an order key per node.
 
-    Starts as the group tree says; ``outlining._recompute`` adds recomputed copies and drops dead nodes."""
+    Starts as the group tree says; ``outlining._recompute`` adds recomputed copies and
+    drops dead nodes."""
 
     parent: list[int] = field(factory=lambda: [-1])
     """Per group id, its parent's (the tree's :attr:`GroupTable.parent`)."""

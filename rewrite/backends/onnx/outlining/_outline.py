@@ -2,8 +2,8 @@
 
 For each group, children first: its members are its own ONNX nodes plus the call nodes that
 replaced its children. Values its members read from outside are the function's inputs
-(weights, buffers, activations; small constants are embedded, see ``outlining._constants``); values read
-outside or returned by the graph are its outputs. The body's structural key decides: a new
+(weights, buffers, activations; small constants are embedded, see ``outlining._constants``); values
+read outside or returned by the graph are its outputs. The body's structural key decides: a new
 function, or a call of an existing one with an equal body (12 identical blocks -> one function,
 12 calls). A call node replaces the members; readers outside switch to its outputs.
 
@@ -59,9 +59,9 @@ class Outlined:
     functions: tuple[FunctionId, ...]
     """The functions made, in the order they were made."""
     recomputed: int = 0
-    """Nodes copied into groups by ``outlining._recompute`` (shared cheap nodes recomputed per group); a
-    stand-in's group (see ``_standins``) has no nodes to copy into: the copies inside it are
-    those of its first call's group, in the function both call, counted once."""
+    """Nodes copied into groups by ``outlining._recompute`` (shared cheap nodes recomputed per
+    group); a stand-in's group (see ``_standins``) has no nodes to copy into: the copies inside it
+    are those of its first call's group, in the function both call, counted once."""
     ids: Sequence[str] = field(default=(), repr=False)
     """The tree's display ids (:attr:`GroupTree.ids`), for :attr:`function_of`."""
     variants: tuple[Variant, ...] = ()
@@ -175,8 +175,8 @@ class _Outliner:
         members.sort(key=self.position.__getitem__)
         identity = (group.domain, group.function_name)
         snapshot = None
-        # Repeated blocks reuse an earlier body's function and orders (see ``outlining._repeats``); not
-        # for nodes holding subgraphs (canonical labels read captured values by name).
+        # Repeated blocks reuse an earlier body's function and orders (see ``outlining._repeats``);
+        # not for nodes holding subgraphs (canonical labels read captured values by name).
         if self.holders.isdisjoint(members):
             found = self._repeat(group, chain, identity, members, member_set, first)
             if isinstance(found, ir.Node):
@@ -317,7 +317,8 @@ class _Outliner:
                            self.position[node])
 
     def _only_member(self, group: Group, node: ir.Node) -> bool:
-        """``node`` is the one node of ``group`` and its descendants (``outlining._recompute`` added none)."""
+        """``node`` is the one node of ``group`` and its descendants
+        (``outlining._recompute`` added none)."""
         return self.members.of(group.index) == [node] and not any(
             self.members.of(inner.index) for inner in group.walk() if inner is not group)
 

@@ -8,8 +8,8 @@ permutations into canonical order. Each body that got a function is kept as a
 node with the references of its class (group identity and sizes), stopping at the first
 difference. Equal here means equal :meth:`Keyer.body` keys of the raw (graph-order) bodies,
 compared through the Keyer's own parts (there is one definition of "identical body", in
-:mod:`outlining._body_keys`): same ops, overloads, attributes, flow between members, which argument or
-embedded constant each input reads, same outputs, same argument types and shapes.
+:mod:`outlining._body_keys`): same ops, overloads, attributes, flow between members, which argument
+or embedded constant each input reads, same outputs, same argument types and shapes.
 """
 
 from __future__ import annotations
