@@ -301,8 +301,17 @@ def main(argv: list[str] | None = None) -> int:
         if args.install_only:
             install(MATRIX / f"torch-{args.label or version}", version, args.pin)
             continue
-        result = run_one(version, args.pin, args.label or version, not args.no_probe,
-                         args.drop)
+        try:
+            result = run_one(version, args.pin, args.label or version, not args.no_probe,
+                             args.drop)
+        except subprocess.CalledProcessError as e:  # pip could not install this release
+            label = args.label or version
+            log = MATRIX / f"torch-{label}.install.log"
+            tail = "".join(log.read_text().splitlines(keepends=True)[-8:]) if log.is_file() else ""
+            print(f"[{label}] {' '.join(map(str, e.cmd))} failed (exit {e.returncode}); "
+                  f"the end of {log.relative_to(ROOT)}:\n{tail}", flush=True)
+            ok = False
+            continue
         ok = ok and result["suite"]["failed"] == result["suite"]["errors"] == 0
         write(args.table)
     return 0 if ok else 1
