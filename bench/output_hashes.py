@@ -11,9 +11,10 @@ other constant policies and without body node names. Each line: ``model path sha
 ``ir.serde.serialize_model(m).SerializeToString()``. The ``.onnx`` inputs are exported once
 and kept in ``bench/out/hashes/`` so that every run outlines the same file.
 
-Compare runs from one checkout path: the models built from ``tests/models.py`` (``settings``,
-``eps-blocks``) carry that file's path in their stack-trace metadata, so their hashes differ
-between two clones of the same commit.
+Compare runs from one checkout path and one ``tests/models.py``: the models built from it
+(``settings``, ``eps-blocks``) carry its path and line numbers in their stack-trace metadata, so
+their hashes differ between two clones of the same commit, and after any edit that moves its
+lines.
 
 ``--compare FILE`` prints the lines that differ from an earlier ``--write FILE`` and exits 1
 when any does.

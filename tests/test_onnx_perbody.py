@@ -216,6 +216,20 @@ def test_an_error_of_torch_in_the_per_body_decomposition_falls_back(gpt2_model, 
     assert_matches_eager(lowering.model, gpt2_model)
 
 
+def test_a_bug_in_rewrite_code_inside_the_decomposition_surfaces(gpt2_program, monkeypatch):
+    """rewrite's own code runs inside torch's decomposition (the recorded calls, the names
+    kept): an error raised there is a bug of rewrite's, not torch failing on the program, so
+    it surfaces instead of sending the model down the flat path."""
+    import functools
+
+    from rewrite._private import torch_exporter as torch_private
+
+    broken = functools.partial(torch_private._keep_names, placeholders=None)  # zip(None, ...)
+    monkeypatch.setattr(torch_private, "_keep_names", lambda old, new, _: broken(old, new))
+    with pytest.raises(TypeError):
+        lower(rewrite.apply(GPT2_RULES, gpt2_program))
+
+
 @pytest.mark.parametrize("lowering", ["auto", "per-body"])
 def test_an_unexpected_error_in_a_per_body_step_surfaces(gpt2_program, monkeypatch, tmp_path,
                                                          lowering):

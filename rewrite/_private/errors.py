@@ -2,6 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
+from pathlib import Path
+from typing import Iterator
+
+from rewrite.errors import first_line
+
+_REWRITE = Path(__file__).resolve().parents[1]
+"""The ``rewrite`` package's folder: an error raised by a file in it is rewrite's own."""
+
 
 class Unavailable(Exception):
     """A private API is missing or not what its shim was written against (see
@@ -16,6 +25,31 @@ class TorchFailed(Exception):
     @classmethod
     def of(cls, error: BaseException) -> "TorchFailed":
         """``Type: first line`` of ``error``."""
-        text = str(error).strip()
-        line = text.splitlines()[0] if text else ""
+        line = first_line(error)
         return cls(f"{type(error).__name__}: {line}" if line else type(error).__name__)
+
+
+def raised_by_rewrite(error: BaseException) -> bool:
+    """Whether the innermost Python frame of ``error``'s traceback is in ``rewrite``'s code
+    (a bug of rewrite's, or a deliberate error of its own), not in the library it called."""
+    tb = error.__traceback__
+    if tb is None:
+        return False
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    return Path(tb.tb_frame.f_code.co_filename).resolve().is_relative_to(_REWRITE)
+
+
+@contextlib.contextmanager
+def torch_code() -> Iterator[None]:
+    """Around a call into torch's (or onnxscript's) code for a program: an error raised in
+    that code becomes :class:`TorchFailed` (the per-body path does not apply); the layer's
+    own errors, and any error raised in rewrite's code (a bug), pass unchanged."""
+    try:
+        yield
+    except (Unavailable, TorchFailed):
+        raise
+    except Exception as e:
+        if raised_by_rewrite(e):
+            raise
+        raise TorchFailed.of(e) from e

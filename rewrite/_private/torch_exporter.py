@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 import torch
 
 from rewrite._private.torch_programs import lazy_graph_modules
-from rewrite._private.errors import TorchFailed, Unavailable
+from rewrite._private.errors import TorchFailed, Unavailable, torch_code
 from rewrite._private.torch_graphs import with_graph_module
 from rewrite._private.torch_recording import (
     Trace,
@@ -165,12 +165,8 @@ def lowering_tables(custom_translation_table: Mapping | None = None) -> tuple:
 def decompose(program: torch.export.ExportedProgram, tables: tuple
               ) -> torch.export.ExportedProgram:
     """:func:`_decompose`; torch's errors raised as :class:`TorchFailed`."""
-    try:
+    with torch_code():
         return _decompose(program, tables)
-    except Unavailable:
-        raise
-    except Exception as e:
-        raise TorchFailed.of(e) from e
 
 
 def _decompose(program: torch.export.ExportedProgram, tables: tuple
@@ -291,10 +287,8 @@ def translate(decomposed: torch.export.ExportedProgram, tables: tuple) -> "ir.Mo
     the registry of :func:`lowering_tables`."""
     registry = tables[0]
     to_onnx_program = _apis()["to_onnx_program"]
-    try:
+    with torch_code():
         return to_onnx_program(decomposed, registry=registry).model
-    except Exception as e:
-        raise TorchFailed.of(e) from e
 
 
 def convert_opset(model: "ir.Model") -> None:
@@ -315,10 +309,8 @@ def convert_opset(model: "ir.Model") -> None:
     if refs:
         from onnxscript.version_converter import convert_version
         convert = convert_version
-    try:
+    with torch_code():
         convert(model, target_version=target)
-    except Exception as e:
-        raise TorchFailed.of(e) from e
 
 
 def target_opset() -> int:

@@ -43,6 +43,7 @@ from onnx_ir.passes import common as common_passes
 
 from rewrite._gc import gc_paused
 from rewrite._private import torch_exporter
+from rewrite._private.errors import torch_code
 from rewrite._private.torch_graphs import is_higher_order, is_in_place
 from rewrite._private.onnx_ir_inline import inline_functions
 from rewrite.backends.onnx._standins import DOMAIN as STANDIN_DOMAIN
@@ -134,10 +135,8 @@ def functional(program: torch.export.ExportedProgram) -> torch.export.ExportedPr
     value that the program returns (its signature says which buffer or input it updates).
     An AOT-autograd re-trace of the flat program: the one step of this path whose cost grows
     with the model rather than with its distinct bodies. torch's errors: :class:`TorchFailed`."""
-    try:
+    with torch_code():
         return program.run_decompositions({})
-    except Exception as e:
-        raise torch_exporter.TorchFailed.of(e) from e
 
 
 def check(program: torch.export.ExportedProgram) -> None:
