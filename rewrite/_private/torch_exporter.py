@@ -27,8 +27,10 @@ result the same (``tests/test_onnx_decompose.py`` compares with torch's plain pa
 torchlib's registry is built by :mod:`rewrite._private.torchlib`.
 
 Anything missing or changed raises :class:`Unavailable`, an error of torch's own code on
-the program (its decomposition, translation, the opset conversion) :class:`TorchFailed`;
-the caller then lowers the flat program (the public ``torch.onnx.export``).
+the program (its decomposition, translation, the opset conversion) :class:`TorchFailed`
+(:func:`rewrite._private.errors.torch_code`); the caller then lowers the flat program (the
+public ``torch.onnx.export``). An error raised in rewrite's own code run inside them (the
+recorded calls, the kept names) is a bug and passes unchanged.
 
 One private API of onnxscript, also here: its version converter's
 node-by-node conversion (``_version_converter.convert_version``), which the public
@@ -46,7 +48,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 import torch
 
 from rewrite._private.torch_programs import lazy_graph_modules
-from rewrite._private.errors import TorchFailed, Unavailable, torch_code
+from rewrite._private.errors import Unavailable, torch_code
 from rewrite._private.torch_graphs import with_graph_module
 from rewrite._private.torch_recording import (
     Trace,
@@ -59,7 +61,7 @@ from rewrite._private.torchlib import from_torchlib
 if TYPE_CHECKING:
     import onnx_ir as ir
 
-__all__ = ["TorchFailed", "Unavailable", "available", "convert_opset", "decompose",
+__all__ = ["Unavailable", "available", "convert_opset", "decompose",
            "lowering_tables", "target_opset", "translate"]
 
 

@@ -137,10 +137,6 @@ class Plan:
     def homes(self) -> dict[ir.Node, int]:
         return {reuse.node: group for group, reuse in self.reuses.items()}
 
-    @property
-    def firsts(self) -> set[int]:
-        return {reuse.first for reuse in self.reuses.values()}
-
 
 def plan(tree: GroupTree, graph: ir.Graph, stand_ins: Mapping[ir.Node, StandIn],
          templates: Mapping[int, Template], group_ids: Sequence[str]) -> Plan | MustInline:

@@ -103,9 +103,6 @@ class Translation:
     """Per first call with stand-ins, its inlined nodes."""
     group_ids: tuple[str, ...] = ()
     """Per call, its group's display id."""
-    materialized: frozenset[int] = frozenset()
-    """Calls inlined because they could not stand in (asked by
-    :meth:`DecomposedProgram.translate`)."""
     plan: Plan | None = None
     """The outliner's :class:`standins.Plan`, once grouped (:meth:`planned`)."""
 
@@ -246,7 +243,7 @@ class _Translator:
         distinct = len({call.first for call in calls})
         return Translation(self.model, facts, distinct, len(calls),
                        len(calls) - len(standing), expansions, templates,
-                       tuple(call.group.id for call in calls), self.materialize)
+                       tuple(call.group.id for call in calls))
 
     def _mark_calls(self) -> "tuple[dict[int, ir.Node], _Facts]":
         """Every call node of the translated model marked with its call (``CALL_KEY``): the
