@@ -60,10 +60,18 @@ def build_parser() -> argparse.ArgumentParser:
     _verbosity(common, argparse.SUPPRESS)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
 
+    for add in COMMAND_PARSERS:
+        add(sub, common)
+    return parser
+
+
+def _add_check(sub, common: argparse.ArgumentParser) -> None:
     check = sub.add_parser("check", parents=[common], help="validate a rules file",
                            description="Parse and compile RULES (and what it includes).")
     check.add_argument("rules", metavar="RULES")
 
+
+def _add_explain(sub, common: argparse.ArgumentParser) -> None:
     explain = sub.add_parser(
         "explain", parents=[common], help="show the group tree the rules make of a model",
         description="Print the groups RULES makes of MODEL: per group the module call, its "
@@ -83,6 +91,8 @@ def build_parser() -> argparse.ArgumentParser:
     _imports(explain)
     _trust(explain)
 
+
+def _add_apply(sub, common: argparse.ArgumentParser) -> None:
     apply = sub.add_parser(
         "apply", parents=[common], help="group a model and write the result",
         description="Group MODEL by RULES and write it: .onnx (nested model-local functions) "
@@ -93,7 +103,30 @@ def build_parser() -> argparse.ArgumentParser:
     apply.add_argument("model", metavar="MODEL", help=".pt2 or .onnx")
     apply.add_argument("-o", "--output", required=True, metavar="OUT",
                        help=".onnx (model-local functions) or .py (GraphModule code)")
-    onnx = apply.add_argument_group("ONNX output")
+    onnx_output_options(apply)
+    _imports(apply)
+    _trust(apply)
+
+
+def _add_suggest(sub, common: argparse.ArgumentParser) -> None:
+    suggest = sub.add_parser(
+        "suggest", parents=[common], help="print a starter rules file for a model",
+        description="Print a starter rules file for MODEL: its repeated block classes as "
+        "groups (outermost first), its top-level modules with weights (embedding, head, final "
+        "norm) as groups, dropout flat; each line with the calls and distinct bodies it gives.",
+    )
+    suggest.add_argument("model", metavar="MODEL", help=".pt2 or .onnx")
+    suggest.add_argument("-o", "--output", metavar="FILE",
+                         help="write the rules to FILE instead of stdout")
+    suggest.add_argument("--force", action="store_true",
+                         help="replace FILE if it exists (never the model)")
+    _imports(suggest)
+    _trust(suggest)
+
+
+def onnx_output_options(parser: argparse.ArgumentParser) -> None:
+    """The options of every command that writes ONNX (``apply``, and commands like it)."""
+    onnx = parser.add_argument_group("ONNX output")
     onnx.add_argument("--constants", choices=CONSTANT_POLICIES, default="attribute",
                       help="small constants in function bodies, scalars where otherwise equal "
                       "blocks differ as function attributes (attribute, the default); in bodies, "
@@ -115,23 +148,10 @@ def build_parser() -> argparse.ArgumentParser:
                       help="split the external data into files of at most SIZE (e.g. 10GB, "
                       "512MB; a larger tensor gets a file of its own), as some hardware "
                       "toolchains require; default: one file")
-    _imports(apply)
-    _trust(apply)
 
-    suggest = sub.add_parser(
-        "suggest", parents=[common], help="print a starter rules file for a model",
-        description="Print a starter rules file for MODEL: its repeated block classes as "
-        "groups (outermost first), its top-level modules with weights (embedding, head, final "
-        "norm) as groups, dropout flat; each line with the calls and distinct bodies it gives.",
-    )
-    suggest.add_argument("model", metavar="MODEL", help=".pt2 or .onnx")
-    suggest.add_argument("-o", "--output", metavar="FILE",
-                         help="write the rules to FILE instead of stdout")
-    suggest.add_argument("--force", action="store_true",
-                         help="replace FILE if it exists (never the model)")
-    _imports(suggest)
-    _trust(suggest)
-    return parser
+
+COMMAND_PARSERS = (_add_check, _add_explain, _add_apply, _add_suggest)
+"""One function per command, each adding its subparser (in ``--help`` order)."""
 
 
 def _imports(parser: argparse.ArgumentParser) -> None:
