@@ -33,6 +33,9 @@ nodes it merges, so a later block may read a value "of" block 0. The policy, sta
   stripped, the functions are still valid and compute the same (tested), but blocks may no
   longer look alike.
 
+Files without that metadata (any node's): module calls from node names' scopes
+(:mod:`rewrite.frontends.onnx_names`: paths, no classes); :attr:`Graph.structure` says which.
+
 Repeated calls. The metadata has no ``@N``: two calls of a shared module look alike. Policy
 (:func:`rewrite.frontends.calls.split_runs`): a module path's nodes that form separate
 *contiguous runs* (in graph order, under the same parent call) are separate calls ``path``,
@@ -61,6 +64,7 @@ from rewrite._gc import gc_paused
 from rewrite._onnx_ir import graph_kinds, subgraph_captures
 from rewrite.errors import InputError, first_line
 from rewrite.frontends.calls import split_runs
+from rewrite.frontends.onnx_names import NameReader
 from rewrite.ir import Graph, ModuleCall, Node, Stack
 from rewrite.ir.columns import Columns, Interner, TagSets, build_columns
 from rewrite.ir.nodes import LazyNodes
@@ -73,6 +77,8 @@ NAME_SCOPES = "pkg.torch.onnx.name_scopes"
 CLASS_HIERARCHY = "pkg.torch.onnx.class_hierarchy"
 NAMESPACE = "namespace"
 """torch.onnx's node metadata keys: module paths, classes, and both as one text."""
+METADATA, NODE_NAMES = "metadata", "node names"
+"""Where an ONNX graph's module calls came from (:attr:`Graph.structure`)."""
 
 
 @frozen
@@ -269,10 +275,17 @@ def _read(model: "ir.Model", resolve: Resolver | None, root_class: str | None,
     if resolve is None:
         reader = _MetadataReader(targets)
         raw, target_ids = reader.read(onnx_nodes)
+        structure = METADATA if reader.root_class is not None else None
+        if structure is None:
+            names = NameReader()
+            named = names.read(onnx_nodes)
+            if names.found:
+                raw, structure = named, NODE_NAMES
         stacks = split_runs(raw)
         tag_ids: list[int] = [0] * count
         root_class = root_class or reader.root_class
     else:
+        structure = METADATA
         facts = []
         for n in nodes:
             expansion = stand_ins.get(n) if stand_ins else None
@@ -300,7 +313,7 @@ def _read(model: "ir.Model", resolve: Resolver | None, root_class: str | None,
     )
     layout = _Layout(io_values, len(inputs), onnx_nodes, columns, flat)
     return Graph(LazyNodes(first + count + 1, layout.node), tuple(tree.calls), "onnx",
-                 root_class, model, columns=columns)
+                 root_class, model, columns=columns, structure=structure)
 
 
 def _edges(onnx_nodes: list["ir.Node"], index_of: dict["ir.Value", int],
