@@ -66,6 +66,7 @@ from rewrite.errors import InputError, first_line
 from rewrite.frontends.calls import split_runs
 from rewrite.frontends.onnx_names import NameReader
 from rewrite.ir import Graph, ModuleCall, Node, Stack
+from rewrite.ir.model import METADATA, NODE_NAMES
 from rewrite.ir.columns import Columns, Interner, TagSets, build_columns
 from rewrite.ir.nodes import LazyNodes
 from rewrite.ir.stacks import EMPTY, StackTreeBuilder
@@ -77,8 +78,6 @@ NAME_SCOPES = "pkg.torch.onnx.name_scopes"
 CLASS_HIERARCHY = "pkg.torch.onnx.class_hierarchy"
 NAMESPACE = "namespace"
 """torch.onnx's node metadata keys: module paths, classes, and both as one text."""
-METADATA, NODE_NAMES = "metadata", "node names"
-"""Where an ONNX graph's module calls came from (:attr:`Graph.structure`)."""
 
 
 @frozen

@@ -20,6 +20,9 @@ from attrs import field, frozen
 from rewrite.ir.columns import Columns, columns_of
 
 
+METADATA, NODE_NAMES = "metadata", "node names"
+"""Where an ONNX graph's module calls came from (:attr:`Graph.structure`)."""
+
 UNKNOWN_PACKAGE = "local"
 """The package of a call whose class is unknown (default domain ``pkg.local``)."""
 
@@ -59,6 +62,12 @@ class ModuleCall:
                 parts.pop()
             return parts[-1]
         return self.cls.rsplit(".", 1)[-1]
+
+    @property
+    def siblings(self) -> str:
+        """The path glob of this module and its repeated siblings: every index a ``*``
+        (``model.layers.*.attn`` for ``model.layers.0.attn``)."""
+        return ".".join("*" if p.isdigit() else p for p in self.path.split("."))
 
     @property
     def package(self) -> str:
