@@ -20,6 +20,7 @@ which they were. Outputs are checked the same way (tests).
 from __future__ import annotations
 
 import os
+import re
 import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -45,7 +46,8 @@ class Unchecked:
     """Ops the checker has no schema for, as ``domain::OpType``, sorted."""
     value_info: str | None = None
     """Why the model's own ``value_info`` (optional shape annotations) failed the type and
-    shape check, which passed without them; None when they did not."""
+    shape check, which passed without those of the nodes it named; None when they did
+    not."""
 
     def message(self, path: str | Path) -> str | None:
         """The one line that says so, None when everything was checked."""
@@ -78,9 +80,10 @@ def check_onnx_input(path: str | Path) -> None:
 
 def check_onnx(model: "str | Path | onnx.ModelProto") -> Unchecked:
     """``onnx.checker.check_model(full_check=True)`` on the model (a path: read from there, so
-    external data is checked), but for the ops it has no schema for, and, when only they fail
-    the type and shape check, the model's ``value_info``; returns what was not checked.
-    Raises what the checker raises."""
+    external data is checked), but for the ops it has no schema for, and without the
+    ``value_info`` of the nodes whose inferred shapes disagree with it (onnxruntime-genai's
+    builder declares its 1-D constants scalars); returns what was not checked. Raises what
+    the checker raises (its first error)."""
     import onnx
 
     path = None if isinstance(model, onnx.ModelProto) else Path(model)
@@ -100,18 +103,40 @@ def check_onnx(model: "str | Path | onnx.ModelProto") -> Unchecked:
             return Unchecked(ops)
         except onnx.shape_inference.InferenceError as e:
             error = e
-    else:
-        copy = _copy(proto, moved, value_info=True)
+    copy = _copy(proto, moved)
+    first = None
+    for _ in range(_ROUNDS):
         try:
             _check(copy, path)
-            return Unchecked(ops)
+            return Unchecked(ops, None if first is None else _reason(first))
         except onnx.shape_inference.InferenceError as e:
-            error = e
-    try:
-        _check(_copy(proto, moved, value_info=False), path)
-    except Exception:  # noqa: BLE001 - the model fails without them too: its first error
-        raise error from None
-    return Unchecked(ops, _reason(error))
+            first, error = first or e, e
+            if not _drop_value_info(copy, error):
+                break
+    raise (first or error) from None
+
+
+_ROUNDS = 20
+"""How many nodes' conflicting ``value_info`` :func:`check_onnx` drops at most."""
+
+
+def _drop_value_info(proto: "onnx.ModelProto", error: Exception) -> bool:
+    """Drop the ``value_info`` of the outputs of the nodes whose inferred shapes disagree
+    with it, as ``error`` names them; False when it names none or they have none."""
+    text = str(error)
+    names = {m.group(1) for m in re.finditer(r"node name: ([^)]*)\): \[ShapeInferenceError\] "
+                                             r"Inferred shape and existing shape differ", text)}
+    if not names:
+        return False
+    dropped = False
+    for graph in [proto.graph, *proto.functions]:
+        outputs = {o for n in graph.node if n.name in names for o in n.output}
+        keep = [v for v in graph.value_info if v.name not in outputs]
+        if len(keep) < len(graph.value_info):
+            dropped = True
+            del graph.value_info[:]
+            graph.value_info.extend(keep)
+    return dropped
 
 
 def _visit(node: "onnx.NodeProto", local: set, moved: set[str], unchecked: set[str]) -> None:
@@ -132,17 +157,15 @@ def _subgraphs(node: "onnx.NodeProto") -> list["onnx.GraphProto"]:
     return [g for a in node.attribute for g in ([a.g] if a.HasField("g") else []) + list(a.graphs)]
 
 
-def _copy(proto: "onnx.ModelProto", ops: set[str], value_info: bool) -> "onnx.ModelProto":
+def _copy(proto: "onnx.ModelProto", ops: set[str]) -> "onnx.ModelProto":
     """A copy of ``proto`` whose default-domain nodes of ``ops`` (everywhere) are in
-    :data:`_UNCHECKED`, without any ``value_info`` unless ``value_info``."""
+    :data:`_UNCHECKED`."""
     import onnx
 
     copy = onnx.ModelProto()
     copy.CopyFrom(proto)
     graphs = [copy.graph, *copy.functions]
     for graph in graphs:
-        if not value_info:
-            del graph.value_info[:]
         for node in graph.node:
             if node.domain in _DEFAULT_DOMAINS and node.op_type in ops:
                 node.domain = _UNCHECKED
