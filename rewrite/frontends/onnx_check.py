@@ -48,6 +48,9 @@ class Unchecked:
     """Why the model's own ``value_info`` (optional shape annotations) failed the type and
     shape check, which passed without those of the nodes it named; None when they did
     not."""
+    untyped: bool = False
+    """Whether types and shapes were not checked at all: values made by ``ops`` have no
+    type the checker knows, and it refuses the nodes that read them (in functions)."""
 
     def message(self, path: str | Path) -> str | None:
         """The one line that says so, None when everything was checked."""
@@ -56,6 +59,9 @@ class Unchecked:
             many = "s" if len(self.ops) > 1 else ""
             parts.append(f"onnx.checker has no schema for {len(self.ops)} op type{many} "
                          f"(onnxruntime's?), not checked: {', '.join(self.ops)}")
+        if self.untyped:
+            parts.append("nor the types and shapes of the values they make (structure "
+                         "checked)")
         if self.value_info:
             parts.append("its value_info annotations disagree with the shapes onnx infers "
                          f"(checked without them): {self.value_info}")
@@ -113,7 +119,22 @@ def check_onnx(model: "str | Path | onnx.ModelProto") -> Unchecked:
             first, error = first or e, e
             if not _drop_value_info(copy, error):
                 break
+    if ops and _only_untyped(error):  # past ops without a schema: types unknown
+        _check(copy, path, full=False)
+        return Unchecked(ops, None if first is error else _reason(first), untyped=True)
     raise (first or error) from None
+
+
+_LEAF_ERROR = re.compile(r"\[(?:Type|Shape)InferenceError\] (?!Inference error)([^\n(]*)")
+_UNTYPED = re.compile(r"Input \d+ expected to have type but instead is null\s*")
+
+
+def _only_untyped(error: Exception) -> bool:
+    """Whether every inference error in ``error`` is an input without a type (a value made by
+    an op without a schema: the checker knows its type only from ``value_info``, which a
+    producer may not write, and a function body does not hold before IR 10)."""
+    leaves = _LEAF_ERROR.findall(str(error))
+    return bool(leaves) and all(_UNTYPED.fullmatch(leaf) for leaf in leaves)
 
 
 _ROUNDS = 20
@@ -176,19 +197,19 @@ def _copy(proto: "onnx.ModelProto", ops: set[str]) -> "onnx.ModelProto":
     return copy
 
 
-def _check(proto: "onnx.ModelProto", path: Path | None) -> None:
+def _check(proto: "onnx.ModelProto", path: Path | None, full: bool = True) -> None:
     """Check ``proto`` (external data not loaded) as the model at ``path``: the checker looks
     up a proto's external tensors from the working directory, so it runs in ``path``'s
     folder."""
     import onnx
 
     if path is None:
-        onnx.checker.check_model(proto, full_check=True)
+        onnx.checker.check_model(proto, full_check=full)
         return
     here = os.getcwd()
     os.chdir(path.parent)
     try:
-        onnx.checker.check_model(proto, full_check=True)
+        onnx.checker.check_model(proto, full_check=full)
     finally:
         os.chdir(here)
 
