@@ -19,7 +19,9 @@ Nodes without metadata. torch.onnx's optimizer makes nodes that carry none (the 
 a fused QKV projection, folded constants), and its CSE keeps the metadata of the first of the
 nodes it merges, so a later block may read a value "of" block 0. The policy, stage by stage:
 
-* here: ``stack=None`` (also for torch's one-item ``[<fx node name>]`` form);
+* here: ``stack=None`` (also for torch's one-item ``[<fx node name>]`` form), but a node that
+  applies a weight to data from a call below its users' goes into that call
+  (:mod:`rewrite.frontends.onnx_weighted`: a quantizer's ``MatMulNBits``);
 * grouping (:mod:`rewrite.grouping.placement`): *with their users*, in the innermost module
   call that holds all of them; at the top level when a graph output reads them; dead nodes
   with their producers; but a node between a producer and a user of one call (a residual
@@ -65,6 +67,7 @@ from rewrite._onnx_ir import graph_kinds, subgraph_captures
 from rewrite.errors import InputError, first_line
 from rewrite.frontends.calls import split_runs
 from rewrite.frontends.onnx_names import NameReader
+from rewrite.frontends.onnx_weighted import place_weighted
 from rewrite.ir import Graph, ModuleCall, Node, Stack
 from rewrite.ir.model import METADATA, NODE_NAMES
 from rewrite.ir.columns import Columns, Interner, TagSets, build_columns
@@ -280,6 +283,7 @@ def _read(model: "ir.Model", resolve: Resolver | None, root_class: str | None,
             named = names.read(onnx_nodes)
             if names.found:
                 raw, structure = named, NODE_NAMES
+        place_weighted(onnx_nodes, raw)
         stacks = split_runs(raw)
         tag_ids: list[int] = [0] * count
         root_class = root_class or reader.root_class

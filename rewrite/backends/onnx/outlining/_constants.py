@@ -9,9 +9,9 @@ Weights are the program's parameters, buffers and lifted tensor constants: initi
 marks (``pkg.torch.export.graph_signature.InputSpec.kind``), those named as input targets in
 the graph's ``pkg.torch.export.ExportedProgram.graph_signature``, and initializers the optimizer
 folded from one of those (``pkg.onnxscript.optimizer.folded_from``, e.g. a transposed weight).
-Everything else was made by the export or its optimizer (shapes, scales, masks). A file that
-marks no weight at all (another producer's) has its non-scalar float and quantized initializers
-as weights (:func:`looks_like_weight`).
+Everything else was made by the export or its optimizer (shapes, scales, masks); an initializer
+of no known origin (another producer's file, a quantizer's new weights) is a weight when it looks
+like one (``_onnx_ir.looks_like_weight``: not a scalar, not an index or mask type).
 
 Each function that reads such a value gets its own ``Constant`` node, so functions never
 depend on nodes hoisted or shared across blocks by the optimizer; the value is part of the
@@ -32,6 +32,7 @@ import onnx_ir as ir
 from attrs import frozen
 
 from rewrite.backends.onnx.outlining._membership import Membership
+from rewrite._onnx_ir import looks_like_weight
 from rewrite.backends.onnx.options import OnnxOptions
 from rewrite.backends.onnx.outlining._body_keys import Keyer
 
@@ -46,9 +47,7 @@ _LIST_ATTRS = (ir.AttributeType.FLOATS, ir.AttributeType.INTS, ir.AttributeType.
 
 
 def weight_names(model: ir.Model) -> set[str]:
-    """Names of the torch program's parameters, buffers and lifted constants; in a file that
-    marks none (another producer's: the TorchScript exporter, onnxruntime-genai), its
-    initializers that look like weights (:func:`looks_like_weight`)."""
+    """Names of the torch program's parameters, buffers and lifted constants."""
     signature = model.graph.metadata_props.get(SIGNATURE_KEY, "")
     # bytes when the file's text is not UTF-8 (a corrupt file): no names from it here; writing
     # the model refuses it (``frontends.onnx_check.unwritable_input``)
@@ -56,31 +55,17 @@ def weight_names(model: ir.Model) -> set[str]:
     for name, value in model.graph.initializers.items():
         if any(mark in value.metadata_props for mark in WEIGHT_MARKS):
             names.add(name)
-    if not names and not signature:
-        names = {name for name, value in model.graph.initializers.items()
-                 if looks_like_weight(value)}
     return names
 
 
-_INDEX_TYPES = frozenset((ir.DataType.INT64, ir.DataType.INT32, ir.DataType.BOOL))
-
-
-def looks_like_weight(value: ir.Value) -> bool:
-    """An initializer of more than one element that is not an index or mask type (int64,
-    int32, bool: shapes, axes, positions): floats, and the integer types quantized weights
-    use. Scalars stay constants (a per-layer scale then becomes a function attribute)."""
-    tensor = value.const_value
-    return (tensor is not None and tensor.dtype not in _INDEX_TYPES
-            and tensor.size > 1)
-
-
 def is_weight(value: ir.Value, weights: set[str]) -> bool:
-    """A weight, or an initializer the optimizer folded from one."""
+    """A weight, an initializer the optimizer folded from one, or one of no known origin that
+    looks like a weight (a quantizer's: ``MatMulNBits``' packed weights and scales)."""
     if value.name in weights or any(mark in value.metadata_props for mark in WEIGHT_MARKS):
         return True
     folded = value.metadata_props.get(FOLDED_FROM)
-    if not folded:
-        return False
+    if not folded:  # made after the export (a quantizer's weights and scales)?
+        return looks_like_weight(value)
     try:
         sources = ast.literal_eval(folded)
     except (ValueError, SyntaxError):
