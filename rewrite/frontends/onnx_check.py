@@ -72,8 +72,14 @@ def check_onnx_input(path: str | Path) -> None:
     """Raise :class:`InputError` (``PATH: the input model is invalid: ...``) when the ONNX
     checker refuses the model at ``path``; warn (:class:`ModelWarning`, once) about what it
     could not check (see the module docstring)."""
+    import onnx
+
     try:
-        unchecked = check_onnx(path)
+        proto = onnx.load(str(path), load_external_data=False)
+    except Exception:  # noqa: BLE001 - not a model at all: the loader says so, with its reason
+        return
+    try:
+        unchecked = check_onnx(path, proto)
     except Exception as e:  # noqa: BLE001 - ValidationError, InferenceError, and a few others
         reason = _reason(e)
         if reason.startswith(_UNREADABLE):
@@ -84,16 +90,19 @@ def check_onnx_input(path: str | Path) -> None:
         warnings.warn(ModelWarning(message), stacklevel=2)
 
 
-def check_onnx(model: "str | Path | onnx.ModelProto") -> Unchecked:
+def check_onnx(model: "str | Path | onnx.ModelProto", proto: "onnx.ModelProto | None" = None
+               ) -> Unchecked:
     """``onnx.checker.check_model(full_check=True)`` on the model (a path: read from there, so
     external data is checked), but for the ops it has no schema for, and without the
     ``value_info`` of the nodes whose inferred shapes disagree with it (onnxruntime-genai's
     builder declares its 1-D constants scalars); returns what was not checked. Raises what
-    the checker raises (its first error)."""
+    the checker raises (its first error). ``proto``: the model at the path, already read
+    without its external data."""
     import onnx
 
     path = None if isinstance(model, onnx.ModelProto) else Path(model)
-    proto = onnx.load(str(path), load_external_data=False) if path is not None else model
+    if proto is None:
+        proto = onnx.load(str(path), load_external_data=False) if path is not None else model
     local = {(f.domain, f.name) for f in proto.functions}
     moved: set[str] = set()
     unchecked: set[str] = set()
