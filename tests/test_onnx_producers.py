@@ -120,6 +120,10 @@ def test_one_function_per_distinct_layer(made, name, tmp_path):
     # its layers.4 is the final norm alone
     genai = name.split("-")[0] in ("llama", "phi3", "qwen2")
     assert sorted(bodies.values()) == ([1, 1, 3] if genai else [4]), bodies
+    # named after the module (no class): model.layers.0 -> layers, in domain pkg.local
+    stem = layers.split(".")[-2]
+    assert all(n.domain == "pkg.local" and re.fullmatch(rf"{stem}(_\d+)?", n.op_type)
+               for n in calls), {(n.domain, n.op_type) for n in calls}
     _assert_weights_are_inputs(source, model)
     for function in model.functions.values():  # contrib ops' domains imported where used
         for node in function:
@@ -234,3 +238,45 @@ def _linear_owners(proto: onnx.ModelProto) -> dict[str, str]:
         if node.op_type == "MatMul" and "proj" in scopes:
             out[node.name] = ast.literal_eval(scopes)[-2]
     return out
+
+
+def test_scopes_from_node_names():
+    """Each producer's naming conventions: numbered ops, a ModuleList index in one step, an
+    unnamed node read by its output's name, constant folders and top-level constants without
+    a scope, names that are no scope (a tool's node), the top level."""
+    import onnx.helper as oh
+
+    from rewrite.frontends.onnx import from_onnx_model
+
+    x = oh.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2])
+    nodes = [
+        oh.make_node("Neg", ["x"], ["a"], name="/enc/layer.0/attn/q/MatMul_1"),
+        oh.make_node("Neg", ["a"], ["/enc/layer.1/attn/Neg_output_0"]),  # unnamed
+        oh.make_node("Neg", ["/enc/layer.1/attn/Neg_output_0"], ["b"],
+                     name="/model/layers.1/mlp/down/MatMul/output_0"),
+        oh.make_node("Constant", [], ["k"], name="/model/constant_nodes/INT64/1",
+                     value=oh.make_tensor("k", onnx.TensorProto.FLOAT, [2], [1, 2])),
+        oh.make_node("Constant", [], ["k2"], name="/Constant_3",
+                     value=oh.make_tensor("k2", onnx.TensorProto.FLOAT, [2], [1, 2])),
+        oh.make_node("Add", ["b", "k"], ["c"], name="SkipLayerNorm_AddBias_0"),
+        oh.make_node("Add", ["c", "k2"], ["y"], name="/Add_2"),
+    ]
+    y = oh.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [2])
+    model = ir.from_proto(oh.make_model(oh.make_graph(nodes, "g", [x], [y])))
+    graph = from_onnx_model(model)
+    assert graph.structure == "node names"
+    stacks = {n.name or n.source.outputs[0].name: n.stack for n in graph.nodes if n.op == "onnx"}
+    paths = {name: None if stack is None else [c.path for c in stack]
+             for name, stack in stacks.items()}
+    assert paths == {
+        "/enc/layer.0/attn/q/MatMul_1": ["enc", "enc.layer.0", "enc.layer.0.attn",
+                                         "enc.layer.0.attn.q"],
+        "/enc/layer.1/attn/Neg_output_0": ["enc", "enc.layer.1", "enc.layer.1.attn"],
+        "/model/layers.1/mlp/down/MatMul/output_0": [
+            "model", "model.layers.1", "model.layers.1.mlp", "model.layers.1.mlp.down",
+            "model.layers.1.mlp.down.MatMul"],
+        "/model/constant_nodes/INT64/1": None, "/Constant_3": None,
+        "SkipLayerNorm_AddBias_0": None, "/Add_2": [],
+    }
+    assert {c.cls for c in graph.calls} == {""}
+    assert [c.class_name for c in graph.calls[:2]] == ["enc", "layer"]
