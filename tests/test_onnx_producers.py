@@ -16,6 +16,7 @@ copied into the function bodies: initializers of the main graph, function inputs
 from __future__ import annotations
 
 import ast
+import json
 import re
 import subprocess
 import sys
@@ -172,6 +173,9 @@ def test_explain_says_where_structure_came_from(made):
     assert re.search(r"\(5 rules: \S*llama.rules:10, \S*llama.rules:11, ", classless[0])
     assert "`group path model.layers.*`" in classless[0]
     assert not any("matches nothing" in line for line in warnings)
+    done = subprocess.run([sys.executable, "-m", "rewrite", "explain", str(rules), str(source),
+                           "--json"], capture_output=True, text=True)
+    assert json.loads(done.stdout)["graph"]["structure"] == "node names"
 
 
 def test_suggest_writes_path_rules(made, tmp_path):
