@@ -131,6 +131,17 @@ def test_one_function_per_distinct_layer(made, name, tmp_path):
             assert node.domain in function.opset_imports
 
 
+def test_external_weights_embedded_when_small(made, tmp_path):
+    """The builder writes its weights as external data; a small output embeds them (before,
+    the output kept the input's relative location, a file its folder does not have)."""
+    source, layers = made["llama-fp32"]
+    result = rewrite.apply(rewrite.parse_rules(f"group path {layers}\n"), source)
+    save_onnx(result, tmp_path / "out.onnx")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.onnx"]
+    onnx.load(str(tmp_path / "out.onnx"))  # every tensor readable from the file itself
+    _assert_same_in_onnxruntime(source, tmp_path / "out.onnx")
+
+
 def _checks(source: Path) -> bool:
     try:
         onnx.checker.check_model(str(source), full_check=True)
