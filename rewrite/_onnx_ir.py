@@ -83,3 +83,14 @@ def inner_nodes(node: "ir.Node") -> Iterator["ir.Node"]:
         for inner in graph:
             yield inner
             yield from inner_nodes(inner)
+
+
+def looks_like_weight(value: "ir.Value") -> bool:
+    """An initializer of more than one element that is not of an index or mask type (int64,
+    int32, bool: shapes, axes, positions): floats, and the integer types quantized weights
+    use. For files that mark no weights (other producers'; quantizers' new initializers)."""
+    import onnx_ir as ir
+
+    tensor = value.const_value
+    return (tensor is not None and tensor.size > 1
+            and tensor.dtype not in (ir.DataType.INT64, ir.DataType.INT32, ir.DataType.BOOL))

@@ -34,7 +34,9 @@ def tree_to_dict(tree: GroupTree) -> dict:
     graph = tree.graph
     return {
         "graph": {"kind": graph.kind, "root_class": graph.root_class, "nodes": len(graph.nodes),
-                  "module_calls": len(graph.calls)},
+                  "module_calls": len(graph.calls),
+                  # ONNX: where the calls came from (``metadata``, ``node names``)
+                  **({"structure": graph.structure} if graph.structure else {})},
         "groups": [group_to_dict(c, tree) for c in tree.root.children],
         "top_level_nodes": len(tree.root.nodes),
         "flattened": [

@@ -16,6 +16,7 @@ from rewrite.cli.steps import Steps
 from rewrite.errors import InputError, ModelWarning, RuleError
 from rewrite.frontends.onnx_check import check_onnx_input, unwritable_input
 from rewrite.grouping.build import NO_STRUCTURE
+from rewrite.grouping.classless import NO_CLASSES
 from rewrite.outputs import check_output_path
 
 OUTPUT_SUFFIXES = (".onnx", ".py")
@@ -69,7 +70,7 @@ def _group(rules: rewrite.RuleSet, model: str, io: Consoles, steps: Steps,
             io.warning(str(note.message))
     io.detail(summary_line(result.tree))
     for warning in result.warnings:
-        if warning.span is None and warning.message.startswith(NO_STRUCTURE):
+        if warning.span is None and warning.message.startswith((NO_STRUCTURE, NO_CLASSES)):
             io.warning(f"{model}: {warning.message}")  # about the model: name it
         else:
             io.warning(warning)

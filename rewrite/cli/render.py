@@ -25,6 +25,8 @@ from rich.tree import Tree
 
 from rewrite.grouping import Group, GroupTree
 from rewrite.grouping.cycles import Flattened
+from rewrite.ir import Graph
+from rewrite.ir.model import NODE_NAMES
 
 if TYPE_CHECKING:
     import onnx_ir as ir
@@ -150,7 +152,13 @@ def summary_line(tree: GroupTree) -> str:
     """One line about the graph: nodes and module calls."""
     graph = tree.graph
     root = graph.root_class.rsplit(".", 1)[-1] if graph.root_class else "graph"
-    return f"{root}: {len(graph.nodes)} nodes, {len(graph.calls)} module calls"
+    return f"{root}: {len(graph.nodes)} nodes, {len(graph.calls)} module calls{origin(graph)}"
+
+
+def origin(graph: Graph) -> str:
+    """Where the module calls came from, when not from torch's metadata: `` (from node
+    names: paths, no classes)``; else empty."""
+    return " (from node names: paths, no classes)" if graph.structure == NODE_NAMES else ""
 
 
 def render_compact(tree: GroupTree, *, calls: Calls | None = None,

@@ -80,8 +80,8 @@ class Renderer:
 
     def __call__(self, template: str, call: ModuleCall) -> str:
         by_class, by_path, by_index = self._fields_used(template)
-        key = (template, call.cls if by_class else None, call.path if by_path else None,
-               call.index if by_index else None)
+        key = (template, (call.cls or call.path) if by_class else None,  # "": by its path
+               call.path if by_path else None, call.index if by_index else None)
         text = self._memo.get(key)
         if text is None:
             text = self._memo[key] = render(template, call_fields(call))

@@ -19,7 +19,9 @@ Nodes without metadata. torch.onnx's optimizer makes nodes that carry none (the 
 a fused QKV projection, folded constants), and its CSE keeps the metadata of the first of the
 nodes it merges, so a later block may read a value "of" block 0. The policy, stage by stage:
 
-* here: ``stack=None`` (also for torch's one-item ``[<fx node name>]`` form);
+* here: ``stack=None`` (also for torch's one-item ``[<fx node name>]`` form), but a node that
+  applies a weight to data from a call below its users' goes into that call
+  (:mod:`rewrite.frontends.onnx_weighted`: a quantizer's ``MatMulNBits``);
 * grouping (:mod:`rewrite.grouping.placement`): *with their users*, in the innermost module
   call that holds all of them; at the top level when a graph output reads them; dead nodes
   with their producers; but a node between a producer and a user of one call (a residual
@@ -32,6 +34,9 @@ nodes it merges, so a later block may read a value "of" block 0. The policy, sta
   all shape plumbing stripped). With all but ``MatMul``/``Gemm``/``LayerNormalization``/``Gather``
   stripped, the functions are still valid and compute the same (tested), but blocks may no
   longer look alike.
+
+Files without that metadata (any node's): module calls from node names' scopes
+(:mod:`rewrite.frontends.onnx_names`: paths, no classes); :attr:`Graph.structure` says which.
 
 Repeated calls. The metadata has no ``@N``: two calls of a shared module look alike. Policy
 (:func:`rewrite.frontends.calls.split_runs`): a module path's nodes that form separate
@@ -61,7 +66,10 @@ from rewrite._gc import gc_paused
 from rewrite._onnx_ir import graph_kinds, subgraph_captures
 from rewrite.errors import InputError, first_line
 from rewrite.frontends.calls import split_runs
+from rewrite.frontends.onnx_names import NameReader
+from rewrite.frontends.onnx_weighted import place_weighted
 from rewrite.ir import Graph, ModuleCall, Node, Stack
+from rewrite.ir.model import METADATA, NODE_NAMES
 from rewrite.ir.columns import Columns, Interner, TagSets, build_columns
 from rewrite.ir.nodes import LazyNodes
 from rewrite.ir.stacks import EMPTY, StackTreeBuilder
@@ -269,10 +277,18 @@ def _read(model: "ir.Model", resolve: Resolver | None, root_class: str | None,
     if resolve is None:
         reader = _MetadataReader(targets)
         raw, target_ids = reader.read(onnx_nodes)
+        structure = METADATA if reader.root_class is not None else None
+        if structure is None:
+            names = NameReader()
+            named = names.read(onnx_nodes)
+            if names.found:
+                raw, structure = named, NODE_NAMES
+        place_weighted(onnx_nodes, raw)
         stacks = split_runs(raw)
         tag_ids: list[int] = [0] * count
         root_class = root_class or reader.root_class
     else:
+        structure = METADATA
         facts = []
         for n in nodes:
             expansion = stand_ins.get(n) if stand_ins else None
@@ -300,7 +316,7 @@ def _read(model: "ir.Model", resolve: Resolver | None, root_class: str | None,
     )
     layout = _Layout(io_values, len(inputs), onnx_nodes, columns, flat)
     return Graph(LazyNodes(first + count + 1, layout.node), tuple(tree.calls), "onnx",
-                 root_class, model, columns=columns)
+                 root_class, model, columns=columns, structure=structure)
 
 
 def _edges(onnx_nodes: list["ir.Node"], index_of: dict["ir.Value", int],

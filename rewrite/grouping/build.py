@@ -37,6 +37,7 @@ from rewrite.grouping.split import split_components
 from rewrite.grouping.stacks import StackTable
 from rewrite.grouping.subjects import CallSubjects
 from rewrite.grouping.tagging import apply_tag_rules
+from rewrite.grouping.classless import class_rules_warning
 from rewrite.grouping.tree import GroupTable, GroupTree, Segments
 from rewrite.grouping.validate import find_cycle, group_spans
 from rewrite.ir import Graph
@@ -223,6 +224,8 @@ _BRANCH_OPS = ("cond", "while_loop", "scan", "map_impl", "associative_scan")
 def _warnings(rules: RuleSet, graph: Graph, hits: Counter) -> list[Diagnostic]:
     functions = len(getattr(graph.source, "functions", None) or ()) if graph.kind == "onnx" else 0
     first = [no_structure(graph.kind, functions)] if not graph.calls else []
+    classless, said = class_rules_warning(rules, graph, hits)
+    first += classless
     branches = sorted({t.rsplit(".", 1)[-1] for t in graph.columns.targets
                        if t.startswith("torch.ops.higher_order.")} & set(_BRANCH_OPS))
     why = (f"; this program calls {', '.join(branches)}: modules called inside its bodies "
@@ -232,5 +235,5 @@ def _warnings(rules: RuleSet, graph: Graph, hits: Counter) -> list[Diagnostic]:
         Diagnostic("warning", f"{rule.kind} rule matches nothing in this model"
                    + (why if rule.kind != "tag" else ""), rule.span)
         for rule in rules.rules
-        if hits[rule.order] == 0
+        if hits[rule.order] == 0 and rule.order not in said
     ]

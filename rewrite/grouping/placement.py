@@ -149,22 +149,22 @@ such nodes inside one call; a node fed by many calls is placed by its users anyw
 
 
 def _known_ancestors(unknown: list[int], sid: list[int], start: np.ndarray,
-                     inputs: np.ndarray) -> dict[int, set[int]]:
+                     inputs: np.ndarray, is_io: np.ndarray) -> dict[int, dict[int, None]]:
     """For each node without a stack (``unknown``, in graph order), the stacks of its nearest
     producers that have one, looking through those without (a residual add fed by a view whose
-    metadata was stripped too)."""
-    above: dict[int, set[int]] = {}
+    metadata was stripped too), nearest first; graph inputs and initializers say nothing. A
+    chain of such nodes (the fused residual adds of a whole encoder, read layer after layer)
+    keeps its nearest stacks."""
+    above: dict[int, dict[int, None]] = {}
+    io = is_io.tolist()
     for node in unknown:
-        found: set[int] = set()
-        for p in inputs[start[node]:start[node + 1]].tolist():
-            through = above.get(p)
-            if through is None:
-                found.add(sid[p])
-            else:
-                found |= through
-        if len(found) > _MOST_ANCESTORS:
-            found = set(sorted(found)[:_MOST_ANCESTORS])
-        above[node] = found
+        producers = [p for p in inputs[start[node]:start[node + 1]].tolist() if not io[p]]
+        found = dict.fromkeys(sid[p] for p in producers if p not in above)
+        for p in producers:
+            if len(found) >= _MOST_ANCESTORS:
+                break
+            found.update(above.get(p, {}))
+        above[node] = dict.fromkeys(list(found)[:_MOST_ANCESTORS])
     return above
 
 
@@ -174,7 +174,8 @@ def _place_rest(columns: Columns, table: StackTable, sid: np.ndarray, unknown: n
     """Place the other unknown nodes one by one, users first (updates ``sid``, ``anchor``)."""
     placed = sid.tolist()
     start, inputs = columns.input_start, columns.input_index
-    above = _known_ancestors(unknown.tolist(), placed, start, inputs)  # before any is placed
+    above = _known_ancestors(unknown.tolist(), placed, start, inputs,  # before any is placed
+                             columns.is_io)
     nodes = unknown[rest].tolist()
     for i in nodes:
         placed[i] = _UNPLACED

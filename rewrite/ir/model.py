@@ -20,6 +20,13 @@ from attrs import field, frozen
 from rewrite.ir.columns import Columns, columns_of
 
 
+METADATA, NODE_NAMES = "metadata", "node names"
+"""Where an ONNX graph's module calls came from (:attr:`Graph.structure`)."""
+
+UNKNOWN_PACKAGE = "local"
+"""The package of a call whose class is unknown (default domain ``pkg.local``)."""
+
+
 @frozen(cache_hash=True)
 class ModuleCall:
     """One call of one ``nn.Module``: a shared module called twice is two calls."""
@@ -45,12 +52,29 @@ class ModuleCall:
 
     @property
     def class_name(self) -> str:
-        """The class name without its module, ``GPT2Attention``."""
+        """The class name without its module, ``GPT2Attention``; for a call whose class is
+        unknown (``cls`` empty: read from ONNX node names), the module's name in its parent
+        without its index (``layers`` for ``model.layers.0``), so that names made from it do
+        not depend on the layer."""
+        if not self.cls:
+            parts = self.path.split(".")
+            while len(parts) > 1 and parts[-1].isdigit():
+                parts.pop()
+            return parts[-1]
         return self.cls.rsplit(".", 1)[-1]
 
     @property
+    def siblings(self) -> str:
+        """The path glob of this module and its repeated siblings: every index a ``*``
+        (``model.layers.*.attn`` for ``model.layers.0.attn``)."""
+        return ".".join("*" if p.isdigit() else p for p in self.path.split("."))
+
+    @property
     def package(self) -> str:
-        """The top-level package the class comes from, ``transformers``."""
+        """The top-level package the class comes from, ``transformers``; ``local`` when the
+        class is unknown."""
+        if not self.cls:
+            return UNKNOWN_PACKAGE
         return self.cls.split(".", 1)[0] if "." in self.cls else self.cls
 
 
@@ -95,6 +119,9 @@ class Graph:
     source: Any = field(default=None, eq=False, repr=False)
     """What the frontend read: an ExportedProgram, a GraphModule or an onnx_ir.Model."""
     _columns: Columns | None = field(default=None, eq=False, repr=False, alias="columns")
+    structure: str | None = None
+    """Where an ONNX graph's module calls came from: ``metadata`` (torch.onnx's) or ``node
+    names`` (their scopes: paths, no classes); None for FX graphs and graphs without calls."""
 
     @property
     def columns(self) -> Columns:

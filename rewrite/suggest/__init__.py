@@ -15,7 +15,16 @@ from rewrite.compile import RuleSet
 from rewrite.grouping import group_graph
 from rewrite.suggest.bodies import body_keys
 from rewrite.ir import Graph, ModuleCall
-from rewrite.suggest.choose import CallInfo, Plan, call_infos, plan, weighted_calls
+from rewrite.ir.model import NODE_NAMES
+from rewrite.suggest.choose import (
+    PATHS,
+    CallInfo,
+    Plan,
+    call_infos,
+    class_key,
+    plan,
+    weighted_calls,
+)
 from rewrite.suggest.model import Line, Section, Suggestion, pattern, render
 
 
@@ -30,20 +39,24 @@ def suggest(model: Any, name: str | None = None, *, trust_model: bool = False) -
     chosen = plan(infos, weighted_calls(graph))
     root = (graph.root_class or "model").rsplit(".", 1)[-1]
     summary = f"{root}: {len(graph.nodes)} nodes, {len(graph.calls)} module calls"
+    if graph.structure == NODE_NAMES:
+        summary += ", from node names"
     label = name or (str(model) if isinstance(model, (str, Path)) else root)
     return Suggestion(label, summary, _sections(graph, infos, chosen), tree.warnings)
 
 
 def _sections(graph: Graph, infos: dict[ModuleCall, CallInfo], chosen: Plan
               ) -> tuple[Section, ...]:
-    short = Counter(cls.rsplit(".", 1)[-1] for cls in chosen.calls)
-    keys = body_keys(graph, [c for c in infos if c.cls in set(chosen.blocks)])
+    short = Counter(_short(cls) for cls in chosen.calls)
+    keys = body_keys(graph, [c for c in infos if class_key(c) in set(chosen.blocks)])
     distinct: dict[str, set] = {}
     for call, key in keys.items():
-        distinct.setdefault(call.cls, set()).add(key)
+        distinct.setdefault(class_key(call), set()).add(key)
     bodies = {cls: len(found) for cls, found in distinct.items()}
 
     def by_class(cls: str) -> str:
+        if cls.startswith(PATHS):  # no class: its paths (indices as *)
+            return f"path {cls[len(PATHS):]}"
         simple = cls.rsplit(".", 1)[-1]
         return f"class {pattern(simple if short[simple] == 1 else cls)}"
 
@@ -56,13 +69,13 @@ def _sections(graph: Graph, infos: dict[ModuleCall, CallInfo], chosen: Plan
         comment = (f"{plural(chosen.calls[cls], 'call')}, {n} distinct "
                    f"{'body' if n == 1 else 'bodies'}")
         if cls in chosen.inside:
-            comment += f", inside {chosen.inside[cls].rsplit('.', 1)[-1]}"
+            comment += f", inside {_short(chosen.inside[cls])}"
         blocks.append(Line("group", by_class(cls), comment))
-    shared = Counter(c.cls for c in chosen.singles)
+    shared = Counter(class_key(c) for c in chosen.singles)
     paths = Counter(c.path for c in infos)
     singles = [
         Line("group", f"path {pattern(c.path)}", f"{c.class_name}, {plural(paths[c.path], 'call')}",
-             "{class}_{name}" if shared[c.cls] > 1 else None)
+             "{class}_{name}" if shared[class_key(c)] > 1 else None)
         for c in chosen.singles if c.index == 0
     ]
     dropout = [Line("flat", by_class(cls), plural(chosen.calls[cls], "call"))
@@ -72,6 +85,11 @@ def _sections(graph: Graph, infos: dict[ModuleCall, CallInfo], chosen: Plan
             Section("top-level modules with weights: embeddings, head, final norm",
                     tuple(singles)),
             Section("dropout stays inline", tuple(dropout)))
+
+
+def _short(key: str) -> str:
+    """A block's class without its module, or its path pattern."""
+    return key[len(PATHS):] if key.startswith(PATHS) else key.rsplit(".", 1)[-1]
 
 
 __all__ = ["Line", "Section", "Suggestion", "render", "suggest"]

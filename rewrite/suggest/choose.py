@@ -80,35 +80,48 @@ def _stacks(graph: Graph) -> Iterable[tuple[ModuleCall, ...]]:
             yield stack
 
 
+PATHS = "path:"
+"""How :func:`class_key` starts for a call without a class."""
+
+
+def class_key(call: ModuleCall) -> str:
+    """What counts as a call's class here: its class, or for a call read from ONNX node names
+    (no class) ``path:`` and its path with every index a ``*`` (``path:model.layers.*``), so
+    that repeated siblings count as one block."""
+    if call.cls:
+        return call.cls
+    return PATHS + call.siblings
+
+
 def plan(infos: dict[ModuleCall, CallInfo], weighted: set[ModuleCall]) -> Plan:
     """Choose the block classes, single modules and dropout classes of a model."""
-    calls = Counter(info.call.cls for info in infos.values())
-    worth = {i.call.cls for i in infos.values()
+    calls = Counter(class_key(info.call) for info in infos.values())
+    worth = {class_key(i.call) for i in infos.values()
              if not i.leaf or (i.size >= MIN_LEAF_SIZE and i.call in weighted)}
     candidates = {cls for cls in worth
                   if calls[cls] >= 2 and not cls.startswith(CONTAINERS)}
     first: dict[str, tuple[int, int]] = {}
     for position, call in enumerate(infos):
-        if call.cls in candidates:
+        if class_key(call) in candidates:
             key = (_depth(call, infos), position)
-            first[call.cls] = min(first.get(call.cls, key), key)
+            first[class_key(call)] = min(first.get(class_key(call), key), key)
     blocks = tuple(sorted(candidates, key=lambda cls: first[cls]))
     inside: dict[str, str] = {}
     for call in infos:
-        if call.cls in candidates and call.cls not in inside:
+        if class_key(call) in candidates and class_key(call) not in inside:
             around = _enclosing(call, infos, candidates)
             if around is not None:
-                inside[call.cls] = around.cls
+                inside[class_key(call)] = class_key(around)
     in_block = {c for c in infos if _enclosing(c, infos, candidates) is not None
-                or c.cls in candidates}
-    holds_block = {a for c in infos if c.cls in candidates for a in _ancestors(c, infos)}
+                or class_key(c) in candidates}
+    holds_block = {a for c in infos if class_key(c) in candidates for a in _ancestors(c, infos)}
     singles = tuple(
         c for c, info in infos.items()
         if c not in in_block and c not in holds_block and c in weighted
-        and not c.cls.startswith(CONTAINERS)
+        and not class_key(c).startswith(CONTAINERS)
         and (info.parent is None or (info.parent in holds_block and info.parent not in in_block))
     )
-    dropout = tuple(dict.fromkeys(c.cls for c in infos if c.class_name.endswith("Dropout")))
+    dropout = tuple(dict.fromkeys(class_key(c) for c in infos if c.class_name.endswith("Dropout")))
     return Plan(blocks, inside, singles, dropout, calls)
 
 
@@ -126,7 +139,7 @@ def _ancestors(call: ModuleCall, infos: dict[ModuleCall, CallInfo]) -> Iterable[
 def _enclosing(call: ModuleCall, infos: dict[ModuleCall, CallInfo],
                classes: set[str]) -> ModuleCall | None:
     """The nearest call around ``call`` whose class is one of ``classes``."""
-    return next((a for a in _ancestors(call, infos) if a.cls in classes), None)
+    return next((a for a in _ancestors(call, infos) if class_key(a) in classes), None)
 
 
 def weighted_calls(graph: Graph) -> set[ModuleCall]:

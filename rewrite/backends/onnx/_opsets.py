@@ -1,4 +1,5 @@
-"""Opset imports for functions and the model: every domain used gets one."""
+"""Opset imports for functions and the model: every domain used gets one; the IR version
+that lets functions carry their values' types."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import onnx_ir as ir
 from rewrite._onnx_ir import inner_nodes
 
 FUNCTION_DOMAIN_VERSION = 1
+FUNCTION_VALUE_INFO_IR = 10
+"""The first IR version whose functions hold ``value_info``."""
 
 
 def used_domains(nodes: Iterable[ir.Node]) -> set[str]:
@@ -46,3 +49,8 @@ def fix_opsets(model: ir.Model, functions: Iterable[ir.Function],
                 version = FUNCTION_DOMAIN_VERSION
                 model_opsets[domain] = version
             function.opset_imports.setdefault(domain, version)
+    if functions and model.ir_version < FUNCTION_VALUE_INFO_IR:
+        # the types of values made by ops onnx has no schema for (onnxruntime's, in files of
+        # the TorchScript exporter or onnxruntime's optimizer, IR 8) are known only from
+        # value_info: before IR 10 a function cannot hold it, and its body fails the checker
+        model.ir_version = FUNCTION_VALUE_INFO_IR

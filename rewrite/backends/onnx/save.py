@@ -99,7 +99,8 @@ def write_model(model: ir.Model, output: str | Path, *, threshold: int,
             progress.note(f"weights: {total / 1e9:.2f} GB in {seconds:.1f}s "
                           f"({total / 1e9 / max(seconds, 1e-9):.2f} GB/s)")
         else:
-            ir.save(model, staged)
+            with _swapped(model, _in_memory):  # a .onnx input's external weights, embedded
+                ir.save(model, staged)
         data = sorted(p.name for p in folder.iterdir() if p.name != out.name)
         publish({staged: out, **{folder / name: out.parent / name for name in data}},
                 replaces=[data_path(out)])
@@ -110,14 +111,28 @@ def write_model(model: ir.Model, output: str | Path, *, threshold: int,
         shutil.rmtree(folder, ignore_errors=True)
 
 
-@contextlib.contextmanager
-def _weights_by_reference(model: ir.Model) -> Iterator[None]:
+def _weights_by_reference(model: ir.Model) -> contextlib.AbstractContextManager[None]:
     """Within the block, the model's initializers that lie in a mapped file are
     :class:`onnx_ir.ExternalTensor`\\ s over it (the model is restored afterwards)."""
+    return _swapped(model, by_reference)
+
+
+def _in_memory(tensor: ir.TensorProtocol) -> ir.TensorProtocol:
+    """An :class:`onnx_ir.ExternalTensor` (of a ``.onnx`` input) read into memory, to be
+    embedded: ``ir.save`` would keep its location, relative to the input's folder."""
+    if not isinstance(tensor, ir.ExternalTensor):
+        return tensor
+    return ir.external_data.convert_tensors_from_external([tensor])[0]
+
+
+@contextlib.contextmanager
+def _swapped(model: ir.Model, convert: Callable[[ir.TensorProtocol], ir.TensorProtocol]
+             ) -> Iterator[None]:
+    """Within the block, each initializer's tensor is ``convert(tensor)`` (restored after)."""
     values = _initializers(model)
     tensors = [v.const_value for v in values]
     for value, tensor in zip(values, tensors):
-        value.const_value = by_reference(tensor)  # type: ignore[arg-type]
+        value.const_value = convert(tensor)  # type: ignore[arg-type]
     try:
         yield
     finally:

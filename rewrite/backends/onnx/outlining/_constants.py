@@ -9,7 +9,9 @@ Weights are the program's parameters, buffers and lifted tensor constants: initi
 marks (``pkg.torch.export.graph_signature.InputSpec.kind``), those named as input targets in
 the graph's ``pkg.torch.export.ExportedProgram.graph_signature``, and initializers the optimizer
 folded from one of those (``pkg.onnxscript.optimizer.folded_from``, e.g. a transposed weight).
-Everything else was made by the export or its optimizer (shapes, scales, masks).
+Everything else was made by the export or its optimizer (shapes, scales, masks); an initializer
+of no known origin (another producer's file, a quantizer's new weights) is a weight when it looks
+like one (``_onnx_ir.looks_like_weight``: not a scalar, not an index or mask type).
 
 Each function that reads such a value gets its own ``Constant`` node, so functions never
 depend on nodes hoisted or shared across blocks by the optimizer; the value is part of the
@@ -30,6 +32,7 @@ import onnx_ir as ir
 from attrs import frozen
 
 from rewrite.backends.onnx.outlining._membership import Membership
+from rewrite._onnx_ir import looks_like_weight
 from rewrite.backends.onnx.options import OnnxOptions
 from rewrite.backends.onnx.outlining._body_keys import Keyer
 
@@ -56,12 +59,13 @@ def weight_names(model: ir.Model) -> set[str]:
 
 
 def is_weight(value: ir.Value, weights: set[str]) -> bool:
-    """A weight, or an initializer the optimizer folded from one."""
+    """A weight, an initializer the optimizer folded from one, or one of no known origin that
+    looks like a weight (a quantizer's: ``MatMulNBits``' packed weights and scales)."""
     if value.name in weights or any(mark in value.metadata_props for mark in WEIGHT_MARKS):
         return True
     folded = value.metadata_props.get(FOLDED_FROM)
-    if not folded:
-        return False
+    if not folded:  # made after the export (a quantizer's weights and scales)?
+        return looks_like_weight(value)
     try:
         sources = ast.literal_eval(folded)
     except (ValueError, SyntaxError):
