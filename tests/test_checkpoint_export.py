@@ -1,0 +1,140 @@
+"""``rewrite export DIR``: a checkpoint folder in, grouped decode-ready ONNX out.
+
+Per family (small random checkpoints written by ``save_pretrained``, tests/checkpoints.py):
+prefill plus 3 decode steps in onnxruntime, ``present`` fed back as ``past``, equal to eager
+PyTorch's logits (transformers' own cache) within 1e-4; one function per decoder-layer
+class; the weights byte-equal to the shards.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+import onnxruntime as ort
+import pytest
+import torch
+from safetensors import safe_open
+
+import rewrite
+from rewrite.checkpoint.cache import kv_shapes
+from tests import checkpoints
+
+DECODE_STEPS = 3
+PROMPT = 5
+
+LAYER_CLASSES = {"llama": "LlamaDecoderLayer", "qwen3": "Qwen3DecoderLayer",
+                 "mistral": "MistralDecoderLayer", "phi3": "Phi3DecoderLayer",
+                 "gemma2": "Gemma2DecoderLayer", "gpt2": "GPT2Block",
+                 "qwen2_moe": "Qwen2MoeDecoderLayer"}
+
+
+@pytest.fixture(scope="module")
+def exported(request, tmp_path_factory):
+    """(folder, ONNX path, onnx_ir model) of one family's checkpoint, exported once."""
+    family = request.param
+    root = tmp_path_factory.mktemp(family)
+    folder = checkpoints.write(family, root / "checkpoint",
+                               shard="20KB" if family == "llama" else None)
+    out = root / "model.onnx"
+    model = rewrite.export(folder, output=out)
+    return family, folder, out, model
+
+
+def _feed(ids, mask, positions, past) -> dict:
+    feed = {"input_ids": ids.numpy(), "attention_mask": mask.numpy(),
+            "position_ids": positions.numpy()}
+    for n, (key, value) in enumerate(past):
+        feed[f"past_key_values.{n}.key"] = key
+        feed[f"past_key_values.{n}.value"] = value
+    return feed
+
+
+def _eager(folder: Path):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(folder, local_files_only=True).eval()
+
+
+def decode_and_compare(folder: Path, onnx_path: Path, batch: int = 2) -> list[float]:
+    """Prefill and DECODE_STEPS greedy steps in both; the max |difference| of each step."""
+    from transformers import DynamicCache
+
+    eager = _eager(folder)
+    layers, kv_heads, head_dim = kv_shapes(eager.config)
+    session = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
+    names = [o.name for o in session.get_outputs()]
+    torch.manual_seed(1)
+    ids = torch.randint(0, eager.config.vocab_size, (batch, PROMPT))
+    empty = np.zeros((batch, kv_heads, 0, head_dim), np.float32)
+    past = [(empty, empty)] * layers
+    cache, seen, errors = DynamicCache(config=eager.config), 0, []
+    for _ in range(1 + DECODE_STEPS):
+        length = ids.shape[1]
+        mask = torch.ones(batch, seen + length, dtype=torch.long)
+        positions = torch.arange(seen, seen + length).repeat(batch, 1)
+        with torch.no_grad():
+            reference = eager(input_ids=ids, attention_mask=mask, position_ids=positions,
+                              cache=cache, use_cache=True).logits
+        outputs = dict(zip(names, session.run(None, _feed(ids, mask, positions, past))))
+        errors.append(float(np.abs(outputs["logits"] - reference.numpy()).max()))
+        past = [(outputs[f"present.{n}.key"], outputs[f"present.{n}.value"])
+                for n in range(layers)]
+        seen += length
+        assert past[0][0].shape[2] == seen
+        ids = reference[:, -1:].argmax(-1)
+    return errors
+
+
+FAMILIES = list(LAYER_CLASSES)
+
+
+@pytest.mark.parametrize("exported", FAMILIES, indirect=True)
+def test_prefill_and_decode_equal_eager(exported):
+    family, folder, out, model = exported
+    errors = decode_and_compare(folder, out)
+    assert max(errors) < 1e-4, errors
+    onnx.checker.check_model(str(out), full_check=True)
+    inputs = [v.name for v in model.graph.inputs]
+    outputs = [v.name for v in model.graph.outputs]
+    layers = checkpoints.LAYERS
+    assert inputs == ["input_ids", "attention_mask", "position_ids",
+                      *[f"past_key_values.{n}.{kv}" for n in range(layers)
+                        for kv in ("key", "value")]]
+    assert outputs == ["logits", *[f"present.{n}.{kv}" for n in range(layers)
+                                   for kv in ("key", "value")]]
+
+
+@pytest.mark.parametrize("exported", FAMILIES, indirect=True)
+def test_one_function_per_decoder_layer_class(exported):
+    family, _, _, model = exported
+    layer = LAYER_CLASSES[family]
+    calls = [node for node in model.graph if node.op_type.startswith(layer)]
+    assert len(calls) == checkpoints.LAYERS
+    assert len({(c.domain, c.op_type, c.overload) for c in calls}) == 1
+    function = model.functions[calls[0].op_identifier()]
+    # the layer's cache in, the updated one out: (hidden, key, value) per call
+    assert len(function.outputs) == 3
+    assert all(len(c.outputs) == 3 for c in calls)
+    present = {v.name for c in calls for v in c.outputs}
+    assert {f"present.{n}.key" for n in range(checkpoints.LAYERS)} <= present
+
+
+@pytest.mark.parametrize("exported", ["llama"], indirect=True)
+def test_weights_byte_equal_to_the_shards(exported):
+    _, folder, out, _ = exported
+    index = json.loads((folder / "model.safetensors.index.json").read_text())
+    shards = sorted(set(index["weight_map"].values()))
+    assert len(shards) > 1  # the fixture's llama is sharded
+    written = ir.load(str(out))
+    initializers = written.graph.initializers
+    for shard in shards:
+        with safe_open(str(folder / shard), "pt") as f:
+            for name in f.keys():
+                expected = f.get_tensor(name)
+                assert name in initializers, name
+                got = initializers[name].const_value.numpy()
+                assert got.tobytes() == expected.numpy().tobytes(), name
