@@ -16,8 +16,10 @@ from typing import TYPE_CHECKING
 from rewrite.checkpoint.build import is_causal_lm, load_model, model_class, offline
 from rewrite.checkpoint.cache import CACHES, Call, calling, causal_lm_call
 from rewrite.checkpoint.folder import Checkpoint, read_checkpoint
+from rewrite.api import as_ruleset
 from rewrite.compile import RuleSet, shipped_rules
 from rewrite.errors import InputError
+from rewrite.outputs import check_output_path
 
 if TYPE_CHECKING:
     import onnx_ir as ir
@@ -34,22 +36,29 @@ def export_checkpoint(folder: str | Path, *, rules: RuleSet | str | Path | None,
     if cache is not None and cache not in CACHES:
         raise InputError(f"cache={cache!r}: expected one of {', '.join(CACHES)}")
     checkpoint = read_checkpoint(folder, trust_model=trust_model)
-    if rules is None:
-        rules = default_rules(checkpoint)
+    inputs = [checkpoint.path, *checkpoint.weights]
+    if output is not None:
+        check_output_path(output, inputs)
+    shipped = default_rules(checkpoint) if rules is None else None
+    chosen = rules if rules is not None else shipped
+    ruleset = as_ruleset(chosen) if chosen is not None else None
     with offline():
         cls = model_class(checkpoint)
         if not is_causal_lm(cls):
             raise InputError(f"{checkpoint.path}: {cls.__name__} is not a causal language "
                              "model; rewrite export takes causal LMs only for now")
+        if shipped is not None:
+            progress.note(f"rules: {shipped.name}, shipped for model_type "
+                          f"{checkpoint.model_type!r}")
         with progress.step(f"loading {checkpoint.path}"):
             model = load_model(checkpoint, cls)
         call = causal_lm_call(model.config, cache or "kv")
         with calling(model):
             return export_module(
-                model, call.args, None, rules=rules, dynamic_shapes=call.dynamic_shapes,
+                model, call.args, None, rules=ruleset, dynamic_shapes=call.dynamic_shapes,
                 strict=False, output=output, input_names=call.input_names,
                 output_names=call.output_names, progress=progress, options=options,
-                inputs=[checkpoint.path, *checkpoint.weights])
+                inputs=inputs)
 
 
 def default_rules(checkpoint: Checkpoint) -> Path | None:

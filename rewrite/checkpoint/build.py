@@ -44,7 +44,11 @@ def is_causal_lm(cls: type) -> bool:
 
 def load_model(checkpoint: Checkpoint, cls: type) -> "torch.nn.Module":
     """``cls.from_pretrained`` of the folder, in eval mode (InputError when it fails)."""
+    from transformers.utils import logging
+
     trusted = checkpoint.remote_code
+    shown = logging.is_progress_bar_enabled()
+    logging.disable_progress_bar()  # the caller's progress reports the step
     try:
         model = cls.from_pretrained(
             checkpoint.path, local_files_only=True, dtype="auto",
@@ -52,6 +56,9 @@ def load_model(checkpoint: Checkpoint, cls: type) -> "torch.nn.Module":
     except (OSError, ValueError, KeyError, TypeError, RuntimeError, ImportError) as e:
         raise InputError(f"{checkpoint.path}: transformers could not load it: "
                          f"{type(e).__name__}: {first_line(e)}") from e
+    finally:
+        if shown:
+            logging.enable_progress_bar()
     return model.eval()
 
 

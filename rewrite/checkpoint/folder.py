@@ -20,7 +20,8 @@ from rewrite.errors import InputError
 CONFIG = "config.json"
 SAFETENSORS_INDEX = "model.safetensors.index.json"
 PICKLED_INDEX = "pytorch_model.bin.index.json"
-TRUST_HINT = "loading it runs code from the folder: only for checkpoints you trust, with --trust-model"
+TRUST_HINT = ("loading it runs code from the folder: only for checkpoints you trust, with "
+              "--trust-model")
 
 
 @frozen
