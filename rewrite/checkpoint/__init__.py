@@ -53,12 +53,23 @@ def export_checkpoint(folder: str | Path, *, rules: RuleSet | str | Path | None,
         with progress.step(f"loading {checkpoint.path}"):
             model = load_model(checkpoint, cls)
         call = causal_lm_call(model.config, cache or "kv")
+        options = _with_moe_translations(options)
         with calling(model):
             return export_module(
                 model, call.args, None, rules=ruleset, dynamic_shapes=call.dynamic_shapes,
                 strict=False, output=output, input_names=call.input_names,
                 output_names=call.output_names, progress=progress, options=options,
                 inputs=inputs)
+
+
+def _with_moe_translations(options: "OnnxOptions") -> "OnnxOptions":
+    """``options`` with transformers' translations of its MoE ops (the caller's win)."""
+    from attrs import evolve
+
+    from rewrite._private.transformers_onnx import moe_translations
+
+    table = {**moe_translations(), **(options.custom_translation_table or {})}
+    return evolve(options, custom_translation_table=table or None)
 
 
 def default_rules(checkpoint: Checkpoint) -> Path | None:
