@@ -8,7 +8,7 @@ class; the weights byte-equal to the shards.
 
 from __future__ import annotations
 
-import json
+import contextlib
 from pathlib import Path
 
 import numpy as np
@@ -32,16 +32,40 @@ LAYER_CLASSES = {"llama": "LlamaDecoderLayer", "qwen3": "Qwen3DecoderLayer",
                  "qwen2_moe": "Qwen2MoeDecoderLayer"}
 
 
+class Recorder:
+    """A ``Progress`` that keeps what it is told: steps, notes, transfers."""
+
+    def __init__(self) -> None:
+        self.steps: list[str] = []
+        self.notes: list[str] = []
+
+    @contextlib.contextmanager
+    def step(self, text: str):
+        self.steps.append(text)
+        yield
+
+    def update(self, text: str) -> None:
+        pass
+
+    def transfer(self, done: int, total: int) -> None:
+        pass
+
+    def note(self, text: str) -> None:
+        self.notes.append(text)
+
+
 @pytest.fixture(scope="module")
 def exported(request, tmp_path_factory):
-    """(folder, ONNX path, onnx_ir model) of one family's checkpoint, exported once."""
+    """(family, folder, ONNX path, onnx_ir model, progress) of one family's checkpoint,
+    exported once."""
     family = request.param
     root = tmp_path_factory.mktemp(family)
     folder = checkpoints.write(family, root / "checkpoint",
                                shard="20KB" if family == "llama" else None)
     out = root / "model.onnx"
-    model = rewrite.export(folder, output=out)
-    return family, folder, out, model
+    progress = Recorder()
+    model = rewrite.export(folder, output=out, progress=progress)
+    return family, folder, out, model, progress
 
 
 def _feed(ids, mask, positions, past) -> dict:
@@ -94,7 +118,7 @@ FAMILIES = list(LAYER_CLASSES)
 
 @pytest.mark.parametrize("exported", FAMILIES, indirect=True)
 def test_prefill_and_decode_equal_eager(exported):
-    family, folder, out, model = exported
+    family, folder, out, model, _ = exported
     errors = decode_and_compare(folder, out)
     assert max(errors) < 1e-4, errors
     onnx.checker.check_model(str(out), full_check=True)
@@ -110,7 +134,7 @@ def test_prefill_and_decode_equal_eager(exported):
 
 @pytest.mark.parametrize("exported", FAMILIES, indirect=True)
 def test_one_function_per_decoder_layer_class(exported):
-    family, _, _, model = exported
+    family, _, _, model, _ = exported
     layer = LAYER_CLASSES[family]
     calls = [node for node in model.graph if node.op_type.startswith(layer)]
     assert len(calls) == checkpoints.LAYERS
@@ -123,18 +147,52 @@ def test_one_function_per_decoder_layer_class(exported):
     assert {f"present.{n}.key" for n in range(checkpoints.LAYERS)} <= present
 
 
-@pytest.mark.parametrize("exported", ["llama"], indirect=True)
+@pytest.mark.parametrize("exported", FAMILIES, indirect=True)
 def test_weights_byte_equal_to_the_shards(exported):
-    _, folder, out, _ = exported
-    index = json.loads((folder / "model.safetensors.index.json").read_text())
-    shards = sorted(set(index["weight_map"].values()))
-    assert len(shards) > 1  # the fixture's llama is sharded
-    written = ir.load(str(out))
-    initializers = written.graph.initializers
+    family, folder, out, _, progress = exported
+    shards = sorted(folder.glob("*.safetensors"))
+    assert len(shards) > 1 or family != "llama"  # the fixture's llama is sharded
+    initializers = ir.load(str(out)).graph.initializers
     for shard in shards:
-        with safe_open(str(folder / shard), "pt") as f:
+        with safe_open(str(shard), "pt") as f:
             for name in f.keys():
                 expected = f.get_tensor(name)
                 assert name in initializers, name
                 got = initializers[name].const_value.numpy()
                 assert got.tobytes() == expected.numpy().tobytes(), name
+    if family != "llama":
+        return
+    # each step reported, and which rules were chosen
+    assert progress.steps[:2] == [f"loading {folder}",
+                                  "exporting LlamaForCausalLM with torch.export"]
+    assert progress.steps[-1] == f"writing {out}"
+    assert progress.notes[0] == "rules: llama.rules, shipped for model_type 'llama'"
+
+
+def test_prefill_only_with_suggested_rules(tmp_path, monkeypatch):
+    """--cache none: logits only; no shipped rules: the suggested ones, sent as a note."""
+    import rewrite.checkpoint
+
+    monkeypatch.setattr(rewrite.checkpoint, "default_rules", lambda checkpoint: None)
+    folder = checkpoints.write("gpt2", tmp_path / "gpt2")
+    progress = Recorder()
+    model = rewrite.export(folder, output=tmp_path / "prefill.onnx", cache="none",
+                           progress=progress)
+    assert [v.name for v in model.graph.inputs] == ["input_ids", "attention_mask",
+                                                     "position_ids"]
+    assert [v.name for v in model.graph.outputs] == ["logits"]
+    suggested = progress.notes[0]
+    assert suggested.startswith("# Starter rules for GPT2LMHeadModel")
+    assert "group class *GPT2Block" in suggested
+    blocks = [node for node in model.graph if node.op_type.startswith("GPT2Block")]
+    assert len(blocks) == checkpoints.LAYERS and len({n.op_type for n in blocks}) == 1
+    ids = torch.randint(0, 96, (2, PROMPT))
+    mask = torch.ones_like(ids)
+    positions = torch.arange(PROMPT).repeat(2, 1)
+    with torch.no_grad():
+        reference = _eager(folder)(input_ids=ids, attention_mask=mask,
+                                   position_ids=positions).logits.numpy()
+    session = ort.InferenceSession(str(tmp_path / "prefill.onnx"),
+                                   providers=["CPUExecutionProvider"])
+    (logits,) = session.run(None, _feed(ids, mask, positions, []))
+    assert np.abs(logits - reference).max() < 1e-4
