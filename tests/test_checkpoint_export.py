@@ -147,19 +147,40 @@ def test_one_function_per_decoder_layer_class(exported):
     assert {f"present.{n}.key" for n in range(checkpoints.LAYERS)} <= present
 
 
+def _aliases(folder: Path) -> dict[str, set[str]]:
+    """Parameter name -> every name of the same tensor (tied weights: an LM head sharing
+    the token embedding is written under either name)."""
+    names: dict[int, set[str]] = {}
+    for name, parameter in _eager(folder).named_parameters(remove_duplicate=False):
+        names.setdefault(parameter.data_ptr(), set()).add(name)
+    return {name: group for group in names.values() for name in group}
+
+
+FUSED_ON_LOAD = ".mlp.experts."
+"""transformers 5 fuses a MoE's per-expert weights into one tensor per layer when it loads
+them (``gate_up_proj``, ``down_proj``): that tensor is a new one (concatenated), not a range
+of a shard, so those weights are not compared by name."""
+
+
 @pytest.mark.parametrize("exported", FAMILIES, indirect=True)
 def test_weights_byte_equal_to_the_shards(exported):
     family, folder, out, _, progress = exported
     shards = sorted(folder.glob("*.safetensors"))
     assert len(shards) > 1 or family != "llama"  # the fixture's llama is sharded
     initializers = ir.load(str(out)).graph.initializers
+    aliases = _aliases(folder)
+    compared = 0
     for shard in shards:
         with safe_open(str(shard), "pt") as f:
             for name in f.keys():
-                expected = f.get_tensor(name)
-                assert name in initializers, name
-                got = initializers[name].const_value.numpy()
-                assert got.tobytes() == expected.numpy().tobytes(), name
+                if FUSED_ON_LOAD in name:
+                    continue
+                found = [n for n in aliases.get(name, {name}) if n in initializers]
+                assert found, name
+                got = initializers[found[0]].const_value.numpy()
+                assert got.tobytes() == f.get_tensor(name).numpy().tobytes(), name
+                compared += 1
+    assert compared >= 4 * checkpoints.LAYERS
     if family != "llama":
         return
     # each step reported, and which rules were chosen
@@ -183,7 +204,7 @@ def test_prefill_only_with_suggested_rules(tmp_path, monkeypatch):
     assert [v.name for v in model.graph.outputs] == ["logits"]
     suggested = progress.notes[0]
     assert suggested.startswith("# Starter rules for GPT2LMHeadModel")
-    assert "group class *GPT2Block" in suggested
+    assert "\ngroup class GPT2Block " in suggested
     blocks = [node for node in model.graph if node.op_type.startswith("GPT2Block")]
     assert len(blocks) == checkpoints.LAYERS and len({n.op_type for n in blocks}) == 1
     ids = torch.randint(0, 96, (2, PROMPT))
@@ -196,3 +217,30 @@ def test_prefill_only_with_suggested_rules(tmp_path, monkeypatch):
                                    providers=["CPUExecutionProvider"])
     (logits,) = session.run(None, _feed(ids, mask, positions, []))
     assert np.abs(logits - reference).max() < 1e-4
+
+
+def _mapped_ranges(folder: Path) -> list[tuple[int, int]]:
+    """The address ranges of this process's mappings of files in ``folder``."""
+    ranges = []
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            parts = line.split()
+            if len(parts) >= 6 and Path(parts[5]).parent == folder:
+                low, high = (int(x, 16) for x in parts[0].split("-"))
+                ranges.append((low, high))
+    return ranges
+
+
+@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="Linux only")
+@pytest.mark.parametrize("exported", ["llama"], indirect=True)
+def test_weights_stay_views_of_the_mapped_shards(exported):
+    """Nothing copied the weights: the returned model's initializers are torch tensors over
+    the shards' file mappings (what lets the writer copy them file to file)."""
+    _, folder, _, model, _ = exported
+    ranges = _mapped_ranges(folder)
+    with safe_open(str(sorted(folder.glob("*.safetensors"))[0]), "pt") as f:
+        names = list(f.keys())
+    for name in names:
+        tensor = model.graph.initializers[name].const_value.raw
+        assert isinstance(tensor, torch.Tensor), name
+        assert any(low <= tensor.data_ptr() < high for low, high in ranges), name

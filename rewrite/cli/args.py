@@ -1,4 +1,4 @@
-"""The command line: ``rewrite [-q|-v] {check,explain,apply,suggest} ...`` (argparse)."""
+"""The command line: ``rewrite [-q|-v] {check,explain,apply,suggest,export} ...`` (argparse)."""
 
 from __future__ import annotations
 

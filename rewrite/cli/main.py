@@ -1,4 +1,4 @@
-"""The ``rewrite`` command: ``check``, ``explain``, ``apply`` and ``suggest``.
+"""The ``rewrite`` command: ``check``, ``explain``, ``apply``, ``suggest`` and ``export``.
 
 Exit codes: 0 success, 1 rules or grouping error, 2 unusable input or usage error, 3 a bug in
 rewrite. User mistakes print a one-line reason (or ``file:line:col`` diagnostics) on stderr,
