@@ -66,9 +66,10 @@ def export(
     """
     from rewrite.backends.onnx import SILENT, OnnxOptions
 
-    options = OnnxOptions(**onnx_options)
+    folder = isinstance(model, (str, Path))
+    options = OnnxOptions(**{"fold_weights": not folder, **onnx_options})
     report = progress or SILENT
-    if isinstance(model, (str, Path)):
+    if folder:
         if args or kwargs or dynamic_shapes is not None or input_names or output_names:
             raise InputError("a checkpoint folder is exported with its own inputs: args, "
                              "kwargs, dynamic_shapes and input/output names are not taken")

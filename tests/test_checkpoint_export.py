@@ -143,8 +143,10 @@ def test_one_function_per_decoder_layer_class(exported):
     # the layer's cache in, the updated one out: (hidden, key, value) per call
     assert len(function.outputs) == 3
     assert all(len(c.outputs) == 3 for c in calls)
-    present = {v.name for c in calls for v in c.outputs}
-    assert {f"present.{n}.key" for n in range(checkpoints.LAYERS)} <= present
+    for n, call in enumerate(calls):  # layer n's call reads its past, returns its present
+        names = {v.name for v in call.inputs if v is not None}
+        assert {f"past_key_values.{n}.key", f"past_key_values.{n}.value"} <= names
+        assert {f"present.{n}.key", f"present.{n}.value"} <= {v.name for v in call.outputs}
 
 
 def _aliases(folder: Path) -> dict[str, set[str]]:

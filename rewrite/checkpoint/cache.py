@@ -36,7 +36,7 @@ CACHES = ("kv", "none")
 EXAMPLE_BATCH, EXAMPLE_SEQUENCE, EXAMPLE_PAST = 2, 3, 4
 
 
-@frozen
+@frozen(eq=False)
 class Call:
     """What ``rewrite.export`` needs to export a model in one calling convention."""
 

@@ -18,8 +18,9 @@ one call's shapes holds for all its calls. Folding can make bodies that differed
 
 Differences from optimizing the flat graph, where whole blocks are visible: weights are function
 inputs, so nothing folds on weight *values* (the flat optimizer drops a Gemm bias that happens
-to be all zeros, as in a randomly initialized model; in the main graph, a weight is not
-transposed into a copy either: :func:`_keeps_weights`), and work the flat optimizer shares
+to be all zeros, as in a randomly initialized model; in the main graph, with
+``fold_weights=False``, a weight is not transposed into a copy either: :func:`_keeps_weights`),
+and work the flat optimizer shares
 between blocks (a causal mask's ``Where``) is done in each call; onnxruntime's CSE merges it
 again after inlining the functions.
 """
@@ -39,9 +40,11 @@ from rewrite.errors import InputError, first_line
 Identifier = tuple[str, str, str]
 
 
-def optimize(model: ir.Model, made: Collection[Identifier]) -> None:
+def optimize(model: ir.Model, made: Collection[Identifier], *, fold_weights: bool = True
+             ) -> None:
     """Optimize ``model`` in place (see the module docstring); of its functions, only those
-    outlining ``made`` (a function the input model had is left as it is)."""
+    outlining ``made`` (a function the input model had is left as it is); without
+    ``fold_weights``, no weight of the main graph is transposed into a copy."""
     functions = dict(model.functions)
     where = "the main graph"
     try:
@@ -52,7 +55,8 @@ def optimize(model: ir.Model, made: Collection[Identifier]) -> None:
                     _optimize_body(model, function)
             where = "the main graph"
             model.functions.clear()  # the main graph alone: bodies are done
-            optimize_ir(model, inline=False, should_fold=_keeps_weights)
+            optimize_ir(model, inline=False,
+                        **({} if fold_weights else {"should_fold": _keeps_weights}))
     except Exception as e:  # a bug in the optimizer must not pass for a bug in the rules
         cause = first_line(e) or type(e).__name__
         raise InputError(f"onnxscript's optimizer failed on {where}: {cause}; lower without it "
