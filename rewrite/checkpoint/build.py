@@ -21,7 +21,11 @@ if TYPE_CHECKING:
 
 def model_class(checkpoint: Checkpoint) -> type:
     """The transformers class of the checkpoint's architecture (InputError if unknown)."""
-    import transformers
+    try:
+        import transformers
+    except ImportError:
+        raise InputError("rewrite export builds the model with transformers, which is not "
+                         "installed: pip install 'rewrite[checkpoint]'") from None
 
     name = checkpoint.architecture
     cls = getattr(transformers, name, None) if name.isidentifier() else None
