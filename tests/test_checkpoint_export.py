@@ -8,7 +8,7 @@ class; the weights byte-equal to the shards.
 
 from __future__ import annotations
 
-import contextlib
+import io
 from pathlib import Path
 
 import numpy as np
@@ -17,9 +17,11 @@ import onnx_ir as ir
 import onnxruntime as ort
 import pytest
 import torch
+from rich.console import Console
 from safetensors import safe_open
 
 import rewrite
+from rewrite.cli.steps import Steps
 from rewrite.checkpoint.cache import kv_shapes
 from tests import checkpoints
 
@@ -32,26 +34,18 @@ LAYER_CLASSES = {"llama": "LlamaDecoderLayer", "qwen3": "Qwen3DecoderLayer",
                  "qwen2_moe": "Qwen2MoeDecoderLayer"}
 
 
-class Recorder:
-    """A ``Progress`` that keeps what it is told: steps, notes, transfers."""
+class Recorder(Steps):
+    """The CLI's progress (``Steps``) drawing into a string (``text``); the steps, in order."""
 
     def __init__(self) -> None:
+        self.buffer = io.StringIO()
         self.steps: list[str] = []
-        self.notes: list[str] = []
+        super().__init__(Console(file=self.buffer, width=200), spinner=False,
+                         finished=lambda text, seconds: self.steps.append(text))
 
-    @contextlib.contextmanager
-    def step(self, text: str):
-        self.steps.append(text)
-        yield
-
-    def update(self, text: str) -> None:
-        pass
-
-    def transfer(self, done: int, total: int) -> None:
-        pass
-
-    def note(self, text: str) -> None:
-        self.notes.append(text)
+    @property
+    def text(self) -> str:
+        return self.buffer.getvalue()
 
 
 @pytest.fixture(scope="module")
@@ -189,7 +183,7 @@ def test_weights_byte_equal_to_the_shards(exported):
     assert progress.steps[:2] == [f"loading {folder}",
                                   "exporting LlamaForCausalLM with torch.export"]
     assert progress.steps[-1] == f"writing {out}"
-    assert progress.notes[0] == "rules: llama.rules, shipped for model_type 'llama'"
+    assert progress.text.startswith("rules: llama.rules, shipped for model_type 'llama'\n")
 
 
 def test_prefill_only_with_suggested_rules(tmp_path, monkeypatch):
@@ -204,7 +198,7 @@ def test_prefill_only_with_suggested_rules(tmp_path, monkeypatch):
     assert [v.name for v in model.graph.inputs] == ["input_ids", "attention_mask",
                                                      "position_ids"]
     assert [v.name for v in model.graph.outputs] == ["logits"]
-    suggested = progress.notes[0]
+    suggested = progress.text
     assert suggested.startswith("# Starter rules for GPT2LMHeadModel")
     assert "\ngroup class GPT2Block " in suggested
     blocks = [node for node in model.graph if node.op_type.startswith("GPT2Block")]
