@@ -2,8 +2,8 @@
 
 Per family (small random checkpoints written by ``save_pretrained``, tests/checkpoints.py):
 prefill plus 3 decode steps in onnxruntime, ``present`` fed back as ``past``, equal to eager
-PyTorch's logits (transformers' own cache) within 1e-4; one function per decoder-layer
-class; the weights byte-equal to the shards.
+PyTorch's logits (transformers' own cache) within 1e-4, one row left-padded; one function per
+decoder-layer class; the weights byte-equal to the shards and views of their mappings.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from tests import checkpoints
 
 DECODE_STEPS = 3
 PROMPT = 5
+PAD = 2
 
 LAYER_CLASSES = {"llama": "LlamaDecoderLayer", "qwen3": "Qwen3DecoderLayer",
                  "mistral": "MistralDecoderLayer", "phi3": "Phi3DecoderLayer",
@@ -78,7 +79,8 @@ def _eager(folder: Path):
 
 
 def decode_and_compare(folder: Path, onnx_path: Path, batch: int = 2) -> list[float]:
-    """Prefill and DECODE_STEPS greedy steps in both; the max |difference| of each step."""
+    """Prefill and DECODE_STEPS greedy steps in both, the first row left-padded by PAD
+    tokens; the max |difference| of each step (the padded positions' logits excluded)."""
     from transformers import DynamicCache
 
     eager = _eager(folder)
@@ -87,23 +89,25 @@ def decode_and_compare(folder: Path, onnx_path: Path, batch: int = 2) -> list[fl
     names = [o.name for o in session.get_outputs()]
     torch.manual_seed(1)
     ids = torch.randint(0, eager.config.vocab_size, (batch, PROMPT))
+    mask = torch.ones(batch, PROMPT, dtype=torch.long)
+    mask[0, :PAD] = 0
     empty = np.zeros((batch, kv_heads, 0, head_dim), np.float32)
     past = [(empty, empty)] * layers
-    cache, seen, errors = DynamicCache(config=eager.config), 0, []
+    cache, errors = DynamicCache(config=eager.config), []
     for _ in range(1 + DECODE_STEPS):
         length = ids.shape[1]
-        mask = torch.ones(batch, seen + length, dtype=torch.long)
-        positions = torch.arange(seen, seen + length).repeat(batch, 1)
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)[:, -length:]
         with torch.no_grad():
             reference = eager(input_ids=ids, attention_mask=mask, position_ids=positions,
                               cache=cache, use_cache=True).logits
         outputs = dict(zip(names, session.run(None, _feed(ids, mask, positions, past))))
-        errors.append(float(np.abs(outputs["logits"] - reference.numpy()).max()))
+        kept = slice(PAD if length == PROMPT else 0, None)
+        errors.append(float(np.abs(outputs["logits"] - reference.numpy())[:, kept].max()))
         past = [(outputs[f"present.{n}.key"], outputs[f"present.{n}.value"])
                 for n in range(layers)]
-        seen += length
-        assert past[0][0].shape[2] == seen
+        assert past[0][0].shape[2] == mask.shape[1]
         ids = reference[:, -1:].argmax(-1)
+        mask = torch.cat([mask, torch.ones(batch, 1, dtype=torch.long)], 1)
     return errors
 
 
