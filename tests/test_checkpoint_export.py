@@ -78,9 +78,10 @@ def _eager(folder: Path):
     return AutoModelForCausalLM.from_pretrained(folder, local_files_only=True).eval()
 
 
-def decode_and_compare(folder: Path, onnx_path: Path, batch: int = 2) -> list[float]:
+def decode_and_compare(folder: Path, onnx_path: Path, batch: int = 3) -> list[float]:
     """Prefill and DECODE_STEPS greedy steps in both, the first row left-padded by PAD
-    tokens; the max |difference| of each step (the padded positions' logits excluded)."""
+    tokens; the max |difference| of each step (the padded positions' logits excluded).
+    Batch, sequence and past lengths all differ from the example inputs of the export."""
     from transformers import DynamicCache
 
     eager = _eager(folder)
