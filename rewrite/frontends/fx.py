@@ -4,7 +4,7 @@ Module stacks come from ``node.meta["nn_module_stack"]``, in either form:
 
 * ``{key: (path, cls)}`` from ``torch.export`` and ``torch.fx.symbolic_trace``; ``cls`` is a
   type, or a string in a loaded ``.pt2``. A key ending in ``@N`` marks the (N+1)-th call of
-  the module at ``path``: a shared module called twice gives two :class:`ModuleCall`\\ s;
+  the module at ``path``: a shared module called twice gives two :class:`rewrite.ir.ModuleCall`\\ s;
 * ``{path: cls}`` from older tracers. It has no call indices, so calls are recovered from the
   order of the nodes (:func:`rewrite.frontends.calls.split_runs`): a path whose nodes form
   separate runs is one call per run.

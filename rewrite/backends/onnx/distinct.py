@@ -1,21 +1,21 @@
 """Why distinct: for each group identity lowered to more than one function, the first
 difference between each variant's body and the first one's.
 
-:func:`merge.merge_functions` decides which functions stay apart: bodies of one identity whose
-structural keys (:meth:`structure.Keyer.body`, in canonical order) differ. When it keeps a body
-apart it hands the body's key here (:meth:`Variants.add`), and the key is compared with the
-key of the identity's first body, part by part, at the moment the decision is made (before
-scalars are lifted): no second notion of "equal bodies".
+:func:`finishing._merge.merge_functions` decides which functions stay apart: bodies of one
+identity whose structural keys (:meth:`outlining._body_keys.Keyer.body`, in canonical order)
+differ. When it keeps a body apart it hands the body's key here (:meth:`Variants.add`), and the
+key is compared with the key of the identity's first body, part by part, at the moment the
+decision is made (before scalars are lifted): no second notion of "equal bodies".
 
 The parts, in the order they are reported:
 
-* the inputs' types and shapes (:meth:`Keyer.types`), when the two bodies take as many inputs
-  and their types differ as multisets (a reordering is not a difference): ``shape`` or
-  ``dtype``, with the input names;
-* the nodes (:meth:`Keyer.node`: head, inputs, attributes). Canonical order is topological
-  and, among ready nodes, sorted by a digest: after the first position where the keys differ,
-  the two orders need not pair nodes that correspond. So the difference is looked for among
-  the nodes that were *ready* there (all inputs read the equal prefix, arguments or
+* the inputs' types and shapes (:meth:`outlining._body_keys.Keyer.types`), when the two bodies
+  take as many inputs and their types differ as multisets (a reordering is not a difference):
+  ``shape`` or ``dtype``, with the input names;
+* the nodes (:meth:`outlining._body_keys.Keyer.node`: head, inputs, attributes). Canonical order
+  is topological and, among ready nodes, sorted by a digest: after the first position where the
+  keys differ, the two orders need not pair nodes that correspond. So the difference is looked
+  for among the nodes that were *ready* there (all inputs read the equal prefix, arguments or
   constants): a node whose key has no equal among the other side's ready nodes, paired with
   the other side's unmatched ready node that reads the same inputs (then ``op``, ``subtree``:
   a call of another function, ``attribute``, ``constant``: a ``Constant`` node's value), or
@@ -46,7 +46,8 @@ KINDS = ("shape", "dtype", "op", "subtree", "attribute", "constant", "flow", "no
 """What a :class:`Difference` can be about (see the module docstring)."""
 
 _HEAD = 4
-"""A node key is :meth:`Keyer.head` (domain, op, overload, outputs) + (inputs, attributes)."""
+"""A node key is :meth:`outlining._body_keys.Keyer.head` (domain, op, overload, outputs) +
+(inputs, attributes)."""
 _MAX_ELEMENTS = 8
 
 
@@ -97,8 +98,8 @@ class _Body:
 
 
 class Variants:
-    """Told of every body :func:`merge.merge_functions` keeps apart; :attr:`found` holds a
-    :class:`Variant` for each one beside the first of its identity."""
+    """Told of every body :func:`finishing._merge.merge_functions` keeps apart; :attr:`found`
+    holds a :class:`Variant` for each one beside the first of its identity."""
 
     def __init__(self, functions: Mapping[FunctionId, ir.Function]) -> None:
         self._functions = functions
@@ -192,7 +193,7 @@ def _nodes(a: _Body, b: _Body, functions: Mapping[FunctionId, ir.Function]
 
 def _ready(key: Key, j: int) -> bool:
     """Whether a node with ``key`` reads only arguments, constants and the first ``j``
-    members (``(member, output)`` references, see :meth:`Keyer.refs`)."""
+    members (``(member, output)`` references, see :meth:`outlining._body_keys.Keyer.refs`)."""
     return all(not _member_ref(ref) or ref[0] < j for ref in key[_HEAD])
 
 

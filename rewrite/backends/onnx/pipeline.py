@@ -6,12 +6,12 @@
   warning; any other error surfaces.
 
   1. per body (:func:`_per_body`; a program with in-place ops first in torch's functional
-     form, :func:`perbody.functional`, grouped again): torch.onnx lowers the ops (one
+     form, :func:`lowering.functional`, grouped again): torch.onnx lowers the ops (one
      decomposition, not optimized), each distinct body translated once (:mod:`lowering._perbody`),
      each repeated call but the first of its body left standing in for its nodes
      (:mod:`_standins`); :mod:`lowering._regroup` groups its nodes with the same rules and
      :mod:`outlining` outlines. Translating, planning and outlining each return the calls
-     that cannot stand in (a :class:`standins.MustInline`) instead of a result: the one
+     that cannot stand in (a :class:`_standins.MustInline`) instead of a result: the one
      loop, :func:`_inlining_until_all_fit`, translates again with those inlined too (the
      decomposition kept) until none is found;
   2. the flat program (:func:`_flat`): ``torch.onnx.export``, grouped again, outlined.
@@ -29,7 +29,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, overload
 
 import onnx_ir as ir
 import torch
@@ -124,7 +124,6 @@ def outline_in_place(model: ir.Model, tree: GroupTree, options: OnnxOptions,
     """An ONNX model (``.onnx`` input, :class:`rewrite.RewritePass`) outlined in place with
     ``tree`` (grouped over its main graph) and finished, not optimized."""
     outlined = _outline(model, tree, options, progress)
-    assert not isinstance(outlined, MustInline), "no stand-ins without a plan"
     return _finished(Lowering(model, tree, outlined), options, progress, False)
 
 
@@ -137,10 +136,16 @@ def _finished(lowering: Lowering, options: OnnxOptions, progress: Progress, opti
     return evolve(lowering, outlined=outlined)
 
 
+@overload
+def _outline(model: ir.Model, tree: GroupTree, options: OnnxOptions, progress: Progress,
+             plan: None = None) -> Outlined: ...
+@overload
+def _outline(model: ir.Model, tree: GroupTree, options: OnnxOptions, progress: Progress,
+             plan: Plan) -> Outlined | MustInline: ...
 def _outline(model: ir.Model, tree: GroupTree, options: OnnxOptions, progress: Progress,
              plan: Plan | None = None) -> Outlined | MustInline:
-    """:func:`outline.outline`, its progress reported (a :class:`MustInline` only with a
-    ``plan``)."""
+    """:func:`outlining.outline`, its progress reported (a :class:`MustInline` only with a
+    ``plan``: without one, every call is outlined where it is)."""
     total = sum(1 for _ in tree.groups())
     done = 0
 
@@ -194,7 +199,6 @@ def _flat(result: "Result", program: torch.export.ExportedProgram, tree: GroupTr
             program, optimize=False, custom_translation_table=options.custom_translation_table)
     onnx_tree, warnings = regroup(result.rules, tree, exported.model, exported.program)
     outlined = _outline(exported.model, onnx_tree, options, progress)
-    assert not isinstance(outlined, MustInline), "no stand-ins without a plan"
     return Lowering(exported.model, onnx_tree, outlined, tuple(warnings), "flat")
 
 
@@ -228,7 +232,8 @@ def _inlining_until_all_fit(result: "Result", decomposed: DecomposedProgram,
         if isinstance(found, Lowering):
             return found
         grown = inlined | found.calls
-        assert grown != inlined, f"calls to inline found again: {sorted(found.calls)}"
+        if grown == inlined:  # a bug: the same round again would not end
+            raise RuntimeError(f"calls to inline found again: {sorted(found.calls)}")
         inlined = grown
 
 
@@ -257,7 +262,7 @@ def _translate_and_outline(result: "Result", decomposed: DecomposedProgram,
 
 def _functional(result: "Result", program: torch.export.ExportedProgram
                 ) -> tuple[torch.export.ExportedProgram, GroupTree]:
-    """``program`` without in-place ops (:func:`perbody.functional`), grouped with the same
+    """``program`` without in-place ops (:func:`lowering.functional`), grouped with the same
     rules (its nodes are new; module stacks and tags are kept)."""
     with quiet_exporter():
         program = functional(program)

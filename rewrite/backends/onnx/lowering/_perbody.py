@@ -5,7 +5,7 @@ translates it op by op: a 48-block model is decomposed and translated 48 times. 
 
 1. The outermost groups whose bodies repeat become calls of one shared subgraph per distinct
    body: ``torch.ops.higher_order.invoke_subgraph(body, identifier, *inputs)``, weights and
-   every value from outside passed as inputs (:func:`subgraphs.rebuild`). Bodies are the
+   every value from outside passed as inputs (:func:`_invoke_subgraph.rebuild`). Bodies are the
    same when their nodes are (ops, arguments, scalars; the shapes and types of their inputs)
    and so are their group subtrees, tags and leaving nodes.
 2. :mod:`rewrite._private.torch_exporter` decomposes that program with torch.onnx's decomposition
@@ -104,7 +104,7 @@ class Translation:
     group_ids: tuple[str, ...] = ()
     """Per call, its group's display id."""
     plan: Plan | None = None
-    """The outliner's :class:`standins.Plan`, once grouped (:meth:`planned`)."""
+    """The outliner's :class:`_standins.Plan`, once grouped (:meth:`planned`)."""
 
     @property
     def expansions(self) -> dict[ir.Node, Expansion]:
@@ -113,7 +113,7 @@ class Translation:
 
     def planned(self, tree: GroupTree) -> "Translation | MustInline":
         """This with the :attr:`plan` for ``tree`` (grouped from this model), or the calls
-        that cannot stand in (:func:`standins.plan`)."""
+        that cannot stand in (:func:`_standins.plan`)."""
         if not self.stand_ins:
             return self
         found = plan(tree, self.model.graph, self.stand_ins, self.templates, self.group_ids)
@@ -337,7 +337,7 @@ class _Translator:
                              [made.get(n) if n else None for n in output_names])
 
     def _stand_ins(self, call_nodes: dict[int, ir.Node]) -> dict[int, ir.Node]:
-        """The calls left standing (their nodes moved to :data:`standins.DOMAIN`): not the
+        """The calls left standing (their nodes moved to :data:`_standins.DOMAIN`): not the
         first of their body, not to be materialized, their outputs used as the first's are."""
         if not self.stand_ins:
             return {}

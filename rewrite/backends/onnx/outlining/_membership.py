@@ -25,7 +25,7 @@ class Membership:
     drops dead nodes."""
 
     parent: list[int] = field(factory=lambda: [-1])
-    """Per group id, its parent's (the tree's :attr:`GroupTable.parent`)."""
+    """Per group id, its parent's (the tree's :attr:`rewrite.grouping.tree.GroupTable.parent`)."""
     nodes: dict[int, list[ir.Node]] = field(factory=lambda: defaultdict(list))
     group_of: dict[ir.Node, int] = field(factory=dict)
     position: dict[ir.Node, Position] = field(factory=dict)

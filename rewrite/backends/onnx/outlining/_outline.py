@@ -10,13 +10,13 @@ function, or a call of an existing one with an equal body (12 identical blocks -
 Grouping has checked that collapsing the groups level by level creates no cycle, so every call
 node can be placed; the main graph and each body are topologically sorted once built.
 
-Stand-ins (a :class:`standins.Plan`): a call of the per-body lowering that was not inlined is
+Stand-ins (a :class:`_standins.Plan`): a call of the per-body lowering that was not inlined is
 one node, the one member of its group. That group becomes a call of the function its first
 call's group got, the arguments and outputs picked by position in the torch call (each
 recorded when the first call's group is outlined, through the values outlining replaced).
 When that is not exactly what outlining the inlined call would give, the groups above it
 are left as they are, the other groups are outlined, and the run returns a
-:class:`standins.MustInline` naming every such call (the model is then thrown away: the
+:class:`_standins.MustInline` naming every such call (the model is then thrown away: the
 lowering inlines those calls and starts again).
 """
 
@@ -252,7 +252,7 @@ class _Outliner:
         return call
 
     def _rewire(self, old: list[ir.Value], new: list[ir.Value], member_set: set[ir.Node]) -> None:
-        """:func:`boundary.rewire`, remembering the replacements (see :meth:`_current`)."""
+        """:func:`_boundary.rewire`, remembering the replacements (see :meth:`_current`)."""
         if self.firsts:
             self.renamed.update(zip(old, new))
         rewire(self.graph, old, new, member_set, self.owner)
@@ -379,6 +379,6 @@ def outline(model: ir.Model, tree: GroupTree, options: OnnxOptions | None = None
             ) -> Outlined | MustInline:
     """Outline every group of ``tree`` (built on ``model``'s main graph; with ``plan``, read
     with its stand-ins) in place; the stand-ins that cannot call their first call's function
-    (only with a ``plan``): :class:`standins.MustInline`."""
+    (only with a ``plan``): :class:`_standins.MustInline`."""
     with gc_paused():  # many short-lived IR objects: collections would only slow it down
         return _Outliner(model, tree, options or OnnxOptions(), on_group, plan).run()
