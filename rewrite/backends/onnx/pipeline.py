@@ -163,10 +163,16 @@ class NotHere:
     """A strategy that does not apply to this program: why, and what the next strategy
     lowers (the program as this one left it: in its functional form, maybe)."""
 
-    reason: str
+    error: Exception | None
+    """What the strategy raised (one of :data:`lowering.NOT_HERE`); None before the first."""
     program: torch.export.ExportedProgram
     tree: GroupTree
     """``program``'s groups."""
+
+    @property
+    def reason(self) -> str:
+        """The first line of :attr:`error`."""
+        return first_line(self.error) if self.error is not None else ""
 
 
 def _lower_program(result: "Result", program: torch.export.ExportedProgram,
@@ -176,17 +182,18 @@ def _lower_program(result: "Result", program: torch.export.ExportedProgram,
     :func:`_flat`), like torch.onnx's capture strategies. Only a :class:`NotHere` moves on to
     the next (and says why in a warning); any other error surfaces."""
     strategies = {"auto": (_per_body, _flat), "per-body": (_per_body,), "flat": (_flat,)}
-    found: Lowering | NotHere = NotHere("", program, result.tree)
+    found: Lowering | NotHere = NotHere(None, program, result.tree)
     warnings: tuple[Diagnostic, ...] = ()
     for strategy in strategies[options.lowering]:
         found = strategy(result, found.program, found.tree, options, progress)
         if isinstance(found, Lowering):
             return evolve(found, warnings=(*warnings, *found.warnings))
         if options.lowering == "per-body":
-            raise InputError(f"cannot lower this program per body: {found.reason}")
+            raise InputError(f"cannot lower this program per body: {found.reason}"
+                             ) from found.error
         warnings = (Diagnostic(
             "warning", f"lowered the flat program with torch.onnx.export (slower): per-body "
-            f"lowering is not possible: {found.reason}"),)
+            f"lowering is not possible: {found.reason}", cause=found.error),)
     raise AssertionError("the flat strategy applies to every program")
 
 
@@ -216,7 +223,7 @@ def _per_body(result: "Result", program: torch.export.ExportedProgram, tree: Gro
                 decomposed = DecomposedProgram(program, tree, options.custom_translation_table)
         return _inlining_until_all_fit(result, decomposed, options, progress)
     except NOT_HERE as e:
-        return NotHere(first_line(e), program, tree)
+        return NotHere(e, program, tree)
 
 
 def _inlining_until_all_fit(result: "Result", decomposed: DecomposedProgram,

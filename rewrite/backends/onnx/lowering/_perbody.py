@@ -43,7 +43,7 @@ from onnx_ir.passes import common as common_passes
 
 from rewrite._gc import gc_paused
 from rewrite._private import torch_exporter
-from rewrite._private.errors import torch_code
+from rewrite._private.errors import Unavailable, torch_code
 from rewrite._private.torch_graphs import is_higher_order, is_in_place
 from rewrite._private.onnx_ir_inline import inline_functions
 from rewrite.backends.onnx._standins import DOMAIN as STANDIN_DOMAIN
@@ -138,10 +138,11 @@ def functional(program: torch.export.ExportedProgram) -> torch.export.ExportedPr
 
 def check(program: torch.export.ExportedProgram) -> None:
     """Raise :class:`Unsupported` for programs this path does not handle (mutations are
-    handled in their functional form, see :func:`functional`)."""
+    handled in their functional form, see :func:`functional`), :class:`Unavailable` when
+    torch's private exporter APIs are not those its shim was written against."""
     reason = torch_exporter.available()
     if reason is not None:
-        raise Unsupported(f"torch's private exporter APIs changed ({reason})")
+        raise Unavailable(f"torch's private exporter APIs changed ({reason})")
     signature = program.graph_signature
     if getattr(signature, "backward_signature", None) is not None:
         raise Unsupported("the program is a joint forward/backward graph")
