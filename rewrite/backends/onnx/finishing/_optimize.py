@@ -33,13 +33,11 @@ from onnxscript.optimizer import optimize_ir
 
 from rewrite._logs import muted
 from rewrite._private.errors import library_code
+from rewrite.backends.onnx.summary import FunctionId
 from rewrite.errors import DependencyError, first_line
 
 
-Identifier = tuple[str, str, str]
-
-
-def optimize(model: ir.Model, made: Collection[Identifier]) -> None:
+def optimize(model: ir.Model, made: Collection[FunctionId]) -> None:
     """Optimize ``model`` in place (see the module docstring); of its functions, only those
     outlining ``made`` (a function the input model had is left as it is)."""
     functions = dict(model.functions)

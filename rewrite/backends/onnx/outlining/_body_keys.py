@@ -26,11 +26,12 @@ from __future__ import annotations
 import hashlib
 import heapq
 from collections import ChainMap
-from typing import Callable, Hashable, Mapping
+from typing import Callable, Hashable, Mapping, NamedTuple
 
 import onnx_ir as ir
 
 from rewrite._onnx_ir import holds_graphs
+from rewrite._private.onnx_ir_attrs import attribute_dict
 
 Key = Hashable
 _KIND_NAMES = {kind: kind.name for kind in ir.AttributeType}
@@ -38,6 +39,36 @@ _SCALARS = (ir.AttributeType.INT, ir.AttributeType.STRING)
 _LISTS = (ir.AttributeType.INTS, ir.AttributeType.STRINGS)
 Refs = Mapping[int, Key]
 """``id(value)`` -> how the body refers to it."""
+
+
+class NodeKey(NamedTuple):
+    """A member's key: :meth:`Keyer.head` (domain, op, overload, number of outputs), then what
+    it reads (:meth:`Keyer.input` per input) and its attributes (sorted ``(name, key)``)."""
+
+    domain: str
+    op_type: str
+    overload: str
+    outputs: int
+    inputs: tuple
+    attributes: tuple
+
+    @property
+    def head(self) -> tuple[str, str, str, int]:
+        """:meth:`Keyer.head` of the node."""
+        return (self.domain, self.op_type, self.overload, self.outputs)
+
+
+class BodyKey(NamedTuple):
+    """A function body's key (:meth:`Keyer.body`)."""
+
+    identity: tuple[str, str]
+    """The group's domain and base name."""
+    nodes: tuple[NodeKey, ...]
+    """The members' keys, in member order."""
+    returned: tuple
+    """How the body refers to each value it returns."""
+    types: tuple[tuple[str, str], ...]
+    """:meth:`Keyer.types` of its inputs."""
 
 
 class Keyer:
@@ -110,13 +141,12 @@ class Keyer:
         # keys are non-empty tuples: build the default only when missing (cheaper)
         return refs.get(id(value)) or ("outer", value.name)
 
-    def node(self, node: ir.Node, refs: Refs, depth: int = 0) -> Key:
+    def node(self, node: ir.Node, refs: Refs, depth: int = 0) -> NodeKey:
         get = refs.get
         # Keyer.input, inlined (the hottest loop of keying)
         inputs = tuple([None if v is None else (get(id(v)) or ("outer", v.name))
                         for v in node.inputs])
-        attributes = node.attributes
-        attributes = getattr(attributes, "data", attributes)  # the UserDict's dict: faster
+        attributes = attribute_dict(node)
         if not attributes:
             attrs: tuple = ()
         elif len(attributes) == 1:
@@ -126,7 +156,8 @@ class Keyer:
             attrs = tuple(sorted(
                 (name, self.attribute(a, refs, depth)) for name, a in attributes.items()
             ))
-        return self.head(node) + (inputs, attrs)
+        return NodeKey(node.domain, node.op_type, node.overload, len(node.outputs), inputs,
+                       attrs)
 
     def graph(self, graph: ir.Graph, outer: Refs, depth: int) -> Key:
         """Key of a subgraph; values it captures are keyed as the outer body refers to them."""
@@ -156,12 +187,12 @@ class Keyer:
         args: list[ir.Value],
         constants: Mapping[ir.Value, Key],
         outputs: list[ir.Value],
-    ) -> Key:
+    ) -> BodyKey:
         """Key of a function body (``identity`` is the group's domain and base name)."""
         refs = self.refs(members, args, constants)
         nodes = [self.node(node, refs) for node in members]
         returned = tuple(refs[id(v)] for v in outputs)
-        return (identity, tuple(nodes), returned, self.types(args))
+        return BodyKey(identity, tuple(nodes), returned, self.types(args))
 
     @staticmethod
     def refs(members: list[ir.Node], args: list[ir.Value],
