@@ -96,7 +96,8 @@ class Translation:
     calls: int
     """Grouped calls that reused them."""
     inlined: int = 0
-    """Grouped calls inlined (the first of each body, and those that cannot stand in)."""
+    """The number of grouped calls inlined (the first of each body, and those that cannot
+    stand in)."""
     stand_ins: Mapping[ir.Node, StandIn] = field(factory=dict)
     """The other calls, by their standing node."""
     templates: Mapping[int, Template] = field(factory=dict)
@@ -203,25 +204,25 @@ class DecomposedProgram:
             rebuilt, self.calls = rebuild(program, tree)
             self.decomposed = torch_exporter.decompose(rebuilt, self.tables)
 
-    def translate(self, materialize: frozenset[int] = frozenset(), *,
+    def translate(self, must_inline: frozenset[int] = frozenset(), *,
                   stand_ins: bool = True) -> Translation | MustInline:
-        """Translate and inline: the first call of each body, every call in ``materialize``
+        """Translate and inline: the first call of each body, every call in ``must_inline``
         and, without ``stand_ins``, every call; the others stand in (:mod:`_standins`). The
         calls whose first call's inlined nodes cannot be copied: :class:`MustInline`."""
         with gc_paused():
-            return _Translator(self, materialize, stand_ins).run()
+            return _Translator(self, must_inline, stand_ins).run()
 
 
 class _Translator:
     """One translation of a :class:`DecomposedProgram` (see :meth:`DecomposedProgram.translate`)."""
 
-    def __init__(self, source: DecomposedProgram, materialize: frozenset[int],
+    def __init__(self, source: DecomposedProgram, must_inline: frozenset[int],
                  stand_ins: bool) -> None:
         self.calls = source.calls
         self.decomposed = source.decomposed
         self.model = torch_exporter.translate(source.decomposed, source.tables)
         self.graph = source.tree.graph
-        self.materialize = materialize
+        self.must_inline = must_inline
         self.stand_ins = stand_ins
 
     def run(self) -> Translation | MustInline:
@@ -347,7 +348,7 @@ class _Translator:
                 for i, node in call_nodes.items()}
         for index, node in call_nodes.items():
             first = self.calls[index].first
-            if first == index or index in self.materialize or first not in call_nodes \
+            if first == index or index in self.must_inline or first not in call_nodes \
                     or used[index] != used[first]:
                 continue
             node.domain = STANDIN_DOMAIN

@@ -110,7 +110,7 @@ class _Outliner:
         self.members = (Membership.from_tree(tree, self.graph) if plan is None else
                         Membership.from_tree(tree, self.graph, plan.rows, plan.homes))
         self.reuses = plan.reuses if plan is not None else {}
-        self.templates = {r.first: r.template for r in self.reuses.values()}
+        self.templates = {r.first_group: r.template for r in self.reuses.values()}
         self.firsts = set(self.templates)
         self.renamed: dict[ir.Value, ir.Value] = {}
         """Values outlining replaced (outputs of members) -> their replacements."""
@@ -136,7 +136,7 @@ class _Outliner:
 
     def run(self) -> Outlined | MustInline:
         for group in self.tree.root.children:
-            self._lower(group, [group])
+            self._outline_subtree(group, [group])
         if self.failed:  # stand-ins left in the graph: the result is thrown away
             return MustInline(self.failed, "stand-ins cannot call their first call's function")
         self.graph.sort()
@@ -146,7 +146,7 @@ class _Outliner:
         return Outlined(self.function_of, tuple(f.identifier() for f in self.made),
                         self.recomputed, self.tree.ids)
 
-    def _lower(self, group: Group, chain: list[Group]) -> list[ir.Node]:
+    def _outline_subtree(self, group: Group, chain: list[Group]) -> list[ir.Node]:
         """Outline ``group``; returns what stands for it in its parent's members."""
         naming.check_identity(group)
         reuse = self.reuses.get(group.index)
@@ -155,7 +155,7 @@ class _Outliner:
         members = list(self.members.of(group.index))
         failed = len(self.failed)
         for child in group.children:
-            members.extend(self._lower(child, chain + [child]))
+            members.extend(self._outline_subtree(child, chain + [child]))
         if len(self.failed) > failed:  # a stand-in below stays: this model is thrown away
             return []
         if self.on_group is not None:
@@ -295,7 +295,7 @@ class _Outliner:
         if self.on_group is not None:
             for inner in group.walk():
                 self.on_group(inner)
-        found = self.positions.get(reuse.first)
+        found = self.positions.get(reuse.first_group)
         if found is None or not self._only_member(group, node) \
                 or len(set(node.inputs)) != len(node.inputs):
             self.failed.add(reuse.call)
