@@ -1,6 +1,8 @@
 """Stage 2 of the ONNX backend: groups -> nested, deduplicated model-local functions.
 
-:func:`outline` outlines every group of a tree, bottom-up, in place (``_outline``), from:
+:func:`outline` outlines every group of a tree, bottom-up, in place (``_outline``: the walk),
+with ``_functions`` (what a group's function is), ``_call_sites`` (how a call site is
+rewritten) and ``_standin_calls`` (how a stand-in calls its first call's function), from:
 
 * ``_membership``: the direct ONNX members of each group (a stand-in: the one member);
 * ``_boundary``: a group's inputs and outputs, and rewiring readers to a call's outputs;
