@@ -34,9 +34,11 @@ def test_a_bug_in_rewrite_while_optimizing_is_not_the_optimizers(shared_program,
     from rewrite.errors import first_line
 
     monkeypatch.setattr(optimize_module, "_optimize_body", first_line)  # one argument, not two
-    with pytest.raises(TypeError) as e:
+    with pytest.raises(Exception) as e:
         lower(rewrite.apply(MODULARIZE, shared_program))
-    assert not isinstance(e.value, InputError)
+    assert not isinstance(e.value, InputError)  # the CLI: exit 3, "internal error"
+    assert "OptimizeBodies" in str(e.value)  # the finishing pass that failed, named
+    assert isinstance(e.value.__cause__, TypeError)
 
 
 def _exporter_apis_changed(monkeypatch):

@@ -168,6 +168,20 @@ def merge_functions(model: ir.Model, identity: Mapping[FunctionId, tuple[str, st
     return result
 
 
+def merge_keys(model: ir.Model, identity: Mapping[FunctionId, tuple[str, str]], *,
+               lift_scalars: bool) -> dict[FunctionId, Key]:
+    """The body key :func:`merge_functions` compares, of each function of ``identity`` the
+    model has (for checking that no two are left equal)."""
+    functions = model.functions
+    keyer = _ScalarBlindKeyer(functions) if lift_scalars else Keyer()
+    keys = {}
+    for fid, group in identity.items():
+        if fid in functions:
+            form = _Canonical.of(keyer, functions[fid])
+            keys[fid] = keyer.body(group, form.nodes, form.inputs, {}, form.outputs)
+    return keys
+
+
 def _renumber(model: ir.Model, identity: Mapping[FunctionId, tuple[str, str]]
               ) -> dict[FunctionId, FunctionId]:
     """Close the gaps merging left in the suffixes of one identity (``Name``, ``Name_2`` ->
