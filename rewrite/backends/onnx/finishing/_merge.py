@@ -32,8 +32,15 @@ from attrs import frozen
 
 from rewrite.backends.onnx.distinct import Variants
 from rewrite.backends.onnx.summary import FunctionId
-from rewrite.backends.onnx.outlining._naming import FunctionNames, function_name
-from rewrite.backends.onnx.outlining._body_keys import Key, Keyer, NodeKey, Refs
+from rewrite.backends.onnx.outlining import (
+    FunctionNames,
+    Key,
+    Keyer,
+    NodeKey,
+    Refs,
+    canonical_order,
+    function_name,
+)
 
 _FLOATS = {ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16, ir.DataType.DOUBLE}
 
@@ -90,7 +97,7 @@ class _Canonical:
     @classmethod
     def of(cls, keyer: Keyer, function: ir.Function) -> "_Canonical":
         nodes = list(function)
-        ordered = keyer.canonical_order(nodes, {n: (i,) for i, n in enumerate(nodes)},
+        ordered = canonical_order(keyer, nodes, {n: (i,) for i, n in enumerate(nodes)},
                                         lambda value: None)
         params = set(function.inputs)
         inputs: dict[ir.Value, None] = {}

@@ -3,7 +3,7 @@
 Member order. Keys (and a function's input order) follow the members' order, so isomorphic
 bodies must list their members alike even when the graph does not: a node recomputed into a
 group (``outlining._recompute``) sits before its reader, while the original sat where the trace put
-it. :meth:`Keyer.canonical_order` is a topological order that prefers, among ready nodes, the
+it. :func:`canonical_order` is a topological order that prefers, among ready nodes, the
 smallest *structural label* (a digest of the op, its attributes and its inputs' labels, inputs
 from outside labelled by type), and the graph position only between equal labels.
 A label is made of a node key's parts (:meth:`Keyer.head`, :meth:`Keyer.attribute`) but its
@@ -214,45 +214,46 @@ class Keyer:
 
 
     def attribute_labels(self, node: ir.Node) -> list[str]:
-        """The attributes of ``node`` as :meth:`canonical_order` labels them."""
+        """The attributes of ``node`` as :func:`canonical_order` labels them."""
         return [f"{name}={self.attribute(attr, {}, 0)!r}"
                 for name, attr in sorted(node.attributes.items())]
 
-    def canonical_order(
-        self,
-        members: list[ir.Node],
-        position: Mapping[ir.Node, tuple],
-        constant_key: Callable[[ir.Value], Key | None],
-    ) -> list[ir.Node]:
-        """``members`` in the canonical order described in the module docstring."""
-        member_set = set(members)
-        producers: dict[ir.Node, list[ir.Node]] = {}
-        for node in members:
-            found = []
-            for value in _read_values(node):
-                producer = value.producer()
-                if producer in member_set and producer is not node:
-                    found.append(producer)
-            producers[node] = found
-        by_position = _kahn(members, producers, position.__getitem__)
-        labels: dict[ir.Node, str] = {}
-        for node in by_position:
-            parts = [str(part) for part in self.head(node)]  # as in a node's key
-            for value in node.inputs:
-                if value is None:
-                    parts.append("-")
-                    continue
-                producer = value.producer()
-                if producer in member_set:
-                    parts.append(f"{labels[producer]}:{value.index()}")
-                else:
-                    const = constant_key(value)
-                    parts.append(
-                        repr(const) if const is not None else f"in:{value.type}:{value.shape}"
-                    )
-            parts.extend(self.attribute_labels(node))
-            labels[node] = hashlib.blake2b("|".join(parts).encode(), digest_size=12).hexdigest()
-        return _kahn(members, producers, lambda n: (labels[n], position[n]))
+
+def canonical_order(
+    keyer: Keyer,
+    members: list[ir.Node],
+    position: Mapping[ir.Node, tuple],
+    constant_key: Callable[[ir.Value], Key | None],
+) -> list[ir.Node]:
+    """``members`` in the canonical order described in the module docstring."""
+    member_set = set(members)
+    producers: dict[ir.Node, list[ir.Node]] = {}
+    for node in members:
+        found = []
+        for value in _read_values(node):
+            producer = value.producer()
+            if producer in member_set and producer is not node:
+                found.append(producer)
+        producers[node] = found
+    by_position = _kahn(members, producers, position.__getitem__)
+    labels: dict[ir.Node, str] = {}
+    for node in by_position:
+        parts = [str(part) for part in keyer.head(node)]  # as in a node's key
+        for value in node.inputs:
+            if value is None:
+                parts.append("-")
+                continue
+            producer = value.producer()
+            if producer in member_set:
+                parts.append(f"{labels[producer]}:{value.index()}")
+            else:
+                const = constant_key(value)
+                parts.append(
+                    repr(const) if const is not None else f"in:{value.type}:{value.shape}"
+                )
+        parts.extend(keyer.attribute_labels(node))
+        labels[node] = hashlib.blake2b("|".join(parts).encode(), digest_size=12).hexdigest()
+    return _kahn(members, producers, lambda n: (labels[n], position[n]))
 
 
 def _read_values(node: ir.Node):

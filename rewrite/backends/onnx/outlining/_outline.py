@@ -35,7 +35,7 @@ from rewrite.backends.onnx._standins import MustInline, Plan, Reuse
 from rewrite.backends.onnx.distinct import Variant
 from rewrite.backends.onnx.options import OnnxOptions
 from rewrite.backends.onnx.outlining import _naming as naming
-from rewrite.backends.onnx.outlining._body_keys import Keyer
+from rewrite.backends.onnx.outlining._body_keys import Keyer, canonical_order
 from rewrite.backends.onnx.outlining._boundary import boundary, owners
 from rewrite.backends.onnx.outlining._call_sites import CallSites
 from rewrite.backends.onnx.outlining._constants import (
@@ -168,7 +168,7 @@ class _Outliner:
                 snapshot = self.functions.snapshot(identity, members, raw_args, constants,
                                                    raw_outputs)
         rank = {node: i for i, node in enumerate(members)}
-        members = self.functions.keyer.canonical_order(members, rank, self.constants.key_of)
+        members = canonical_order(self.functions.keyer, members, rank, self.constants.key_of)
         inputs, outputs = boundary(members, member_set, self.sites.owner)
         if not outputs:
             self.function_of[group.index] = None

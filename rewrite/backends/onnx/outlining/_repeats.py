@@ -1,6 +1,6 @@
 """Repeated blocks: recognise a body equal, *in graph order*, to one already outlined.
 
-Canonicalizing a body (:meth:`Keyer.canonical_order`) and keying it costs more than checking
+Canonicalizing a body (:func:`_body_keys.canonical_order`) and keying it costs more than checking
 that it repeats an earlier one: the 2nd..Nth of N identical blocks list their members, args
 and outputs in graph order exactly like the 1st, so they can reuse its function and its
 permutations into canonical order. Each body that got a function is kept as a
