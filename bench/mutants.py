@@ -84,7 +84,7 @@ MUTANTS = (
     Mutant(
         "onnx-call-weight",
         "outlining: each call of a function is passed the first call's initializers",
-        "rewrite/backends/onnx/outlining/_outline.py",
+        "rewrite/backends/onnx/outlining/_call_sites.py",
         "        results = [ir.Value(name=v.name, type=v.type, shape=v.shape) for v in outputs]\n",
         "        first = self.__dict__.setdefault('_first_args', {}).setdefault(name, args)\n"
         "        args = [f if a.is_initializer() and f.is_initializer() else a\n"
@@ -103,7 +103,7 @@ MUTANTS = (
     Mutant(
         "stand-in-outputs",
         "stand-ins: a stand-in's outputs rewired in reverse order",
-        "rewrite/backends/onnx/outlining/_outline.py",
+        "rewrite/backends/onnx/outlining/_standin_calls.py",
         "outputs = [node.outputs[j] for j in out_at]  # type: ignore[index]",
         "outputs = [node.outputs[j] for j in reversed(out_at)]  # type: ignore[index]",
         ("tests/test_onnx_standins.py", "tests/test_onnx_perbody.py",

@@ -206,9 +206,8 @@ def sizes_before(program, rules) -> dict[str, int]:
     exported with torch.onnx's optimizer, then outlined (assembled from the backend's parts,
     for this comparison only)."""
     import rewrite
-    from rewrite.backends.onnx.lowering._flat import export_program
-    from rewrite.backends.onnx.outlining._outline import outline
-    from rewrite.backends.onnx.lowering._regroup import regroup
+    from rewrite.backends.onnx.lowering import export_program, regroup
+    from rewrite.backends.onnx.outlining import outline
 
     exported = export_program(program, optimize=True)
     tree, _ = regroup(rules, rewrite.apply(rules, program).tree, exported.model,
@@ -249,7 +248,7 @@ def time_in_memory(program, rules, api_first: bool) -> tuple[float, float]:
     import torch
 
     import rewrite
-    from rewrite.backends.onnx.lowering._flat import quiet_exporter
+    from rewrite.backends.onnx.lowering import quiet_exporter
 
     def api() -> float:
         start = time.perf_counter()

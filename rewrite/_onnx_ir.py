@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Iterable, Iterator
 
+from rewrite._private.onnx_ir_attrs import attribute_dict
+
 if TYPE_CHECKING:
     import onnx_ir as ir
 
@@ -27,14 +29,12 @@ def graph_kinds() -> tuple:
 def attribute_values(node: "ir.Node") -> Iterable["ir.Attr"]:
     """``node.attributes.values()``, read from the underlying dict when there is one (the
     mapping view of ``onnx_ir``'s ``UserDict`` is several times slower; most callers are hot)."""
-    attrs = node.attributes
-    return getattr(attrs, "data", attrs).values()
+    return attribute_dict(node).values()
 
 
 def holds_graphs(node: "ir.Node") -> bool:
     """Whether an attribute of ``node`` may hold a graph (cheap; most nodes hold none)."""
-    attrs = node.attributes
-    attrs = getattr(attrs, "data", attrs)
+    attrs = attribute_dict(node)
     if not attrs:
         return False
     kinds = _GRAPH_KINDS or graph_kinds()

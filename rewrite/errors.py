@@ -5,7 +5,7 @@ from __future__ import annotations
 import unicodedata
 from typing import TYPE_CHECKING
 
-from attrs import frozen
+from attrs import field, frozen
 
 if TYPE_CHECKING:
     from rewrite.lang.source import Span
@@ -22,6 +22,9 @@ class Diagnostic:
     """Where in the rules text; None for messages about the whole run."""
     hint: str | None = None
     """A suggestion such as ``did you mean 'class'?``."""
+    cause: BaseException | None = field(default=None, eq=False, repr=False)
+    """The exception behind a warning (a dependency's, e.g. why per-body lowering did not
+    apply): the CLI shows its traceback with ``--verbose``."""
 
     def render(self) -> str:
         """The message with its location, the source line and a caret under the column."""
@@ -112,6 +115,12 @@ class InputError(RewriteError):
     """The model or an output path is unusable (missing, corrupt, wrong kind). Exit code 2."""
 
     exit_code = 2
+
+
+class DependencyError(InputError):
+    """A library rewrite calls (torch's exporter, onnxscript's optimizer) failed on a valid
+    program: this model cannot be converted with it. Exit code 2, as for unusable input; the
+    library's exception is chained (``raise ... from e``) and ``--verbose`` shows it."""
 
 
 class ModelWarning(UserWarning):

@@ -132,11 +132,11 @@ def _refuse_one(original, refused: list):
 def test_a_stand_in_that_does_not_fit_is_inlined(gpt2_3, monkeypatch):
     """The outliner finds a stand-in it cannot call: the lowering runs again with that call
     inlined, and the result is the same."""
-    from rewrite.backends.onnx.outlining._outline import _Outliner
+    from rewrite.backends.onnx.outlining._membership import Membership
 
     triple, program = gpt2_3
     refused: list = []
-    monkeypatch.setattr(_Outliner, "_only_member", _refuse_one(_Outliner._only_member, refused))
+    monkeypatch.setattr(Membership, "only_member", _refuse_one(Membership.only_member, refused))
     fast, flat = _both(GPT2_RULES, program)
     assert refused and fast.inlined == 2
     _same_result(fast, flat)

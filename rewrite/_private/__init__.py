@@ -2,20 +2,20 @@
 uses: nothing outside this package reaches into another library's internals.
 
 Each shim uses the private API where it is what the shim was written against, and otherwise
-either falls back to the public API (same result, slower) or raises :class:`Unavailable`
+either falls back to the public API (same result, slower) or raises :class:`errors.Unavailable`
 (the caller then takes a public path: the ONNX backend lowers the flat program with
 ``torch.onnx.export``). torch's own code failing on a program, inside a shim, is
-:class:`TorchFailed`.
+:class:`errors.TorchFailed`.
 
 =====================  ==============================================  ====================
 shim                   private API                                     without it
 =====================  ==============================================  ====================
-``torch_exporter``     torch.onnx's ``_core`` / ``_decomp`` /          :class:`Unavailable`
+``torch_exporter``     torch.onnx's ``_core`` / ``_decomp`` /          ``Unavailable``
                        ``_fx_passes``, ``make_fx``, ``TracingContext``  (flat export)
                        (decompose and translate per body); the type
                        promotion pass's interpreter; onnxscript's
                        ``_version_converter``                           public converter
-``torch_recording``    ``invoke_subgraph``'s tracing (repeated calls    :class:`Unavailable`
+``torch_recording``    ``invoke_subgraph``'s tracing (repeated calls    ``Unavailable``
                        recorded, not dispatched)                        (flat export)
 ``torchlib``           onnxscript's ``_framework_apis``, torch's        torch's
                        ``ONNXRegistry.from_torchlib``                   ``from_torchlib``
@@ -23,6 +23,7 @@ shim                   private API                                     without i
 ``transformers_onnx``  transformers' ``exporters.exporter_onnx.``       no MoE translation
                        ``_ONNX_TRANSLATION_TABLE`` (its grouped          (torch.onnx's error
                        matmul ops)                                      names the op)
+``onnx_ir_attrs``      the ``data`` dict of ``Node.attributes``         the mapping (slower)
 ``torch_graphs``       ``ExportedProgram._graph_module``, op schemas    --
                        (``torch._ops``)
 ``torch_programs``     lazy graph modules, pytree code generation       eager modules,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 from rewrite.errors import first_line
 
@@ -41,15 +41,23 @@ def raised_by_rewrite(error: BaseException) -> bool:
 
 
 @contextlib.contextmanager
-def torch_code() -> Iterator[None]:
-    """Around a call into torch's (or onnxscript's) code for a program: an error raised in
-    that code becomes :class:`TorchFailed` (the per-body path does not apply); the layer's
-    own errors, and any error raised in rewrite's code (a bug), pass unchanged."""
+def library_code(wrap: Callable[[Exception], Exception],
+                 passing: tuple[type[Exception], ...] = ()) -> Iterator[None]:
+    """Around a call into a library's code for a program: an error raised in that code
+    becomes ``wrap(error)``, raised from it (the library's exception chained); the errors in
+    ``passing``, and any error raised in rewrite's own code (a bug: exit 3), pass unchanged."""
     try:
         yield
-    except (Unavailable, TorchFailed):
+    except passing:
         raise
     except Exception as e:
         if raised_by_rewrite(e):
             raise
-        raise TorchFailed.of(e) from e
+        raise wrap(e) from e
+
+
+def torch_code() -> contextlib.AbstractContextManager[None]:
+    """Around a call into torch's (or onnxscript's) code for a program: an error raised in
+    that code becomes :class:`TorchFailed` (the per-body path does not apply); the layer's
+    own errors, and any error raised in rewrite's code (a bug), pass unchanged."""
+    return library_code(TorchFailed.of, (Unavailable, TorchFailed))

@@ -1,10 +1,11 @@
 """Inline a model's local functions: onnx_ir's ``InlinePass``, its name search made linear.
 
-The per-body lowering (:mod:`lowering._perbody`) gets from torch.onnx a main graph that calls one
-function per distinct body (and torchlib's helper functions) and inlines the first call of
-each body (the others stand in, :mod:`_standins`, unless they must be inlined too) as
-torch.onnx.export would have written them; onnx_ir's ``InlinePass`` does it (it skips the
-standing calls: their domain has no function). The pass names each
+The per-body lowering (:mod:`rewrite.backends.onnx.lowering._perbody`) gets from torch.onnx a
+main graph that calls one function per distinct body (and torchlib's helper functions) and
+inlines the first call of each body (the others stand in,
+:mod:`rewrite.backends.onnx._standins`, unless they must be inlined too) as torch.onnx.export
+would have written them; onnx_ir's ``InlinePass`` does it (it skips the standing calls: their
+domain has no function). The pass names each
 cloned node and value with the first free of ``name``, ``name_2``, ``name_3``... through its
 private ``_make_unique_name``, which starts from ``name`` every time: with 48 calls of one
 body a name is tried ~1,000 times (0.5 s of CPU on the 48-block GPT-2, 10x the time of 12

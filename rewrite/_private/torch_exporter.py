@@ -27,7 +27,7 @@ result the same (``tests/test_onnx_decompose.py`` compares with torch's plain pa
 torchlib's registry is built by :mod:`rewrite._private.torchlib`.
 
 Anything missing or changed raises :class:`Unavailable`, an error of torch's own code on
-the program (its decomposition, translation, the opset conversion) :class:`TorchFailed`
+the program (its decomposition, translation, the opset conversion) :class:`errors.TorchFailed`
 (:func:`rewrite._private.errors.torch_code`); the caller then lowers the flat program (the
 public ``torch.onnx.export``). An error raised in rewrite's own code run inside them (the
 recorded calls, the kept names) is a bug and passes unchanged.
@@ -166,7 +166,7 @@ def lowering_tables(custom_translation_table: Mapping | None = None) -> tuple:
 
 def decompose(program: torch.export.ExportedProgram, tables: tuple
               ) -> torch.export.ExportedProgram:
-    """:func:`_decompose`; torch's errors raised as :class:`TorchFailed`."""
+    """:func:`_decompose`; torch's errors raised as :class:`errors.TorchFailed`."""
     with torch_code():
         return _decompose(program, tables)
 

@@ -44,7 +44,7 @@ working, slower or with a plainer result, instead of failing to import:
 
 Texts torch prints are parsed in two places, each falling back to the plain message when the
 text changes: :mod:`rewrite.frontends.pt2` (``torch.export.load``'s reasons) and
-:mod:`rewrite.backends.onnx.torch_failure` (``torch.onnx.export``'s step and causes).
+:mod:`rewrite.backends.onnx.lowering._torch_failure` (``torch.onnx.export``'s step and causes).
 """
 
 from __future__ import annotations

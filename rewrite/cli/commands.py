@@ -184,6 +184,8 @@ def cmd_apply(args: argparse.Namespace, io: Consoles) -> int:
                                  **weights_options(args.external_data, args.weights_chunk))
         except SerdeError as e:
             raise unwritable_input(args.model, e) or e
+        for warning in lowering.warnings:  # save_onnx printed them; --verbose: their causes
+            io.trace(warning.cause)
         if io.verbose:  # what each group became, on stderr (stdout stays empty)
             print_tree(io.err, lowering.tree, title=f"{output}: functions by group",
                        calls=calls_of(lowering), qualified=True)

@@ -8,6 +8,7 @@ printed as given), and colour only the severity word, only on a terminal.
 from __future__ import annotations
 
 import re
+import traceback
 
 from attrs import frozen
 from rich.console import Console
@@ -58,10 +59,19 @@ class Consoles:
         self.err.print(_styled(text), soft_wrap=True)
 
     def warning(self, item: Diagnostic | str) -> None:
-        """A warning (dropped with ``--quiet``)."""
+        """A warning (dropped with ``--quiet``); with ``--verbose``, the traceback of the
+        exception behind it (:attr:`Diagnostic.cause`)."""
         if not self.quiet:
             text = item.render() if isinstance(item, Diagnostic) else f"warning: {item}"
             self.err.print(_styled(text), soft_wrap=True)
+            if isinstance(item, Diagnostic):
+                self.trace(item.cause)
+
+    def trace(self, error: BaseException | None) -> None:
+        """With ``--verbose``, the traceback of ``error`` (and of what it chains)."""
+        if self.verbose and error is not None:
+            text = "".join(traceback.format_exception(error)).rstrip()
+            self.err.print(Text(text, style="dim"), soft_wrap=True)
 
     def info(self, text: str) -> None:
         """A short note on stderr such as ``wrote out.onnx`` (dropped with ``--quiet``)."""

@@ -44,6 +44,7 @@ def main(argv: list[str] | None = None) -> int:
             return COMMANDS[args.command](args, io)
     except RewriteError as e:
         io.error(e.render())
+        io.trace(e.__cause__)  # --verbose: the dependency's exception behind it
         return e.exit_code
     except KeyboardInterrupt:
         io.error("interrupted")

@@ -4,7 +4,7 @@ Module stacks come from ``node.meta["nn_module_stack"]``, in either form:
 
 * ``{key: (path, cls)}`` from ``torch.export`` and ``torch.fx.symbolic_trace``; ``cls`` is a
   type, or a string in a loaded ``.pt2``. A key ending in ``@N`` marks the (N+1)-th call of
-  the module at ``path``: a shared module called twice gives two :class:`ModuleCall`\\ s;
+  the module at ``path``: a shared module called twice gives two :class:`rewrite.ir.ModuleCall`\\ s;
 * ``{path: cls}`` from older tracers. It has no call indices, so calls are recovered from the
   order of the nodes (:func:`rewrite.frontends.calls.split_runs`): a path whose nodes form
   separate runs is one call per run.
@@ -81,22 +81,11 @@ def from_fx_graph(
         return _read(graph, source, root_class, split_calls)
 
 
-def _read(graph: torch.fx.Graph, source: Any, root_class: str | None,
-          split_calls: bool | None) -> Graph:
-    # One column at a time: comprehensions and C-level map calls per node, Python work only
-    # per distinct stack, target, tag set (per run of equal ones) and graph input.
-    fx_nodes = list(graph.nodes)
-    size = len(fx_nodes)
-    ops = [n.op for n in fx_nodes]
-    metas = [n.meta for n in fx_nodes]
-    stacks = region_stacks(graph)  # regions a strict export put at the root
-    if stacks:
-        position = {node: i for i, node in enumerate(fx_nodes)}
-        for node, stack in stacks.items():
-            metas[position[node]] = {**node.meta, STACK: stack}
-    is_io = list(map(_IO_OPS.__contains__, ops))
-    io = np.fromiter(is_io, dtype=bool, count=size)
-
+def _stack_ids(metas: list[dict], is_io: list[bool], io: np.ndarray
+               ) -> tuple[NnModuleStacks, np.ndarray]:
+    """Each node's stack id (graph inputs and outputs: the top level), and the reader that
+    numbered the stacks."""
+    size = len(metas)
     reader = NnModuleStacks()
     # graph inputs and outputs are at the top level whatever their metadata says: not read
     keys = [tuple(r) if not x and (r := m.get(STACK)) else None
@@ -114,7 +103,25 @@ def _read(graph: torch.fx.Graph, source: Any, root_class: str | None,
     stack_id = _repeat_runs(np.fromiter(map(ids.__getitem__, run_keys), dtype=np.int32,
                                         count=len(run_keys)), starts, size)
     stack_id[io] = EMPTY
-    del run_keys, distinct, ids
+    return reader, stack_id
+
+
+def _read(graph: torch.fx.Graph, source: Any, root_class: str | None,
+          split_calls: bool | None) -> Graph:
+    # One column at a time: comprehensions and C-level map calls per node, Python work only
+    # per distinct stack, target, tag set (per run of equal ones) and graph input.
+    fx_nodes = list(graph.nodes)
+    size = len(fx_nodes)
+    ops = [n.op for n in fx_nodes]
+    metas = [n.meta for n in fx_nodes]
+    stacks = region_stacks(graph)  # regions a strict export put at the root
+    if stacks:
+        position = {node: i for i, node in enumerate(fx_nodes)}
+        for node, stack in stacks.items():
+            metas[position[node]] = {**node.meta, STACK: stack}
+    is_io = list(map(_IO_OPS.__contains__, ops))
+    io = np.fromiter(is_io, dtype=bool, count=size)
+    reader, stack_id = _stack_ids(metas, is_io, io)
 
     targets, target_id = _target_ids(fx_nodes)
     tag_sets = TagSets()

@@ -64,6 +64,7 @@ from attrs import field, frozen
 
 from rewrite._gc import gc_paused
 from rewrite._onnx_ir import graph_kinds, subgraph_captures
+from rewrite._private.onnx_ir_attrs import attribute_dict
 from rewrite.errors import InputError, first_line
 from rewrite.frontends.calls import split_runs
 from rewrite.frontends.onnx_names import NameReader
@@ -334,8 +335,7 @@ def _edges(onnx_nodes: list["ir.Node"], index_of: dict["ir.Value", int],
             i = _expanded_edges(node, expansion, i, index_of, start, flat) - 1
             continue
         row = dict.fromkeys(map(get, node.inputs))
-        attributes = node.attributes
-        for attr in getattr(attributes, "data", attributes).values():  # holds_graphs, inlined
+        for attr in attribute_dict(node).values():  # holds_graphs, inlined
             if attr.type in kinds:
                 row.update(dict.fromkeys(map(get, subgraph_captures(node))))
                 break

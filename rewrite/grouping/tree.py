@@ -188,7 +188,7 @@ class GroupTree:
     def records(self) -> Sequence[Group | None]:
         """Per group id (:attr:`table`), its record; None for a group that holds no node."""
         if "records" not in self._made:
-            self._made["records"] = self._build()
+            self._made["records"] = _records(self)
         return self._made["records"]
 
     @property
@@ -259,54 +259,55 @@ class GroupTree:
             self._made["ids"] = names
         return self._made["ids"]
 
-    def _build(self) -> list[Group | None]:
-        """The records: children in order of their first node (split components in their
-        order), each group's direct nodes in graph order. Bottom-up, one pass."""
-        table, names = self.table, self.ids
-        size = len(table)
-        order = np.argsort(self.group_of, kind="stable").tolist()
-        bounds = np.zeros(size + 1, dtype=np.int64)
-        np.cumsum(np.bincount(self.group_of, minlength=size), out=bounds[1:])
-        bounds = bounds.tolist()
-        count, first = table.count.tolist(), table.first.tolist()
-        segments = table.segment.tolist()
-        children: dict[int, list[int]] = {}
-        for k, parent in enumerate(table.parent.tolist()):
-            if k and count[k]:
-                children.setdefault(parent, []).append(k)
 
-        def rank(g: int) -> tuple[int, int]:
-            return (0, -segments[g]) if segments[g] < 0 else (1, first[g])
+def _records(tree: GroupTree) -> list[Group | None]:
+    """The records: children in order of their first node (split components in their
+    order), each group's direct nodes in graph order. Bottom-up, one pass."""
+    table, names = tree.table, tree.ids
+    size = len(table)
+    order = np.argsort(tree.group_of, kind="stable").tolist()
+    bounds = np.zeros(size + 1, dtype=np.int64)
+    np.cumsum(np.bincount(tree.group_of, minlength=size), out=bounds[1:])
+    bounds = bounds.tolist()
+    count, first = table.count.tolist(), table.first.tolist()
+    segments = table.segment.tolist()
+    children: dict[int, list[int]] = {}
+    for k, parent in enumerate(table.parent.tolist()):
+        if k and count[k]:
+            children.setdefault(parent, []).append(k)
 
-        segs = self.segments
-        calls, split, components = segs.calls, segs.split, segs.components
-        rule_of, render = segs.decisions.rule_of, Renderer()
-        made: list[Group | None] = [None] * size
-        for k in np.argsort(-table.depth, kind="stable").tolist():
-            if not k or not count[k]:
-                continue
-            kids_ids = children.get(k, ())
-            if len(kids_ids) > 1:
-                kids_ids.sort(key=rank)
-            kids = tuple([made[g] for g in kids_ids])
-            own = tuple(order[bounds[k]:bounds[k + 1]])
-            segment = segments[k]
-            if segment >= 0:
-                call, rule = calls[segment], rule_of(segment)
-                assert rule is not None
-                made[k] = Group(names[k], "module", call, rule,
-                                render(rule.name_template, call),
-                                render(rule.domain_template, call), kids, own, count[k],
-                                key=call.key, index=k)
-            else:
-                component = components[-1 - segment]
-                made[k] = Group(names[k], "component", None, split, component.name,
-                                SPLIT_DOMAIN, kids, own, count[k], tag_value=component.value,
-                                key=component.name, index=k)
-        top = children.get(0, [])
-        top.sort(key=rank)
-        kids = tuple([made[g] for g in top])
-        own = tuple(order[bounds[0]:bounds[1]])
-        made[0] = Group("", "root", None, None, self.graph.root_class or "main", "", kids, own,
-                        len(own) + sum(kid.size for kid in kids), key="", index=0)
-        return made
+    def rank(g: int) -> tuple[int, int]:
+        return (0, -segments[g]) if segments[g] < 0 else (1, first[g])
+
+    segs = tree.segments
+    calls, split, components = segs.calls, segs.split, segs.components
+    rule_of, render = segs.decisions.rule_of, Renderer()
+    made: list[Group | None] = [None] * size
+    for k in np.argsort(-table.depth, kind="stable").tolist():
+        if not k or not count[k]:
+            continue
+        kids_ids = children.get(k, ())
+        if len(kids_ids) > 1:
+            kids_ids.sort(key=rank)
+        kids = tuple([made[g] for g in kids_ids])
+        own = tuple(order[bounds[k]:bounds[k + 1]])
+        segment = segments[k]
+        if segment >= 0:
+            call, rule = calls[segment], rule_of(segment)
+            assert rule is not None
+            made[k] = Group(names[k], "module", call, rule,
+                            render(rule.name_template, call),
+                            render(rule.domain_template, call), kids, own, count[k],
+                            key=call.key, index=k)
+        else:
+            component = components[-1 - segment]
+            made[k] = Group(names[k], "component", None, split, component.name,
+                            SPLIT_DOMAIN, kids, own, count[k], tag_value=component.value,
+                            key=component.name, index=k)
+    top = children.get(0, [])
+    top.sort(key=rank)
+    kids = tuple([made[g] for g in top])
+    own = tuple(order[bounds[0]:bounds[1]])
+    made[0] = Group("", "root", None, None, tree.graph.root_class or "main", "", kids, own,
+                    len(own) + sum(kid.size for kid in kids), key="", index=0)
+    return made

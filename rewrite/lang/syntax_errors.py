@@ -86,52 +86,58 @@ def syntax_diagnostic(e: lark.UnexpectedInput, source: Source, parser: Lark) -> 
         return Diagnostic(
             "error", f"unexpected end of file, expected {_describe_expected(expected)}", span)
     if isinstance(e, lark.UnexpectedToken):
-        token: Token = e.token
-        expected = set(e.expected) | set(getattr(e, "accepts", set()) or set())
-        if expected and expected <= _AFTER_NAME and str(token) == "=":
-            after = source.text[e.pos_in_stream + 1:e.pos_in_stream + 2]
-            if after in ("<", ">"):
-                return Diagnostic("error", f"unknown comparison '={after}'", span,
-                                  f"did you mean '{after}='?")
-            return Diagnostic(
-                "error", "a tag test compares with '==' (or '!='); a single '=' sets a tag in a "
-                "tag rule", span, "did you mean '=='?",
-            )
-        if expected == {"STRING"} and str(token) == "=":
-            return Diagnostic(
-                "error", "a tag rule sets a tag with a single '='", span,
-                'write key = "value" (== is for tag tests in selectors)',
-            )
-        if expected and expected <= _AFTER_NAME and {"EQ", "NE"} <= expected:
-            # `NAME` followed by something other than a comparison: almost always a misspelt
-            # keyword
-            end = len(source.text) if token.type == "$END" else e.pos_in_stream
-            word, word_span = _previous_word(source, end, parser)
-            if word in ast.MEASURES:
-                return needs_comparison(word, word_span)
-            return unknown_selector(word, word_span)
-        if expected == {"NAME"}:
-            end = len(source.text) if token.type == "$END" else e.pos_in_stream
-            if _previous_word(source, end, parser)[0] == "cycle":
-                return Diagnostic("error", "'on cycle' needs a policy: error or flatten",
-                                  _end_span(source) if token.type == "$END" else span,
-                                  "write 'on cycle flatten' or 'on cycle error'")
-        if token.type == "$END":
-            return Diagnostic(
-                "error",
-                f"unexpected end of file, expected {_describe_expected(expected)}",
-                _end_span(source),
-            )
-        hint = None
-        if token.type in ("NAME", "PATTERN"):
-            hint = did_you_mean(str(token), _expected_keywords(expected) or list(ALL_KEYWORDS))
+        return _unexpected_token(e, source, parser, span)
+    return Diagnostic("error", str(e).splitlines()[0], span)
+
+
+def _unexpected_token(e: lark.UnexpectedToken, source: Source, parser: Lark, span: Span
+                      ) -> Diagnostic:
+    """The diagnostic for an unexpected token at ``span``."""
+    token: Token = e.token
+    expected = set(e.expected) | set(getattr(e, "accepts", set()) or set())
+    if expected and expected <= _AFTER_NAME and str(token) == "=":
+        after = source.text[e.pos_in_stream + 1:e.pos_in_stream + 2]
+        if after in ("<", ">"):
+            return Diagnostic("error", f"unknown comparison '={after}'", span,
+                              f"did you mean '{after}='?")
+        return Diagnostic(
+            "error", "a tag test compares with '==' (or '!='); a single '=' sets a tag in a "
+            "tag rule", span, "did you mean '=='?",
+        )
+    if expected == {"STRING"} and str(token) == "=":
+        return Diagnostic(
+            "error", "a tag rule sets a tag with a single '='", span,
+            'write key = "value" (== is for tag tests in selectors)',
+        )
+    if expected and expected <= _AFTER_NAME and {"EQ", "NE"} <= expected:
+        # `NAME` followed by something other than a comparison: almost always a misspelt
+        # keyword
+        end = len(source.text) if token.type == "$END" else e.pos_in_stream
+        word, word_span = _previous_word(source, end, parser)
+        if word in ast.MEASURES:
+            return needs_comparison(word, word_span)
+        return unknown_selector(word, word_span)
+    if expected == {"NAME"}:
+        end = len(source.text) if token.type == "$END" else e.pos_in_stream
+        if _previous_word(source, end, parser)[0] == "cycle":
+            return Diagnostic("error", "'on cycle' needs a policy: error or flatten",
+                              _end_span(source) if token.type == "$END" else span,
+                              "write 'on cycle flatten' or 'on cycle error'")
+    if token.type == "$END":
         return Diagnostic(
             "error",
-            f"unexpected {str(token)!r}, expected {_describe_expected(expected)}",
-            span,
-            hint,
+            f"unexpected end of file, expected {_describe_expected(expected)}",
+            _end_span(source),
         )
-    return Diagnostic("error", str(e).splitlines()[0], span)
+    hint = None
+    if token.type in ("NAME", "PATTERN"):
+        hint = did_you_mean(str(token), _expected_keywords(expected) or list(ALL_KEYWORDS))
+    return Diagnostic(
+        "error",
+        f"unexpected {str(token)!r}, expected {_describe_expected(expected)}",
+        span,
+        hint,
+    )
 
 
 def _end_span(source: Source) -> Span:

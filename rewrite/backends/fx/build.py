@@ -117,13 +117,13 @@ class _Builder:
                 self._emit_node(graph, env, gid, item, attributes, name)
 
         if is_root:
-            self._root_output(graph, env, attributes)
+            _root_output(source, graph, env, attributes)
             graph.set_codegen(source.codegen)
         else:
             outputs = tuple(env[o] for o in flow.outputs[gid])
             graph.output(outputs[0] if len(outputs) == 1 else outputs)
 
-        module = new_module(self._class_name(gid), self._meta(gid))
+        module = new_module(_class_name(self.h, source, gid), _meta(self.h, gid))
         for location, child in children.items():
             register_module(module, location, child)
         for relative, attribute in attributes.items():
@@ -189,58 +189,59 @@ class _Builder:
             item.meta = getitem_meta(meta, output)
             env[output] = item
 
-    def _root_output(self, graph: torch.fx.Graph, env: Env,
-                     attributes: dict[str, Attribute]) -> None:
-        """Write mutations back with ``copy_``, then return the user outputs."""
-        source = self.source
-        copies: dict[torch.fx.Node, torch.fx.Node] = {}
-        for mutation in source.mutations:
-            if mutation.user_input is not None:
-                target = env[mutation.user_input]
-            else:
-                target = self._root_attribute(graph, env, attributes, mutation.buffer)  # type: ignore[arg-type]
-            value = env[mutation.value]
-            new = graph.create_node("call_function", torch.ops.aten.copy_.default, (target, value),
-                                    name=node_name(f"copy_{target.name}"))
-            new.meta = {k: v for k, v in value.meta.items()
-                        if k in ("nn_module_stack", "stack_trace", "val")}
-            copies[mutation.value] = new
-        result = torch.fx.map_arg(source.outputs, lambda n: copies[n] if n in copies else env[n])
-        out = graph.output(result)
-        original = source.graph.output_node()
-        if "stack_trace" in original.meta:
-            out.meta["stack_trace"] = original.meta["stack_trace"]
 
-    def _root_attribute(self, graph: torch.fx.Graph, env: Env, attributes: dict[str, Attribute],
-                        fqn: str) -> torch.fx.Node:
-        """The root's ``get_attr`` node for ``fqn``, made if the root does not read it yet."""
-        for node, attribute in self.source.attributes.items():
-            if attribute.fqn == fqn and node in env and env[node].graph is graph:
-                return env[node]
-        known = {a.fqn: a for a in self.source.all_attributes}
-        attributes[fqn] = known[fqn]
-        new = graph.get_attr(fqn)
-        return new
+def _root_output(source: FxSource, graph: torch.fx.Graph, env: Env,
+                 attributes: dict[str, Attribute]) -> None:
+    """Write mutations back with ``copy_``, then return the user outputs."""
+    copies: dict[torch.fx.Node, torch.fx.Node] = {}
+    for mutation in source.mutations:
+        if mutation.user_input is not None:
+            target = env[mutation.user_input]
+        else:
+            target = _root_attribute(source, graph, env, attributes, mutation.buffer)  # type: ignore[arg-type]
+        value = env[mutation.value]
+        new = graph.create_node("call_function", torch.ops.aten.copy_.default, (target, value),
+                                name=node_name(f"copy_{target.name}"))
+        new.meta = {k: v for k, v in value.meta.items()
+                    if k in ("nn_module_stack", "stack_trace", "val")}
+        copies[mutation.value] = new
+    result = torch.fx.map_arg(source.outputs, lambda n: copies[n] if n in copies else env[n])
+    out = graph.output(result)
+    original = source.graph.output_node()
+    if "stack_trace" in original.meta:
+        out.meta["stack_trace"] = original.meta["stack_trace"]
 
-    # -- naming -------------------------------------------------------------------------
 
-    def _class_name(self, gid: int) -> str:
-        group = self.h.groups[gid]
-        if gid == 0:
-            return self.source.root_class
-        if group.kind == "module" and group.call is not None:
-            return group.call.class_name
-        return identifier(group.function_name or group.key)
+def _root_attribute(source: FxSource, graph: torch.fx.Graph, env: Env,
+                    attributes: dict[str, Attribute], fqn: str) -> torch.fx.Node:
+    """The root's ``get_attr`` node for ``fqn``, made if the root does not read it yet."""
+    for node, attribute in source.attributes.items():
+        if attribute.fqn == fqn and node in env and env[node].graph is graph:
+            return env[node]
+    known = {a.fqn: a for a in source.all_attributes}
+    attributes[fqn] = known[fqn]
+    new = graph.get_attr(fqn)
+    return new
 
-    def _meta(self, gid: int) -> dict[str, Any]:
-        group = self.h.groups[gid]
-        info = {
-            "group": group.id or "",
-            "kind": group.kind,
-            "class": group.call.cls if group.call is not None else None,
-            "rule": group.origin,
-        }
-        return {META_KEY: info}
+
+def _class_name(h: Hierarchy, source: FxSource, gid: int) -> str:
+    group = h.groups[gid]
+    if gid == 0:
+        return source.root_class
+    if group.kind == "module" and group.call is not None:
+        return group.call.class_name
+    return identifier(group.function_name or group.key)
+
+
+def _meta(h: Hierarchy, gid: int) -> dict[str, Any]:
+    group = h.groups[gid]
+    info = {
+        "group": group.id or "",
+        "kind": group.kind,
+        "class": group.call.cls if group.call is not None else None,
+        "rule": group.origin,
+    }
+    return {META_KEY: info}
 
 
 def build_modules(h: Hierarchy, layout: Layout, flow: Flow, source: FxSource) -> Built:

@@ -55,6 +55,18 @@ def is_computation(node: torch.fx.Node, source: FxSource) -> bool:
     return node.op not in ("placeholder", "output") and node not in source.attributes
 
 
+def _kept_groups(tree: GroupTree, computes: list[bool]) -> list:
+    """The groups with computation somewhere below them, in pre-order (the root first)."""
+    up = tree.table.parent.tolist()  # parents have smaller ids
+    busy = [False] * len(up)
+    busy[0] = True
+    for k in np.unique(tree.group_of[np.asarray(computes, dtype=bool)]).tolist():
+        while not busy[k]:
+            busy[k] = True
+            k = up[k]
+    return [g for g in tree.root.walk() if busy[g.index]]
+
+
 def build_hierarchy(tree: GroupTree, source: FxSource) -> Hierarchy:
     """Index ``tree`` over the FX nodes of ``source`` (IR node i is FX node i)."""
     nodes = tuple(source.graph.nodes)
@@ -67,16 +79,7 @@ def build_hierarchy(tree: GroupTree, source: FxSource) -> Hierarchy:
         )
     position = {node: i for i, node in enumerate(nodes)}
     computes = [is_computation(node, source) for node in nodes]
-
-    # the groups with computation somewhere below them (parents have smaller ids)
-    up = tree.table.parent.tolist()
-    busy = [False] * len(up)
-    busy[0] = True
-    for k in np.unique(tree.group_of[np.asarray(computes, dtype=bool)]).tolist():
-        while not busy[k]:
-            busy[k] = True
-            k = up[k]
-    kept = [g for g in tree.root.walk() if busy[g.index]]
+    kept = _kept_groups(tree, computes)
     gid_of = {g.index: i for i, g in enumerate(kept)}
     parent = [-1] * len(kept)
     depth = [0] * len(kept)

@@ -17,7 +17,7 @@ the plan the outliner follows), ``_opsets``. Around them: ``options`` (:class:`O
 onnx_ir: :mod:`rewrite._private`.
 
 The pipeline imports torch.onnx and onnxscript; this package imports it on first use of
-:func:`lower` / :class:`Lowering` (or ``to_onnx`` / ``save_onnx``), so that what only reads
+:func:`lower` / :class:`Lowered` (or ``to_onnx`` / ``save_onnx``), so that what only reads
 ONNX models (``rewrite suggest`` on an ``.onnx`` file: ``outlining``) does not pay for them.
 """
 
@@ -35,12 +35,13 @@ if TYPE_CHECKING:
     import onnx_ir as ir
 
     from rewrite.api import Result
-    from rewrite.backends.onnx.pipeline import Lowering, lower
+    from rewrite.backends.onnx.pipeline import Lowered, Lowering, lower
 
 
 def __getattr__(name: str) -> Any:
-    """:func:`lower` and :class:`Lowering`, from :mod:`pipeline` on first use."""
-    if name in ("lower", "Lowering"):
+    """:func:`lower`, :class:`Lowered` (and its former name ``Lowering``), from
+    :mod:`pipeline` on first use."""
+    if name in ("lower", "Lowered", "Lowering"):
         value = getattr(importlib.import_module(f"{__name__}.pipeline"), name)
         globals()[name] = value
         return value
@@ -63,7 +64,7 @@ def to_onnx(result: "Result", *, progress: Progress | None = None,
 
 
 def save_onnx(result: "Result", output_path: str | Path, *, progress: Progress | None = None,
-              **options: Any) -> Lowering:
+              **options: Any) -> Lowered:
     """Lower ``result`` and write it to ``output_path`` (never a partial file).
 
     Weights go to ``<output>.data`` when larger than ``external_data_threshold`` bytes (or
@@ -92,4 +93,5 @@ def save_onnx(result: "Result", output_path: str | Path, *, progress: Progress |
     return lowering
 
 
-__all__ = ["Lowering", "OnnxOptions", "Progress", "lower", "save_onnx", "summarize", "to_onnx"]
+__all__ = ["Lowered", "Lowering", "OnnxOptions", "Progress", "lower", "save_onnx", "summarize",
+           "to_onnx"]

@@ -101,14 +101,14 @@ class StandIn:
 
     node: ir.Node
     call: int
-    first: int
+    first_call: int
     """The call whose inlined nodes are the :class:`Template`."""
     expansion: Expansion
 
 
-def stand_in(node: ir.Node, call: int, first: int, template: Template,
+def stand_in(node: ir.Node, call: int, first_call: int, template: Template,
              facts: Sequence[NodeFacts]) -> StandIn:
-    return StandIn(node, call, first, Expansion(tuple(facts), template.reads, template.rows))
+    return StandIn(node, call, first_call, Expansion(tuple(facts), template.reads, template.rows))
 
 
 @frozen
@@ -117,7 +117,7 @@ class Reuse:
 
     node: ir.Node
     call: int
-    first: int
+    first_group: int
     """Group id of the first call's group (in the ONNX tree)."""
     groups: Mapping[int, int]
     """Each group of the stand-in's subtree -> the matching group of the first call's."""
@@ -152,11 +152,11 @@ def plan(tree: GroupTree, graph: ir.Graph, stand_ins: Mapping[ir.Node, StandIn],
     failed: set[int] = set()
     reuses: dict[int, Reuse] = {}
     for node, standing in stand_ins.items():
-        template = templates[standing.first]
+        template = templates[standing.first_call]
         mine = [index[r] for r in range(row_of[node], row_of[node] + len(template.nodes))]
         theirs = [index[row_of[n]] for n in template.nodes]
         own = by_id.get(group_ids[standing.call])
-        first = by_id.get(group_ids[standing.first])
+        first = by_id.get(group_ids[standing.first_call])
         groups = (_match(tree, own, first, mine, theirs)
                   if own is not None and first is not None else None)
         if groups is None:

@@ -1,21 +1,21 @@
 """Why distinct: for each group identity lowered to more than one function, the first
 difference between each variant's body and the first one's.
 
-:func:`merge.merge_functions` decides which functions stay apart: bodies of one identity whose
-structural keys (:meth:`structure.Keyer.body`, in canonical order) differ. When it keeps a body
-apart it hands the body's key here (:meth:`Variants.add`), and the key is compared with the
-key of the identity's first body, part by part, at the moment the decision is made (before
-scalars are lifted): no second notion of "equal bodies".
+:func:`finishing._merge.merge_functions` decides which functions stay apart: bodies of one
+identity whose structural keys (:meth:`outlining._body_keys.Keyer.body`, in canonical order)
+differ. When it keeps a body apart it hands the body's key here (:meth:`Variants.add`), and the
+key is compared with the key of the identity's first body, part by part, at the moment the
+decision is made (before scalars are lifted): no second notion of "equal bodies".
 
 The parts, in the order they are reported:
 
-* the inputs' types and shapes (:meth:`Keyer.types`), when the two bodies take as many inputs
-  and their types differ as multisets (a reordering is not a difference): ``shape`` or
-  ``dtype``, with the input names;
-* the nodes (:meth:`Keyer.node`: head, inputs, attributes). Canonical order is topological
-  and, among ready nodes, sorted by a digest: after the first position where the keys differ,
-  the two orders need not pair nodes that correspond. So the difference is looked for among
-  the nodes that were *ready* there (all inputs read the equal prefix, arguments or
+* the inputs' types and shapes (:meth:`outlining._body_keys.Keyer.types`), when the two bodies
+  take as many inputs and their types differ as multisets (a reordering is not a difference):
+  ``shape`` or ``dtype``, with the input names;
+* the nodes (:meth:`outlining._body_keys.Keyer.node`: head, inputs, attributes). Canonical order
+  is topological and, among ready nodes, sorted by a digest: after the first position where the
+  keys differ, the two orders need not pair nodes that correspond. So the difference is looked
+  for among the nodes that were *ready* there (all inputs read the equal prefix, arguments or
   constants): a node whose key has no equal among the other side's ready nodes, paired with
   the other side's unmatched ready node that reads the same inputs (then ``op``, ``subtree``:
   a call of another function, ``attribute``, ``constant``: a ``Constant`` node's value), or
@@ -34,10 +34,11 @@ from typing import TYPE_CHECKING, Mapping, Sequence
 import onnx_ir as ir
 from attrs import evolve, frozen
 
-if TYPE_CHECKING:  # outlining imports this module (Outlined.variants)
-    from rewrite.backends.onnx.outlining._body_keys import Key
+from rewrite.backends.onnx.summary import FunctionId
 
-FunctionId = tuple[str, str, str]
+if TYPE_CHECKING:  # outlining imports this module (Outlined.variants)
+    from rewrite.backends.onnx.outlining import BodyKey, Key, NodeKey
+
 Identity = tuple[str, str]
 """A group's ``(domain, base name)``: the functions made for it are one class."""
 
@@ -45,8 +46,6 @@ KINDS = ("shape", "dtype", "op", "subtree", "attribute", "constant", "flow", "no
          "outputs")
 """What a :class:`Difference` can be about (see the module docstring)."""
 
-_HEAD = 4
-"""A node key is :meth:`Keyer.head` (domain, op, overload, outputs) + (inputs, attributes)."""
 _MAX_ELEMENTS = 8
 
 
@@ -91,21 +90,21 @@ class Variant:
 @frozen
 class _Body:
     function: FunctionId
-    key: Key
+    key: "BodyKey"
     nodes: list[ir.Node]
     inputs: list[ir.Value]
 
 
 class Variants:
-    """Told of every body :func:`merge.merge_functions` keeps apart; :attr:`found` holds a
-    :class:`Variant` for each one beside the first of its identity."""
+    """Told of every body :func:`finishing._merge.merge_functions` keeps apart; :attr:`found`
+    holds a :class:`Variant` for each one beside the first of its identity."""
 
     def __init__(self, functions: Mapping[FunctionId, ir.Function]) -> None:
         self._functions = functions
         self._first: dict[Identity, _Body] = {}
         self.found: list[Variant] = []
 
-    def add(self, identity: Identity, function: FunctionId, key: Key, nodes: list[ir.Node],
+    def add(self, identity: Identity, function: FunctionId, key: "BodyKey", nodes: list[ir.Node],
             inputs: list[ir.Value]) -> None:
         """A body with a key no earlier body of ``identity`` has (``nodes`` and ``inputs`` in
         the key's order)."""
@@ -133,8 +132,8 @@ class Variants:
 
 def _difference(a: _Body, b: _Body, functions: Mapping[FunctionId, ir.Function]
                 ) -> Difference:
-    _, a_nodes, a_returned, a_types = a.key
-    _, b_nodes, b_returned, b_types = b.key
+    a_nodes, a_returned, a_types = a.key.nodes, a.key.returned, a.key.types
+    b_nodes, b_returned, b_types = b.key.nodes, b.key.returned, b.key.types
     if len(a_types) == len(b_types) and Counter(a_types) != Counter(b_types):
         return _types(a, b)
     found = _nodes(a, b, functions)
@@ -156,7 +155,7 @@ def _difference(a: _Body, b: _Body, functions: Mapping[FunctionId, ir.Function]
 def _types(a: _Body, b: _Body) -> Difference:
     """The first input of ``b`` whose type ``a`` lacks, beside ``a``'s at the same place (or
     its first input of a type ``b`` lacks)."""
-    a_types, b_types = a.key[3], b.key[3]
+    a_types, b_types = a.key.types, b.key.types
     missing_in_a = Counter(b_types) - Counter(a_types)
     missing_in_b = Counter(a_types) - Counter(b_types)
     k = next(k for k, t in enumerate(b_types) if t in missing_in_a)
@@ -170,7 +169,7 @@ def _types(a: _Body, b: _Body) -> Difference:
 
 def _nodes(a: _Body, b: _Body, functions: Mapping[FunctionId, ir.Function]
            ) -> Difference | None:
-    a_keys, b_keys = a.key[1], b.key[1]
+    a_keys, b_keys = a.key.nodes, b.key.nodes
     j = next((j for j, (x, y) in enumerate(zip(a_keys, b_keys)) if x != y),
              min(len(a_keys), len(b_keys)))
     if j == len(a_keys) == len(b_keys):
@@ -190,18 +189,18 @@ def _nodes(a: _Body, b: _Body, functions: Mapping[FunctionId, ir.Function]
     return None  # pragma: no cover - keys differ at j: some ready node differs
 
 
-def _ready(key: Key, j: int) -> bool:
+def _ready(key: "NodeKey", j: int) -> bool:
     """Whether a node with ``key`` reads only arguments, constants and the first ``j``
-    members (``(member, output)`` references, see :meth:`Keyer.refs`)."""
-    return all(not _member_ref(ref) or ref[0] < j for ref in key[_HEAD])
+    members (``(member, output)`` references, see :meth:`outlining._body_keys.Keyer.refs`)."""
+    return all(not _member_ref(ref) or ref[0] < j for ref in key.inputs)
 
 
 def _member_ref(ref: Key) -> bool:
     return isinstance(ref, tuple) and len(ref) == 2 and type(ref[0]) is int
 
 
-def _unmatched(mine: list[int], my_keys: Sequence[Key], theirs: list[int],
-               their_keys: Sequence[Key]) -> list[int]:
+def _unmatched(mine: list[int], my_keys: Sequence["NodeKey"], theirs: list[int],
+               their_keys: Sequence["NodeKey"]) -> list[int]:
     """``mine`` whose keys are not among ``theirs``' (counted: two equal nodes need two)."""
     left = Counter(their_keys[i] for i in theirs)
     alone = []
@@ -213,20 +212,20 @@ def _unmatched(mine: list[int], my_keys: Sequence[Key], theirs: list[int],
     return alone
 
 
-def _counterpart(key: Key, candidates: list[int], keys: Sequence[Key]) -> int | None:
+def _counterpart(key: "NodeKey", candidates: list[int], keys: Sequence["NodeKey"]) -> int | None:
     """Among ``candidates``, the node reading the same inputs (the same op first), else the
     first of the same op; None when there is none."""
-    same_inputs = [i for i in candidates if keys[i][_HEAD] == key[_HEAD]]
+    same_inputs = [i for i in candidates if keys[i].inputs == key.inputs]
     for i in same_inputs:
-        if keys[i][:_HEAD] == key[:_HEAD]:
+        if keys[i].head == key.head:
             return i
     if same_inputs:
         return same_inputs[0]
-    return next((i for i in candidates if keys[i][:_HEAD] == key[:_HEAD]), None)
+    return next((i for i in candidates if keys[i].head == key.head), None)
 
 
 def _pair(a_nodes: list[ir.Node], i: int | None, b_nodes: list[ir.Node], k: int | None,
-          a_keys: Sequence[Key], b_keys: Sequence[Key],
+          a_keys: Sequence["NodeKey"], b_keys: Sequence["NodeKey"],
           functions: Mapping[FunctionId, ir.Function]) -> Difference:
     """What differs between node ``i`` of the first body and node ``k`` of the variant
     (one of them None: a node only the other side has)."""
@@ -238,15 +237,15 @@ def _pair(a_nodes: list[ir.Node], i: int | None, b_nodes: list[ir.Node], k: int 
         return Difference("node", "", side_a, side_b)
     x, y = a_nodes[i], b_nodes[k]
     kx, ky = a_keys[i], b_keys[k]
-    if kx[:_HEAD] != ky[:_HEAD]:
+    if kx.head != ky.head:
         side_a, side_b = _op_side(a_nodes, i, functions), _op_side(b_nodes, k, functions)
         kind = "subtree" if side_a.function and side_b.function else "op"
         return Difference(kind, "", side_a, side_b)
-    if kx[_HEAD] != ky[_HEAD]:
-        n = next((n for n, (u, v) in enumerate(zip(kx[_HEAD], ky[_HEAD])) if u != v), 0)
+    if kx.inputs != ky.inputs:
+        n = next((n for n, (u, v) in enumerate(zip(kx.inputs, ky.inputs)) if u != v), 0)
         return Difference("flow", f"input {n}", Side(_name(x, i), _read(x, n)),
                           Side(_name(y, k), _read(y, n)))
-    attrs_x, attrs_y = dict(kx[_HEAD + 1]), dict(ky[_HEAD + 1])
+    attrs_x, attrs_y = dict(kx.attributes), dict(ky.attributes)
     name = next(n for n in sorted(attrs_x.keys() | attrs_y.keys())
                 if attrs_x.get(n) != attrs_y.get(n))
     kind = "constant" if x.op_type == "Constant" and x.domain == "" else "attribute"

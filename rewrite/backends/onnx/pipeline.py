@@ -1,17 +1,17 @@
 """From a :class:`Result` to an ``onnx_ir.Model`` with functions: the backend's pipeline.
 
 * ``.pt2`` / ExportedProgram: strategies tried in order (``OnnxOptions.lowering``), each
-  returning a :class:`Lowering` or a :class:`NotHere` with its reason, like torch.onnx's
+  returning a :class:`Lowered` or a :class:`NotHere` with its reason, like torch.onnx's
   capture strategies; only a :class:`NotHere` moves on to the next, and says why in a
   warning; any other error surfaces.
 
   1. per body (:func:`_per_body`; a program with in-place ops first in torch's functional
-     form, :func:`perbody.functional`, grouped again): torch.onnx lowers the ops (one
+     form, :func:`lowering.functional`, grouped again): torch.onnx lowers the ops (one
      decomposition, not optimized), each distinct body translated once (:mod:`lowering._perbody`),
      each repeated call but the first of its body left standing in for its nodes
      (:mod:`_standins`); :mod:`lowering._regroup` groups its nodes with the same rules and
      :mod:`outlining` outlines. Translating, planning and outlining each return the calls
-     that cannot stand in (a :class:`standins.MustInline`) instead of a result: the one
+     that cannot stand in (a :class:`_standins.MustInline`) instead of a result: the one
      loop, :func:`_inlining_until_all_fit`, translates again with those inlined too (the
      decomposition kept) until none is found;
   2. the flat program (:func:`_flat`): ``torch.onnx.export``, grouped again, outlined.
@@ -29,7 +29,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, overload
 
 import onnx_ir as ir
 import torch
@@ -63,8 +63,9 @@ if TYPE_CHECKING:
 
 
 @frozen
-class Lowering:
-    """The lowered model and how it was made."""
+class Lowered:
+    """The lowered model and how it was made: what :func:`lower` returns (the stage that
+    makes ONNX ops is :mod:`lowering`)."""
 
     model: ir.Model
     tree: GroupTree
@@ -76,9 +77,12 @@ class Lowering:
     """How the ops were lowered: ``per-body``, ``flat`` (torch.onnx.export of the whole
     program) or ``onnx`` (the input was ONNX)."""
     inlined: int | None = None
-    """``per-body``: how many grouped calls were inlined (the first of each body, and those
+    """``per-body``: the number of grouped calls inlined (the first of each body, and those
     that could not stand in, see ``_standins``); the others were never materialized."""
 
+
+Lowering = Lowered
+"""The former name of :class:`Lowered` (code outside the backend imports it)."""
 
 _OUTLINED = "rewrite.outlined"
 """``Model.meta`` key: this model loaded from a path has been outlined in place."""
@@ -101,7 +105,7 @@ def _onnx_model(result: "Result") -> tuple[ir.Model, GroupTree]:
 
 
 def lower(result: "Result", options: OnnxOptions | None = None,
-          progress: Progress | None = None) -> Lowering:
+          progress: Progress | None = None) -> Lowered:
     """Lower ``result`` (see the module docstring)."""
     options = options or OnnxOptions()
     progress = progress or SILENT
@@ -120,16 +124,15 @@ def lower(result: "Result", options: OnnxOptions | None = None,
 
 
 def outline_in_place(model: ir.Model, tree: GroupTree, options: OnnxOptions,
-                     progress: Progress = SILENT) -> Lowering:
+                     progress: Progress = SILENT) -> Lowered:
     """An ONNX model (``.onnx`` input, :class:`rewrite.RewritePass`) outlined in place with
     ``tree`` (grouped over its main graph) and finished, not optimized."""
     outlined = _outline(model, tree, options, progress)
-    assert not isinstance(outlined, MustInline), "no stand-ins without a plan"
-    return _finished(Lowering(model, tree, outlined), options, progress, False)
+    return _finished(Lowered(model, tree, outlined), options, progress, False)
 
 
-def _finished(lowering: Lowering, options: OnnxOptions, progress: Progress, optimized: bool
-              ) -> Lowering:
+def _finished(lowering: Lowered, options: OnnxOptions, progress: Progress, optimized: bool
+              ) -> Lowered:
     """``lowering`` finished (:func:`finishing.finish`)."""
     with progress.step(f"optimizing {len(lowering.outlined.functions)} functions and the main "
                        "graph" if optimized else "merging equal functions"):
@@ -137,10 +140,16 @@ def _finished(lowering: Lowering, options: OnnxOptions, progress: Progress, opti
     return evolve(lowering, outlined=outlined)
 
 
+@overload
+def _outline(model: ir.Model, tree: GroupTree, options: OnnxOptions, progress: Progress,
+             plan: None = None) -> Outlined: ...
+@overload
+def _outline(model: ir.Model, tree: GroupTree, options: OnnxOptions, progress: Progress,
+             plan: Plan) -> Outlined | MustInline: ...
 def _outline(model: ir.Model, tree: GroupTree, options: OnnxOptions, progress: Progress,
              plan: Plan | None = None) -> Outlined | MustInline:
-    """:func:`outline.outline`, its progress reported (a :class:`MustInline` only with a
-    ``plan``)."""
+    """:func:`outlining.outline`, its progress reported (a :class:`MustInline` only with a
+    ``plan``: without one, every call is outlined where it is)."""
     total = sum(1 for _ in tree.groups())
     done = 0
 
@@ -158,35 +167,42 @@ class NotHere:
     """A strategy that does not apply to this program: why, and what the next strategy
     lowers (the program as this one left it: in its functional form, maybe)."""
 
-    reason: str
+    error: Exception | None
+    """What the strategy raised (one of :data:`lowering.NOT_HERE`); None before the first."""
     program: torch.export.ExportedProgram
     tree: GroupTree
     """``program``'s groups."""
 
+    @property
+    def reason(self) -> str:
+        """The first line of :attr:`error`."""
+        return first_line(self.error) if self.error is not None else ""
+
 
 def _lower_program(result: "Result", program: torch.export.ExportedProgram,
-                   options: OnnxOptions, progress: Progress) -> Lowering:
+                   options: OnnxOptions, progress: Progress) -> Lowered:
     """ONNX ops for ``program`` grouped like ``result.tree``, outlined: the strategies of
     ``options.lowering`` tried in order (per body, :func:`_per_body`; the flat program,
     :func:`_flat`), like torch.onnx's capture strategies. Only a :class:`NotHere` moves on to
     the next (and says why in a warning); any other error surfaces."""
     strategies = {"auto": (_per_body, _flat), "per-body": (_per_body,), "flat": (_flat,)}
-    found: Lowering | NotHere = NotHere("", program, result.tree)
+    found: Lowered | NotHere = NotHere(None, program, result.tree)
     warnings: tuple[Diagnostic, ...] = ()
     for strategy in strategies[options.lowering]:
         found = strategy(result, found.program, found.tree, options, progress)
-        if isinstance(found, Lowering):
+        if isinstance(found, Lowered):
             return evolve(found, warnings=(*warnings, *found.warnings))
         if options.lowering == "per-body":
-            raise InputError(f"cannot lower this program per body: {found.reason}")
+            raise InputError(f"cannot lower this program per body: {found.reason}"
+                             ) from found.error
         warnings = (Diagnostic(
             "warning", f"lowered the flat program with torch.onnx.export (slower): per-body "
-            f"lowering is not possible: {found.reason}"),)
+            f"lowering is not possible: {found.reason}", cause=found.error),)
     raise AssertionError("the flat strategy applies to every program")
 
 
 def _flat(result: "Result", program: torch.export.ExportedProgram, tree: GroupTree,
-          options: OnnxOptions, progress: Progress) -> Lowering:
+          options: OnnxOptions, progress: Progress) -> Lowered:
     """``torch.onnx.export`` of the flat program, grouped again (:mod:`lowering._regroup`),
     outlined."""
     with progress.step(f"torch.onnx.export ({_count(tree.graph)} FX nodes)"):
@@ -194,12 +210,11 @@ def _flat(result: "Result", program: torch.export.ExportedProgram, tree: GroupTr
             program, optimize=False, custom_translation_table=options.custom_translation_table)
     onnx_tree, warnings = regroup(result.rules, tree, exported.model, exported.program)
     outlined = _outline(exported.model, onnx_tree, options, progress)
-    assert not isinstance(outlined, MustInline), "no stand-ins without a plan"
-    return Lowering(exported.model, onnx_tree, outlined, tuple(warnings), "flat")
+    return Lowered(exported.model, onnx_tree, outlined, tuple(warnings), "flat")
 
 
 def _per_body(result: "Result", program: torch.export.ExportedProgram, tree: GroupTree,
-              options: OnnxOptions, progress: Progress) -> Lowering | NotHere:
+              options: OnnxOptions, progress: Progress) -> Lowered | NotHere:
     """Each distinct body decomposed and translated once (:mod:`lowering._perbody`; a program with
     in-place ops first in its functional form, grouped again), or why not."""
     try:
@@ -213,35 +228,36 @@ def _per_body(result: "Result", program: torch.export.ExportedProgram, tree: Gro
                 decomposed = DecomposedProgram(program, tree, options.custom_translation_table)
         return _inlining_until_all_fit(result, decomposed, options, progress)
     except NOT_HERE as e:
-        return NotHere(first_line(e), program, tree)
+        return NotHere(e, program, tree)
 
 
 def _inlining_until_all_fit(result: "Result", decomposed: DecomposedProgram,
-                            options: OnnxOptions, progress: Progress) -> Lowering:
+                            options: OnnxOptions, progress: Progress) -> Lowered:
     """The one loop of the per-body path: translate with the first call of each body and the
-    calls in ``inlined`` inlined, the others standing in where they can (not under the
+    calls in ``must_inline`` inlined, the others standing in where they can (not under the
     ``input`` constant policy, whose hoisted constants they cannot copy), group, plan the
     stand-ins, outline; each step may find calls that cannot stand in (a
     :class:`MustInline`): again with those inlined too, until none is found."""
-    inlined: frozenset[int] = frozenset()
+    must_inline: frozenset[int] = frozenset()
     while True:
-        found = _translate_and_outline(result, decomposed, options, progress, inlined)
-        if isinstance(found, Lowering):
+        found = _translate_and_outline(result, decomposed, options, progress, must_inline)
+        if isinstance(found, Lowered):
             return found
-        grown = inlined | found.calls
-        assert grown != inlined, f"calls to inline found again: {sorted(found.calls)}"
-        inlined = grown
+        grown = must_inline | found.calls
+        if grown == must_inline:  # a bug: the same round again would not end
+            raise RuntimeError(f"calls to inline found again: {sorted(found.calls)}")
+        must_inline = grown
 
 
 def _translate_and_outline(result: "Result", decomposed: DecomposedProgram,
                            options: OnnxOptions,
-                           progress: Progress, inlined: frozenset[int]
-                           ) -> Lowering | MustInline:
+                           progress: Progress, must_inline: frozenset[int]
+                           ) -> Lowered | MustInline:
     """One round of :func:`_inlining_until_all_fit`."""
-    again = f", {len(inlined)} more calls inlined" if inlined else ""
+    again = f", {len(must_inline)} more calls inlined" if must_inline else ""
     with progress.step(f"torch.onnx: translating each distinct body once{again}"), \
             quiet_exporter():
-        lowered = decomposed.translate(inlined, stand_ins=options.constants != "input")
+        lowered = decomposed.translate(must_inline, stand_ins=options.constants != "input")
     if isinstance(lowered, MustInline):
         return lowered
     onnx_tree, warnings = regroup_with(result.rules, result.tree, lowered.model,
@@ -252,13 +268,13 @@ def _translate_and_outline(result: "Result", decomposed: DecomposedProgram,
     outlined = _outline(planned.model, onnx_tree, options, progress, planned.plan)
     if isinstance(outlined, MustInline):
         return outlined
-    return Lowering(planned.model, onnx_tree, outlined, tuple(warnings), "per-body",
+    return Lowered(planned.model, onnx_tree, outlined, tuple(warnings), "per-body",
                     planned.inlined)
 
 
 def _functional(result: "Result", program: torch.export.ExportedProgram
                 ) -> tuple[torch.export.ExportedProgram, GroupTree]:
-    """``program`` without in-place ops (:func:`perbody.functional`), grouped with the same
+    """``program`` without in-place ops (:func:`lowering.functional`), grouped with the same
     rules (its nodes are new; module stacks and tags are kept)."""
     with quiet_exporter():
         program = functional(program)

@@ -10,6 +10,8 @@ import onnx_ir as ir
 from attrs import frozen
 
 FunctionId = tuple[str, str, str]
+"""A model-local function's ``(domain, name, overload)``, as ``Model.functions`` keys it: the
+one function-id type of the backend."""
 
 
 @frozen

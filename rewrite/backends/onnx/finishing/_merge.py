@@ -31,14 +31,21 @@ import onnx_ir as ir
 from attrs import frozen
 
 from rewrite.backends.onnx.distinct import Variants
-from rewrite.backends.onnx.outlining._naming import FunctionNames, function_name
-from rewrite.backends.onnx.outlining._body_keys import Key, Keyer, Refs
+from rewrite.backends.onnx.summary import FunctionId
+from rewrite.backends.onnx.outlining import (
+    FunctionNames,
+    Key,
+    Keyer,
+    NodeKey,
+    Refs,
+    canonical_order,
+    function_name,
+)
 
-Identifier = tuple[str, str, str]
 _FLOATS = {ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16, ir.DataType.DOUBLE}
 
 
-def is_scalar(node: ir.Node, attr: ir.Attr, functions: Mapping[Identifier, ir.Function]) -> bool:
+def is_scalar(node: ir.Node, attr: ir.Attr, functions: Mapping[FunctionId, ir.Function]) -> bool:
     """Whether ``attr`` of ``node`` is a scalar that may become a function attribute."""
     if attr.is_ref():
         return False
@@ -54,15 +61,15 @@ def is_scalar(node: ir.Node, attr: ir.Attr, functions: Mapping[Identifier, ir.Fu
 class _ScalarBlindKeyer(Keyer):
     """Keys that see a scalar's kind (and a tensor's dtype and shape), not its value."""
 
-    def __init__(self, functions: Mapping[Identifier, ir.Function]) -> None:
+    def __init__(self, functions: Mapping[FunctionId, ir.Function]) -> None:
         super().__init__()
         self.functions = functions
 
-    def node(self, node: ir.Node, refs: Refs, depth: int = 0) -> Key:
+    def node(self, node: ir.Node, refs: Refs, depth: int = 0) -> NodeKey:
         key = super().node(node, refs, depth)
         if not node.attributes:
             return key
-        return key[:5] + (tuple(self._attributes(node, refs, depth)),)
+        return key._replace(attributes=tuple(self._attributes(node, refs, depth)))
 
     def attribute_labels(self, node: ir.Node) -> list[str]:
         return [f"{name}={key!r}" for name, key in self._attributes(node, {}, 0)]
@@ -90,7 +97,7 @@ class _Canonical:
     @classmethod
     def of(cls, keyer: Keyer, function: ir.Function) -> "_Canonical":
         nodes = list(function)
-        ordered = keyer.canonical_order(nodes, {n: (i,) for i, n in enumerate(nodes)},
+        ordered = canonical_order(keyer, nodes, {n: (i,) for i, n in enumerate(nodes)},
                                         lambda value: None)
         params = set(function.inputs)
         inputs: dict[ir.Value, None] = {}
@@ -119,9 +126,9 @@ class _Canonical:
         return inputs, outputs
 
 
-def merge_functions(model: ir.Model, identity: Mapping[Identifier, tuple[str, str]], *,
+def merge_functions(model: ir.Model, identity: Mapping[FunctionId, tuple[str, str]], *,
                     lift_scalars: bool, variants: Variants | None = None
-                    ) -> dict[Identifier, Identifier]:
+                    ) -> dict[FunctionId, FunctionId]:
     """Merge as the module docstring says; returns, for each function merged or renamed
     (suffixes renumbered), the function that now stands for it.
 
@@ -130,10 +137,10 @@ def merge_functions(model: ir.Model, identity: Mapping[Identifier, tuple[str, st
     hears of each body kept apart, with its key (see ``distinct``)."""
     functions = model.functions
     keyer = _ScalarBlindKeyer(functions) if lift_scalars else Keyer()
-    kept_by_key: dict[Key, Identifier] = {}
-    classes: dict[Identifier, list[Identifier]] = defaultdict(list)
-    canonical: dict[Identifier, _Canonical] = {}
-    merged: dict[Identifier, _Merge] = {}
+    kept_by_key: dict[Key, FunctionId] = {}
+    classes: dict[FunctionId, list[FunctionId]] = defaultdict(list)
+    canonical: dict[FunctionId, _Canonical] = {}
+    merged: dict[FunctionId, _Merge] = {}
     for fid, function in list(functions.items()):
         group = identity.get(fid)
         if group is None:
@@ -148,7 +155,7 @@ def merge_functions(model: ir.Model, identity: Mapping[Identifier, tuple[str, st
         if kept != fid:
             order = form.permutation(function, canonical[kept], functions[kept])
             merged[fid] = _Merge(kept, *order)
-    values: dict[Identifier, dict[str, ir.Attr]] = {}
+    values: dict[FunctionId, dict[str, ir.Attr]] = {}
     for kept, members in classes.items():
         for fid in members:  # calls inside: their callees' lifted values are known now
             _retarget(functions[fid].graph, merged, values)
@@ -168,17 +175,31 @@ def merge_functions(model: ir.Model, identity: Mapping[Identifier, tuple[str, st
     return result
 
 
-def _renumber(model: ir.Model, identity: Mapping[Identifier, tuple[str, str]]
-              ) -> dict[Identifier, Identifier]:
+def merge_keys(model: ir.Model, identity: Mapping[FunctionId, tuple[str, str]], *,
+               lift_scalars: bool) -> dict[FunctionId, Key]:
+    """The body key :func:`merge_functions` compares, of each function of ``identity`` the
+    model has (for checking that no two are left equal)."""
+    functions = model.functions
+    keyer = _ScalarBlindKeyer(functions) if lift_scalars else Keyer()
+    keys = {}
+    for fid, group in identity.items():
+        if fid in functions:
+            form = _Canonical.of(keyer, functions[fid])
+            keys[fid] = keyer.body(group, form.nodes, form.inputs, {}, form.outputs)
+    return keys
+
+
+def _renumber(model: ir.Model, identity: Mapping[FunctionId, tuple[str, str]]
+              ) -> dict[FunctionId, FunctionId]:
     """Close the gaps merging left in the suffixes of one identity (``Name``, ``Name_2`` ->
     ``Name``, ``Name_1``), in the order the functions were made; returns old -> new ids."""
     functions = model.functions
     taken = {(domain, name) for domain, name, _ in functions}
-    made: dict[tuple[str, str], list[Identifier]] = defaultdict(list)
+    made: dict[tuple[str, str], list[FunctionId]] = defaultdict(list)
     for fid in functions:
         if fid in identity:
             made[identity[fid]].append(fid)
-    renamed: dict[Identifier, Identifier] = {}
+    renamed: dict[FunctionId, FunctionId] = {}
     for (domain, base), fids in made.items():
         for k, fid in enumerate(fids):
             name = function_name(base, k)
@@ -204,14 +225,14 @@ def _renumber(model: ir.Model, identity: Mapping[Identifier, tuple[str, str]]
 class _Merge:
     """A merged function: the function kept, and where its calls' inputs and outputs go."""
 
-    kept: Identifier
+    kept: FunctionId
     inputs: list[int]
     """For each input of the kept function, the index of the merged one's input."""
     outputs: list[int]
 
 
-def _lift(function: ir.Function, bodies: list[list[ir.Node]], members: list[Identifier],
-          values: dict[Identifier, dict[str, ir.Attr]]) -> None:
+def _lift(function: ir.Function, bodies: list[list[ir.Node]], members: list[FunctionId],
+          values: dict[FunctionId, dict[str, ir.Attr]]) -> None:
     """Turn the scalars where ``bodies`` differ into attributes of ``function`` (the first)."""
     first = bodies[0]
     exact = Keyer()  # what "the same value" means: the structural keys' attribute keys
@@ -257,8 +278,8 @@ _ORIGIN = "rewrite.called"
 """``Node.meta`` key: the function a retargeted call called before merging."""
 
 
-def _retarget(graph: ir.Graph, merged: Mapping[Identifier, _Merge],
-              values: Mapping[Identifier, Mapping[str, ir.Attr]]) -> None:
+def _retarget(graph: ir.Graph, merged: Mapping[FunctionId, _Merge],
+              values: Mapping[FunctionId, Mapping[str, ir.Attr]]) -> None:
     """Calls of merged functions call the kept one (inputs and outputs in its order); each
     call passes the values lifted for the function it called first (a value already passed
     stays)."""

@@ -34,21 +34,27 @@ import onnx_ir as ir
 from onnxscript.optimizer import optimize_ir
 
 from rewrite._logs import muted
-from rewrite.errors import InputError, first_line
+from rewrite._private.errors import library_code
+from rewrite.backends.onnx.summary import FunctionId
+from rewrite.errors import DependencyError, first_line
 
 
-Identifier = tuple[str, str, str]
-
-
-def optimize(model: ir.Model, made: Collection[Identifier], *, fold_weights: bool = True
+def optimize(model: ir.Model, made: Collection[FunctionId], *, fold_weights: bool = True
              ) -> None:
     """Optimize ``model`` in place (see the module docstring); of its functions, only those
     outlining ``made`` (a function the input model had is left as it is); without
     ``fold_weights``, no weight of the main graph is transposed into a copy."""
     functions = dict(model.functions)
     where = "the main graph"
-    try:
-        with muted("onnxscript", "onnx_ir"):
+
+    def failed(e: Exception) -> DependencyError:
+        cause = first_line(e) or type(e).__name__
+        return DependencyError(f"onnxscript's optimizer failed on {where}: {cause}; lower "
+                               "without it (rewrite apply --no-optimize, "
+                               "OnnxOptions(optimize=False))")
+
+    try:  # the optimizer's errors: DependencyError; rewrite's own (a bug) surface
+        with library_code(failed), muted("onnxscript", "onnx_ir"):
             for fid, function in functions.items():
                 if fid in made:
                     where = f"function {fid[0]}::{fid[1]}"
@@ -57,10 +63,6 @@ def optimize(model: ir.Model, made: Collection[Identifier], *, fold_weights: boo
             model.functions.clear()  # the main graph alone: bodies are done
             optimize_ir(model, inline=False,
                         **({} if fold_weights else {"should_fold": _keeps_weights}))
-    except Exception as e:  # a bug in the optimizer must not pass for a bug in the rules
-        cause = first_line(e) or type(e).__name__
-        raise InputError(f"onnxscript's optimizer failed on {where}: {cause}; lower without it "
-                         "(rewrite apply --no-optimize, OnnxOptions(optimize=False))") from e
     finally:
         model.functions.clear()
         model.functions.update(functions)

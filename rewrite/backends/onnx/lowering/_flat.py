@@ -39,7 +39,7 @@ def export_program(program: torch.export.ExportedProgram, *, optimize: bool = Tr
                 custom_translation_table=custom_translation_table,
             )
     except Exception as e:  # the exporter raises its own error types; all mean "cannot lower"
-        raise torch_onnx_failure(e) from None
+        raise torch_onnx_failure(e) from e
     decomposed = onnx_program.exported_program
     if decomposed is None:  # pragma: no cover - torch always records it
         raise InputError("torch.onnx.export did not record the program it translated")

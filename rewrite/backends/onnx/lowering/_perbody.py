@@ -5,7 +5,7 @@ translates it op by op: a 48-block model is decomposed and translated 48 times. 
 
 1. The outermost groups whose bodies repeat become calls of one shared subgraph per distinct
    body: ``torch.ops.higher_order.invoke_subgraph(body, identifier, *inputs)``, weights and
-   every value from outside passed as inputs (:func:`subgraphs.rebuild`). Bodies are the
+   every value from outside passed as inputs (:func:`_invoke_subgraph.rebuild`). Bodies are the
    same when their nodes are (ops, arguments, scalars; the shapes and types of their inputs)
    and so are their group subtrees, tags and leaving nodes.
 2. :mod:`rewrite._private.torch_exporter` decomposes that program with torch.onnx's decomposition
@@ -43,7 +43,7 @@ from onnx_ir.passes import common as common_passes
 
 from rewrite._gc import gc_paused
 from rewrite._private import torch_exporter
-from rewrite._private.errors import torch_code
+from rewrite._private.errors import Unavailable, torch_code
 from rewrite._private.torch_graphs import is_higher_order, is_in_place
 from rewrite._private.onnx_ir_inline import inline_functions
 from rewrite.backends.onnx._standins import DOMAIN as STANDIN_DOMAIN
@@ -96,7 +96,8 @@ class Translation:
     calls: int
     """Grouped calls that reused them."""
     inlined: int = 0
-    """Grouped calls inlined (the first of each body, and those that cannot stand in)."""
+    """The number of grouped calls inlined (the first of each body, and those that cannot
+    stand in)."""
     stand_ins: Mapping[ir.Node, StandIn] = field(factory=dict)
     """The other calls, by their standing node."""
     templates: Mapping[int, Template] = field(factory=dict)
@@ -104,7 +105,7 @@ class Translation:
     group_ids: tuple[str, ...] = ()
     """Per call, its group's display id."""
     plan: Plan | None = None
-    """The outliner's :class:`standins.Plan`, once grouped (:meth:`planned`)."""
+    """The outliner's :class:`_standins.Plan`, once grouped (:meth:`planned`)."""
 
     @property
     def expansions(self) -> dict[ir.Node, Expansion]:
@@ -113,7 +114,7 @@ class Translation:
 
     def planned(self, tree: GroupTree) -> "Translation | MustInline":
         """This with the :attr:`plan` for ``tree`` (grouped from this model), or the calls
-        that cannot stand in (:func:`standins.plan`)."""
+        that cannot stand in (:func:`_standins.plan`)."""
         if not self.stand_ins:
             return self
         found = plan(tree, self.model.graph, self.stand_ins, self.templates, self.group_ids)
@@ -139,10 +140,12 @@ def functional(program: torch.export.ExportedProgram) -> torch.export.ExportedPr
 def check(program: torch.export.ExportedProgram, *, in_place_ok: bool = False) -> None:
     """Raise :class:`Unsupported` for programs this path does not handle (mutations are
     handled in their functional form, see :func:`functional`; ``in_place_ok``: before it,
-    so that a program it would not make fit is not functionalized for nothing)."""
+    so that a program it would not make fit is not functionalized for nothing),
+    :class:`Unavailable` when torch's private exporter APIs are not those its shim was
+    written against."""
     reason = torch_exporter.available()
     if reason is not None:
-        raise Unsupported(f"torch's private exporter APIs changed ({reason})")
+        raise Unavailable(f"torch's private exporter APIs changed ({reason})")
     signature = program.graph_signature
     if getattr(signature, "backward_signature", None) is not None:
         raise Unsupported("the program is a joint forward/backward graph")
@@ -203,25 +206,25 @@ class DecomposedProgram:
             rebuilt, self.calls = rebuild(program, tree)
             self.decomposed = torch_exporter.decompose(rebuilt, self.tables)
 
-    def translate(self, materialize: frozenset[int] = frozenset(), *,
+    def translate(self, must_inline: frozenset[int] = frozenset(), *,
                   stand_ins: bool = True) -> Translation | MustInline:
-        """Translate and inline: the first call of each body, every call in ``materialize``
+        """Translate and inline: the first call of each body, every call in ``must_inline``
         and, without ``stand_ins``, every call; the others stand in (:mod:`_standins`). The
         calls whose first call's inlined nodes cannot be copied: :class:`MustInline`."""
         with gc_paused():
-            return _Translator(self, materialize, stand_ins).run()
+            return _Translator(self, must_inline, stand_ins).run()
 
 
 class _Translator:
     """One translation of a :class:`DecomposedProgram` (see :meth:`DecomposedProgram.translate`)."""
 
-    def __init__(self, source: DecomposedProgram, materialize: frozenset[int],
+    def __init__(self, source: DecomposedProgram, must_inline: frozenset[int],
                  stand_ins: bool) -> None:
         self.calls = source.calls
         self.decomposed = source.decomposed
         self.model = torch_exporter.translate(source.decomposed, source.tables)
         self.graph = source.tree.graph
-        self.materialize = materialize
+        self.must_inline = must_inline
         self.stand_ins = stand_ins
 
     def run(self) -> Translation | MustInline:
@@ -338,7 +341,7 @@ class _Translator:
                              [made.get(n) if n else None for n in output_names])
 
     def _stand_ins(self, call_nodes: dict[int, ir.Node]) -> dict[int, ir.Node]:
-        """The calls left standing (their nodes moved to :data:`standins.DOMAIN`): not the
+        """The calls left standing (their nodes moved to :data:`_standins.DOMAIN`): not the
         first of their body, not to be materialized, their outputs used as the first's are."""
         if not self.stand_ins:
             return {}
@@ -347,7 +350,7 @@ class _Translator:
                 for i, node in call_nodes.items()}
         for index, node in call_nodes.items():
             first = self.calls[index].first
-            if first == index or index in self.materialize or first not in call_nodes \
+            if first == index or index in self.must_inline or first not in call_nodes \
                     or used[index] != used[first]:
                 continue
             node.domain = STANDIN_DOMAIN

@@ -3,7 +3,7 @@
 Member order. Keys (and a function's input order) follow the members' order, so isomorphic
 bodies must list their members alike even when the graph does not: a node recomputed into a
 group (``outlining._recompute``) sits before its reader, while the original sat where the trace put
-it. :meth:`Keyer.canonical_order` is a topological order that prefers, among ready nodes, the
+it. :func:`canonical_order` is a topological order that prefers, among ready nodes, the
 smallest *structural label* (a digest of the op, its attributes and its inputs' labels, inputs
 from outside labelled by type), and the graph position only between equal labels.
 A label is made of a node key's parts (:meth:`Keyer.head`, :meth:`Keyer.attribute`) but its
@@ -26,11 +26,12 @@ from __future__ import annotations
 import hashlib
 import heapq
 from collections import ChainMap
-from typing import Callable, Hashable, Mapping
+from typing import Callable, Hashable, Mapping, NamedTuple
 
 import onnx_ir as ir
 
 from rewrite._onnx_ir import holds_graphs
+from rewrite._private.onnx_ir_attrs import attribute_dict
 
 Key = Hashable
 _KIND_NAMES = {kind: kind.name for kind in ir.AttributeType}
@@ -38,6 +39,36 @@ _SCALARS = (ir.AttributeType.INT, ir.AttributeType.STRING)
 _LISTS = (ir.AttributeType.INTS, ir.AttributeType.STRINGS)
 Refs = Mapping[int, Key]
 """``id(value)`` -> how the body refers to it."""
+
+
+class NodeKey(NamedTuple):
+    """A member's key: :meth:`Keyer.head` (domain, op, overload, number of outputs), then what
+    it reads (:meth:`Keyer.input` per input) and its attributes (sorted ``(name, key)``)."""
+
+    domain: str
+    op_type: str
+    overload: str
+    outputs: int
+    inputs: tuple
+    attributes: tuple
+
+    @property
+    def head(self) -> tuple[str, str, str, int]:
+        """:meth:`Keyer.head` of the node."""
+        return (self.domain, self.op_type, self.overload, self.outputs)
+
+
+class BodyKey(NamedTuple):
+    """A function body's key (:meth:`Keyer.body`)."""
+
+    identity: tuple[str, str]
+    """The group's domain and base name."""
+    nodes: tuple[NodeKey, ...]
+    """The members' keys, in member order."""
+    returned: tuple
+    """How the body refers to each value it returns."""
+    types: tuple[tuple[str, str], ...]
+    """:meth:`Keyer.types` of its inputs."""
 
 
 class Keyer:
@@ -110,13 +141,12 @@ class Keyer:
         # keys are non-empty tuples: build the default only when missing (cheaper)
         return refs.get(id(value)) or ("outer", value.name)
 
-    def node(self, node: ir.Node, refs: Refs, depth: int = 0) -> Key:
+    def node(self, node: ir.Node, refs: Refs, depth: int = 0) -> NodeKey:
         get = refs.get
         # Keyer.input, inlined (the hottest loop of keying)
         inputs = tuple([None if v is None else (get(id(v)) or ("outer", v.name))
                         for v in node.inputs])
-        attributes = node.attributes
-        attributes = getattr(attributes, "data", attributes)  # the UserDict's dict: faster
+        attributes = attribute_dict(node)
         if not attributes:
             attrs: tuple = ()
         elif len(attributes) == 1:
@@ -126,7 +156,8 @@ class Keyer:
             attrs = tuple(sorted(
                 (name, self.attribute(a, refs, depth)) for name, a in attributes.items()
             ))
-        return self.head(node) + (inputs, attrs)
+        return NodeKey(node.domain, node.op_type, node.overload, len(node.outputs), inputs,
+                       attrs)
 
     def graph(self, graph: ir.Graph, outer: Refs, depth: int) -> Key:
         """Key of a subgraph; values it captures are keyed as the outer body refers to them."""
@@ -156,12 +187,12 @@ class Keyer:
         args: list[ir.Value],
         constants: Mapping[ir.Value, Key],
         outputs: list[ir.Value],
-    ) -> Key:
+    ) -> BodyKey:
         """Key of a function body (``identity`` is the group's domain and base name)."""
         refs = self.refs(members, args, constants)
         nodes = [self.node(node, refs) for node in members]
         returned = tuple(refs[id(v)] for v in outputs)
-        return (identity, tuple(nodes), returned, self.types(args))
+        return BodyKey(identity, tuple(nodes), returned, self.types(args))
 
     @staticmethod
     def refs(members: list[ir.Node], args: list[ir.Value],
@@ -183,45 +214,46 @@ class Keyer:
 
 
     def attribute_labels(self, node: ir.Node) -> list[str]:
-        """The attributes of ``node`` as :meth:`canonical_order` labels them."""
+        """The attributes of ``node`` as :func:`canonical_order` labels them."""
         return [f"{name}={self.attribute(attr, {}, 0)!r}"
                 for name, attr in sorted(node.attributes.items())]
 
-    def canonical_order(
-        self,
-        members: list[ir.Node],
-        position: Mapping[ir.Node, tuple],
-        constant_key: Callable[[ir.Value], Key | None],
-    ) -> list[ir.Node]:
-        """``members`` in the canonical order described in the module docstring."""
-        member_set = set(members)
-        producers: dict[ir.Node, list[ir.Node]] = {}
-        for node in members:
-            found = []
-            for value in _read_values(node):
-                producer = value.producer()
-                if producer in member_set and producer is not node:
-                    found.append(producer)
-            producers[node] = found
-        by_position = _kahn(members, producers, position.__getitem__)
-        labels: dict[ir.Node, str] = {}
-        for node in by_position:
-            parts = [str(part) for part in self.head(node)]  # as in a node's key
-            for value in node.inputs:
-                if value is None:
-                    parts.append("-")
-                    continue
-                producer = value.producer()
-                if producer in member_set:
-                    parts.append(f"{labels[producer]}:{value.index()}")
-                else:
-                    const = constant_key(value)
-                    parts.append(
-                        repr(const) if const is not None else f"in:{value.type}:{value.shape}"
-                    )
-            parts.extend(self.attribute_labels(node))
-            labels[node] = hashlib.blake2b("|".join(parts).encode(), digest_size=12).hexdigest()
-        return _kahn(members, producers, lambda n: (labels[n], position[n]))
+
+def canonical_order(
+    keyer: Keyer,
+    members: list[ir.Node],
+    position: Mapping[ir.Node, tuple],
+    constant_key: Callable[[ir.Value], Key | None],
+) -> list[ir.Node]:
+    """``members`` in the canonical order described in the module docstring."""
+    member_set = set(members)
+    producers: dict[ir.Node, list[ir.Node]] = {}
+    for node in members:
+        found = []
+        for value in _read_values(node):
+            producer = value.producer()
+            if producer in member_set and producer is not node:
+                found.append(producer)
+        producers[node] = found
+    by_position = _kahn(members, producers, position.__getitem__)
+    labels: dict[ir.Node, str] = {}
+    for node in by_position:
+        parts = [str(part) for part in keyer.head(node)]  # as in a node's key
+        for value in node.inputs:
+            if value is None:
+                parts.append("-")
+                continue
+            producer = value.producer()
+            if producer in member_set:
+                parts.append(f"{labels[producer]}:{value.index()}")
+            else:
+                const = constant_key(value)
+                parts.append(
+                    repr(const) if const is not None else f"in:{value.type}:{value.shape}"
+                )
+        parts.extend(keyer.attribute_labels(node))
+        labels[node] = hashlib.blake2b("|".join(parts).encode(), digest_size=12).hexdigest()
+    return _kahn(members, producers, lambda n: (labels[n], position[n]))
 
 
 def _read_values(node: ir.Node):

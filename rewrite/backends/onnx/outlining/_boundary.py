@@ -11,6 +11,7 @@ from typing import Collection, Mapping
 import onnx_ir as ir
 
 from rewrite._onnx_ir import graph_kinds, holds_graphs, inner_nodes, subgraph_captures
+from rewrite._private.onnx_ir_attrs import attribute_dict
 
 
 def owners(graph: ir.Graph) -> dict[ir.Node, ir.Node]:
@@ -18,8 +19,7 @@ def owners(graph: ir.Graph) -> dict[ir.Node, ir.Node]:
     owner: dict[ir.Node, ir.Node] = {}
     kinds = graph_kinds()
     for node in graph:
-        attributes = node.attributes
-        for attr in getattr(attributes, "data", attributes).values():  # holds_graphs, inlined
+        for attr in attribute_dict(node).values():  # holds_graphs, inlined
             if attr.type in kinds:
                 owner.update(dict.fromkeys(inner_nodes(node), node))
                 break

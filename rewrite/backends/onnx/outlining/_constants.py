@@ -34,7 +34,7 @@ from attrs import frozen
 from rewrite.backends.onnx.outlining._membership import Membership
 from rewrite._onnx_ir import looks_like_weight
 from rewrite.backends.onnx.options import OnnxOptions
-from rewrite.backends.onnx.outlining._body_keys import Keyer
+from rewrite.backends.onnx.outlining._body_keys import Key, Keyer
 
 WEIGHT_MARKS = (
     "pkg.torch.export.graph_signature.InputSpec.kind",
@@ -111,6 +111,11 @@ class ConstantPolicy:
             else:
                 embedded[value] = found
         return args, embedded
+
+    def key_of(self, value: ir.Value) -> Key | None:
+        """The key of the constant embedded for ``value`` (None: it is an argument)."""
+        found = self.embedded(value)
+        return found.key if found is not None else None
 
     def embedded(self, value: ir.Value) -> Embedded | None:
         if not self._embed:

@@ -12,7 +12,7 @@ import numpy as np
 import onnx_ir as ir
 from attrs import define, field
 
-from rewrite.grouping import GroupTree
+from rewrite.grouping import Group, GroupTree
 
 Position = tuple[int, int, int]
 
@@ -25,7 +25,7 @@ class Membership:
     drops dead nodes."""
 
     parent: list[int] = field(factory=lambda: [-1])
-    """Per group id, its parent's (the tree's :attr:`GroupTable.parent`)."""
+    """Per group id, its parent's (the tree's :attr:`rewrite.grouping.tree.GroupTable.parent`)."""
     nodes: dict[int, list[ir.Node]] = field(factory=lambda: defaultdict(list))
     group_of: dict[ir.Node, int] = field(factory=dict)
     position: dict[ir.Node, Position] = field(factory=dict)
@@ -104,6 +104,12 @@ class Membership:
         group = self.group_of.pop(node)
         self.nodes[group].remove(node)
         del self.position[node]
+
+    def only_member(self, group: Group, node: ir.Node) -> bool:
+        """``node`` is the one node of ``group`` and its descendants
+        (``outlining._recompute`` added none)."""
+        return self.of(group.index) == [node] and not any(
+            self.of(inner.index) for inner in group.walk() if inner is not group)
 
     def of(self, group: int) -> list[ir.Node]:
         return self.nodes.get(group, [])

@@ -1,6 +1,6 @@
 """Repeated blocks: recognise a body equal, *in graph order*, to one already outlined.
 
-Canonicalizing a body (:meth:`Keyer.canonical_order`) and keying it costs more than checking
+Canonicalizing a body (:func:`_body_keys.canonical_order`) and keying it costs more than checking
 that it repeats an earlier one: the 2nd..Nth of N identical blocks list their members, args
 and outputs in graph order exactly like the 1st, so they can reuse its function and its
 permutations into canonical order. Each body that got a function is kept as a
@@ -19,6 +19,7 @@ from typing import Mapping
 import onnx_ir as ir
 from attrs import frozen
 
+from rewrite._private.onnx_ir_attrs import attribute_dict
 from rewrite.backends.onnx.outlining._body_keys import Key, Keyer, Refs
 
 
@@ -73,7 +74,7 @@ class Repeats:
         refs = keyer.refs(members, args, constants)
         steps = tuple(
             Step(keyer.head(node), tuple(keyer.input(v, refs) for v in node.inputs),
-                 dict(_attribute_dict(node)))
+                 dict(attribute_dict(node)))
             for node in members
         )
         return Body((identity, len(members), len(args), len(outputs)), steps,
@@ -115,7 +116,7 @@ class Repeats:
             for value, code in zip(inputs, expected):
                 if reference(value, refs) != code:
                     return False
-            attributes = _attribute_dict(node)
+            attributes = attribute_dict(node)
             theirs = step.attributes
             if attributes or theirs:
                 if len(attributes) != len(theirs):
@@ -127,6 +128,3 @@ class Repeats:
         return True
 
 
-def _attribute_dict(node: ir.Node) -> Mapping[str, ir.Attr]:
-    attributes = node.attributes
-    return getattr(attributes, "data", attributes)  # the UserDict's dict: faster
