@@ -42,7 +42,7 @@ def structure(rules_arg: str | None, model: str, args: argparse.Namespace, io: C
     rules = load_rules(rules_arg)
     import_modules(args.imports)
     result = _group(rules, model, io, steps, args.trust_model)
-    return locks.of_lowering(_lower(result, io))
+    return locks.of_lowering(_lower(result, io, check_weights=False))
 
 
 def _inputs(args: argparse.Namespace) -> list[str]:

@@ -94,5 +94,5 @@ def save_onnx(result: "Result", output_path: str | Path, *, progress: Progress |
     return lowering
 
 
-__all__ = ["Keyer", "Lowering", "OnnxOptions", "Progress", "Variant", "call_sites", "label", "lower",
-           "save_onnx", "summarize", "to_onnx"]
+__all__ = ["Keyer", "Lowering", "OnnxOptions", "Progress", "Variant", "call_sites", "label",
+           "lower", "save_onnx", "summarize", "to_onnx"]
