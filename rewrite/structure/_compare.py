@@ -57,12 +57,38 @@ def _fields(a: Section, b: Section) -> tuple[str, ...]:
             items = [f"{name} {hx.get(name, 0)} -> {hy.get(name, 0)}"
                      for name in sorted(hx.keys() | hy.keys()) if hx.get(name) != hy.get(name)]
             out.append(f"{key}: {', '.join(items)}")
+        elif key in _SIGNATURES and x is not None and y is not None:
+            out.append(f"{key}: {_signature(key[:-1], x, y)}")
         elif key == "digest" and old.get("ops") == new.get("ops"):
             out.append(f"digest: {x} -> {y} (the same ops: how they connect, an attribute "
                        "or a constant changed)")
         else:
             out.append(f"{key}: {x or '(none)'} -> {y or '(none)'}")
     return tuple(out)
+
+
+_SIGNATURES = ("inputs", "outputs")
+_SHOWN = 3
+
+
+def _signature(word: str, x: str, y: str) -> str:
+    """``7 -> 8, input 7: float:r1 added``: the count, then the first positions that differ."""
+    a, b = _types(x), _types(y)
+    parts = [f"{len(a)} -> {len(b)}"] if len(a) != len(b) else []
+    differ = []
+    for k in range(max(len(a), len(b))):
+        u, v = (a[k] if k < len(a) else None), (b[k] if k < len(b) else None)
+        if u != v:
+            differ.append(f"{word} {k}: {v} added" if u is None else
+                          f"{word} {k}: {u} removed" if v is None else f"{word} {k}: {u} -> {v}")
+    more = [f"{len(differ) - _SHOWN} more"] if len(differ) > _SHOWN else []
+    return ", ".join(parts + differ[:_SHOWN] + more)
+
+
+def _types(text: str) -> list[str]:
+    """The types of an ``inputs`` / ``outputs`` line (``2: float:r2, int64:r1``)."""
+    _, _, types = text.partition(": ")
+    return types.split(", ") if types else []
 
 
 def _why(title: str, new: Lock) -> tuple[str, ...]:
