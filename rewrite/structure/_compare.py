@@ -38,7 +38,11 @@ def compare(old: Lock, new: Lock) -> tuple[Change, ...]:
             changes.append(Change(title, "added", _lines(b, "+") + _why(title, new)))
         elif a.fields != b.fields:
             changes.append(Change(title, "changed", _fields(a, b)))
-    return tuple(changes)
+    return tuple(sorted(changes, key=lambda c: (_ORDER.index(c.title.split(" ")[0]), c.title)))
+
+
+_ORDER = ("function", "main", "rule")
+"""Changes are listed functions first (what moved), then the main graph, then the rules."""
 
 
 def _lines(section: Section, sign: str) -> tuple[str, ...]:
