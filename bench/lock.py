@@ -36,7 +36,7 @@ def resident_mb(path: Path) -> float:
     return total / 1024
 
 
-def measure(model: Path) -> dict[str, tuple[float, float]]:
+def measure(model: Path, check_weights: bool = False) -> dict[str, tuple[float, float]]:
     """Step -> (seconds, MB of the file resident after it)."""
     import rewrite
     from rewrite.backends.onnx import OnnxOptions, lower
@@ -53,7 +53,7 @@ def measure(model: Path) -> dict[str, tuple[float, float]]:
 
     result = rewrite.apply(RULES, str(model))
     step("read + group")
-    lowering = lower(result, OnnxOptions(check_weights=False))  # as `rewrite lock` lowers
+    lowering = lower(result, OnnxOptions(check_weights=check_weights))  # False: as lock does
     step("lower (no file)")
     text = dumps(of_lowering(lowering))
     step("lock (of_lowering + dumps)")
@@ -65,10 +65,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", type=Path, help="a .pt2 (default: build the 2.5gb one)")
     parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--check-weights", action="store_true",
+                        help="lower as `apply` does (the weights' checksums started), to compare")
     args = parser.parse_args()
     model = args.model or ensure(["2.5gb"], args.out)["2.5gb"]
     print(f"{model.name}: {model.stat().st_size / 1e9:.2f} GB")
-    for name, (seconds, grown) in measure(model).items():
+    for name, (seconds, grown) in measure(model, args.check_weights).items():
         if name == "lock bytes":
             print(f"  lock file: {seconds:.0f} bytes")
         else:

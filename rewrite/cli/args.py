@@ -15,7 +15,8 @@ EXTERNAL_DATA = ("auto", "always", "never")
 EXIT_OK, EXIT_RULES, EXIT_INPUT, EXIT_BUG = 0, 1, 2, 3
 
 EPILOG = """\
-exit codes: 0 success, 1 rules or grouping error, 2 unusable input or usage error,
+exit codes: 0 success, 1 rules or grouping error (verify, diff: the structure differs),
+2 unusable input or usage error,
 3 a bug in rewrite (rerun with --verbose for the traceback).
 RULES is a .rules file, or the name of a shipped one (gpt2, llama, bert, modularize,
 split_by_tags). MODEL is a .pt2 (torch.export.save) or a torch.onnx-exported .onnx file."""
