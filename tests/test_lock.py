@@ -16,6 +16,7 @@ from rewrite.testing import assert_structure
 from tests import models
 
 ROOT = Path(__file__).resolve().parents[1]
+COMMITTED = ROOT / "tests" / "locks" / "gpt2-12.lock"
 RULES = 'group class *Block domain "pkg.mymodels"\ngroup class *MLP domain "pkg.mymodels"\n'
 
 
@@ -78,11 +79,16 @@ def base_lock(blocks, tmp_path_factory) -> Path:
 
 
 def test_gpt2_lock_verifies_and_is_the_same_bytes_in_another_process(run_cli, tmp_path):
+    """The 12-block GPT-2's lock is ``tests/locks/gpt2-12.lock`` byte for byte, on every
+    supported torch (``make matrix`` runs this on each; made with 2.13, the same with 2.9.1),
+    and again in a second process."""
     program = models.export(models.gpt2(n_layer=12))
     pt2 = tmp_path / "gpt2.pt2"
     torch.export.save(program, str(pt2))
     lock = tmp_path / "gpt2.lock"
     assert run_cli("lock", "gpt2", pt2, "-o", lock).code == 0
+    assert lock.read_bytes() == COMMITTED.read_bytes(), run_cli(
+        "verify", "gpt2", pt2, "--lock", COMMITTED).out
     text = lock.read_text()
     assert "[function pkg.transformers::GPT2Block]\ncall_sites = 12\nruns = 12\n" in text
     assert "[rule group class *GPT2Block]\ngroups = 12: h.0, h.1, " in text
