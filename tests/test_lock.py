@@ -156,6 +156,7 @@ def test_an_onnx_file_as_it_is_and_diff(run_cli, blocks, base_lock, tmp_path):
     r = run_cli("diff", onnx["base"], onnx["sigmoid"])
     assert r.code == 1
     assert "  function pkg.mymodels::MLP_1: added" in r.out.splitlines()
+    assert "      why distinct: MLP_1 vs MLP: op: Sigmoid at " in r.out  # read from the file
     r = run_cli("diff", blocks["base"], blocks["extra"], "--rules", blocks["rules"])
     assert r.code == 1 and "  function pkg.mymodels::Block: changed" in r.out
 

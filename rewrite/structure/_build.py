@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Iterable, Mapping
 
 import onnx_ir as ir
 
-from rewrite.backends.onnx import Keyer, call_sites, label, summarize
+from rewrite.backends.onnx import Keyer, Variants, call_sites, label, summarize
 from rewrite.structure._digest import body_digest, histograms, value_type
 from rewrite.structure._lock import Lock, Section, histogram_text
 
@@ -119,7 +119,37 @@ def _rules(tree: "GroupTree", function_of: Mapping[str, tuple | None]) -> list[S
 def of_model(model: ir.Model) -> Lock:
     """The structure of an ONNX model as it is (no rule sections: a file records where its
     rules were, not what they said)."""
-    return Lock((_main(model), *_functions(model)), has_rules=False)
+    return Lock((_main(model), *_functions(model)), has_rules=False,
+                variants=_variants(model))
+
+
+_SUFFIX = re.compile(r"_(\d+)$")
+
+
+def _variants(model: ir.Model) -> tuple:
+    """Why-distinct records for a file's functions: ``Name_N`` beside ``Name`` of its domain
+    (the names outlining gives a class's variants), compared as merging compares them."""
+    functions = model.functions
+    classes: dict[tuple[str, str], list] = {}
+    for fid in functions:
+        domain, name, overload = fid
+        match = _SUFFIX.search(name)
+        base = name[:match.start()] if match and (domain, name[:match.start()], overload) \
+            in functions else name
+        classes.setdefault((domain, base), []).append((int(match[1]) if base != name else 0,
+                                                       fid))
+    keyer = Keyer()
+    found = Variants(functions)
+    for identity, members in sorted(classes.items()):
+        for _, fid in sorted(members) if len(members) > 1 else ():
+            function = functions[fid]
+            nodes, args = list(function), list(function.inputs)
+            arg_keys = {id(v): ("arg", k) for k, v in enumerate(args)}
+            order = keyer.canonical_order(nodes, {n: (k,) for k, n in enumerate(nodes)},
+                                          lambda v: arg_keys.get(id(v)))
+            key = keyer.body(identity, order, args, {}, list(function.outputs))
+            found.add(identity, fid, key, order, args)
+    return tuple(found.found)
 
 
 def read_onnx(path: str | Path) -> ir.Model:

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from rewrite.backends.onnx.options import OnnxOptions
 from rewrite.backends.onnx.progress import SILENT, Progress
-from rewrite.backends.onnx.distinct import Variant
+from rewrite.backends.onnx.distinct import Variant, Variants
 from rewrite.backends.onnx.outlining import Keyer
 from rewrite.backends.onnx.summary import call_sites, label, summarize
 
@@ -94,5 +94,5 @@ def save_onnx(result: "Result", output_path: str | Path, *, progress: Progress |
     return lowering
 
 
-__all__ = ["Keyer", "Lowering", "OnnxOptions", "Progress", "Variant", "call_sites", "label",
-           "lower", "save_onnx", "summarize", "to_onnx"]
+__all__ = ["Keyer", "Lowering", "OnnxOptions", "Progress", "Variant", "Variants", "call_sites",
+           "label", "lower", "save_onnx", "summarize", "to_onnx"]
