@@ -36,7 +36,7 @@ def compare(old: Lock, new: Lock) -> tuple[Change, ...]:
             changes.append(Change(title, "removed", _lines(a, "-")))
         elif a is None:
             changes.append(Change(title, "added", _lines(b, "+") + _why(title, new)))
-        elif a.fields != b.fields:
+        elif dict(a.fields) != dict(b.fields):
             changes.append(Change(title, "changed", _fields(a, b)))
     return tuple(sorted(changes, key=lambda c: (_ORDER.index(c.title.split(" ")[0]), c.title)))
 
