@@ -15,7 +15,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from rewrite.structure import Lock, compare, dumps, loads, of_lowering, of_model, read_onnx, render
+from rewrite.structure import Lock, compare, loads, of_lowering, of_model, read_onnx, render, write
 
 UPDATE_VARIABLE = "REWRITE_UPDATE_LOCKS"
 
@@ -53,12 +53,10 @@ def assert_structure(model: Any, lock_path: str | Path, *, rules: Any = None,
     :func:`structure_of`) is not the one the lock file at ``lock_path`` holds. With
     ``update`` (or ``REWRITE_UPDATE_LOCKS=1``), write the lock instead (atomically)."""
     __tracebackhide__ = True  # pytest shows the assertion, not this frame
-    from rewrite.outputs import write_text_atomic
-
     found = structure_of(model, rules)
     path = Path(lock_path)
     if update or os.environ.get(UPDATE_VARIABLE) == "1":
-        write_text_atomic(path, dumps(found))
+        write(path, found)
         return
     if not path.exists():
         raise AssertionError(f"{path}: no lock file; write it with assert_structure(..., "

@@ -17,7 +17,7 @@ from rewrite.cli.imports import import_modules
 from rewrite.cli.paths import check_model_path
 from rewrite.cli.steps import Steps
 from rewrite.errors import InputError
-from rewrite.outputs import check_output_path, write_text_atomic
+from rewrite.outputs import check_output_path
 
 EXIT_DIFFERENT = EXIT_RULES
 """A structure that differs from the lock (or the other model): 1, like a grouping error."""
@@ -70,7 +70,7 @@ def cmd_lock(args: argparse.Namespace, io: Consoles) -> int:
 
     output = check_output_path(args.output, _inputs(args))
     found = structure(args.rules, args.model, args, io)
-    write_text_atomic(output, locks.dumps(found))
+    locks.write(output, found)
     io.info(f"wrote {output}")
     return EXIT_OK
 
@@ -89,7 +89,7 @@ def cmd_verify(args: argparse.Namespace, io: Consoles) -> int:
     if changes:
         print(locks.render(changes, args.lock, args.model), file=io.out.file)
     if args.update:
-        write_text_atomic(args.lock, locks.dumps(found))
+        locks.write(args.lock, found)
         io.info(f"updated {args.lock}")
         return EXIT_OK
     io.error(f"{args.model}: the structure differs from {args.lock}; after review, "

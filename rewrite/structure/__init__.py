@@ -12,7 +12,7 @@ take weights as inputs, and the main graph's initializers are not looked at.
 from rewrite.structure._build import of_lowering, of_model, read_onnx, rule_text
 from rewrite.structure._compare import Change, compare, render
 from rewrite.structure._lock import Lock, Section
-from rewrite.structure._text import dumps, loads
+from rewrite.structure._text import dumps, loads, write
 
 __all__ = ["Change", "Lock", "Section", "compare", "dumps", "loads", "of_lowering", "of_model",
-           "read_onnx", "render", "rule_text"]
+           "read_onnx", "render", "rule_text", "write"]

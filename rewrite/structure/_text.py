@@ -21,7 +21,10 @@ marks a lock of an ``.onnx`` file read as it is (no rule sections).
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from rewrite.errors import InputError
+from rewrite.outputs import atomic_path
 from rewrite.structure._lock import HISTOGRAMS, KINDS, Lock, Section, parse_histogram
 
 FORMAT = "1"
@@ -41,6 +44,12 @@ def dumps(lock: Lock) -> str:
         lines.extend(["", f"[{section.title}]"])
         lines.extend(f"{key} = {value}" for key, value in section.fields)
     return "\n".join(lines) + "\n"
+
+
+def write(path: str | Path, lock: Lock) -> None:
+    """Write the file whole or not at all, with ``\n`` line ends on every platform."""
+    with atomic_path(path) as tmp:
+        tmp.write_bytes(dumps(lock).encode("utf-8"))
 
 
 class _Reader:
