@@ -170,8 +170,8 @@ def test_update_rewrites_the_lock(run_cli, blocks, base_lock, tmp_path):
     assert run_cli("verify", blocks["rules"], blocks["sigmoid"], "--lock", lock).code == 0
 
 
-@pytest.mark.parametrize("case", ["missing lock", "malformed lock", "missing model",
-                                  "pt2 without rules"])
+@pytest.mark.parametrize("case", ["missing lock", "malformed lock", "not a lock",
+                                  "missing model", "pt2 without rules"])
 def test_bad_input_exits_2_with_one_line(run_cli, blocks, base_lock, tmp_path, case):
     lock, model, rules = base_lock, blocks["base"], [blocks["rules"]]
     if case == "missing lock":
@@ -183,6 +183,10 @@ def test_bad_input_exits_2_with_one_line(run_cli, blocks, base_lock, tmp_path, c
         lines[6] = "inputs: 1"
         lock.write_text("\n".join(lines))
         expected = f"{lock}:7: malformed lock: expected 'key = value', got 'inputs: 1'"
+    elif case == "not a lock":
+        lock = tmp_path / "notes.lock"
+        lock.write_text("# a comment\nsection = 1\n")
+        expected = f"{lock}:1: malformed lock: no 'format = 1' line"
     elif case == "missing model":
         model = tmp_path / "none.pt2"
         expected = f"{model}: no such file"

@@ -61,6 +61,8 @@ def _fields(a: Section, b: Section) -> tuple[str, ...]:
             items = [f"{name} {hx.get(name, 0)} -> {hy.get(name, 0)}"
                      for name in sorted(hx.keys() | hy.keys()) if hx.get(name) != hy.get(name)]
             out.append(f"{key}: {', '.join(items)}")
+        elif key == "groups" and x is not None and y is not None:
+            out.append(f"groups: {_members(x, y)}")
         elif key in _SIGNATURES and x is not None and y is not None:
             out.append(f"{key}: {_signature(key[:-1], x, y)}")
         elif key == "digest" and old.get("ops") == new.get("ops"):
@@ -87,6 +89,16 @@ def _signature(word: str, x: str, y: str) -> str:
                           f"{word} {k}: {u} removed" if v is None else f"{word} {k}: {u} -> {v}")
     more = [f"{len(differ) - _SHOWN} more"] if len(differ) > _SHOWN else []
     return ", ".join(parts + differ[:_SHOWN] + more)
+
+
+def _members(x: str, y: str) -> str:
+    """``12 -> 13, added h.12``: a rule's groups, as the ids that came and went."""
+    a, b = _types(x), _types(y)
+    added, removed = [i for i in b if i not in set(a)], [i for i in a if i not in set(b)]
+    parts = [f"{len(a)} -> {len(b)}"] if len(a) != len(b) else []
+    parts += [f"added {', '.join(added)}"] if added else []
+    parts += [f"removed {', '.join(removed)}"] if removed else []
+    return "; ".join(parts)
 
 
 def _types(text: str) -> list[str]:
