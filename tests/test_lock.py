@@ -12,6 +12,8 @@ import pytest
 import torch
 from torch import nn
 
+import rewrite
+
 from rewrite.testing import assert_structure
 from tests import models
 
@@ -171,7 +173,7 @@ def test_update_rewrites_the_lock(run_cli, blocks, base_lock, tmp_path):
 
 
 @pytest.mark.parametrize("case", ["missing lock", "malformed lock", "not a lock",
-                                  "missing model", "pt2 without rules"])
+                                  "missing model", "pt2 without rules", "garbage onnx"])
 def test_bad_input_exits_2_with_one_line(run_cli, blocks, base_lock, tmp_path, case):
     lock, model, rules = base_lock, blocks["base"], [blocks["rules"]]
     if case == "missing lock":
@@ -190,9 +192,13 @@ def test_bad_input_exits_2_with_one_line(run_cli, blocks, base_lock, tmp_path, c
     elif case == "missing model":
         model = tmp_path / "none.pt2"
         expected = f"{model}: no such file"
-    else:
+    elif case == "pt2 without rules":
         rules = []
         expected = f"{model}: a .pt2 is read with rules"
+    else:
+        rules, model = [], tmp_path / "garbage.onnx"
+        model.write_bytes(b"\x08\x07 not protobuf at all \xff" * 4)
+        expected = f"{model}: not a readable ONNX model ("
     r = run_cli("verify", *rules, model, "--lock", lock)
     assert (r.code, r.out) == (2, "")
     assert len(r.err.strip().splitlines()) == 1 and r.err.startswith(expected)
@@ -200,6 +206,7 @@ def test_bad_input_exits_2_with_one_line(run_cli, blocks, base_lock, tmp_path, c
 
 def test_assert_structure(blocks, base_lock, tmp_path):
     assert_structure(blocks["base"], base_lock, rules=blocks["rules"])
+    assert_structure(rewrite.apply(blocks["rules"], blocks["base"]), base_lock)  # a Result
     with pytest.raises(AssertionError) as failed:
         assert_structure(blocks["sigmoid"], base_lock, rules=blocks["rules"])
     assert "  function pkg.mymodels::MLP_1: added" in str(failed.value).splitlines()

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Iterable, Mapping
 import onnx_ir as ir
 
 from rewrite.backends.onnx import Keyer, Variants, call_sites, label, summarize
+from rewrite.errors import InputError, first_line
 from rewrite.structure._digest import body_digest, histograms, value_type
 from rewrite.structure._lock import Lock, Section, histogram_text
 
@@ -158,8 +159,12 @@ def read_onnx(path: str | Path) -> ir.Model:
     nodes make, not for its inputs)."""
     import onnx
 
-    proto = onnx.load(str(path), load_external_data=False)
-    model = ir.serde.deserialize_model(proto)
+    try:
+        proto = onnx.load(str(path), load_external_data=False)
+        model = ir.serde.deserialize_model(proto)
+    except Exception as e:  # protobuf and onnx_ir raise many types here; all mean unreadable
+        reason = first_line(e) or type(e).__name__
+        raise InputError(f"{path}: not a readable ONNX model ({reason})") from None
     for function_proto in proto.functions:
         function = model.functions.get((function_proto.domain, function_proto.name,
                                         getattr(function_proto, "overload", "")))
