@@ -36,7 +36,8 @@ def resident_mb(path: Path) -> float:
     return total / 1024
 
 
-def measure(model: Path, check_weights: bool = False) -> dict[str, tuple[float, float]]:
+def measure(model: Path, check_weights: bool = False, rules: str | Path = RULES
+            ) -> dict[str, tuple[float, float]]:
     """Step -> (seconds, MB of the file resident after it)."""
     import rewrite
     from rewrite.backends.onnx import OnnxOptions, lower
@@ -51,7 +52,7 @@ def measure(model: Path, check_weights: bool = False) -> dict[str, tuple[float, 
         found[name] = (now[0] - mark[0], now[1])
         mark = (time.perf_counter(), resident_mb(model))
 
-    result = rewrite.apply(RULES, str(model))
+    result = rewrite.apply(rules, str(model))
     step("read + group")
     lowering = lower(result, OnnxOptions(check_weights=check_weights))  # False: as lock does
     step("lower (no file)")
