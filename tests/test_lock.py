@@ -107,6 +107,9 @@ def test_gpt2_lock_verifies_and_is_the_same_bytes_in_another_process(run_cli, tm
 def test_a_changed_activation_names_the_new_functions_and_why(run_cli, blocks, base_lock):
     r = run_cli("verify", blocks["rules"], blocks["sigmoid"], "--lock", base_lock)
     assert r.code == 1
+    assert r.out.splitlines()[1:3] == [
+        "  class pkg.mymodels::Block: 1 function -> 2 (Block x3, Block_1 x1)",
+        "  class pkg.mymodels::MLP: 1 function -> 2 (MLP x3, MLP_1 x1)"]
     assert "  function pkg.mymodels::MLP_1: added\n" in r.out
     assert "      + ops = Gemm 2, Sigmoid 1\n" in r.out
     assert "      why distinct: MLP_1 vs MLP: op: Sigmoid at " in r.out

@@ -5,6 +5,8 @@ difference that kept each new function apart (``backends/onnx/distinct.py``, wor
 
 from __future__ import annotations
 
+import re
+
 from attrs import frozen
 
 from rewrite.backends.onnx import label
@@ -16,8 +18,9 @@ class Change:
     """One section that differs: ``added``, ``removed`` or ``changed``, and how."""
 
     title: str
-    """``main``, ``function pkg.x::Block``, ``rule group class *Block``."""
+    """``main``, ``function pkg.x::Block``, ``rule group class *Block``, ``class pkg.x::MLP``."""
     what: str
+    """``added``, ``removed``, ``changed``; for a class, its function counts."""
     details: tuple[str, ...]
 
 
@@ -38,11 +41,34 @@ def compare(old: Lock, new: Lock) -> tuple[Change, ...]:
             changes.append(Change(title, "added", _lines(b, "+") + _why(title, new)))
         elif dict(a.fields) != dict(b.fields):
             changes.append(Change(title, "changed", _fields(a, b)))
+    changes.extend(_classes(before, after, new))
     return tuple(sorted(changes, key=lambda c: (_ORDER.index(c.title.split(" ")[0]), c.title)))
 
 
-_ORDER = ("function", "main", "rule")
-"""Changes are listed functions first (what moved), then the main graph, then the rules."""
+_ORDER = ("class", "function", "main", "rule")
+"""Changes are listed classes first (one more function), then functions (what moved), the
+main graph, the rules."""
+
+
+def _classes(before: dict[str, Section], after: dict[str, Section], new: Lock
+             ) -> list[Change]:
+    """``class D::Name: 1 function -> 2 (Name x3, Name_1 x1)`` for each class the new side's
+    lowering kept apart in more functions than the old side has of that class."""
+    found = []
+    for identity in dict.fromkeys(v.identity for v in new.variants):
+        domain, base = identity
+        mine = re.compile(re.escape(f"function {domain}::{base}") + r"(_\d+)?")
+        olds = [t for t in before if mine.fullmatch(t)]
+        news = [t for t in after if mine.fullmatch(t)]
+        if len(news) > len(olds):
+            runs = ", ".join(f"{t.split('::', 1)[1]} x{after[t].get('runs')}" for t in news)
+            found.append(Change(f"class {domain}::{base}", f"{_count(olds)} -> {len(news)} "
+                                f"({runs})", ()))
+    return found
+
+
+def _count(titles: list[str]) -> str:
+    return f"{len(titles)} function{'s' if len(titles) != 1 else ''}"
 
 
 def _lines(section: Section, sign: str) -> tuple[str, ...]:
@@ -116,9 +142,9 @@ def _why(title: str, new: Lock) -> tuple[str, ...]:
 
 
 def render(changes: tuple[Change, ...], old_name: str, new_name: str) -> str:
-    """The diff as people read it (one block per section)."""
+    """The diff as people read it (one block per class, section)."""
     lines = [f"structure of {new_name} differs from {old_name} "
-             f"({len(changes)} section{'s' if len(changes) != 1 else ''}):"]
+             f"({len(changes)} change{'s' if len(changes) != 1 else ''}):"]
     for change in changes:
         lines.append(f"  {change.title}: {change.what}")
         lines.extend(f"      {detail}" for detail in change.details)
