@@ -41,9 +41,10 @@ def test_rule_examples_parse(line):
 
 @pytest.mark.parametrize("command", COMMANDS)
 def test_commands_parse(command):
-    argv = shlex.split(command)[1:]
+    argv = shlex.split(command, comments=True)[1:]  # as sh reads it
     args = build_parser().parse_args(argv)
-    assert args.command in ("check", "explain", "apply", "suggest", "export")
+    assert args.command in ("check", "explain", "apply", "suggest", "export", "lock", "verify",
+                            "diff")
 
 
 def test_every_shipped_rules_file_is_listed():

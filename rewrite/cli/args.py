@@ -1,4 +1,5 @@
-"""The command line: ``rewrite [-q|-v] {check,explain,apply,suggest,export} ...`` (argparse)."""
+"""The command line: ``rewrite [-q|-v] {check,explain,apply,suggest,export,lock,verify,diff}
+...`` (argparse)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ EXTERNAL_DATA = ("auto", "always", "never")
 EXIT_OK, EXIT_RULES, EXIT_INPUT, EXIT_BUG = 0, 1, 2, 3
 
 EPILOG = """\
-exit codes: 0 success, 1 rules or grouping error, 2 unusable input or usage error,
+exit codes: 0 success, 1 rules or grouping error (verify, diff: the structure differs),
+2 unusable input or usage error,
 3 a bug in rewrite (rerun with --verbose for the traceback).
 RULES is a .rules file, or the name of a shipped one (gpt2, llama, bert, modularize,
 split_by_tags). MODEL is a .pt2 (torch.export.save) or a torch.onnx-exported .onnx file."""
@@ -188,7 +190,67 @@ def _add_export(sub, common: argparse.ArgumentParser) -> None:
     onnx_output_options(export)
 
 
-COMMAND_PARSERS = (_add_check, _add_explain, _add_apply, _add_suggest, _add_export)
+def _model_or_rules_and_model(parser: argparse.ArgumentParser) -> None:
+    """``[RULES] MODEL``: with RULES, MODEL grouped and lowered as ``explain --onnx`` does;
+    without, MODEL is an ``.onnx`` file read as it is."""
+    parser.add_argument("rules", metavar="RULES", nargs="?",
+                        help="a .rules file or a shipped one; omit it to read an .onnx MODEL "
+                        "as it is")
+    parser.add_argument("model", metavar="MODEL", help=".pt2 or .onnx (.onnx only without RULES)")
+
+
+def _add_lock(sub, common: argparse.ArgumentParser) -> None:
+    lock = sub.add_parser(
+        "lock", parents=[common], help="write the structure of a model as a lock file",
+        usage="rewrite lock [RULES] MODEL -o FILE",
+        description="Write the structure RULES gives MODEL (grouped and lowered to ONNX, no "
+        "model written), or of an .onnx MODEL as it is, to FILE: a small text file to commit "
+        "and review. Per function its call sites, inputs and outputs (dtype, rank), "
+        "attributes, op histogram and body digest; the main graph's ops; per rule (by its "
+        "text) the groups it made. No timestamps, no paths, no weights read.",
+    )
+    _model_or_rules_and_model(lock)
+    lock.add_argument("-o", "--output", required=True, metavar="FILE",
+                      help="the lock file (written whole or not at all)")
+    _imports(lock)
+    _trust(lock)
+
+
+def _add_verify(sub, common: argparse.ArgumentParser) -> None:
+    verify = sub.add_parser(
+        "verify", parents=[common], help="check a model's structure against a lock file",
+        usage="rewrite verify [RULES] MODEL --lock FILE [--update]",
+        description="Compare the structure of MODEL (with RULES: grouped and lowered; without: "
+        "an .onnx file as it is) with the lock FILE. Exit 0 when they are equal, 1 with what "
+        "was added, removed or changed (function and change; for a class that got another "
+        "function, why it is distinct), 2 when an input is unusable.",
+    )
+    _model_or_rules_and_model(verify)
+    verify.add_argument("--lock", required=True, metavar="FILE", help="the lock file")
+    verify.add_argument("--update", action="store_true",
+                        help="rewrite FILE with MODEL's structure (after a reviewed change); "
+                        "exit 0")
+    _imports(verify)
+    _trust(verify)
+
+
+def _add_diff(sub, common: argparse.ArgumentParser) -> None:
+    diff = sub.add_parser(
+        "diff", parents=[common], help="compare the structure of two models",
+        usage="rewrite diff A B [--rules RULES]",
+        description="What changed in structure from model A to model B: .onnx files as they "
+        "are, or (with --rules) .pt2 / .onnx files grouped and lowered by RULES. Exit 0 the "
+        "same, 1 different (printed as `rewrite verify` prints it), 2 an unusable input.",
+    )
+    diff.add_argument("a", metavar="A", help="the model before (.onnx, or .pt2 with --rules)")
+    diff.add_argument("b", metavar="B", help="the model after")
+    diff.add_argument("--rules", metavar="RULES", help="group and lower both models by RULES")
+    _imports(diff)
+    _trust(diff)
+
+
+COMMAND_PARSERS = (_add_check, _add_explain, _add_apply, _add_suggest, _add_export,
+                   _add_lock, _add_verify, _add_diff)
 """One function per command, each adding its subparser (in ``--help`` order)."""
 
 

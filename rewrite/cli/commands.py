@@ -77,11 +77,12 @@ def _group(rules: rewrite.RuleSet, model: str, io: Consoles, steps: Steps,
     return result
 
 
-def _lower(result: rewrite.Result, io: Consoles):
-    """Lower to ONNX (no file written): the backend's ``Lowering``."""
+def _lower(result: rewrite.Result, io: Consoles, **options):
+    """Lower to ONNX (no file written; ``options``: ``OnnxOptions`` fields): the backend's
+    ``Lowering``."""
     from rewrite.backends.onnx import OnnxOptions, lower
 
-    lowering = lower(result, OnnxOptions(), Steps.backend(io))
+    lowering = lower(result, OnnxOptions(**options), Steps.backend(io))
     for warning in lowering.warnings:
         io.warning(warning)
     return lowering

@@ -1,4 +1,5 @@
-"""The ``rewrite`` command: ``check``, ``explain``, ``apply``, ``suggest`` and ``export``.
+"""The ``rewrite`` command: ``check``, ``explain``, ``apply``, ``suggest``, ``export``,
+``lock``, ``verify`` and ``diff``.
 
 Exit codes: 0 success, 1 rules or grouping error, 2 unusable input or usage error, 3 a bug in
 rewrite. User mistakes print a one-line reason (or ``file:line:col`` diagnostics) on stderr,
@@ -16,11 +17,13 @@ from rewrite.cli.args import EXIT_BUG, EXIT_INPUT, build_parser
 from rewrite.cli.commands import cmd_apply, cmd_check, cmd_explain
 from rewrite.cli.console import Consoles
 from rewrite.cli.export import cmd_export
+from rewrite.cli.lock import cmd_diff, cmd_lock, cmd_verify
 from rewrite.cli.suggest import cmd_suggest
 from rewrite.errors import RewriteError, first_line
 
 COMMANDS = {"check": cmd_check, "explain": cmd_explain, "apply": cmd_apply,
-            "suggest": cmd_suggest, "export": cmd_export}
+            "suggest": cmd_suggest, "export": cmd_export, "lock": cmd_lock,
+            "verify": cmd_verify, "diff": cmd_diff}
 
 
 def _os_error(e: OSError) -> str:

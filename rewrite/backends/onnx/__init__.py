@@ -29,7 +29,9 @@ from typing import TYPE_CHECKING, Any
 
 from rewrite.backends.onnx.options import OnnxOptions
 from rewrite.backends.onnx.progress import SILENT, Progress
-from rewrite.backends.onnx.summary import summarize
+from rewrite.backends.onnx.distinct import Variant, Variants
+from rewrite.backends.onnx.outlining import Keyer, canonical_order
+from rewrite.backends.onnx.summary import call_sites, label, summarize
 
 if TYPE_CHECKING:
     import onnx_ir as ir
@@ -93,5 +95,6 @@ def save_onnx(result: "Result", output_path: str | Path, *, progress: Progress |
     return lowering
 
 
-__all__ = ["Lowered", "Lowering", "OnnxOptions", "Progress", "lower", "save_onnx", "summarize",
+__all__ = ["Keyer", "Lowered", "Lowering", "OnnxOptions", "Progress", "Variant", "Variants",
+           "call_sites", "canonical_order", "label", "lower", "save_onnx", "summarize",
            "to_onnx"]

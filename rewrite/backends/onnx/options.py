@@ -71,6 +71,10 @@ class OnnxOptions:
     ``_inlfunc_<function>_<node>``, and 1.32 pays on every run for each node name longer than
     15 characters (about 2% of the 48-block GPT-2's latency, see bench/RESULTS.md); nodes of
     unnamed bodies stay unnamed there. Their ``namespace`` / ``name_scopes`` metadata stays."""
+    check_weights: bool = True
+    """Start checking the mapped ``.pt2``'s weights (checksums, on a thread) when lowering
+    begins, for the writer to wait on (``_mapped``). ``False`` for a lowering whose weights
+    are never handed on (``rewrite lock`` / ``verify`` / ``diff``): no weight is read."""
     external_data_threshold: int = field(default=EXTERNAL_DATA_THRESHOLD,
                                          validator=validators.ge(0))
     """``save_onnx`` writes weights to ``OUT.onnx.data`` when they exceed this many bytes."""

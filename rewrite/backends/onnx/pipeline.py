@@ -118,7 +118,8 @@ def lower(result: "Result", options: OnnxOptions | None = None,
             "ONNX output needs an ExportedProgram, a .pt2 file or an ONNX model; export this "
             "GraphModule with torch.export.export first"
         )
-    start_checks([*source.state_dict.values(), *source.constants.values()])  # see _mapped
+    if options.check_weights:
+        start_checks([*source.state_dict.values(), *source.constants.values()])  # see _mapped
     return _finished(_lower_program(result, source, options, progress), options, progress,
                      options.optimize)
 
