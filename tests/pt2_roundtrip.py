@@ -126,7 +126,8 @@ def tensor_facts(tensor: Any) -> tuple:
     if not isinstance(tensor, torch.Tensor):
         return (type(tensor).__name__,)
     return (type(tensor).__name__, tensor.dtype, tuple(tensor.shape), tensor.stride(),
-            tensor.storage_offset(), tensor.requires_grad, tensor.device.type)
+            tensor.storage_offset(), tensor.requires_grad, tensor.is_leaf,
+            type(tensor.grad_fn).__name__, tensor.device.type)
 
 
 def signature_facts(program: torch.export.ExportedProgram) -> tuple:

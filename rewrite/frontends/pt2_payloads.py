@@ -269,16 +269,18 @@ def _storage(archive: Archive, name: str, element: int, check: Check | None,
 
 
 def _strided(storage: torch.UntypedStorage, p: Payload) -> torch.Tensor:
-    tensor = torch.empty(0, dtype=p.dtype)
+    """``p``'s tensor over its entry's storage, as ``torch.export.load`` makes it: a view of
+    the whole entry (a non-leaf view when a buffer or constant requires grad)."""
+    assert p.dtype is not None
     if storage.nbytes() == 0:
-        tensor = torch.zeros(p.sizes, dtype=p.dtype)
+        flat = torch.zeros(p.sizes, dtype=p.dtype)
     else:
-        tensor.set_(storage, p.storage_offset, p.sizes, p.strides)
+        flat = torch.empty(0, dtype=p.dtype).set_(
+            storage, 0, (storage.nbytes() // p.dtype.itemsize,), (1,))
     if p.is_param:
-        return torch.nn.Parameter(tensor, requires_grad=p.requires_grad)
-    if p.requires_grad:
-        tensor.requires_grad_(True)
-    return tensor
+        return torch.nn.Parameter(flat.as_strided(p.sizes, p.strides, p.storage_offset),
+                                  requires_grad=p.requires_grad)
+    return flat.requires_grad_(p.requires_grad).as_strided(p.sizes, p.strides, p.storage_offset)
 
 
 def _unpickle(archive: Archive, p: Payload) -> Any:
