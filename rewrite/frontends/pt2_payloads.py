@@ -6,8 +6,10 @@ tensor's dtype, sizes, strides and storage offset. :func:`payloads` reads them i
 :class:`Payload` records and checks them against the entries (a missing entry, sizes that do not
 fit the entry's bytes). :func:`unsafe_entries` lists what only code execution could load (pickled
 tensors, TorchBind and opaque objects, sample inputs that weights-only unpickling refuses);
-:func:`tensors` makes every tensor a view of the archive's mapping, never a copy (a compressed
-entry, which cannot be mapped, is inflated into memory).
+:func:`tensors` makes every entry one storage over its bytes in the archive's mapping, never a
+copy (a compressed entry, which cannot be mapped, is inflated into memory), and every tensor a
+view of its entry's storage, as ``torch.export.load`` does: tensors saved as views of one
+tensor share a storage, tensors of different entries do not.
 """
 
 from __future__ import annotations
