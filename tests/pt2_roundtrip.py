@@ -122,12 +122,13 @@ def storage_classes(program: torch.export.ExportedProgram) -> set[frozenset[str]
 
 
 def tensor_facts(tensor: Any) -> tuple:
-    """What a loader decides about one tensor (its bytes compared apart)."""
+    """What a loader decides about one tensor (its bytes compared apart), and the bytes of
+    its storage (its archive entry's)."""
     if not isinstance(tensor, torch.Tensor):
         return (type(tensor).__name__,)
     return (type(tensor).__name__, tensor.dtype, tuple(tensor.shape), tensor.stride(),
-            tensor.storage_offset(), tensor.requires_grad, tensor.is_leaf,
-            type(tensor.grad_fn).__name__, tensor.device.type)
+            tensor.storage_offset(), tensor.untyped_storage().nbytes(), tensor.requires_grad,
+            tensor.is_leaf, type(tensor.grad_fn).__name__, tensor.device.type)
 
 
 def signature_facts(program: torch.export.ExportedProgram) -> tuple:
