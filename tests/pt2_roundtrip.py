@@ -121,6 +121,14 @@ def storage_classes(program: torch.export.ExportedProgram) -> set[frozenset[str]
     return {frozenset(names) for names in by_storage.values()}
 
 
+def object_classes(program: torch.export.ExportedProgram) -> set[frozenset[str]]:
+    """The program's tensor names grouped by the object they name (tied weights: one)."""
+    by_object: dict[int, set[str]] = defaultdict(set)
+    for name, tensor in {**program.state_dict, **program.constants}.items():
+        by_object[id(tensor)].add(name)
+    return {frozenset(names) for names in by_object.values()}
+
+
 def tensor_facts(tensor: Any) -> tuple:
     """What a loader decides about one tensor (its bytes compared apart), and the bytes of
     its storage (its archive entry's)."""
@@ -138,6 +146,6 @@ def signature_facts(program: torch.export.ExportedProgram) -> tuple:
     module = program.module()
     return (tuple(sig.parameters), tuple(sig.buffers), tuple(sig.non_persistent_buffers),
             tuple(sig.lifted_tensor_constants),
-            tuple((n, p.requires_grad) for n, p in module.named_parameters()),
-            tuple(n for n, _ in module.named_buffers()),
+            tuple((n, p.requires_grad) for n, p in module.named_parameters(remove_duplicate=False)),
+            tuple(n for n, _ in module.named_buffers(remove_duplicate=False)),
             tuple(module.state_dict(keep_vars=False)))

@@ -21,8 +21,8 @@ import rewrite
 from rewrite.backends.onnx import OnnxOptions, lower
 from rewrite.frontends.pt2 import load_pt2
 from tests.onnx_fixtures import LLAMA_RULES, MODULARIZE, checked_proto, run_eager, run_onnx
-from tests.pt2_roundtrip import (LOWERINGS, SOURCES, as_source, export, programs,
-                                 signature_facts, storage_classes, tensor_facts)
+from tests.pt2_roundtrip import (LOWERINGS, SOURCES, as_source, export, object_classes,
+                                 programs, signature_facts, storage_classes, tensor_facts)
 
 BLOCK_RULES = {"cond": "group class Linear", "cond-strict": "group class Linear",
                "regions": "group class *Block", "cache-buffers": "group class *CachedAttention",
@@ -131,12 +131,16 @@ def test_nonstrict_static_cache_fails_from_a_file_as_in_memory(built, saved):
 
 
 @pytest.mark.parametrize("name", [*programs(), "gpt2"])
-def test_loaded_aliasing_and_metadata_equal_torchs(saved, name):
+def test_loaded_aliasing_and_metadata_equal_torchs(saved, built, request, name):
     """Which tensors share a storage, and each tensor's type, dtype, shape, strides, storage
     offset and requires_grad, as ``torch.export.load`` has them; parameters, persistent and
-    non-persistent buffers and constants as its signature and ``module()`` have them."""
+    non-persistent buffers and constants as its signature and ``module()`` have them. Names
+    of one tensor object in the exported program (tied weights) are one object again
+    (``torch.export.load`` makes one per name)."""
     path = saved(name)
     ours, theirs = load_pt2(path), torch.export.load(str(path))
+    exported = request.getfixturevalue("gpt2_program") if name == "gpt2" else built(name)[3]
+    assert object_classes(ours) == object_classes(exported)
     assert storage_classes(ours) == storage_classes(theirs)
     assert len(storage_classes(ours)) > 1
     tensors = {**ours.state_dict, **ours.constants}

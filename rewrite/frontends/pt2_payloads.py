@@ -223,9 +223,12 @@ def tensors(archive: Archive, found: list[Payload], trusted: bool, check: Check 
 
     Each entry is one storage, as ``torch.export.load`` makes it: tensors saved as views of
     one tensor (tied weights, a buffer and its slices) share it, tensors of different
-    entries do not (torch would see every weight alias every other one)."""
+    entries do not (torch would see every weight alias every other one). Names saved as the
+    same view of an entry (tied weights) are one tensor object, as in the exported program
+    (``torch.export.load`` makes one per name)."""
     element = _widest_element(found)
     storages: dict[str, torch.UntypedStorage] = {}
+    views: dict[tuple, torch.Tensor] = {}
     inflated: list[tuple[str, str]] = []
     state: dict[str, Any] = {}
     constants: dict[str, Any] = {}
@@ -238,7 +241,11 @@ def tensors(archive: Archive, found: list[Payload], trusted: bool, check: Check 
             if p.entry not in storages:
                 storages[p.entry] = _storage(archive, p.entry, element[p.entry], check,
                                              inflated)
-            value = _strided(storages[p.entry], p)
+            key = (p.entry, p.dtype, p.sizes, p.strides, p.storage_offset, p.is_param,
+                   p.requires_grad)
+            if key not in views:
+                views[key] = _strided(storages[p.entry], p)
+            value = views[key]
         (state if p.kind == "weight" else constants)[p.fqn] = value
     return state, constants, inflated
 
