@@ -10,7 +10,9 @@ For each model of :data:`bench.zoo_models.ZOO`: ``torch.export.export`` (non-str
   in onnxruntime (atol 1e-4 unless the entry says why not); ``to_fx()`` equals eager;
 * the blocks rule ``group class *Block``: the same checks, and every block class function is
   distinct: no two functions of the model have the same body (up to value names), so
-  identical blocks share one function (``functions/blocks``); timed against the baseline.
+  identical blocks share one function (``functions/blocks``); timed against the baseline;
+* from ``.pt2``: the program saved with ``torch.export.save`` and both rules' checks again on
+  what rewrite's loader reads from that file (column ``from .pt2``: ``ok`` or the failure).
 
 Where torch itself cannot export or convert a model, the row says so, and rewrite's error
 must name torch. Writes the table to ``bench/ZOO.md``.
@@ -52,6 +54,8 @@ class Row:
     rewrite_s: float | None = None
     plain_s: float | None = None
     detail: str = ""
+    pt2: str = ""
+    """``ok``, or how the checks failed on the program read back from its ``.pt2``."""
 
 
 class Failed(Exception):
@@ -216,6 +220,7 @@ def check(entry: Entry, *, timing: bool = True) -> Row:
         return Row(**row, result="FAIL (error)",
                    detail=f"{type(e).__name__}: {_first_line(e)} ({Path(where.filename).name}:"
                           f"{where.lineno})")
+    pt2 = from_pt2(entry, program, rules, triple, want)
     rewrite_s = None
     if timing:  # both warm (each ran above), alternating, medians of TIMING_RUNS
         def ours() -> None:
@@ -230,9 +235,39 @@ def check(entry: Entry, *, timing: bool = True) -> Row:
     detail = f"modularize flattened {', '.join(flattened)}" if flattened else ""
     if entry.why_atol:
         detail = "; ".join(filter(None, [detail, f"atol {entry.atol:g}: {entry.why_atol}"]))
-    detail = "; ".join(filter(None, [detail, entry.note, torch_failure]))
+    detail = "; ".join(filter(None, [detail, entry.note, torch_failure,
+                                     pt2 if pt2 != OK else ""]))
     return Row(**row, result=OK, functions=functions, rewrite_s=rewrite_s, plain_s=plain_s,
-               detail=detail)
+               detail=detail, pt2=pt2.split(":")[0])
+
+
+def from_pt2(entry: Entry, program, rules, triple, want: list[np.ndarray]) -> str:
+    """The ONNX and FX checks of ``modularize`` and ``rules`` again, on the program read by
+    rewrite's loader from the ``.pt2`` that ``torch.export.save`` writes of it: ``ok``, or
+    ``FAIL (stage): why``."""
+    import tempfile
+
+    import rewrite
+
+    _, args, kwargs = triple
+    with tempfile.TemporaryDirectory(prefix="zoo-") as folder:
+        path = Path(folder) / f"{entry.name}.pt2"
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                torch.export.save(program, str(path))
+                for name, text in (("modularize", "modularize"), ("blocks", rules)):
+                    result = rewrite.apply(text, path)
+                    _check_onnx(f"{name} onnx from .pt2", result.to_onnx(), triple, want,
+                                entry.atol)
+                    with torch.no_grad():
+                        _compare(f"{name} fx from .pt2", _tensors(result.to_fx()(*args, **kwargs)),
+                                 want, entry.atol)
+        except Failed as e:
+            return f"FAIL ({e.stage}): {e.message}"
+        except Exception as e:
+            return f"FAIL (from .pt2): {type(e).__name__}: {_first_line(e)}"
+    return OK
 
 
 TIMING_RUNS = 5
@@ -257,12 +292,13 @@ def _seconds(value: float | None) -> str:
 
 
 def table(rows: list[Row]) -> str:
-    lines = ["| model | family | FX nodes | result | block functions/blocks | rewrite s | "
-             "torch.onnx.export s | ratio | notes |", "|---|---|---:|---|---:|---:|---:|---:|---|"]
+    lines = ["| model | family | FX nodes | result | from .pt2 | block functions/blocks | "
+             "rewrite s | torch.onnx.export s | ratio | notes |",
+             "|---|---|---:|---|---|---:|---:|---:|---:|---|"]
     for r in rows:
         ratio = f"{r.rewrite_s / r.plain_s:.2f}x" if r.rewrite_s and r.plain_s else ""
         notes = r.detail.replace("|", "\\|")
-        lines.append(f"| {r.name} | {r.family} | {r.fx_nodes or ''} | {r.result} | "
+        lines.append(f"| {r.name} | {r.family} | {r.fx_nodes or ''} | {r.result} | {r.pt2} | "
                      f"{r.functions} | {_seconds(r.rewrite_s)} | {_seconds(r.plain_s)} | "
                      f"{ratio} | {notes} |")
     return "\n".join(lines)
@@ -272,9 +308,13 @@ def report(rows: list[Row], command: str) -> str:
     ok = sum(r.result == OK for r in rows)
     torch_side = [r.name for r in rows if r.result.startswith("torch cannot")]
     failed = [r.name for r in rows if r.result.startswith("FAIL")]
+    from_file = [r.name for r in rows if r.pt2 == OK]
+    not_from_file = [r.name for r in rows if r.result == OK and r.pt2 != OK]
     summary = (f"{ok} of {len(rows)} architectures pass; torch itself cannot export or convert "
                f"{len(torch_side)} ({', '.join(torch_side) or 'none'}); rewrite fails on "
-               f"{len(failed)} ({', '.join(failed) or 'none'}).")
+               f"{len(failed)} ({', '.join(failed) or 'none'}). From their `.pt2` file: "
+               f"{len(from_file)} of the {ok} that pass in memory"
+               + (f" (not: {', '.join(not_from_file)})." if not_from_file else "."))
     return "\n".join([
         "# Model zoo", "",
         f"`{command}` on {datetime.date.today()}, {platform.machine()}, Python "
@@ -283,9 +323,11 @@ def report(rows: list[Row], command: str) -> str:
         "model: torch.export (non-strict); `modularize` and the blocks rule "
         "(`group class *Block`) to ONNX (full checker, onnxruntime equal to eager within "
         "atol 1e-4, rtol 1e-4) and to FX (equal to eager); no two ONNX functions with the "
-        "same body. *block functions/blocks*: functions made for the block class / its "
-        "calls. *rewrite s*: `apply(blocks rule).to_onnx()` (it runs torch.onnx.export "
-        "itself); *torch.onnx.export s*: the plain export of the same program; both warm "
+        "same body. *from .pt2*: the same checks of both rules on the program saved with "
+        "`torch.export.save` and read by rewrite's loader. *block functions/blocks*: "
+        "functions made for the block class / its calls. *rewrite s*: "
+        "`apply(blocks rule).to_onnx()` (it runs torch.onnx.export itself); "
+        "*torch.onnx.export s*: the plain export of the same program; both warm "
         f"(each ran once before), medians of {TIMING_RUNS} alternating runs.", "",
         summary, "", table(rows), "",
     ])
@@ -311,7 +353,8 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_write:
         TABLE.write_text(text)
         print(f"wrote {TABLE}")
-    return 0 if not any(r.result.startswith("FAIL") for r in rows) else 1
+    failed = any(r.result.startswith("FAIL") or r.pt2.startswith("FAIL") for r in rows)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -1,8 +1,10 @@
 """Tensors that are views of a mapped file, and where their bytes lie in it.
 
-The ``.pt2`` frontend maps the file once and makes every weight a view of that mapping
-(:func:`register`); the ONNX writer asks :func:`file_range` for each initializer and copies
-the bytes of those it knows file to file, without reading them into the process. Shared by
+The ``.pt2`` frontend maps the file once and makes every archive entry one storage over its
+bytes in that mapping (:func:`register`, one call per entry: tensors of one entry share a
+storage, tensors of different entries do not, as with ``torch.export.load``); the ONNX
+writer asks :func:`file_range` for each initializer and copies the bytes of those it knows
+file to file, without reading them into the process. Shared by
 both stages, so it lives here (they never import each other).
 
 The mapping is private (copy on write): nothing rewrite or torch does to a weight can change
@@ -51,21 +53,24 @@ class _Mapping:
     base: int
     length: int
     path: Path
+    offset: int
+    """Where ``base`` lies in the file."""
     alive: weakref.ref
     check: Check | None
 
 
 _MAPPINGS: dict[int, _Mapping] = {}
-"""Start address of a mapping's memory -> the mapping; dead entries are dropped."""
+"""Start address of a storage over a mapping -> where it lies; dead entries are dropped."""
 
 
-def register(whole: torch.Tensor, mapping: mmap.mmap, path: str | os.PathLike,
-             check: Check | None = None) -> None:
-    """``whole`` (a uint8 tensor over all of ``mapping``) maps the file at ``path``;
-    ``check`` verifies its bytes (see :func:`verify`)."""
-    base = whole.untyped_storage().data_ptr()
-    _MAPPINGS[base] = _Mapping(base, len(mapping), Path(os.path.realpath(path)),
-                               weakref.ref(mapping), check)
+def register(storage: torch.Tensor, mapping: mmap.mmap, path: str | os.PathLike,
+             offset: int = 0, check: Check | None = None) -> None:
+    """``storage`` (a uint8 tensor, all of its storage) holds the bytes at ``offset`` of
+    the file at ``path``, a view of ``mapping``; ``check`` verifies the mapping's bytes (see
+    :func:`verify`)."""
+    base = storage.untyped_storage().data_ptr()
+    _MAPPINGS[base] = _Mapping(base, storage.untyped_storage().nbytes(),
+                               Path(os.path.realpath(path)), offset, weakref.ref(mapping), check)
 
 
 def _mapping_of(tensor: torch.Tensor) -> _Mapping | None:
@@ -111,4 +116,4 @@ def file_range(tensor: torch.Tensor) -> FileRange | None:
     length = tensor.numel() * tensor.element_size()
     if offset < 0 or offset + length > mapping.length:
         return None
-    return FileRange(mapping.path, offset, length)
+    return FileRange(mapping.path, mapping.offset + offset, length)

@@ -16,6 +16,7 @@ from torch.utils import _pytree as pytree
 import rewrite
 from rewrite.backends.fx import LoweredModule
 from tests import models
+from tests.pt2_roundtrip import SOURCES, as_source
 
 MODULARIZE = "rules/modularize.rules"
 
@@ -242,7 +243,8 @@ def test_dynamic_batch(shared_model):
     assert_same_outputs(gm(x), model(x))
 
 
-def test_tied_weights_stay_tied():
+@pytest.mark.parametrize("source", SOURCES)
+def test_tied_weights_stay_tied(source, tmp_path):
     from transformers import GPT2Config, GPT2LMHeadModel
 
     config = GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=100, n_positions=64,
@@ -251,7 +253,7 @@ def test_tied_weights_stay_tied():
     model = models.perturb(GPT2LMHeadModel(config).eval())
     ids, kwargs = torch.randint(0, 100, (1, 8)), {"return_dict": False, "use_cache": False}
     program = torch.export.export(model, (ids,), kwargs=kwargs)
-    gm = lowered(MODULARIZE, program)
+    gm = lowered(MODULARIZE, as_source(program, source, tmp_path))
     assert_same_outputs(gm(ids, **kwargs), model(ids, **kwargs))
     assert set(gm.state_dict()) == set(program.module().state_dict())
     assert gm.get_parameter("lm_head.weight") is gm.get_parameter("transformer.wte.weight")

@@ -1,6 +1,7 @@
 """The fast subset of the model zoo (bench/zoo.py; ``make zoo`` runs all of it): real
 architectures lowered with modularize and a blocks rule, checked against eager in ONNX
-(full checker, onnxruntime) and FX, one function per distinct block body."""
+(full checker, onnxruntime) and FX, one function per distinct block body; the same from the
+program's ``.pt2``."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from bench.zoo_models import FAST, entry
 def test_zoo_model(name):
     row = check(entry(name), timing=False)
     assert row.result == OK, row
+    assert row.pt2 == OK, row  # the same checks on the program read back from its .pt2
     functions, blocks = map(int, row.functions.split("/"))
     assert 1 <= functions < blocks
 

@@ -3,12 +3,14 @@
 ``torch.export.load`` copies every weight out of the zip into memory (a model's worth of
 RAM) and unpickles the sample inputs with a silent full-pickle fallback: a crafted file runs
 code. Here the archive is read once, as data (:mod:`pt2_archive`): its JSON configs say which
-entry holds which tensor (:mod:`pt2_payloads`); every parameter, buffer and constant becomes
-a view of a private read-only mapping of the file (its pages are the file's, not the
-process's memory), and only the program's JSON is deserialized, by torch
+entry holds which tensor (:mod:`pt2_payloads`); every archive entry becomes one storage over
+its bytes in a private read-only mapping of the file (its pages are the file's, not the
+process's memory) and every parameter, buffer and constant a view of its entry's storage, as
+``torch.export.load`` makes them (tied weights share one, nothing else aliases), and only
+the program's JSON is deserialized, by torch
 (:func:`rewrite._private.torch_programs.deserialize_program`). The weights' checksums are
-verified on a thread started by what is going to hand the weights on (the ONNX backend starts
-it when it begins lowering) and waited for before they are (:func:`rewrite._mapped.verify`);
+verified on a thread started by what is going to hand the weights on (the ONNX backend
+starts it when it begins lowering) and waited for before they are (:func:`rewrite._mapped.verify`);
 what reads only shapes (``explain``, ``suggest``) reads no weight.
 
 What only code could load (pickled tensors or objects, TorchBind objects, sample inputs that

@@ -6,8 +6,10 @@ tensor's dtype, sizes, strides and storage offset. :func:`payloads` reads them i
 :class:`Payload` records and checks them against the entries (a missing entry, sizes that do not
 fit the entry's bytes). :func:`unsafe_entries` lists what only code execution could load (pickled
 tensors, TorchBind and opaque objects, sample inputs that weights-only unpickling refuses);
-:func:`tensors` makes every tensor a view of the archive's mapping, never a copy (a compressed
-entry, which cannot be mapped, is inflated into memory).
+:func:`tensors` makes every entry one storage over its bytes in the archive's mapping, never a
+copy (a compressed entry, which cannot be mapped, is inflated into memory), and every tensor a
+view of its entry's storage, as ``torch.export.load`` does: tensors saved as views of one
+tensor share a storage, tensors of different entries do not.
 """
 
 from __future__ import annotations
@@ -217,12 +219,16 @@ def tensors(archive: Archive, found: list[Payload], trusted: bool, check: Check 
             ) -> tuple[dict[str, Any], dict[str, Any], list[str]]:
     """The state dict and the constants, every tensor a view of the archive's mapping (its
     parameters ``nn.Parameter``s); and the entries that had to be copied into memory, each
-    with why (``compressed``, ``not aligned``)."""
-    base = None
-    if archive.mapping is not None and len(archive.mapping):
-        base = torch.frombuffer(archive.mapping, dtype=torch.uint8)
-        register(base, archive.mapping, archive.path, check)
-    flat: dict[str, torch.Tensor] = {}  # one storage per entry, so aliases stay aliases
+    with why (``compressed``, ``not aligned``).
+
+    Each entry is one storage, as ``torch.export.load`` makes it: tensors saved as views of
+    one tensor (tied weights, a buffer and its slices) share it, tensors of different
+    entries do not (torch would see every weight alias every other one). Names saved as the
+    same view of an entry (tied weights) are one tensor object, as in the exported program
+    (``torch.export.load`` makes one per name)."""
+    element = _widest_element(found)
+    storages: dict[str, torch.UntypedStorage] = {}
+    views: dict[tuple, torch.Tensor] = {}
     inflated: list[tuple[str, str]] = []
     state: dict[str, Any] = {}
     constants: dict[str, Any] = {}
@@ -232,39 +238,58 @@ def tensors(archive: Archive, found: list[Payload], trusted: bool, check: Check 
             if value is None:
                 continue
         else:
-            if p.entry not in flat:
-                flat[p.entry] = _flat(archive, base, p, inflated)
-            value = _strided(flat[p.entry], p)
+            if p.entry not in storages:
+                storages[p.entry] = _storage(archive, p.entry, element[p.entry], check,
+                                             inflated)
+            key = (p.entry, p.dtype, p.sizes, p.strides, p.storage_offset, p.is_param,
+                   p.requires_grad)
+            if key not in views:
+                views[key] = _strided(storages[p.entry], p)
+            value = views[key]
         (state if p.kind == "weight" else constants)[p.fqn] = value
     return state, constants, inflated
 
 
-def _flat(archive: Archive, base: torch.Tensor | None, p: Payload,
-          inflated: list[tuple[str, str]]) -> torch.Tensor:
-    """Entry ``p.entry`` as a 1-D tensor of ``p.dtype``: over the mapping when stored and
-    aligned, else a copy in memory."""
-    assert p.dtype is not None
-    entry = archive.entries[p.entry]
+def _widest_element(found: list[Payload]) -> dict[str, int]:
+    """Entry -> the largest element size of the tensors in it (what its bytes must be
+    aligned to)."""
+    widest: dict[str, int] = {}
+    for p in found:
+        if p.dtype is not None:
+            widest[p.entry] = max(widest.get(p.entry, 1), p.dtype.itemsize)
+    return widest
+
+
+def _storage(archive: Archive, name: str, element: int, check: Check | None,
+             inflated: list[tuple[str, str]]) -> torch.UntypedStorage:
+    """Entry ``name`` as one storage of its bytes: over the mapping when stored and aligned
+    to ``element`` bytes, else a copy in memory."""
+    entry = archive.entries[name]
     if entry.size == 0:
-        return torch.empty(0, dtype=p.dtype)
-    element = p.dtype.itemsize
-    if base is not None and not entry.compressed and entry.offset % element == 0:
-        return base[entry.offset:entry.offset + entry.size].view(p.dtype)
-    inflated.append((p.entry, "compressed" if entry.compressed else "not aligned"))
-    data = bytearray(archive.read(p.entry, limit=entry.size))
-    return torch.frombuffer(data, dtype=torch.uint8).view(p.dtype)
-
-
-def _strided(flat: torch.Tensor, p: Payload) -> torch.Tensor:
-    if flat.numel() == 0:
-        tensor = torch.zeros(p.sizes, dtype=p.dtype)
+        return torch.UntypedStorage(0)
+    if archive.mapping is not None and not entry.compressed and entry.offset % element == 0:
+        storage = torch.frombuffer(archive.view(name), dtype=torch.uint8)
+        register(storage, archive.mapping, archive.path, entry.offset, check)
     else:
-        tensor = flat.as_strided(p.sizes, p.strides, flat.storage_offset() + p.storage_offset)
+        inflated.append((name, "compressed" if entry.compressed else "not aligned"))
+        storage = torch.frombuffer(bytearray(archive.read(name, limit=entry.size)),
+                                   dtype=torch.uint8)
+    return storage.untyped_storage()
+
+
+def _strided(storage: torch.UntypedStorage, p: Payload) -> torch.Tensor:
+    """``p``'s tensor over its entry's storage, as ``torch.export.load`` makes it: a view of
+    the whole entry (a non-leaf view when a buffer or constant requires grad)."""
+    assert p.dtype is not None
+    if storage.nbytes() == 0:
+        flat = torch.zeros(p.sizes, dtype=p.dtype)
+    else:
+        flat = torch.empty(0, dtype=p.dtype).set_(
+            storage, 0, (storage.nbytes() // p.dtype.itemsize,), (1,))
     if p.is_param:
-        return torch.nn.Parameter(tensor, requires_grad=p.requires_grad)
-    if p.requires_grad:
-        tensor.requires_grad_(True)
-    return tensor
+        return torch.nn.Parameter(flat.as_strided(p.sizes, p.strides, p.storage_offset),
+                                  requires_grad=p.requires_grad)
+    return flat.requires_grad_(p.requires_grad).as_strided(p.sizes, p.strides, p.storage_offset)
 
 
 def _unpickle(archive: Archive, p: Payload) -> Any:
