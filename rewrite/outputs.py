@@ -13,7 +13,7 @@ OUT.onnx.data``) and users expect that name to stay: a single rename is the only
 so the model is renamed twice. The new pair is written in a hidden staging folder
 ``.OUT.onnx.XXXXXXXX/`` beside the output (model and data under their final names), plus a
 first model whose locations point into that folder (``.OUT.onnx.XXXXXXXX/OUT.onnx.data``).
-Everything is fsynced, then, under the output folder's lock:
+Everything is fsynced (``staged``), then, under the output folder's lock (``locked``):
 
 1. ``committed``: the first model renamed over ``OUT.onnx`` (and the folder fsynced): the new
    pair is visible, its data still in the staging folder; the old data is now unreferenced;
@@ -31,9 +31,11 @@ this one) and removed by the next run's step 4, after its own commit (until then
 may still read them); a live writer's staging folder is skipped, as each writer holds a
 ``flock`` on its own until it ends (the kernel releases it when the writer dies). The folder
 lock serializes writers of one folder, so two runs never interleave these steps. Without the
-two renames, the data's name would have to change with every run. On a filesystem without
-hard links step 2 renames instead: killed between 2 and 3, the model then lacks its data (an
-error on load, never wrong numbers) until the next run.
+two renames, the data's name would have to change with every run. Killed between steps 2
+and 4, the data has two names until the next run: onnxruntime loads the pair, but
+``onnx.checker`` refuses a data file with more than one link (it suspects a hard-link attack).
+On a filesystem without hard links step 2 renames instead: killed between 2 and 3, the model
+then lacks its data (an error on load, never wrong numbers) until the next run.
 
 Readers are not locked out: a reader that opened the old model before step 1 and opens its
 data after step 2 finds the new data.
@@ -142,7 +144,7 @@ def write_text_atomic(output: str | Path, text: str) -> None:
         tmp.write_text(text, encoding="utf-8")
 
 
-PUBLISH_STEPS = ("locked", "committed", "linked", "published", "cleaned")
+PUBLISH_STEPS = ("staged", "locked", "committed", "linked", "published", "cleaned")
 """The steps of :func:`publish`, in order (each reported to :func:`_reached` when done)."""
 
 
@@ -224,6 +226,7 @@ def publish(output: Path, staged: Staged, *, stale: Iterable[str] = ()) -> None:
     for path in (*(staged.folder / name for name in staged.data), staged.model,
                  *([staged.first] if staged.first else []), staged.folder):
         _fsync(path)
+    _reached("staged")
     mode = _new_file_mode(output)
     with _folder_locked(folder):
         _reached("locked")
@@ -241,8 +244,8 @@ def publish(output: Path, staged: Staged, *, stale: Iterable[str] = ()) -> None:
         else:
             _replace(staged.model, output, mode)
         _reached("published")
-        _clean(output, staged, stale)
         shutil.rmtree(staged.folder, ignore_errors=True)
+        _clean(output, staged, stale)
         _fsync(folder)
         _reached("cleaned")
 

@@ -102,7 +102,8 @@ def write_model(model: ir.Model, output: str | Path, *, threshold: int,
                               f"({total / 1e9 / max(seconds, 1e-9):.2f} GB/s)")
             else:
                 ir.save(model, staged)
-            data = tuple(sorted(p.name for p in folder.iterdir() if p.name != out.name))
+            data = tuple(sorted(p.name for p in folder.iterdir()  # empty: no tensor in it
+                                if p.name != out.name and p.stat().st_size))
             first = _reading_folder(staged, folder.name) if data else None
             publish(out, Staged(folder, staged, first, data), stale=_stale_data(out))
             return [out.parent / name for name in data]
