@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_bad_input import GPT2_RULES, ROOT, make_bad_model
+from tests.test_bad_input import GPT2_RULES, ROOT, make_bad_model, with_program
 
 RULES_WITH_ERROR = "group class *Block as {Path\n"
 
@@ -63,6 +63,27 @@ def test_bad_model(tmp_path, gpt2_pt2, name):
     assert_clean_refusal(proc, 2, f"{model}: ")
     assert len(proc.stderr.splitlines()) == 1, proc.stderr
     assert files(tmp_path) == before
+
+
+def _unknown_symbol(text: str) -> str:
+    """A range constraint on a symbol no shape uses: torch warns (its logger) and loads."""
+    new = text.replace('"range_constraints": {}',
+                       '"range_constraints": {"s99": {"min_val": 2, "max_val": 9}}', 1)
+    assert new != text
+    return new
+
+
+def test_what_torch_logs_while_loading_never_reaches_stderr(tmp_path, gpt2_pt2):
+    """torch logs a warning reading this program ("Symbol s99 did not appear in the graph
+    that was deserialized"); the output is written and stderr holds rewrite's lines only."""
+    model = with_program(gpt2_pt2, tmp_path / "complained.pt2", _unknown_symbol)
+    out = tmp_path / "out.onnx"
+    proc = run("apply", GPT2_RULES, model, "-o", out)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stderr.splitlines()
+    assert lines and lines[-1].startswith(f"wrote {out}"), proc.stderr
+    assert not [line for line in lines if "s99" in line or "deserializ" in line], proc.stderr
+    assert files(tmp_path) == ["complained.pt2", "out.onnx"]
 
 
 def unwritable_folder(tmp_path: Path) -> Path:
