@@ -59,6 +59,8 @@ NUMERIC = ("tests/test_onnx_models.py", "tests/test_onnx_perbody.py",
            "tests/test_onnx_standins.py", "tests/test_onnx_decompose.py",
            "tests/test_onnx_input.py", "tests/test_onnx_repeats.py")
 
+PUBLISHING = ("tests/test_publish_kill.py", "tests/test_output_pairs.py")
+
 MUTANTS = (
     Mutant(
         "fx-call-weight",
@@ -124,6 +126,48 @@ MUTANTS = (
         "            break\n",
         ("tests/test_grouping.py", "tests/test_onnx_models.py", "tests/test_fx_structure.py",
          "tests/test_explain.py"),
+    ),    Mutant(
+        "publish-data-first",
+        "publishing: the new data replaces the old before the new model is committed",
+        "rewrite/outputs.py",
+        "        if staged.first is not None:\n",
+        "        if staged.first is not None:\n            _place_data(staged)\n",
+        PUBLISHING,
+    ),
+    Mutant(
+        "publish-model-first",
+        "publishing: the final model (reading OUT.onnx.data) goes in before its data",
+        "rewrite/outputs.py",
+        "                _place_data(staged)\n                _fsync(folder)\n"
+        "                _reached(\"linked\")\n                _replace(staged.model, output, mode)\n",
+        "                _replace(staged.model, output, mode)\n"
+        "                _place_data(staged)\n                _fsync(folder)\n"
+        "                _reached(\"linked\")\n",
+        PUBLISHING,
+    ),
+    Mutant(
+        "no-lock",
+        "publishing: no folder lock (two writers interleave their steps)",
+        "rewrite/outputs.py",
+        "    return _locked(folder)\n",
+        "    return contextlib.nullcontext(True)\n",
+        PUBLISHING,
+    ),
+    Mutant(
+        "live-staging-cleaned",
+        "publishing: a writer's staging folder is not locked (another run's cleaning takes it)",
+        "rewrite/outputs.py",
+        "        with _locked(folder):\n            yield folder\n",
+        "        yield folder\n",
+        PUBLISHING,
+    ),
+    Mutant(
+        "torch-logs",
+        "loading a .pt2: torch's log records keep their own handlers (reach stderr)",
+        "rewrite/frontends/pt2.py",
+        "        logger.handlers[:] = [capture]\n",
+        "        logger.handlers[:] = [*logger.handlers, capture]\n",
+        ("tests/test_cli_errors_process.py",),
     ),
 )
 

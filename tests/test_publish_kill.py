@@ -162,7 +162,7 @@ def _reports(model: ir.Model, out: Path) -> list[str]:
     return w.seen
 
 
-@pytest.mark.parametrize("over", ["a pair", "nothing"])
+@pytest.mark.parametrize("over", ["pair", "nothing"])
 def test_a_writer_killed_at_any_step_leaves_a_whole_pair(lowered, tmp_path, over):
     """Killed before each change to the folder and after each step of publishing."""
     (old_model, old_triple), (new_model, new_triple) = lowered
@@ -171,7 +171,7 @@ def test_a_writer_killed_at_any_step_leaves_a_whole_pair(lowered, tmp_path, over
     def prepare(folder: Path) -> Path:
         folder.mkdir()
         out = folder / "model.onnx"
-        if over == "a pair":
+        if over == "pair":
             save_module.write_model(old_model, out, threshold=0)
         return out
 
@@ -189,7 +189,7 @@ def test_a_writer_killed_at_any_step_leaves_a_whole_pair(lowered, tmp_path, over
         save_module.write_model(old_model, out, threshold=0)  # the next run
         assert _listing(out.parent) == ["model.onnx", "model.onnx.data"], (hold, what)
         assert _is_pair_of(out, old_triple), (hold, what)
-    before = "old" if over == "a pair" else "nothing"
+    before = "old" if over == "pair" else "nothing"
     switch = found.index("new")
     assert found == [before] * switch + ["new"] * (len(found) - switch), [*zip(reports, found)]
     assert reports[switch - 1: switch + 1] == ["replace", "committed"], reports
