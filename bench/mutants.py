@@ -127,6 +127,32 @@ MUTANTS = (
         ("tests/test_grouping.py", "tests/test_onnx_models.py", "tests/test_fx_structure.py",
          "tests/test_explain.py"),
     ),    Mutant(
+        "node-in-caller",
+        "outlining: the last node (not an Identity: the optimizer drops those) of the first "
+        "nested group is placed in its calling group",
+        "rewrite/backends/onnx/outlining/_membership.py",
+        "        top = slot[(number == 0) & ~is_io].tolist()\n",
+        "        for _g, _direct in list(members.nodes.items()):\n"
+        "            _ops = [n for n in _direct if n.op_type != 'Identity']\n"
+        "            if members.parent[_g] > 0 and len(_direct) > 1 and _ops:\n"
+        "                _moved = _ops[-1]\n"
+        "                _direct.remove(_moved)\n"
+        "                members.nodes[members.parent[_g]].append(_moved)\n"
+        "                members.group_of[_moved] = members.parent[_g]\n"
+        "                break\n"
+        "        top = slot[(number == 0) & ~is_io].tolist()\n",
+        ("tests/test_onnx_node_reference.py", *NUMERIC),
+    ),
+    Mutant(
+        "merge-argument-order",
+        "merging: a merged call passes its arguments in its own function's order",
+        "rewrite/backends/onnx/finishing/_merge.py",
+        "[node.inputs[i] for i in merge.inputs],",
+        "list(node.inputs),",
+        ("tests/test_onnx_scalars.py", "tests/test_onnx_policies.py",
+         "tests/test_onnx_optimize.py", "tests/test_onnx_repeats.py"),
+    ),
+    Mutant(
         "publish-data-first",
         "publishing: the new data replaces the old before the new model is committed",
         "rewrite/outputs.py",
@@ -139,7 +165,8 @@ MUTANTS = (
         "publishing: the final model (reading OUT.onnx.data) goes in before its data",
         "rewrite/outputs.py",
         "                _place_data(staged)\n                _fsync(folder)\n"
-        "                _reached(\"linked\")\n                _replace(staged.model, output, mode)\n",
+        "                _reached(\"linked\")\n"
+        "                _replace(staged.model, output, mode)\n",
         "                _replace(staged.model, output, mode)\n"
         "                _place_data(staged)\n                _fsync(folder)\n"
         "                _reached(\"linked\")\n",
