@@ -153,6 +153,14 @@ MUTANTS = (
          "tests/test_onnx_optimize.py", "tests/test_onnx_repeats.py"),
     ),
     Mutant(
+        "skipped-cycle-check",
+        "grouping: no group is ever found on a cycle",
+        "rewrite/grouping/validate.py",
+        "    scattered = spans.scattered().tolist()\n",
+        "    scattered = []\n",
+        ("tests/test_grouping.py",),
+    ),
+    Mutant(
         "publish-data-first",
         "publishing: the new data replaces the old before the new model is committed",
         "rewrite/outputs.py",
