@@ -108,8 +108,8 @@ MUTANTS = (
         "rewrite/backends/onnx/outlining/_outline.py",
         "outputs = [node.outputs[j] for j in out_at]  # type: ignore[index]",
         "outputs = [node.outputs[j] for j in reversed(out_at)]  # type: ignore[index]",
-        ("tests/test_onnx_standins.py", "tests/test_onnx_perbody.py",
-         "tests/test_onnx_models.py"),  # test_onnx_standins: a block with two outputs
+        ("tests/test_onnx_standins.py", "tests/test_onnx_standin_outputs.py",
+         "tests/test_onnx_perbody.py", "tests/test_onnx_models.py"),
     ),
     Mutant(
         "sibling-node",
@@ -125,7 +125,7 @@ MUTANTS = (
         "            group_of[_mine[-1]] = _sib[0]\n"
         "            break\n",
         ("tests/test_grouping.py", "tests/test_onnx_models.py", "tests/test_fx_structure.py",
-         "tests/test_explain.py"),
+         "tests/test_explain.py", "tests/test_onnx_node_reference.py"),
     ),    Mutant(
         "node-in-caller",
         "outlining: the last node (not an Identity: the optimizer drops those) of the first "
