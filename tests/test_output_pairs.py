@@ -151,6 +151,19 @@ def test_a_stale_data_file_goes_when_the_new_model_embeds_its_weights(pairs, tmp
     assert _is_pair_of(out, new_triple)
 
 
+def test_stale_chunks_go_when_the_new_model_does_not_use_them(pairs, tmp_path):
+    (old, _), (new, new_triple) = pairs
+    out = tmp_path / "model.onnx"
+    save_onnx(rewrite.apply(MODULARIZE, old), out, weights_chunk=2048)
+    chunks = [name for name in _listing(tmp_path) if name != "model.onnx"]
+    assert len(chunks) == 2 and "model.onnx.data" not in chunks, chunks
+    _write(new, out)
+    assert _listing(tmp_path) == ["model.onnx", "model.onnx.data"]
+    assert _is_pair_of(out, new_triple)
+    save_onnx(rewrite.apply(MODULARIZE, old), out, weights_chunk=2048)
+    assert [name for name in _listing(tmp_path) if name != "model.onnx"] == chunks
+
+
 def test_an_unrelated_data_file_beside_a_new_output_is_replaced(pairs, tmp_path):
     (_, _), (new, new_triple) = pairs
     out = tmp_path / "model.onnx"

@@ -20,6 +20,7 @@ shim                   private API                                     without i
 ``torchlib``           onnxscript's ``_framework_apis``, torch's        torch's
                        ``ONNXRegistry.from_torchlib``                   ``from_torchlib``
 ``onnx_ir_inline``     onnx_ir's ``inliner._make_unique_name``          ``InlinePass`` as is
+``onnx_files``         onnx_ir's ``_shard_filename`` (chunk names)      stale chunks stay
 ``torch_graphs``       ``ExportedProgram._graph_module``, op schemas    --
                        (``torch._ops``)
 ``torch_programs``     lazy graph modules, pytree code generation       eager modules,

@@ -15,17 +15,15 @@ or the new one, never a mix.
 from __future__ import annotations
 
 import contextlib
-import re
 import time
 from pathlib import Path
 from typing import Callable, Iterator
 
 import onnx
 import onnx_ir as ir
-from onnx import external_data_helper
-from onnx_ir._shard_filename import get_shard_filename
 
 from rewrite._mapped import file_range, verify
+from rewrite._private.onnx_files import chunk_names
 from rewrite.backends.onnx.progress import SILENT, Progress
 from rewrite.errors import InputError
 from rewrite.outputs import Staged, publish, staging_folder
@@ -115,21 +113,32 @@ def _reading_folder(model: Path, folder: str) -> Path:
     """A copy of the saved ``model`` whose external data is read inside ``folder`` (the
     staging folder, beside the output): the model published first (:mod:`rewrite.outputs`)."""
     proto = onnx.load(str(model), load_external_data=False)
-    for tensor in external_data_helper._get_all_tensors(proto):
-        for entry in tensor.external_data:
-            if entry.key == "location":
-                entry.value = f"{folder}/{entry.value}"
+    for graph in _graphs(proto.graph):  # onnx_ir writes initializers only as external data
+        for tensor in graph.initializer:
+            for entry in tensor.external_data:
+                if entry.key == "location":
+                    entry.value = f"{folder}/{entry.value}"
     first = model.with_name(f"{model.name}.first")
     first.write_bytes(proto.SerializeToString())
     return first
+
+
+def _graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
+    """``graph`` and its subgraphs (``If`` branches, ``Loop`` / ``Scan`` bodies), nested."""
+    yield graph
+    for node in graph.node:
+        for attr in node.attribute:
+            for sub in [attr.g] if attr.HasField("g") else attr.graphs:
+                yield from _graphs(sub)
 
 
 def _stale_data(output: Path) -> list[str]:
     """Data files an earlier run may have left beside ``output`` (``OUT.onnx.data`` and its
     numbered chunks), removed once the new model, which does not use them, is in place."""
     single = data_path(output).name
-    head, _, tail = get_shard_filename(single, 1, 2).partition("-00001-of-00002")
-    chunk = re.compile(rf"{re.escape(head)}-\d{{5}}-of-\d{{5}}{re.escape(tail)}")
+    chunk = chunk_names(single)
+    if chunk is None:
+        return [single]  # pragma: no cover
     return [single, *sorted(p.name for p in output.parent.iterdir() if chunk.fullmatch(p.name))]
 
 
