@@ -23,12 +23,11 @@ from typing import Iterator
 
 import onnx_ir as ir
 import pytest
-import torch
 
 import rewrite
 from rewrite import outputs
 from rewrite.backends.onnx import save as save_module
-from tests.test_output_pairs import _is_pair_of, _listing, _triple
+from tests.test_output_pairs import _is_pair_of, _listing, pairs  # noqa: F401
 
 ROOT = Path(__file__).resolve().parents[1]
 MODULARIZE = ROOT / "rules" / "modularize.rules"
@@ -37,15 +36,11 @@ pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="fork, flock, SI
 
 
 @pytest.fixture(scope="module")
-def lowered(tmp_path_factory) -> list[tuple[ir.Model, tuple]]:
-    """Two models with different weights, lowered (``.pt2`` weights mapped), and their
-    eager triples: a model beside the other's data computes something else."""
-    folder = tmp_path_factory.mktemp("kill")
+def lowered(pairs) -> list[tuple[ir.Model, tuple]]:
+    """The two models of ``pairs`` (different weights), lowered (``.pt2`` weights mapped),
+    and their eager triples: a model beside the other's data computes something else."""
     made = []
-    for seed in (1, 2):
-        triple = _triple(seed)
-        pt2 = folder / f"net{seed}.pt2"
-        torch.export.save(torch.export.export(triple[0], triple[1]), str(pt2))
+    for pt2, triple in pairs:
         model = rewrite.apply(MODULARIZE, pt2).to_onnx()
         save_module.verify_weights(model)  # the checksum thread does not follow a fork
         made.append((model, triple))
