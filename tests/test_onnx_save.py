@@ -66,13 +66,11 @@ def test_every_way_to_write_external_data_gives_a_model_onnxruntime_runs(
     assert_matches_eager(str(out), gpt2_model)
 
 
-@pytest.mark.parametrize("lowering", ["per-body", "flat"])
 def test_weights_above_the_threshold_give_a_model_onnxruntime_runs(gpt2_pt2, gpt2_model,
-                                                                   tmp_path, lowering):
-    """``auto`` above a (small) threshold, through both lowerings."""
+                                                                   tmp_path):
+    """``auto`` above a (small) threshold."""
     out = tmp_path / "gpt2.onnx"
-    save_onnx(rewrite.apply(GPT2_RULES, gpt2_pt2), out, external_data_threshold=1,
-              lowering=lowering)
+    save_onnx(rewrite.apply(GPT2_RULES, gpt2_pt2), out, external_data_threshold=1)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["gpt2.onnx", "gpt2.onnx.data"]
     _load_checked(out)
     assert_matches_eager(str(out), gpt2_model)
