@@ -59,6 +59,8 @@ NUMERIC = ("tests/test_onnx_models.py", "tests/test_onnx_perbody.py",
            "tests/test_onnx_standins.py", "tests/test_onnx_decompose.py",
            "tests/test_onnx_input.py", "tests/test_onnx_repeats.py")
 
+PUBLISHING = ("tests/test_publish_kill.py", "tests/test_output_pairs.py")
+
 MUTANTS = (
     Mutant(
         "fx-call-weight",
@@ -106,8 +108,8 @@ MUTANTS = (
         "rewrite/backends/onnx/outlining/_standin_calls.py",
         "outputs = [node.outputs[j] for j in out_at]  # type: ignore[index]",
         "outputs = [node.outputs[j] for j in reversed(out_at)]  # type: ignore[index]",
-        ("tests/test_onnx_standins.py", "tests/test_onnx_perbody.py",
-         "tests/test_onnx_models.py"),  # test_onnx_standins: a block with two outputs
+        ("tests/test_onnx_standins.py", "tests/test_onnx_standin_outputs.py",
+         "tests/test_onnx_perbody.py", "tests/test_onnx_models.py"),
     ),
     Mutant(
         "sibling-node",
@@ -123,7 +125,84 @@ MUTANTS = (
         "            group_of[_mine[-1]] = _sib[0]\n"
         "            break\n",
         ("tests/test_grouping.py", "tests/test_onnx_models.py", "tests/test_fx_structure.py",
-         "tests/test_explain.py"),
+         "tests/test_explain.py", "tests/test_onnx_node_reference.py"),
+    ),    Mutant(
+        "node-in-caller",
+        "outlining: the last node (not an Identity: the optimizer drops those) of the first "
+        "nested group is placed in its calling group",
+        "rewrite/backends/onnx/outlining/_membership.py",
+        "        top = slot[(number == 0) & ~is_io].tolist()\n",
+        "        for _g, _direct in list(members.nodes.items()):\n"
+        "            _ops = [n for n in _direct if n.op_type != 'Identity']\n"
+        "            if members.parent[_g] > 0 and len(_direct) > 1 and _ops:\n"
+        "                _moved = _ops[-1]\n"
+        "                _direct.remove(_moved)\n"
+        "                members.nodes[members.parent[_g]].append(_moved)\n"
+        "                members.group_of[_moved] = members.parent[_g]\n"
+        "                break\n"
+        "        top = slot[(number == 0) & ~is_io].tolist()\n",
+        ("tests/test_onnx_node_reference.py", *NUMERIC),
+    ),
+    Mutant(
+        "merge-argument-order",
+        "merging: a merged call passes its arguments in its own function's order",
+        "rewrite/backends/onnx/finishing/_merge.py",
+        "[node.inputs[i] for i in merge.inputs],",
+        "list(node.inputs),",
+        ("tests/test_onnx_scalars.py", "tests/test_onnx_policies.py",
+         "tests/test_onnx_optimize.py", "tests/test_onnx_repeats.py"),
+    ),
+    Mutant(
+        "skipped-cycle-check",
+        "grouping: no group is ever found on a cycle",
+        "rewrite/grouping/validate.py",
+        "    scattered = spans.scattered().tolist()\n",
+        "    scattered = []\n",
+        ("tests/test_grouping.py",),
+    ),
+    Mutant(
+        "publish-data-first",
+        "publishing: the new data replaces the old before the new model is committed",
+        "rewrite/outputs.py",
+        "        if staged.first is not None:\n",
+        "        if staged.first is not None:\n            _place_data(staged)\n",
+        PUBLISHING,
+    ),
+    Mutant(
+        "publish-model-first",
+        "publishing: the final model (reading OUT.onnx.data) goes in before its data",
+        "rewrite/outputs.py",
+        "                _place_data(staged)\n                _fsync(folder)\n"
+        "                _reached(\"linked\")\n"
+        "                _replace(staged.model, output, mode)\n",
+        "                _replace(staged.model, output, mode)\n"
+        "                _place_data(staged)\n                _fsync(folder)\n"
+        "                _reached(\"linked\")\n",
+        PUBLISHING,
+    ),
+    Mutant(
+        "no-lock",
+        "publishing: no folder lock (two writers interleave their steps)",
+        "rewrite/outputs.py",
+        "    return _locked(folder)\n",
+        "    return contextlib.nullcontext(True)\n",
+        PUBLISHING,
+    ),
+    Mutant(
+        "live-staging-cleaned",
+        "publishing: a writer's staging folder is not locked (another run's cleaning takes it)",
+        "rewrite/outputs.py",
+        "        with _locked(folder):\n            yield folder\n",
+        "        yield folder\n",
+        PUBLISHING,
+    ),
+    Mutant(
+        "torch-logs",
+        "loading a .pt2: torch's log records keep their own handlers (reach stderr)",
+        "rewrite/frontends/pt2.py",
+        "        logger.handlers[:] = [capture]\n",
+        "        logger.handlers[:] = [*logger.handlers, capture]\n",
+        ("tests/test_cli_errors_process.py",),
     ),
 )
 

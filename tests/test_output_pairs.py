@@ -59,8 +59,11 @@ def _write(pt2: Path, out: Path) -> None:
     save_onnx(rewrite.apply(MODULARIZE, pt2), out, external_data_threshold=0)
 
 
-def _is_pair_of(out: Path, triple) -> bool:
-    onnx.checker.check_model(str(out), full_check=True)
+def _is_pair_of(out: Path, triple, *, checker: bool = True) -> bool:
+    """Whether ``out`` loads in onnxruntime and computes what ``triple`` does (and passes
+    the full checker: not while a killed publish left its data with two names)."""
+    if checker:
+        onnx.checker.check_model(str(out), full_check=True)
     try:
         assert_matches_eager(str(out), triple)
     except AssertionError:
@@ -107,10 +110,13 @@ def _publish_steps(pairs, tmp_path) -> int:
     return calls["n"]
 
 
-def test_a_failure_at_any_step_keeps_the_old_pair(pairs, tmp_path):
+def test_a_failure_at_any_step_leaves_a_whole_pair_and_the_next_run_cleans(pairs, tmp_path):
+    """An error before the commit keeps the old pair (no debris); after it, the new pair
+    stands (its staging folder kept while the model reads it); the next run cleans up."""
     (old, old_triple), (new, new_triple) = pairs
     steps = _publish_steps(pairs, tmp_path)
-    assert steps >= 4  # old model aside, old data aside, new data in, new model in
+    assert steps >= 3  # first model in, data linked, final model in
+    found = []
     for fail_at in range(1, steps + 1):
         folder = tmp_path / f"fail{fail_at}"
         folder.mkdir()
@@ -121,8 +127,19 @@ def test_a_failure_at_any_step_keeps_the_old_pair(pairs, tmp_path):
             patch.setattr(outputs.os, "replace", replace)
             with pytest.raises(InputError, match="Input/output error"):
                 _write(new, out)
+        found.append("new" if _is_pair_of(out, new_triple, checker=False) else "old")
+        if found[-1] == "old":
+            assert _listing(folder) == ["model.onnx", "model.onnx.data"], fail_at
+            assert _is_pair_of(out, old_triple), fail_at
+        assert _visible(folder) == ["model.onnx", "model.onnx.data"], fail_at
+        _write(old, out)
         assert _listing(folder) == ["model.onnx", "model.onnx.data"], fail_at
         assert _is_pair_of(out, old_triple), fail_at
+    assert found[0] == "old" and found[-1] == "new", found
+
+
+def _visible(folder: Path) -> list[str]:
+    return [name for name in _listing(folder) if not name.startswith(".")]
 
 
 def test_a_stale_data_file_goes_when_the_new_model_embeds_its_weights(pairs, tmp_path):
@@ -132,6 +149,19 @@ def test_a_stale_data_file_goes_when_the_new_model_embeds_its_weights(pairs, tmp
     save_onnx(rewrite.apply(MODULARIZE, new), out)  # small: embedded
     assert _listing(tmp_path) == ["model.onnx"]
     assert _is_pair_of(out, new_triple)
+
+
+def test_stale_chunks_go_when_the_new_model_does_not_use_them(pairs, tmp_path):
+    (old, _), (new, new_triple) = pairs
+    out = tmp_path / "model.onnx"
+    save_onnx(rewrite.apply(MODULARIZE, old), out, weights_chunk=2048)
+    chunks = [name for name in _listing(tmp_path) if name != "model.onnx"]
+    assert len(chunks) == 2 and "model.onnx.data" not in chunks, chunks
+    _write(new, out)
+    assert _listing(tmp_path) == ["model.onnx", "model.onnx.data"]
+    assert _is_pair_of(out, new_triple)
+    save_onnx(rewrite.apply(MODULARIZE, old), out, weights_chunk=2048)
+    assert [name for name in _listing(tmp_path) if name != "model.onnx"] == chunks
 
 
 def test_an_unrelated_data_file_beside_a_new_output_is_replaced(pairs, tmp_path):

@@ -82,11 +82,14 @@ def _entries_by_fqn(pt2: Path) -> dict[str, bytes]:
 
 
 def _external_bytes(model: Path) -> dict[str, bytes]:
-    """Initializer name -> its bytes in the external data, as the ONNX file points at them."""
+    """Initializer name -> its bytes in the external data, as the ONNX file points at them
+    (or in the model, for a tensor under 1 KiB: those stay inline)."""
     proto = onnx.load(str(model), load_external_data=False)
     out = {}
     for tensor in proto.graph.initializer:
         if tensor.data_location != onnx.TensorProto.EXTERNAL:
+            assert len(tensor.raw_data) < 1024, tensor.name
+            out[tensor.name] = tensor.raw_data
             continue
         info = {e.key: e.value for e in tensor.external_data}
         with open(model.parent / info["location"], "rb") as f:
@@ -106,6 +109,8 @@ def test_every_dtype_is_written_byte_for_byte(run_cli, stores_pt2, tmp_path):
     for k, dtype in enumerate(DTYPES):
         assert written[f"b{k}"] == stored[f"b{k}"], dtype
     assert written["weight"] == stored["weight"]
+    eager = torch.export.load(str(stores_pt2)).module()
+    assert_matches_eager(str(out), (eager, (torch.randn(64, 32),), {}))
 
 
 def test_optimized_output_equals_eager(run_cli, stores_pt2, tmp_path):
@@ -147,6 +152,8 @@ def test_external_data_is_aligned_and_chunked(run_cli, stores_pt2, tmp_path):
     onnx.checker.check_model(str(out), full_check=True)
     assert _external_bytes(out)["b0"] == _entries_by_fqn(stores_pt2)["b0"]
     assert f"weights in {len(data)} files" in r.err
+    eager = torch.export.load(str(stores_pt2)).module()
+    assert_matches_eager(str(out), (eager, (torch.randn(64, 32),), {}))
 
 
 def _one_tensor(model: Path, data_name: str) -> bool:

@@ -24,6 +24,7 @@ shim                   private API                                     without i
                        ``_ONNX_TRANSLATION_TABLE`` (its grouped          (torch.onnx's error
                        matmul ops)                                      names the op)
 ``onnx_ir_attrs``      the ``data`` dict of ``Node.attributes``         the mapping (slower)
+``onnx_files``         onnx_ir's ``_shard_filename`` (chunk names)      stale chunks stay
 ``torch_graphs``       ``ExportedProgram._graph_module``, op schemas    --
                        (``torch._ops``)
 ``torch_programs``     lazy graph modules, pytree code generation       eager modules,

@@ -144,7 +144,8 @@ def onnx_output_options(parser: argparse.ArgumentParser) -> None:
                       "OUT.onnx.data when they exceed 256 MB, copied straight from the input "
                       "file at disk speed with memory flat in model size, and keeps smaller "
                       "models one self-contained file; always: OUT.onnx.data whatever the "
-                      "size; never: inside OUT.onnx (at most 2 GB, which ONNX files cannot "
+                      "size (tensors under 1 KiB, such as shapes, stay in OUT.onnx); never: "
+                      "inside OUT.onnx (at most 2 GB, which ONNX files cannot "
                       "exceed; serialized in memory, about twice the weights)")
     onnx.add_argument("--weights-chunk", type=_byte_size, metavar="SIZE",
                       help="split the external data into files of at most SIZE (e.g. 10GB, "

@@ -88,10 +88,14 @@ class _Capture(logging.Handler):
 
 @contextlib.contextmanager
 def _captured_torch_logs() -> Iterator[_Capture]:
-    """Route torch.export's log records to a capture instead of stderr."""
+    """Route torch.export's log records to a capture instead of stderr: its loggers and
+    those below them (torch's logging gives some, ``torch._export.serde.serialize``, a stderr
+    handler of their own that does not propagate)."""
     capture = _Capture()
     saved = []
-    for name in _TORCH_LOGGERS:
+    below = tuple(f"{name}." for name in _TORCH_LOGGERS)
+    known = [name for name in list(logging.root.manager.loggerDict) if name.startswith(below)]
+    for name in (*_TORCH_LOGGERS, *known):
         logger = logging.getLogger(name)
         saved.append((logger, logger.handlers[:], logger.propagate))
         logger.handlers[:] = [capture]

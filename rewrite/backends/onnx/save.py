@@ -6,29 +6,33 @@ file (a ``.pt2`` weight, :mod:`rewrite._mapped`) or already external (an ``.onnx
 data) is written by onnx_ir as an :class:`onnx_ir.ExternalTensor`: ``copy_file_range``, file
 to file, never through the process's memory; other tensors are written from where they are
 (no intermediate copy). Large tensors start at 64 KiB-aligned offsets, so runtimes can map
-them. The model and its data files are written under temporary names in the output's folder
-and published together (:func:`rewrite.outputs.publish`): a reader never sees a new model
-with old data, or the reverse.
+them. Weights under ``EXTERNAL_TENSOR_BYTES`` stay in the model whatever the threshold. The
+model and its data files are written in a staging folder beside the output and published
+crash-safe (:func:`rewrite.outputs.publish`): killed at any instant, the output is the old pair
+or the new one, never a mix.
 """
 
 from __future__ import annotations
 
 import contextlib
-import shutil
-import tempfile
 import time
 from pathlib import Path
 from typing import Callable, Iterator
 
+import onnx
 import onnx_ir as ir
 
 from rewrite._mapped import file_range, verify
+from rewrite._private.onnx_files import chunk_names
 from rewrite.backends.onnx.progress import SILENT, Progress
 from rewrite.errors import InputError
-from rewrite.outputs import publish
+from rewrite.outputs import Staged, publish, staging_folder
 
 EXTERNAL_TENSOR_BYTES = 1024
-"""Tensors of at least this many bytes go to the data file (smaller ones stay inline)."""
+"""Tensors of at least this many bytes go to the data file, whatever the threshold (smaller
+ones stay inline, as ``onnx.external_data_helper.convert_model_to_external_data``'s default
+keeps them: the shapes and axes that onnxruntime's shape inference must read from the model;
+``--external-data always`` means the weights)."""
 ALIGNMENT = 65536
 """Offset alignment of tensors over 1 MiB in the data file (the largest page or allocation
 granularity runtimes map with)."""
@@ -85,30 +89,58 @@ def write_model(model: ir.Model, output: str | Path, *, threshold: int,
         raise InputError(f"{out}: {total:,} bytes of weights do not fit in one ONNX file "
                          "(2 GB at most): write them as external data")
     try:
-        folder = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+        with staging_folder(out) as folder:
+            staged = folder / out.name
+            if external:
+                start = time.perf_counter()
+                with _weights_by_reference(model), progress.step("writing weights"):
+                    _save_external(model, staged, total, chunk, progress)
+                seconds = time.perf_counter() - start
+                progress.note(f"weights: {total / 1e9:.2f} GB in {seconds:.1f}s "
+                              f"({total / 1e9 / max(seconds, 1e-9):.2f} GB/s)")
+            else:
+                with _swapped(model, _in_memory):  # a .onnx input's external weights, embedded
+                    ir.save(model, staged)
+            data = tuple(sorted(p.name for p in folder.iterdir()  # empty: no tensor in it
+                                if p.name != out.name and p.stat().st_size))
+            first = _reading_folder(staged, folder.name) if data else None
+            publish(out, Staged(folder, staged, first, data), stale=_stale_data(out))
+            return [out.parent / name for name in data]
     except OSError as e:
         raise InputError(f"{out}: cannot write ({e.strerror or e})") from None
-    try:
-        staged = folder / out.name
-        if external:
-            start = time.perf_counter()
-            with _weights_by_reference(model), progress.step("writing weights"):
-                _save_external(model, staged, total, min(EXTERNAL_TENSOR_BYTES, threshold),
-                               chunk, progress)
-            seconds = time.perf_counter() - start
-            progress.note(f"weights: {total / 1e9:.2f} GB in {seconds:.1f}s "
-                          f"({total / 1e9 / max(seconds, 1e-9):.2f} GB/s)")
-        else:
-            with _swapped(model, _in_memory):  # a .onnx input's external weights, embedded
-                ir.save(model, staged)
-        data = sorted(p.name for p in folder.iterdir() if p.name != out.name)
-        publish({staged: out, **{folder / name: out.parent / name for name in data}},
-                replaces=[data_path(out)])
-        return [out.parent / name for name in data]
-    except OSError as e:
-        raise InputError(f"{out}: cannot write ({e.strerror or e})") from None
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _reading_folder(model: Path, folder: str) -> Path:
+    """A copy of the saved ``model`` whose external data is read inside ``folder`` (the
+    staging folder, beside the output): the model published first (:mod:`rewrite.outputs`)."""
+    proto = onnx.load(str(model), load_external_data=False)
+    for graph in _graphs(proto.graph):  # onnx_ir writes initializers only as external data
+        for tensor in graph.initializer:
+            for entry in tensor.external_data:
+                if entry.key == "location":
+                    entry.value = f"{folder}/{entry.value}"
+    first = model.with_name(f"{model.name}.first")
+    first.write_bytes(proto.SerializeToString())
+    return first
+
+
+def _graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
+    """``graph`` and its subgraphs (``If`` branches, ``Loop`` / ``Scan`` bodies), nested."""
+    yield graph
+    for node in graph.node:
+        for attr in node.attribute:
+            for sub in [attr.g] if attr.HasField("g") else attr.graphs:
+                yield from _graphs(sub)
+
+
+def _stale_data(output: Path) -> list[str]:
+    """Data files an earlier run may have left beside ``output`` (``OUT.onnx.data`` and its
+    numbered chunks), removed once the new model, which does not use them, is in place."""
+    single = data_path(output).name
+    chunk = chunk_names(single)
+    if chunk is None:
+        return [single]  # pragma: no cover
+    return [single, *sorted(p.name for p in output.parent.iterdir() if chunk.fullmatch(p.name))]
 
 
 def _weights_by_reference(model: ir.Model) -> contextlib.AbstractContextManager[None]:
@@ -140,12 +172,13 @@ def _swapped(model: ir.Model, convert: Callable[[ir.TensorProtocol], ir.TensorPr
             value.const_value = tensor
 
 
-def _save_external(model: ir.Model, staged: Path, total: int, smallest: int,
-                   chunk: int | None, progress: Progress) -> None:
-    """Tensors of ``smallest`` bytes or more go to the data file(s)."""
+def _save_external(model: ir.Model, staged: Path, total: int, chunk: int | None,
+                   progress: Progress) -> None:
+    """Tensors of ``EXTERNAL_TENSOR_BYTES`` or more go to the data file(s); smaller ones
+    (shapes, axes, scalars: what shape inference reads) stay in the model."""
     name = data_path(staged).name
     ir.save(model, staged, external_data=name,
-            size_threshold_bytes=smallest, max_shard_size_bytes=chunk,
+            size_threshold_bytes=EXTERNAL_TENSOR_BYTES, max_shard_size_bytes=chunk,
             alignment=ALIGNMENT, callback=_byte_counter(total, progress))
 
 
