@@ -18,6 +18,8 @@ if TYPE_CHECKING:
     import onnx_ir as ir
     import torch
 
+    from rewrite.backends.onnx import Progress
+
 
 def export(
     model: "torch.nn.Module",
@@ -30,6 +32,7 @@ def export(
     output: str | Path | None = None,
     input_names: Sequence[str] | None = None,
     output_names: Sequence[str] | None = None,
+    progress: "Progress | None" = None,
     **onnx_options: Any,
 ) -> "ir.Model":
     """Export ``model`` with ``torch.export``, group it by ``rules`` and lower it to ONNX.
@@ -40,7 +43,11 @@ def export(
     :class:`~rewrite.backends.onnx.OnnxOptions` (``constants``, ``optimize``, ...).
     ``input_names`` / ``output_names`` rename the graph's first inputs / outputs, in order.
     With ``output``, the model is also written there (atomically; weights to
-    ``OUTPUT.data`` above ``external_data_threshold`` bytes).
+    ``OUTPUT.data`` above ``external_data_threshold`` bytes; a weight whose memory is a
+    mapping of a file, as ``from_pretrained`` maps safetensors shards, is copied file to
+    file when its bytes provably equal the file's). ``progress`` (a
+    :class:`rewrite.backends.onnx.Progress`) hears about the long steps and the weights
+    written.
 
     Raises :class:`RuleError` for bad rules (before exporting), :class:`InputError` when
     ``torch.export`` fails (its error is the ``__cause__``) or ``output`` cannot be written,
@@ -48,7 +55,7 @@ def export(
     """
     import torch
 
-    from rewrite.backends.onnx import OnnxOptions, lower
+    from rewrite.backends.onnx import SILENT, OnnxOptions, lower
     from rewrite.backends.onnx.save import write_model
     from rewrite.outputs import check_output_path
 
@@ -63,11 +70,11 @@ def export(
         first = first_line(e) or type(e).__name__
         raise InputError(f"torch.export could not export {type(model).__name__}: "
                          f"{type(e).__name__}: {first}") from e
-    onnx_model = lower(apply(ruleset, program), options).model
+    onnx_model = lower(apply(ruleset, program), options, progress).model
     rename_values(onnx_model, input_names, output_names)
     if out is not None:
         write_model(onnx_model, out, threshold=options.external_data_threshold,
-                    chunk=options.weights_chunk)
+                    chunk=options.weights_chunk, progress=progress or SILENT)
     return onnx_model
 
 

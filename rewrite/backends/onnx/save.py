@@ -1,14 +1,15 @@
 """Write a model and its weights: weights copied file to file, the pair published at once.
 
 Above a size threshold the weights go to external data beside the model (``OUT.onnx.data``,
-or numbered chunks of at most ``chunk`` bytes). A weight that is a view of a mapped input
-file (a ``.pt2`` weight, :mod:`rewrite._mapped`) or already external (an ``.onnx`` input's
-data) is written by onnx_ir as an :class:`onnx_ir.ExternalTensor`: ``copy_file_range``, file
-to file, never through the process's memory; other tensors are written from where they are
-(no intermediate copy). Large tensors start at 64 KiB-aligned offsets, so runtimes can map
-them. The model and its data files are written under temporary names in the output's folder
-and published together (:func:`rewrite.outputs.publish`): a reader never sees a new model
-with old data, or the reverse.
+or numbered chunks of at most ``chunk`` bytes). A weight that is a view of a mapped file (a
+``.pt2`` weight, a safetensors shard transformers mapped: :mod:`rewrite._mapped`) or already
+external (an ``.onnx`` input's data) is written by onnx_ir as an
+:class:`onnx_ir.ExternalTensor`: ``copy_file_range``, file to file, never through the
+process's memory; other tensors are written from where they are (no intermediate copy).
+The summary note says how many went file to file. Large tensors start at 64 KiB-aligned
+offsets, so runtimes can map them. The model and its data files are written under temporary
+names in the output's folder and published together (:func:`rewrite.outputs.publish`): a
+reader never sees a new model with old data, or the reverse.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from typing import Callable, Iterator
 
 import onnx_ir as ir
 
-from rewrite._mapped import file_range, verify
+from rewrite._mapped import FileRange, file_ranges, verify
 from rewrite.backends.onnx.progress import SILENT, Progress
 from rewrite.errors import InputError
 from rewrite.outputs import publish
@@ -59,13 +60,9 @@ def data_path(output: str | Path) -> Path:
     return out.with_name(out.name + ".data")
 
 
-def by_reference(tensor: ir.TensorProtocol) -> ir.TensorProtocol:
-    """``tensor`` as an external tensor over the file its bytes lie in, if they lie in one
-    (a view of a mapped ``.pt2``); else ``tensor``."""
-    raw = getattr(tensor, "raw", None)
-    if raw is None or not hasattr(raw, "untyped_storage"):
-        return tensor
-    where = file_range(raw)
+def by_reference(tensor: ir.TensorProtocol, where: FileRange | None) -> ir.TensorProtocol:
+    """``tensor`` as an external tensor over ``where``, the file range its bytes lie in
+    (:func:`rewrite._mapped.file_ranges` of its ``raw``); else ``tensor``."""
     if where is None or where.length != tensor.nbytes:
         return tensor
     return ir.ExternalTensor(where.path.name, where.offset, where.length, tensor.dtype,
@@ -92,12 +89,12 @@ def write_model(model: ir.Model, output: str | Path, *, threshold: int,
         staged = folder / out.name
         if external:
             start = time.perf_counter()
-            with _weights_by_reference(model), progress.step("writing weights"):
+            with _weights_by_reference(model) as copied, progress.step("writing weights"):
                 _save_external(model, staged, total, min(EXTERNAL_TENSOR_BYTES, threshold),
                                chunk, progress)
             seconds = time.perf_counter() - start
             progress.note(f"weights: {total / 1e9:.2f} GB in {seconds:.1f}s "
-                          f"({total / 1e9 / max(seconds, 1e-9):.2f} GB/s)")
+                          f"({total / 1e9 / max(seconds, 1e-9):.2f} GB/s); {copied}")
         else:
             ir.save(model, staged)
         data = sorted(p.name for p in folder.iterdir() if p.name != out.name)
@@ -111,15 +108,20 @@ def write_model(model: ir.Model, output: str | Path, *, threshold: int,
 
 
 @contextlib.contextmanager
-def _weights_by_reference(model: ir.Model) -> Iterator[None]:
+def _weights_by_reference(model: ir.Model) -> Iterator[str]:
     """Within the block, the model's initializers that lie in a mapped file are
-    :class:`onnx_ir.ExternalTensor`\\ s over it (the model is restored afterwards)."""
+    :class:`onnx_ir.ExternalTensor`\\ s over it (the model is restored afterwards); yields
+    how many (``12 of 14 tensors (0.52 GB) copied file to file``)."""
     values = _initializers(model)
     tensors = [v.const_value for v in values]
-    for value, tensor in zip(values, tensors):
-        value.const_value = by_reference(tensor)  # type: ignore[arg-type]
+    ranges = file_ranges([getattr(t, "raw", None) for t in tensors])
+    for value, tensor, where in zip(values, tensors, ranges):
+        value.const_value = by_reference(tensor, where)  # type: ignore[arg-type]
     try:
-        yield
+        copied = [v.const_value for v in values
+                  if isinstance(v.const_value, ir.ExternalTensor)]
+        yield (f"{len(copied)} of {len(values)} tensors "
+               f"({sum(t.nbytes for t in copied) / 1e9:.2f} GB) copied file to file")
     finally:
         for value, tensor in zip(values, tensors):
             value.const_value = tensor
