@@ -17,8 +17,9 @@ of this holds, else it is written from memory (:func:`rewrite._mapped.file_range
   writes through to the file, so memory and file agree already.
 
 What remains: a file changed by another process between this check and the copy (as for any
-copy of a file), and a clock set back by more than the slack. Where ``/proc/self/pagemap``
-cannot be read, private mappings are never trusted. Other systems: nothing is found.
+copy of a file), and a wall clock stepped by more than the slack since the process started.
+Where ``/proc/self/pagemap`` cannot be read, private mappings are never trusted. Other
+systems: nothing is found.
 """
 
 from __future__ import annotations
