@@ -6,8 +6,8 @@
   embedding is written once; the fp32 model equals eager in onnxruntime;
 - a weight changed in memory after loading (its page copied on write) is written from
   memory (so is a neighbour sharing that page), the others still file to file;
-- a checkpoint modified after it was mapped is written from memory, with the bytes the
-  model holds.
+- a checkpoint modified after it was mapped, or replaced by another file of the same name,
+  is written from memory, with the bytes the model holds.
 
 The checkpoints are written by the test, so their modification time is set back a day: the
 writer trusts only files last modified before the process started (see rewrite._file_maps).
@@ -161,14 +161,21 @@ def test_a_weight_written_in_memory_is_written_from_memory(tmp_path):
     assert progress.copied()[0] == len(clean) < len(list(model.parameters())), progress.notes
 
 
-def test_a_checkpoint_changed_after_mapping_is_written_from_memory(tmp_path):
+@pytest.mark.parametrize("change", ["rewritten in place", "replaced"])
+def test_a_checkpoint_changed_after_mapping_is_written_from_memory(tmp_path, change):
     folder = _checkpoint(tmp_path / "ckpt", torch.bfloat16)
     model = _load(folder, torch.bfloat16)
     shard = folder / "model.safetensors"
-    before = _shard(shard)["model.norm.weight"]
-    with open(shard, "r+b") as f:  # another program rewrites a tensor in place
-        f.seek(shard.read_bytes().index(before))
-        f.write(bytes(len(before)))
+    data = shard.read_bytes()
+    norm = _shard(shard)["model.norm.weight"]
+    if change == "rewritten in place":  # another program writes into the mapped file
+        with open(shard, "r+b") as f:
+            f.seek(data.index(norm))
+            f.write(bytes(len(norm)))
+    else:  # the same bytes in a new file under the same name (another inode)
+        shard.with_name("new").write_bytes(data)
+        os.utime(shard.with_name("new"), ns=(time.time_ns() - DAY_NS,) * 2)
+        os.replace(shard.with_name("new"), shard)
     out = tmp_path / "model.onnx"
     progress = _export(model, out)
     assert progress.copied()[0] == 0, progress.notes
