@@ -6,6 +6,7 @@
 >>> result.to_onnx()   # onnx_ir.Model with nested, deduplicated local functions
 >>> result.to_fx()     # hierarchical torch.fx.GraphModule
 >>> rewrite.export(model, args, rules="gpt2")   # nn.Module -> grouped onnx_ir.Model
+>>> rewrite.export("checkpoint/", output="model.onnx")   # a Hugging Face folder, decode-ready
 >>> rewrite.RewritePass(rules)(onnx_program.model)   # an onnx_ir pass, for exporters
 """
 

@@ -3,6 +3,8 @@
 The drop-in for ``torch.onnx.export(model, args, dynamo=True)`` in scripts and exporters:
 ``torch.export.export`` (with ``preserve_node_meta``, so ``torch.fx.traceback.annotate`` tags
 survive), then :func:`rewrite.apply` and the ONNX backend, then graph input/output names.
+A checkpoint folder goes through :mod:`rewrite.checkpoint` first (the model built from it,
+called with its KV cache explicit), then the same steps (:func:`export_module`).
 """
 
 from __future__ import annotations
@@ -11,34 +13,45 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from rewrite.api import apply, as_ruleset
-from rewrite.compile import RuleSet
+from rewrite.compile import RuleSet, parse_rules
 from rewrite.errors import InputError, first_line
 
 if TYPE_CHECKING:
     import onnx_ir as ir
     import torch
 
-    from rewrite.backends.onnx import Progress
+    from rewrite.backends.onnx import OnnxOptions, Progress
 
 
 def export(
-    model: "torch.nn.Module",
+    model: "torch.nn.Module | str | Path",
     args: tuple = (),
     kwargs: Mapping[str, Any] | None = None,
     *,
-    rules: RuleSet | str | Path,
+    rules: RuleSet | str | Path | None = None,
     dynamic_shapes: Any = None,
     strict: bool = False,
     output: str | Path | None = None,
     input_names: Sequence[str] | None = None,
     output_names: Sequence[str] | None = None,
+    cache: str | None = None,
+    trust_model: bool = False,
     progress: "Progress | None" = None,
     **onnx_options: Any,
 ) -> "ir.Model":
     """Export ``model`` with ``torch.export``, group it by ``rules`` and lower it to ONNX.
 
+    ``model``: an ``nn.Module`` called with ``args`` / ``kwargs``, or the path of a Hugging
+    Face checkpoint folder (``config.json`` and ``*.safetensors``): the model its config
+    names, built by transformers with its weights mapped, called as ``cache`` says (``"kv"``,
+    the default for causal LMs: decode-ready, the KV cache as inputs and outputs; ``"none"``:
+    prefill only; see :mod:`rewrite.checkpoint`). ``trust_model`` lets a folder load code or
+    pickled weights from itself.
+
     ``rules``: a :class:`RuleSet`, or what :func:`rewrite.load_rules` accepts (a path, a
-    shipped name such as ``"gpt2"``). ``dynamic_shapes`` and ``strict`` go to
+    shipped name such as ``"gpt2"``); None: for a checkpoint the shipped rules of its
+    ``model_type`` when there are any, else what ``rewrite suggest`` writes for the exported
+    program (its text is sent to ``progress.note``). ``dynamic_shapes`` and ``strict`` go to
     ``torch.export.export``; ``onnx_options`` are the fields of
     :class:`~rewrite.backends.onnx.OnnxOptions` (``constants``, ``optimize``, ...).
     ``input_names`` / ``output_names`` rename the graph's first inputs / outputs, in order.
@@ -46,36 +59,86 @@ def export(
     ``OUTPUT.data`` above ``external_data_threshold`` bytes; a weight whose memory is a
     mapping of a file, as ``from_pretrained`` maps safetensors shards, is copied file to
     file when its bytes provably equal the file's). ``progress`` (a
-    :class:`rewrite.backends.onnx.Progress`) hears about the long steps and the weights
-    written.
+    :class:`~rewrite.backends.onnx.Progress`, e.g. the CLI's ``Steps``) hears about each step.
 
-    Raises :class:`RuleError` for bad rules (before exporting), :class:`InputError` when
-    ``torch.export`` fails (its error is the ``__cause__``) or ``output`` cannot be written,
-    and :class:`GroupingError` when a group cannot be outlined.
+    Raises :class:`RuleError` for bad rules (before exporting), :class:`InputError` for an
+    unusable checkpoint folder, when ``torch.export`` fails (its error is the ``__cause__``)
+    or ``output`` cannot be written, and :class:`GroupingError` when a group cannot be
+    outlined.
     """
-    import torch
+    from rewrite.backends.onnx import SILENT, OnnxOptions
 
-    from rewrite.backends.onnx import SILENT, OnnxOptions, lower
+    folder = isinstance(model, (str, Path))
+    options = OnnxOptions(**{"fold_weights": not folder, **onnx_options})
+    report = progress or SILENT
+    if folder:
+        if args or kwargs or dynamic_shapes is not None or input_names or output_names:
+            raise InputError("a checkpoint folder is exported with its own inputs: args, "
+                             "kwargs, dynamic_shapes and input/output names are not taken")
+        from rewrite.checkpoint import export_checkpoint
+
+        return export_checkpoint(model, rules=rules, cache=cache, output=output,
+                                 trust_model=trust_model, progress=report, options=options)
+    if cache is not None or trust_model:
+        raise InputError("cache and trust_model are options of a checkpoint folder, not of "
+                         f"a {type(model).__name__}")
+    return export_module(model, args, kwargs, rules=rules, dynamic_shapes=dynamic_shapes,
+                         strict=strict, output=output, input_names=input_names,
+                         output_names=output_names, progress=report, options=options)
+
+
+def export_module(model: "torch.nn.Module", args: tuple, kwargs: Mapping[str, Any] | None,
+                  *, rules: RuleSet | str | Path | None, dynamic_shapes: Any, strict: bool,
+                  output: str | Path | None, input_names: Sequence[str] | None,
+                  output_names: Sequence[str] | None, progress: "Progress",
+                  options: "OnnxOptions", inputs: Sequence[str | Path] = ()) -> "ir.Model":
+    """:func:`export` of an ``nn.Module``; ``output`` must not be one of ``inputs``."""
+    from rewrite.backends.onnx import lower
     from rewrite.backends.onnx.save import write_model
     from rewrite.outputs import check_output_path
 
-    ruleset = as_ruleset(rules)
-    options = OnnxOptions(**onnx_options)
-    out = check_output_path(output, []) if output is not None else None
+    ruleset = as_ruleset(rules) if rules is not None else None
+    out = check_output_path(output, inputs) if output is not None else None
+    with progress.step(f"exporting {type(model).__name__} with torch.export"):
+        program = _torch_export(model, args, kwargs, dynamic_shapes, strict)
+    if ruleset is None:
+        ruleset = suggested_rules(program, type(model).__name__, progress)
+    lowering = lower(apply(ruleset, program), options, progress)
+    for warning in lowering.warnings:
+        progress.note(warning.render())
+    onnx_model = lowering.model
+    rename_values(onnx_model, input_names, output_names)
+    if out is not None:
+        with progress.step(f"writing {out}"):
+            write_model(onnx_model, out, threshold=options.external_data_threshold,
+                        chunk=options.weights_chunk, progress=progress)
+    return onnx_model
+
+
+def _torch_export(model: "torch.nn.Module", args: tuple, kwargs: Mapping[str, Any] | None,
+                  dynamic_shapes: Any, strict: bool) -> "torch.export.ExportedProgram":
+    """``torch.export.export`` keeping node metadata; its failures as :class:`InputError`."""
+    import torch
+
     try:
         with torch.fx.traceback.preserve_node_meta():
-            program = torch.export.export(model, tuple(args), kwargs=dict(kwargs or {}),
-                                          dynamic_shapes=dynamic_shapes, strict=strict)
+            return torch.export.export(model, tuple(args), kwargs=dict(kwargs or {}),
+                                       dynamic_shapes=dynamic_shapes, strict=strict)
     except Exception as e:  # torch.export raises many types; all mean "this did not export"
         first = first_line(e) or type(e).__name__
         raise InputError(f"torch.export could not export {type(model).__name__}: "
                          f"{type(e).__name__}: {first}") from e
-    onnx_model = lower(apply(ruleset, program), options, progress).model
-    rename_values(onnx_model, input_names, output_names)
-    if out is not None:
-        write_model(onnx_model, out, threshold=options.external_data_threshold,
-                    chunk=options.weights_chunk, progress=progress or SILENT)
-    return onnx_model
+
+
+def suggested_rules(program: "torch.export.ExportedProgram", name: str,
+                    progress: "Progress") -> RuleSet:
+    """What ``rewrite suggest`` writes for ``program``, compiled; its text goes to
+    ``progress.note`` so that the user can keep it."""
+    from rewrite.suggest import render, suggest
+
+    text = render(suggest(program, name))
+    progress.note(text.rstrip("\n"))
+    return parse_rules(text, f"<rules suggested for {name}>")
 
 
 def rename_values(model: "ir.Model", input_names: Sequence[str] | None,

@@ -43,7 +43,7 @@ def test_rule_examples_parse(line):
 def test_commands_parse(command):
     argv = shlex.split(command)[1:]
     args = build_parser().parse_args(argv)
-    assert args.command in ("check", "explain", "apply", "suggest")
+    assert args.command in ("check", "explain", "apply", "suggest", "export")
 
 
 def test_every_shipped_rules_file_is_listed():

@@ -20,6 +20,9 @@ shim                   private API                                     without i
 ``torchlib``           onnxscript's ``_framework_apis``, torch's        torch's
                        ``ONNXRegistry.from_torchlib``                   ``from_torchlib``
 ``onnx_ir_inline``     onnx_ir's ``inliner._make_unique_name``          ``InlinePass`` as is
+``transformers_onnx``  transformers' ``exporters.exporter_onnx.``       no MoE translation
+                       ``_ONNX_TRANSLATION_TABLE`` (its grouped          (torch.onnx's error
+                       matmul ops)                                      names the op)
 ``torch_graphs``       ``ExportedProgram._graph_module``, op schemas    --
                        (``torch._ops``)
 ``torch_programs``     lazy graph modules, pytree code generation       eager modules,
@@ -38,6 +41,7 @@ CHECKED_WITH: dict[str, tuple[str, ...]] = {
     "torch": ("2.9.1", "2.10.0", "2.11.0", "2.12.1", "2.13.0", "2.14.1", "2.15.0"),
     "onnxscript": ("0.7.0", "0.7.2"),
     "onnx_ir": ("1.1.0",),
+    "transformers": ("5.24.0",),
 }
 """The one table of the versions every shim here was checked with (``make matrix``: the
 suite on each torch release, docs/MATRIX.md)."""

@@ -1,4 +1,4 @@
-"""The command line: ``rewrite [-q|-v] {check,explain,apply,suggest} ...`` (argparse)."""
+"""The command line: ``rewrite [-q|-v] {check,explain,apply,suggest,export} ...`` (argparse)."""
 
 from __future__ import annotations
 
@@ -150,7 +150,45 @@ def onnx_output_options(parser: argparse.ArgumentParser) -> None:
                       "toolchains require; default: one file")
 
 
-COMMAND_PARSERS = (_add_check, _add_explain, _add_apply, _add_suggest)
+EXPORT_IO = """\
+the ONNX model's inputs and outputs (the names optimum and onnxruntime-genai use):
+  --cache kv (default)  inputs  input_ids [batch, sequence], attention_mask [batch, past +
+                                sequence], position_ids [batch, sequence],
+                                past_key_values.N.key / .value [batch, kv_heads, past, head_dim]
+                                for each layer N (past may be 0: the first step)
+                        outputs logits [batch, sequence, vocab],
+                                present.N.key / .value [batch, kv_heads, past + sequence,
+                                head_dim]: feed them back as past_key_values.N.*
+  --cache none          inputs  input_ids, attention_mask, position_ids; outputs logits
+Each decoder layer's function takes its layer's cache and returns the updated one."""
+
+
+def _add_export(sub, common: argparse.ArgumentParser) -> None:
+    export = sub.add_parser(
+        "export", parents=[common], help="a Hugging Face checkpoint folder to grouped ONNX",
+        description="Build the model of a checkpoint folder (config.json and *.safetensors, "
+        "maybe sharded)\nwith transformers, offline, its weights mapped; export it with "
+        "torch.export (dynamic\nbatch, sequence and past); group it by RULES and write it as "
+        "apply does.\nCausal language models only for now.",
+        epilog=EXPORT_IO, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    export.add_argument("folder", metavar="DIR", help="the checkpoint folder")
+    export.add_argument("-o", "--output", required=True, metavar="OUT.onnx")
+    export.add_argument("--rules", metavar="RULES",
+                        help="a .rules file or a shipped name; default: the shipped rules of "
+                        "the config's model_type, else what rewrite suggest writes for the "
+                        "model (printed, to keep)")
+    export.add_argument("--cache", choices=("kv", "none"), default="kv",
+                        help="kv: decode-ready, the KV cache as inputs and outputs (the "
+                        "default); none: prefill only")
+    export.add_argument("--trust-model", action="store_true",
+                        help="load model code from the folder (a config with auto_map) or "
+                        "pickled *.bin weights: both run code from the folder, only for "
+                        "checkpoints you trust. Without it such a folder is refused (exit 2)")
+    onnx_output_options(export)
+
+
+COMMAND_PARSERS = (_add_check, _add_explain, _add_apply, _add_suggest, _add_export)
 """One function per command, each adding its subparser (in ``--help`` order)."""
 
 

@@ -1,4 +1,4 @@
-"""The ``rewrite`` command: ``check``, ``explain``, ``apply`` and ``suggest``.
+"""The ``rewrite`` command: ``check``, ``explain``, ``apply``, ``suggest`` and ``export``.
 
 Exit codes: 0 success, 1 rules or grouping error, 2 unusable input or usage error, 3 a bug in
 rewrite. User mistakes print a one-line reason (or ``file:line:col`` diagnostics) on stderr,
@@ -15,11 +15,12 @@ import warnings
 from rewrite.cli.args import EXIT_BUG, EXIT_INPUT, build_parser
 from rewrite.cli.commands import cmd_apply, cmd_check, cmd_explain
 from rewrite.cli.console import Consoles
+from rewrite.cli.export import cmd_export
 from rewrite.cli.suggest import cmd_suggest
 from rewrite.errors import RewriteError, first_line
 
 COMMANDS = {"check": cmd_check, "explain": cmd_explain, "apply": cmd_apply,
-            "suggest": cmd_suggest}
+            "suggest": cmd_suggest, "export": cmd_export}
 
 
 def _os_error(e: OSError) -> str:

@@ -211,6 +211,11 @@ def parse_rules(text: str, name: str = "<string>", *, base: str | Path | None = 
     return compiler.ruleset()
 
 
+def shipped_rules(name: str) -> Path | None:
+    """The shipped rules file ``name`` (``"llama"``: ``llama.rules``), or None."""
+    return _library_file(f"{name}.rules") if name.isidentifier() else None
+
+
 def load_rules(path: str | Path) -> RuleSet:
     """Compile a ``.rules`` file. A bare name like ``"gpt2"`` finds a shipped rule file."""
     path = Path(path)

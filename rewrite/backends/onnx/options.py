@@ -48,6 +48,12 @@ class OnnxOptions:
     """Optimize with torch.onnx's optimizer (onnxscript's), after outlining: once per distinct
     function body and once over the main graph (``.pt2`` / ExportedProgram input; an ``.onnx``
     input is outlined as it is). ``False`` gives the export's unoptimized ops."""
+    fold_weights: bool = True
+    """``False``: the optimizer of the main graph folds no ``Transpose`` of a weight into a
+    transposed copy (onnxscript folds one of any size when the ``Transpose`` is its only
+    reader: an untied LM head), so every weight stays the input's bytes, a range of the
+    input file; onnxruntime transposes it once when it loads the model. ``rewrite export``
+    (a checkpoint folder) sets it."""
     custom_translation_table: Mapping[Callable, Callable | Sequence[Callable]] | None = field(
         default=None, eq=False)
     """Translations of ops torch.onnx does not know (custom ops) into ONNX ops of any domain,

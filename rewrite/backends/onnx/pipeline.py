@@ -204,6 +204,7 @@ def _per_body(result: "Result", program: torch.export.ExportedProgram, tree: Gro
     in-place ops first in its functional form, grouped again), or why not."""
     try:
         if in_place(program):
+            check(program, in_place_ok=True)
             with progress.step("torch.export: functionalizing the program's in-place ops"):
                 program, tree = _functional(result, program)
         with progress.step("torch.onnx: decomposing each distinct body once"):

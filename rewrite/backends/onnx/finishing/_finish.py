@@ -38,7 +38,7 @@ def finish(model: ir.Model, tree: GroupTree, outlined: Outlined, options: OnnxOp
                 merged = merge_functions(model, identity, lift_scalars=True)
                 identity = {merged.get(fid, fid): group for fid, group in identity.items()
                             if merged.get(fid, fid) in model.functions}
-            optimize(model, identity.keys())
+            optimize(model, identity.keys(), fold_weights=options.fold_weights)
         variants = Variants(model.functions)
         again = merge_functions(model, identity, lift_scalars=lift, variants=variants)
         merged = {fid: again.get(new, new) for fid, new in merged.items()} | {

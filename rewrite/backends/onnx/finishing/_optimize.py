@@ -18,7 +18,9 @@ one call's shapes holds for all its calls. Folding can make bodies that differed
 
 Differences from optimizing the flat graph, where whole blocks are visible: weights are function
 inputs, so nothing folds on weight *values* (the flat optimizer drops a Gemm bias that happens
-to be all zeros, as in a randomly initialized model), and work the flat optimizer shares
+to be all zeros, as in a randomly initialized model; in the main graph, with
+``fold_weights=False``, a weight is not transposed into a copy either: :func:`_keeps_weights`),
+and work the flat optimizer shares
 between blocks (a causal mask's ``Where``) is done in each call; onnxruntime's CSE merges it
 again after inlining the functions.
 """
@@ -38,9 +40,11 @@ from rewrite.errors import InputError, first_line
 Identifier = tuple[str, str, str]
 
 
-def optimize(model: ir.Model, made: Collection[Identifier]) -> None:
+def optimize(model: ir.Model, made: Collection[Identifier], *, fold_weights: bool = True
+             ) -> None:
     """Optimize ``model`` in place (see the module docstring); of its functions, only those
-    outlining ``made`` (a function the input model had is left as it is)."""
+    outlining ``made`` (a function the input model had is left as it is); without
+    ``fold_weights``, no weight of the main graph is transposed into a copy."""
     functions = dict(model.functions)
     where = "the main graph"
     try:
@@ -51,7 +55,8 @@ def optimize(model: ir.Model, made: Collection[Identifier]) -> None:
                     _optimize_body(model, function)
             where = "the main graph"
             model.functions.clear()  # the main graph alone: bodies are done
-            optimize_ir(model, inline=False)
+            optimize_ir(model, inline=False,
+                        **({} if fold_weights else {"should_fold": _keeps_weights}))
     except Exception as e:  # a bug in the optimizer must not pass for a bug in the rules
         cause = first_line(e) or type(e).__name__
         raise InputError(f"onnxscript's optimizer failed on {where}: {cause}; lower without it "
@@ -59,6 +64,19 @@ def optimize(model: ir.Model, made: Collection[Identifier]) -> None:
     finally:
         model.functions.clear()
         model.functions.update(functions)
+
+
+def _keeps_weights(node: ir.Node) -> bool | None:
+    """False for a ``Transpose`` of an initializer, else the optimizer's own choice.
+
+    Folding it would store a transposed copy of a weight (onnxscript folds one of any size
+    when the ``Transpose`` is its only reader: an untied LM head), which is neither the
+    checkpoint's bytes nor a range of the input file; onnxruntime transposes such weights
+    once when it loads the model."""
+    if node.domain == "" and node.op_type == "Transpose" and any(
+            value is not None and value.is_initializer() for value in node.inputs):
+        return False
+    return None
 
 
 def _optimize_body(model: ir.Model, function: ir.Function) -> None:

@@ -136,9 +136,10 @@ def functional(program: torch.export.ExportedProgram) -> torch.export.ExportedPr
         return program.run_decompositions({})
 
 
-def check(program: torch.export.ExportedProgram) -> None:
+def check(program: torch.export.ExportedProgram, *, in_place_ok: bool = False) -> None:
     """Raise :class:`Unsupported` for programs this path does not handle (mutations are
-    handled in their functional form, see :func:`functional`)."""
+    handled in their functional form, see :func:`functional`; ``in_place_ok``: before it,
+    so that a program it would not make fit is not functionalized for nothing)."""
     reason = torch_exporter.available()
     if reason is not None:
         raise Unsupported(f"torch's private exporter APIs changed ({reason})")
@@ -149,7 +150,7 @@ def check(program: torch.export.ExportedProgram) -> None:
         if is_higher_order(node.target) \
                 and node.target not in _INLINED_HOPS:
             raise Unsupported(f"the program has a higher-order op ({node.target.name()})")
-        if is_in_place(node):  # one :func:`functional` left
+        if is_in_place(node) and not in_place_ok:  # one :func:`functional` left
             raise Unsupported(f"the program has an in-place op ({node.target})")
         val = node.meta.get("val")
         if isinstance(val, torch.Tensor) and not all(isinstance(d, int) for d in val.shape):

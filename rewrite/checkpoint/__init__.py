@@ -1,0 +1,81 @@
+"""A Hugging Face checkpoint folder in front of ``rewrite.export``: ``rewrite export DIR``.
+
+The folder is checked (:mod:`folder`: config, weights, shards; code and pickles refused
+unless trusted), its model built by transformers offline with the weights mapped
+(:mod:`build`), called with its KV cache explicit (:mod:`cache`: the inputs, dynamic shapes
+and I/O names), then exported, grouped, lowered and written by the one pipeline of
+:func:`rewrite.torch_export.export_module`. Rules: the given ones, else the shipped rules of
+the config's ``model_type``, else what ``rewrite suggest`` writes for the program.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from rewrite.checkpoint.build import is_causal_lm, load_model, model_class, offline
+from rewrite.checkpoint.cache import CACHES, Call, calling, causal_lm_call
+from rewrite.checkpoint.folder import Checkpoint, read_checkpoint
+from rewrite.api import as_ruleset
+from rewrite.compile import RuleSet, shipped_rules
+from rewrite.errors import InputError
+from rewrite.outputs import check_output_path
+
+if TYPE_CHECKING:
+    import onnx_ir as ir
+
+    from rewrite.backends.onnx import OnnxOptions, Progress
+
+
+def export_checkpoint(folder: str | Path, *, rules: RuleSet | str | Path | None,
+                      cache: str | None, output: str | Path | None, trust_model: bool,
+                      progress: "Progress", options: "OnnxOptions") -> "ir.Model":
+    """``rewrite.export`` of a checkpoint folder (see :func:`rewrite.export`)."""
+    from rewrite.torch_export import export_module
+
+    if cache is not None and cache not in CACHES:
+        raise InputError(f"cache={cache!r}: expected one of {', '.join(CACHES)}")
+    checkpoint = read_checkpoint(folder, trust_model=trust_model)
+    inputs = [checkpoint.path, *checkpoint.weights]
+    if output is not None:
+        check_output_path(output, inputs)
+    shipped = default_rules(checkpoint) if rules is None else None
+    chosen = rules if rules is not None else shipped
+    ruleset = as_ruleset(chosen) if chosen is not None else None
+    with offline():
+        cls = model_class(checkpoint)
+        if not is_causal_lm(cls):
+            raise InputError(f"{checkpoint.path}: {cls.__name__} is not a causal language "
+                             "model; rewrite export takes causal LMs only for now")
+        if shipped is not None:
+            progress.note(f"rules: {shipped.name}, shipped for model_type "
+                          f"{checkpoint.model_type!r}")
+        with progress.step(f"loading {checkpoint.path}"):
+            model = load_model(checkpoint, cls)
+        call = causal_lm_call(model.config, cache or "kv")
+        options = _with_moe_translations(options)
+        with calling(model):
+            return export_module(
+                model, call.args, None, rules=ruleset, dynamic_shapes=call.dynamic_shapes,
+                strict=False, output=output, input_names=call.input_names,
+                output_names=call.output_names, progress=progress, options=options,
+                inputs=inputs)
+
+
+def _with_moe_translations(options: "OnnxOptions") -> "OnnxOptions":
+    """``options`` with transformers' translations of its MoE ops (the caller's win)."""
+    from attrs import evolve
+
+    from rewrite._private.transformers_onnx import moe_translations
+
+    table = {**moe_translations(), **(options.custom_translation_table or {})}
+    return evolve(options, custom_translation_table=table or None)
+
+
+def default_rules(checkpoint: Checkpoint) -> Path | None:
+    """The shipped rules of the checkpoint's ``model_type``, or None (then suggested)."""
+    return shipped_rules(checkpoint.model_type) if checkpoint.model_type else None
+
+
+__all__ = ["CACHES", "Call", "Checkpoint", "default_rules", "export_checkpoint",
+           "read_checkpoint"]

@@ -1,0 +1,115 @@
+"""What ``torch.export`` is given for a causal LM: the call, example inputs, dynamic shapes
+and the ONNX input/output names.
+
+``kv`` (decode-ready): the model is called with its KV cache explicit, the names optimum and
+onnxruntime-genai use::
+
+    inputs   input_ids [batch, sequence], attention_mask [batch, past + sequence],
+             position_ids [batch, sequence],
+             past_key_values.N.key / .value [batch, kv_heads, past, head_dim]   (N = 0, 1, ...)
+    outputs  logits [batch, sequence, vocab],
+             present.N.key / .value [batch, kv_heads, past + sequence, head_dim]
+
+The past is a transformers ``DynamicCache`` made of the given tensors (one full layer each):
+each attention appends its new keys and values inside its own module, so a decoder layer's
+function takes its layer's cache and returns the updated one, and one function still serves
+every layer of a class. The past length may be 0 (the first step). ``none`` (prefill only):
+``input_ids``, ``attention_mask``, ``position_ids`` in, ``logits`` out.
+
+The call is the model's own: its ``forward`` is replaced on the instance while exporting
+(:func:`decode_forward`), so module paths and weight names stay those of the checkpoint.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import types
+from typing import TYPE_CHECKING, Any, Iterator
+
+from attrs import frozen
+
+if TYPE_CHECKING:
+    import torch
+
+CACHES = ("kv", "none")
+EXAMPLE_BATCH, EXAMPLE_SEQUENCE, EXAMPLE_PAST = 2, 3, 4
+
+
+@frozen(eq=False)
+class Call:
+    """What ``rewrite.export`` needs to export a model in one calling convention."""
+
+    args: tuple
+    dynamic_shapes: tuple
+    input_names: tuple[str, ...]
+    output_names: tuple[str, ...]
+
+
+def kv_shapes(config: Any) -> tuple[int, int, int]:
+    """(layers, kv heads, head dim) of a decoder's config."""
+    text = config.get_text_config(decoder=True)
+    heads = text.num_attention_heads
+    kv_heads = getattr(text, "num_key_value_heads", None) or heads
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
+    return text.num_hidden_layers, kv_heads, head_dim
+
+
+def causal_lm_call(config: Any, cache: str) -> Call:
+    """Example inputs, dynamic shapes and I/O names for ``cache`` (``kv`` or ``none``)."""
+    import torch
+    from torch.export import Dim
+
+    batch, sequence = Dim("batch"), Dim("sequence")
+    b, s, p = EXAMPLE_BATCH, EXAMPLE_SEQUENCE, EXAMPLE_PAST if cache == "kv" else 0
+    vocab = config.get_text_config(decoder=True).vocab_size
+    args: list = [torch.randint(0, vocab, (b, s)), torch.ones(b, p + s, dtype=torch.long),
+                  torch.arange(p, p + s).repeat(b, 1)]
+    shapes: list = [{0: batch, 1: sequence}, {0: batch, 1: Dim.DYNAMIC},
+                    {0: batch, 1: sequence}]
+    inputs = ["input_ids", "attention_mask", "position_ids"]
+    outputs = ["logits"]
+    if cache == "kv":
+        layers, kv_heads, head_dim = kv_shapes(config)
+        past = Dim("past_sequence")
+        one = torch.zeros(b, kv_heads, p, head_dim)
+        args.append([(one.clone(), one.clone()) for _ in range(layers)])
+        shapes.append([({0: batch, 2: past}, {0: batch, 2: past}) for _ in range(layers)])
+        names = [f"{n}.{kv}" for n in range(layers) for kv in ("key", "value")]
+        inputs += [f"past_key_values.{name}" for name in names]
+        outputs += [f"present.{name}" for name in names]
+    return Call(tuple(args), tuple(shapes), tuple(inputs), tuple(outputs))
+
+
+def decode_forward(self: "torch.nn.Module", input_ids: "torch.Tensor",
+                   attention_mask: "torch.Tensor", position_ids: "torch.Tensor",
+                   past_key_values: list | None = None) -> tuple:
+    """The model's forward with the cache as tensors: ``(logits, [(key, value), ...])``,
+    or ``(logits,)`` without a past."""
+    from transformers import DynamicCache
+
+    cls_forward = type(self).forward
+    if past_key_values is None:
+        out = cls_forward(self, input_ids=input_ids, attention_mask=attention_mask,
+                          position_ids=position_ids, use_cache=False)
+        return (out.logits,)
+    cache = DynamicCache([(key, value) for key, value in past_key_values])
+    out = cls_forward(self, input_ids=input_ids, attention_mask=attention_mask,
+                      position_ids=position_ids, use_cache=True, **{_cache_keyword(self): cache})
+    return out.logits, [(layer.keys, layer.values) for layer in cache.layers]
+
+
+def _cache_keyword(model: "torch.nn.Module") -> str:
+    """``cache`` (transformers 5) or ``past_key_values`` (4.x): how forward takes the cache."""
+    return "cache" if "cache" in inspect.signature(type(model).forward).parameters \
+        else "past_key_values"
+
+
+@contextlib.contextmanager
+def calling(model: "torch.nn.Module") -> Iterator["torch.nn.Module"]:
+    """``model`` with :func:`decode_forward` as its forward while the block runs."""
+    model.forward = types.MethodType(decode_forward, model)
+    try:
+        yield model
+    finally:
+        del model.forward

@@ -1,0 +1,29 @@
+"""``rewrite export DIR -o OUT.onnx [--rules R] [--cache kv|none]``: a checkpoint folder in."""
+
+from __future__ import annotations
+
+import argparse
+
+from rewrite.cli.args import EXIT_OK
+from rewrite.cli.commands import load_rules, weights_options
+from rewrite.cli.console import Consoles
+from rewrite.cli.steps import Steps
+from rewrite.errors import InputError
+
+
+def cmd_export(args: argparse.Namespace, io: Consoles) -> int:
+    from pathlib import Path
+
+    output = Path(args.output)
+    if output.suffix.lower() != ".onnx":
+        raise InputError(f"{output}: rewrite export writes .onnx files")
+    rules = load_rules(args.rules) if args.rules is not None else None
+    options = weights_options(args.external_data, args.weights_chunk)
+    import rewrite
+
+    rewrite.export(args.folder, rules=rules, cache=args.cache, output=output,
+                   trust_model=args.trust_model, progress=Steps.backend(io),
+                   constants=args.constants, optimize=args.optimize,
+                   body_node_names=args.body_node_names, **options)
+    io.info(f"wrote {output}")
+    return EXIT_OK

@@ -1,0 +1,55 @@
+"""Small random Hugging Face checkpoint folders (``save_pretrained``), one per family.
+
+Each has 4 decoder layers and tiny sizes; every weight is drawn from a normal distribution
+(fixed seed), so two layers never share a value and a call wired to another layer's weight
+changes the logits. Nothing is downloaded.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+LAYERS = 4
+SMALL = dict(vocab_size=96, hidden_size=32, intermediate_size=48, num_hidden_layers=LAYERS,
+             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+MOE = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=24,
+           shared_expert_intermediate_size=40)
+
+FAMILIES: dict[str, tuple[str, dict]] = {
+    "llama": ("LlamaConfig", SMALL),
+    "qwen3": ("Qwen3Config", {**SMALL, "head_dim": 8}),
+    "mistral": ("MistralConfig", {**SMALL, "sliding_window": None}),
+    "phi3": ("Phi3Config", {**SMALL, "pad_token_id": 0}),
+    "gemma2": ("Gemma2Config", {**SMALL, "head_dim": 8, "sliding_window": 4,
+                                "query_pre_attn_scalar": 8}),
+    "gpt2": ("GPT2Config", dict(vocab_size=96, n_embd=32, n_layer=LAYERS, n_head=4,
+                                n_positions=64)),
+    "qwen2_moe": ("Qwen2MoeConfig", {**SMALL, **MOE}),
+}
+"""model_type -> (transformers config class, its settings)."""
+
+
+def architecture(config) -> type:
+    """The causal LM class for ``config`` (what ``architectures`` will name)."""
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM._model_mapping[type(config)]
+
+
+def write(family: str, folder: Path, *, shard: str | None = None, seed: int = 0) -> Path:
+    """A random checkpoint of ``family`` in ``folder`` (sharded at ``shard`` bytes, e.g.
+    ``"20KB"``), fp32; the folder."""
+    import transformers
+
+    name, settings = FAMILIES[family]
+    config = getattr(transformers, name)(**settings)
+    torch.manual_seed(seed)
+    model = architecture(config)(config).eval()
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.normal_(0.0, 0.2)
+    kwargs = {"max_shard_size": shard} if shard else {}
+    model.save_pretrained(folder, **kwargs)
+    return folder

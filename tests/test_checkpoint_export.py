@@ -1,0 +1,247 @@
+"""``rewrite export DIR``: a checkpoint folder in, grouped decode-ready ONNX out.
+
+Per family (small random checkpoints written by ``save_pretrained``, tests/checkpoints.py):
+prefill plus 3 decode steps in onnxruntime, ``present`` fed back as ``past``, equal to eager
+PyTorch's logits (transformers' own cache) within 1e-4, one row left-padded; one function per
+decoder-layer class; the weights byte-equal to the shards and views of their mappings.
+"""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+import onnxruntime as ort
+import pytest
+import torch
+from rich.console import Console
+from safetensors import safe_open
+
+import rewrite
+from rewrite.cli.steps import Steps
+from rewrite.checkpoint.cache import kv_shapes
+from tests import checkpoints
+
+DECODE_STEPS = 3
+PROMPT = 5
+PAD = 2
+
+LAYER_CLASSES = {"llama": "LlamaDecoderLayer", "qwen3": "Qwen3DecoderLayer",
+                 "mistral": "MistralDecoderLayer", "phi3": "Phi3DecoderLayer",
+                 "gemma2": "Gemma2DecoderLayer", "gpt2": "GPT2Block",
+                 "qwen2_moe": "Qwen2MoeDecoderLayer"}
+
+
+class Recorder(Steps):
+    """The CLI's progress (``Steps``) drawing into a string (``text``); the steps, in order."""
+
+    def __init__(self) -> None:
+        self.buffer = io.StringIO()
+        self.steps: list[str] = []
+        super().__init__(Console(file=self.buffer, width=200), spinner=False,
+                         finished=lambda text, seconds: self.steps.append(text))
+
+    @property
+    def text(self) -> str:
+        return self.buffer.getvalue()
+
+
+@pytest.fixture(scope="module")
+def exported(request, tmp_path_factory):
+    """(family, folder, ONNX path, onnx_ir model, progress) of one family's checkpoint,
+    exported once."""
+    family = request.param
+    root = tmp_path_factory.mktemp(family)
+    folder = checkpoints.write(family, root / "checkpoint",
+                               shard="20KB" if family == "llama" else None)
+    out = root / "model.onnx"
+    progress = Recorder()
+    model = rewrite.export(folder, output=out, progress=progress)
+    return family, folder, out, model, progress
+
+
+def _feed(ids, mask, positions, past) -> dict:
+    feed = {"input_ids": ids.numpy(), "attention_mask": mask.numpy(),
+            "position_ids": positions.numpy()}
+    for n, (key, value) in enumerate(past):
+        feed[f"past_key_values.{n}.key"] = key
+        feed[f"past_key_values.{n}.value"] = value
+    return feed
+
+
+def _eager(folder: Path):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(folder, local_files_only=True).eval()
+
+
+def decode_and_compare(folder: Path, onnx_path: Path, batch: int = 3) -> list[float]:
+    """Prefill and DECODE_STEPS greedy steps in both, the first row left-padded by PAD
+    tokens; the max |difference| of each step (the padded positions' logits excluded).
+    Batch, sequence and past lengths all differ from the example inputs of the export."""
+    from transformers import DynamicCache
+
+    eager = _eager(folder)
+    layers, kv_heads, head_dim = kv_shapes(eager.config)
+    session = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
+    names = [o.name for o in session.get_outputs()]
+    torch.manual_seed(1)
+    ids = torch.randint(0, eager.config.vocab_size, (batch, PROMPT))
+    mask = torch.ones(batch, PROMPT, dtype=torch.long)
+    mask[0, :PAD] = 0
+    empty = np.zeros((batch, kv_heads, 0, head_dim), np.float32)
+    past = [(empty, empty)] * layers
+    cache, errors = DynamicCache(config=eager.config), []
+    for _ in range(1 + DECODE_STEPS):
+        length = ids.shape[1]
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)[:, -length:]
+        with torch.no_grad():
+            reference = eager(input_ids=ids, attention_mask=mask, position_ids=positions,
+                              cache=cache, use_cache=True).logits
+        outputs = dict(zip(names, session.run(None, _feed(ids, mask, positions, past))))
+        kept = slice(PAD if length == PROMPT else 0, None)
+        errors.append(float(np.abs(outputs["logits"] - reference.numpy())[:, kept].max()))
+        past = [(outputs[f"present.{n}.key"], outputs[f"present.{n}.value"])
+                for n in range(layers)]
+        assert past[0][0].shape[2] == mask.shape[1]
+        ids = reference[:, -1:].argmax(-1)
+        mask = torch.cat([mask, torch.ones(batch, 1, dtype=torch.long)], 1)
+    return errors
+
+
+FAMILIES = list(LAYER_CLASSES)
+
+
+@pytest.mark.parametrize("exported", FAMILIES, indirect=True)
+def test_prefill_and_decode_equal_eager(exported):
+    family, folder, out, model, _ = exported
+    errors = decode_and_compare(folder, out)
+    assert max(errors) < 1e-4, errors
+    onnx.checker.check_model(str(out), full_check=True)
+    inputs = [v.name for v in model.graph.inputs]
+    outputs = [v.name for v in model.graph.outputs]
+    layers = checkpoints.LAYERS
+    assert inputs == ["input_ids", "attention_mask", "position_ids",
+                      *[f"past_key_values.{n}.{kv}" for n in range(layers)
+                        for kv in ("key", "value")]]
+    assert outputs == ["logits", *[f"present.{n}.{kv}" for n in range(layers)
+                                   for kv in ("key", "value")]]
+
+
+@pytest.mark.parametrize("exported", FAMILIES, indirect=True)
+def test_one_function_per_decoder_layer_class(exported):
+    family, _, _, model, _ = exported
+    layer = LAYER_CLASSES[family]
+    calls = [node for node in model.graph if node.op_type.startswith(layer)]
+    assert len(calls) == checkpoints.LAYERS
+    assert len({(c.domain, c.op_type, c.overload) for c in calls}) == 1
+    function = model.functions[calls[0].op_identifier()]
+    # the layer's cache in, the updated one out: (hidden, key, value) per call
+    assert len(function.outputs) == 3
+    assert all(len(c.outputs) == 3 for c in calls)
+    for n, call in enumerate(calls):  # layer n's call reads its past, returns its present
+        names = {v.name for v in call.inputs if v is not None}
+        assert {f"past_key_values.{n}.key", f"past_key_values.{n}.value"} <= names
+        assert {f"present.{n}.key", f"present.{n}.value"} <= {v.name for v in call.outputs}
+
+
+def _aliases(folder: Path) -> dict[str, set[str]]:
+    """Parameter name -> every name of the same tensor (tied weights: an LM head sharing
+    the token embedding is written under either name)."""
+    names: dict[int, set[str]] = {}
+    for name, parameter in _eager(folder).named_parameters(remove_duplicate=False):
+        names.setdefault(parameter.data_ptr(), set()).add(name)
+    return {name: group for group in names.values() for name in group}
+
+
+FUSED_ON_LOAD = ".mlp.experts."
+"""transformers 5 fuses a MoE's per-expert weights into one tensor per layer when it loads
+them (``gate_up_proj``, ``down_proj``): that tensor is a new one (concatenated), not a range
+of a shard, so those weights are not compared by name."""
+
+
+@pytest.mark.parametrize("exported", FAMILIES, indirect=True)
+def test_weights_byte_equal_to_the_shards(exported):
+    family, folder, out, _, progress = exported
+    shards = sorted(folder.glob("*.safetensors"))
+    assert len(shards) > 1 or family != "llama"  # the fixture's llama is sharded
+    initializers = ir.load(str(out)).graph.initializers
+    aliases = _aliases(folder)
+    compared = 0
+    for shard in shards:
+        with safe_open(str(shard), "pt") as f:
+            for name in f.keys():
+                if FUSED_ON_LOAD in name:
+                    continue
+                found = [n for n in aliases.get(name, {name}) if n in initializers]
+                assert found, name
+                got = initializers[found[0]].const_value.numpy()
+                assert got.tobytes() == f.get_tensor(name).numpy().tobytes(), name
+                compared += 1
+    assert compared >= 4 * checkpoints.LAYERS
+    if family != "llama":
+        return
+    # each step reported, and which rules were chosen
+    assert progress.steps[:2] == [f"loading {folder}",
+                                  "exporting LlamaForCausalLM with torch.export"]
+    assert progress.steps[-1] == f"writing {out}"
+    assert progress.text.startswith("rules: llama.rules, shipped for model_type 'llama'\n")
+
+
+def test_prefill_only_with_suggested_rules(tmp_path, monkeypatch):
+    """--cache none: logits only; no shipped rules: the suggested ones, sent as a note."""
+    import rewrite.checkpoint
+
+    monkeypatch.setattr(rewrite.checkpoint, "default_rules", lambda checkpoint: None)
+    folder = checkpoints.write("gpt2", tmp_path / "gpt2")
+    progress = Recorder()
+    model = rewrite.export(folder, output=tmp_path / "prefill.onnx", cache="none",
+                           progress=progress)
+    assert [v.name for v in model.graph.inputs] == ["input_ids", "attention_mask",
+                                                     "position_ids"]
+    assert [v.name for v in model.graph.outputs] == ["logits"]
+    suggested = progress.text
+    assert suggested.startswith("# Starter rules for GPT2LMHeadModel")
+    assert "\ngroup class GPT2Block " in suggested
+    blocks = [node for node in model.graph if node.op_type.startswith("GPT2Block")]
+    assert len(blocks) == checkpoints.LAYERS and len({n.op_type for n in blocks}) == 1
+    ids = torch.randint(0, 96, (2, PROMPT))
+    mask = torch.ones_like(ids)
+    positions = torch.arange(PROMPT).repeat(2, 1)
+    with torch.no_grad():
+        reference = _eager(folder)(input_ids=ids, attention_mask=mask,
+                                   position_ids=positions).logits.numpy()
+    session = ort.InferenceSession(str(tmp_path / "prefill.onnx"),
+                                   providers=["CPUExecutionProvider"])
+    (logits,) = session.run(None, _feed(ids, mask, positions, []))
+    assert np.abs(logits - reference).max() < 1e-4
+
+
+def _mapped_ranges(folder: Path) -> list[tuple[int, int]]:
+    """The address ranges of this process's mappings of files in ``folder``."""
+    ranges = []
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            parts = line.split()
+            if len(parts) >= 6 and Path(parts[5]).parent == folder:
+                low, high = (int(x, 16) for x in parts[0].split("-"))
+                ranges.append((low, high))
+    return ranges
+
+
+@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="Linux only")
+@pytest.mark.parametrize("exported", ["llama"], indirect=True)
+def test_weights_stay_views_of_the_mapped_shards(exported):
+    """Nothing copied the weights: the returned model's initializers are torch tensors over
+    the shards' file mappings (what lets the writer copy them file to file)."""
+    _, folder, _, model, _ = exported
+    ranges = _mapped_ranges(folder)
+    with safe_open(str(sorted(folder.glob("*.safetensors"))[0]), "pt") as f:
+        names = list(f.keys())
+    for name in names:
+        tensor = model.graph.initializers[name].const_value.raw
+        assert isinstance(tensor, torch.Tensor), name
+        assert any(low <= tensor.data_ptr() < high for low, high in ranges), name
