@@ -174,7 +174,9 @@ def run_row(name: str, folder: Path, work: Path) -> tuple[Run | None, str]:
     note = NOTE.search(text)
     output = sum(p.stat().st_size for p in out.rglob("*")
                  if p.is_file() and "cache_dir" not in p.parts)
-    return Run(result, parse_steps(text, folder, out), note[0] if note else "", output), text
+    steps = {step.replace("MODEL.pt2", "DIR"): seconds
+             for step, seconds in parse_steps(text, folder, out).items()}
+    return Run(result, steps, note[0] if note else "", output), text
 
 
 def has_export() -> bool:
