@@ -20,6 +20,8 @@ scaling            synthetic 10k/100k/1M nodes vs a bare pass; growth           
 memory             peak RSS of ``rewrite apply`` vs ``torch.onnx.export``, ~1 GB   <= 1.3x
 weights            1.24B bf16 Llama ``.pt2``: apply vs cp vs plain path; memory   >= 4x, ...
 html_report        ``explain --html``, 48 blocks: page size, opening in Chromium   < 2 MB, < 1 s
+checkpoint         1.24B bf16 checkpoint folder: rewrite vs onnxruntime-genai's   < 1x, <= 0.5x,
+                   builder vs ``cp``: wall, peak RssAnon, weights step             <= 1.5x
 =================  =============================================================  ==========
 
 ``weights`` (issue 22; targets: apply >= 4x the plain path, its weights part <= 2x ``cp``,
@@ -57,6 +59,7 @@ SUITE: dict[str, tuple[str, list[str], list[str]]] = {
     "memory": ("bench.memory", [], ["--layers", "4", "--width", "512"]),
     "weights": ("bench.weights", [], ["--quick"]),
     "html_report": ("bench.html_report", [], ["--blocks", "12", "--rules", "gpt2", "--loads", "2"]),
+    "checkpoint": ("bench.checkpoint", [], ["--quick"]),
 }
 
 

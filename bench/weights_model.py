@@ -69,7 +69,7 @@ SIZES = {size.name: size for size in (
 )}
 
 
-def _model(size: Size):
+def random_model(size: Size):
     """A LlamaForCausalLM of ``size`` in bf16, every parameter drawn at random."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -101,7 +101,7 @@ def build(size: Size, path: Path) -> None:
     """Export a model of ``size`` and save it at ``path`` (via a temporary file)."""
     import torch
 
-    model = _model(size)
+    model = random_model(size)
     ids = torch.randint(0, size.vocab, (1, TOKENS))
     program = torch.export.export(model, (ids,), kwargs={"use_cache": False})
     path.parent.mkdir(parents=True, exist_ok=True)

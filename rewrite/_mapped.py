@@ -3,9 +3,12 @@
 The ``.pt2`` frontend maps the file once and makes every archive entry one storage over its
 bytes in that mapping (:func:`register`, one call per entry: tensors of one entry share a
 storage, tensors of different entries do not, as with ``torch.export.load``); the ONNX
-writer asks :func:`file_range` for each initializer and copies the bytes of those it knows
-file to file, without reading them into the process. Shared by
-both stages, so it lives here (they never import each other).
+writer asks :func:`file_ranges` for its initializers and copies the bytes of those it knows
+file to file, without reading them into the process. Shared by both stages, so it lives here
+(they never import each other). Tensors in mappings rewrite did not make (transformers maps
+safetensors shards; ``rewrite.export``'s modules) are looked up in the kernel's list of the
+process's mappings, and trusted only where their bytes provably equal the file's
+(:mod:`rewrite._file_maps`).
 
 The mapping is private (copy on write): nothing rewrite or torch does to a weight can change
 the file, and a view whose bytes were written in memory would no longer equal the file; no
@@ -23,10 +26,12 @@ import mmap
 import os
 import weakref
 from pathlib import Path
-from typing import Iterable, Protocol
+from typing import Iterable, Protocol, Sequence
 
 import torch
 from attrs import frozen
+
+from rewrite._file_maps import FileMaps
 
 
 class Check(Protocol):
@@ -104,10 +109,49 @@ def verify(tensors: Iterable[object]) -> None:
         check.wait()
 
 
+def file_ranges(tensors: Sequence[object]) -> list[FileRange | None]:
+    """Where each tensor's bytes lie in a file, or None (not a tensor, not contiguous, in no
+    file mapping, or not provably equal to the file): a registered mapping first, else the
+    kernel's list of this process's mappings (read once for all of ``tensors``)."""
+    maps: FileMaps | None = None
+    found: list[FileRange | None] = []
+    try:
+        for tensor in tensors:
+            where = file_range(tensor)  # type: ignore[arg-type]
+            address = None
+            if where is None and _plain(tensor) and _mapping_of(tensor) is None:  # type: ignore
+                address = _address(tensor)  # type: ignore[arg-type]
+            if address is not None:
+                maps = maps or FileMaps.read()
+                length = tensor.numel() * tensor.element_size()  # type: ignore[union-attr]
+                hit = maps.find(address, length)
+                where = FileRange(hit[0], hit[1], length) if hit is not None else None
+            found.append(where)
+    finally:
+        if maps is not None:
+            maps.close()
+    return found
+
+
+def _plain(tensor: object) -> bool:
+    """A contiguous, non-empty, dense CPU tensor."""
+    return (isinstance(tensor, torch.Tensor) and tensor.layout == torch.strided
+            and tensor.device.type == "cpu" and tensor.numel() > 0 and tensor.is_contiguous())
+
+
+def _address(tensor: torch.Tensor) -> int | None:
+    """Where the tensor's bytes start in memory (None: fake or meta, no memory)."""
+    try:
+        tensor.untyped_storage().data_ptr()  # raises for tensors without memory
+        return tensor.data_ptr() or None
+    except (RuntimeError, NotImplementedError):
+        return None
+
+
 def file_range(tensor: torch.Tensor) -> FileRange | None:
     """Where ``tensor``'s bytes lie in a registered file, or None (not a view of one, not
     contiguous, or the mapping is gone)."""
-    if not tensor.is_contiguous() or tensor.device.type != "cpu" or tensor.numel() == 0:
+    if not _plain(tensor):
         return None
     mapping = _mapping_of(tensor)
     if mapping is None:

@@ -55,14 +55,14 @@ def export(
     ``torch.export.export``; ``onnx_options`` are the fields of
     :class:`~rewrite.backends.onnx.OnnxOptions` (``constants``, ``optimize``, ...).
     ``input_names`` / ``output_names`` rename the graph's first inputs / outputs, in order.
-    With ``output``, the model is also written there (atomically; weights to
-    ``OUTPUT.data`` above ``external_data_threshold`` bytes). ``progress`` (a
-    :class:`~rewrite.backends.onnx.Progress`, e.g. the CLI's ``Steps``) hears about each step.
+    With ``output``, the model is also written there (crash-safe; weights to ``OUTPUT.data``
+    above ``external_data_threshold`` bytes, copied file to file from a file mapping such as
+    ``from_pretrained``'s when provably equal). ``progress`` (a
+    :class:`~rewrite.backends.onnx.Progress`, e.g. the CLI's ``Steps``) hears of each step.
 
     Raises :class:`RuleError` for bad rules (before exporting), :class:`InputError` for an
-    unusable checkpoint folder, when ``torch.export`` fails (its error is the ``__cause__``)
-    or ``output`` cannot be written, and :class:`GroupingError` when a group cannot be
-    outlined.
+    unusable folder, when ``torch.export`` fails (its error is the ``__cause__``) or
+    ``output`` cannot be written, :class:`GroupingError` when a group cannot be outlined.
     """
     from rewrite.backends.onnx import SILENT, OnnxOptions
 

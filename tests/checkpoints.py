@@ -38,9 +38,10 @@ def architecture(config) -> type:
     return AutoModelForCausalLM._model_mapping[type(config)]
 
 
-def write(family: str, folder: Path, *, shard: str | None = None, seed: int = 0) -> Path:
+def write(family: str, folder: Path, *, shard: str | None = None, seed: int = 0,
+          dtype: torch.dtype = torch.float32) -> Path:
     """A random checkpoint of ``family`` in ``folder`` (sharded at ``shard`` bytes, e.g.
-    ``"20KB"``), fp32; the folder."""
+    ``"20KB"``), in ``dtype``; the folder."""
     import transformers
 
     name, settings = FAMILIES[family]
@@ -51,5 +52,6 @@ def write(family: str, folder: Path, *, shard: str | None = None, seed: int = 0)
         for parameter in model.parameters():
             parameter.normal_(0.0, 0.2)
     kwargs = {"max_shard_size": shard} if shard else {}
+    model = model.to(dtype)
     model.save_pretrained(folder, **kwargs)
     return folder

@@ -191,6 +191,25 @@ def test_weights_byte_equal_to_the_shards(exported):
     assert progress.text.startswith("rules: llama.rules, shipped for model_type 'llama'\n")
 
 
+def test_a_bf16_checkpoint_keeps_bf16_weights_and_cache(tmp_path):
+    """dtype "auto": the weights stay bf16, byte for byte, and so does the KV cache's I/O."""
+    folder = checkpoints.write("llama", tmp_path / "bf16", dtype=torch.bfloat16)
+    out = tmp_path / "model.onnx"
+    model = rewrite.export(folder, output=out)
+    onnx.checker.check_model(str(out), full_check=True)
+    kv = [v for v in [*model.graph.inputs, *model.graph.outputs]
+          if v.name.startswith(("past_key_values.", "present."))]
+    assert len(kv) == 4 * checkpoints.LAYERS
+    assert {v.dtype for v in kv} == {ir.DataType.BFLOAT16}
+    initializers = ir.load(str(out)).graph.initializers
+    with safe_open(str(folder / "model.safetensors"), "pt") as f:
+        names = [name for name in f.keys() if name in initializers]
+        for name in names:
+            got = initializers[name].const_value.tobytes()
+            assert got == f.get_tensor(name).view(torch.uint8).numpy().tobytes(), name
+    assert len(names) >= 4 * checkpoints.LAYERS
+
+
 def test_prefill_only_with_suggested_rules(tmp_path, monkeypatch):
     """--cache none: logits only; no shipped rules: the suggested ones, sent as a note."""
     import rewrite.checkpoint

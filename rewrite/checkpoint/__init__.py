@@ -52,7 +52,7 @@ def export_checkpoint(folder: str | Path, *, rules: RuleSet | str | Path | None,
                           f"{checkpoint.model_type!r}")
         with progress.step(f"loading {checkpoint.path}"):
             model = load_model(checkpoint, cls)
-        call = causal_lm_call(model.config, cache or "kv")
+        call = causal_lm_call(model.config, cache or "kv", model.dtype)
         options = _with_moe_translations(options)
         with calling(model):
             return export_module(

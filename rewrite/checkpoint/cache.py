@@ -55,8 +55,9 @@ def kv_shapes(config: Any) -> tuple[int, int, int]:
     return text.num_hidden_layers, kv_heads, head_dim
 
 
-def causal_lm_call(config: Any, cache: str) -> Call:
-    """Example inputs, dynamic shapes and I/O names for ``cache`` (``kv`` or ``none``)."""
+def causal_lm_call(config: Any, cache: str, dtype: "torch.dtype | None" = None) -> Call:
+    """Example inputs, dynamic shapes and I/O names for ``cache`` (``kv`` or ``none``); the
+    example cache in ``dtype``, the model's (a bf16 checkpoint keeps a bf16 cache)."""
     import torch
     from torch.export import Dim
 
@@ -72,7 +73,7 @@ def causal_lm_call(config: Any, cache: str) -> Call:
     if cache == "kv":
         layers, kv_heads, head_dim = kv_shapes(config)
         past = Dim("past_sequence")
-        one = torch.zeros(b, kv_heads, p, head_dim)
+        one = torch.zeros(b, kv_heads, p, head_dim, dtype=dtype)
         args.append([(one.clone(), one.clone()) for _ in range(layers)])
         shapes.append([({0: batch, 2: past}, {0: batch, 2: past}) for _ in range(layers)])
         names = [f"{n}.{kv}" for n in range(layers) for kv in ("key", "value")]

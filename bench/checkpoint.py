@@ -1,0 +1,357 @@
+"""Checkpoint benchmark: a Hugging Face checkpoint folder to ONNX, rewrite vs onnxruntime-genai's
+model builder vs a file copy, side by side in one run (issue 31).
+
+    nice .venv/bin/python -m bench.checkpoint [--size 2.5gb] [--rows cp builder script export]
+        [--repeats 1] [--rebuild] [--keep]
+    .venv/bin/python -m bench.checkpoint --quick     # a tiny checkpoint, checks the harness
+
+The checkpoint is built here (never downloaded) into ``bench/out/``, once (``--rebuild``): the
+Llama of ``bench.weights_model`` (``2.5gb``: Llama-3.2-1B-shaped, 1.24B parameters, bf16, random
+normal weights, tied embeddings) saved by ``save_pretrained`` in 3 shards, with a word-level
+tokenizer made with ``tokenizers`` (the builder loads one). Every row is a fresh process of the
+same Python, writing into an empty folder; before each, pending writes are flushed and the
+shards read once (warm page cache). Rows:
+
+* ``cp``: ``cp -r --reflink=never DIR OUT/``, the floor for reading and writing the bytes;
+* ``builder``: ``python -m onnxruntime_genai.models.builder -i DIR -o OUT -p bf16 -e cpu``
+  (decode-ready: KV cache inputs and outputs; a flat graph);
+* ``script``: ``from_pretrained`` + ``rewrite.export(model, (ids,), {"use_cache": False},
+  rules="llama", output=OUT/model.onnx)`` (no KV cache), reporting its steps;
+* ``export``: ``rewrite -v export DIR -o OUT/model.onnx --cache kv`` (skipped, and said so,
+  where this checkout has no ``export`` command).
+
+Per row: wall time (min / median / max), peak ``RssAnon`` / ``RssFile`` of the process tree
+(``bench.procmem``), ``ru_maxrss``, output size, the checker on rewrite's outputs
+(path-based, full check), and rewrite's steps (``writing weights`` is the weights step) and its
+note on how many weights went file to file. Targets (issue 31), each printed met or MISSED:
+``export`` whole process faster than ``builder``; its peak RssAnon at most half the builder's;
+its weights step at most 1.5x ``cp`` (the script's measured too, for information). The load
+average before and after the run is printed (the machine is shared). The table goes to stdout
+and ``bench/out/checkpoint.md``; MB are 2**20 bytes, GB 10**9. Exit 1 if a row failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import platform
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+from typing import Callable
+
+import attrs
+
+from bench.procmem import Measure, measure
+from bench.weights import check, parse_steps
+from bench.weights_model import OUT, ROOT, SIZES, Size, random_model
+
+SHARDS = 3
+SCRIPT = """\
+import sys, time
+start = time.perf_counter()
+import torch, transformers
+from rich.console import Console
+import rewrite
+from rewrite.cli.steps import Steps
+print(f"imports: {time.perf_counter() - start:.2f}s", file=sys.stderr)
+start = time.perf_counter()
+model = transformers.AutoModelForCausalLM.from_pretrained(sys.argv[1], dtype=torch.bfloat16)
+print(f"from_pretrained: {time.perf_counter() - start:.2f}s", file=sys.stderr)
+start = time.perf_counter()
+rewrite.export(model, (torch.zeros(1, 8, dtype=torch.long),), {"use_cache": False},
+               rules="llama", output=sys.argv[2], progress=Steps(Console(stderr=True)))
+print(f"rewrite.export: {time.perf_counter() - start:.2f}s", file=sys.stderr)
+"""
+WEIGHTS_STEP = "writing weights"
+NOTE = re.compile(r"weights: .*copied file to file")
+ENV = {**os.environ, "COLUMNS": "400", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+COPY_RATIO, MEMORY_RATIO = 1.5, 0.5
+
+
+@attrs.frozen
+class Row:
+    """One way from the checkpoint folder to its output, as a user runs it."""
+
+    argv: Callable[[Path, Path], list[str]]
+    """(checkpoint folder, empty output folder) -> the command."""
+    onnx: str | None = None
+    """The ONNX file to check (rewrite's rows; the builder's graph holds contrib ops)."""
+
+    def command(self) -> str:
+        argv = self.argv(Path("DIR"), Path("OUT"))
+        return " ".join("python" if a == sys.executable else "SCRIPT" if "\n" in a else a
+                        for a in argv)
+
+
+def _python(*args: str) -> list[str]:
+    return [sys.executable, *args]
+
+
+ROWS = {
+    "cp": Row(lambda d, o: ["cp", "-r", "--reflink=never", str(d), str(o / d.name)]),
+    "builder": Row(lambda d, o: _python("-m", "onnxruntime_genai.models.builder", "-i", str(d),
+                                        "-o", str(o), "-p", "bf16", "-e", "cpu",
+                                        "-c", str(o / "cache_dir"))),
+    "script": Row(lambda d, o: _python("-c", SCRIPT, str(d), str(o / "model.onnx")),
+                  "model.onnx"),
+    "export": Row(lambda d, o: _python("-m", "rewrite", "-v", "export", str(d), "-o",
+                                       str(o / "model.onnx"), "--cache", "kv"), "model.onnx"),
+}
+
+
+def folder_of(size: Size, out: Path = OUT) -> Path:
+    return out / (f"checkpoint-llama-{size.layers}x{size.hidden}x{size.intermediate}"
+                  f"-v{size.vocab}-bf16")
+
+
+def build(size: Size, folder: Path) -> None:
+    """Save a random model of ``size`` and a tokenizer into ``folder`` (via a temporary one)."""
+    model = random_model(size)
+    model.config.use_cache = True  # as a checkpoint on a hub says it
+    partial = folder.with_name(folder.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    total = sum(p.numel() * p.element_size() for p in model.parameters())
+    model.save_pretrained(partial, max_shard_size=total * 5 // (4 * SHARDS))  # 3 of 2.5gb
+    _tokenizer(size.vocab).save_pretrained(partial)
+    shutil.rmtree(folder, ignore_errors=True)
+    os.replace(partial, folder)
+
+
+def _tokenizer(vocab: int):
+    """A word-level tokenizer over ``vocab`` made-up words (``t0`` is every special token)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    tokenizer = Tokenizer(models.WordLevel({f"t{i}": i for i in range(vocab)}, unk_token="t0"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token="t0", eos_token="t0",
+                                   unk_token="t0", pad_token="t0")
+
+
+def ensure(name: str, rebuild: bool = False) -> Path:
+    size = SIZES[name]
+    folder = folder_of(size)
+    if rebuild or not folder.is_dir():
+        print(f"building {folder.name}: {size.describe()} ...", file=sys.stderr, flush=True)
+        build(size, folder)
+    return folder
+
+
+@attrs.frozen
+class Run:
+    measure: Measure
+    steps: dict[str, float]
+    note: str
+    """rewrite's weights note (how many tensors went file to file), or ''."""
+    output_bytes: int
+
+
+def _warm(folder: Path) -> None:
+    """Flush pending writes, then read the checkpoint so that it is in page cache."""
+    os.sync()
+    buffer = bytearray(16 * 2**20)
+    for path in sorted(folder.iterdir()):
+        with open(path, "rb", buffering=0) as file:
+            while file.readinto(buffer):
+                pass
+
+
+def run_row(name: str, folder: Path, work: Path) -> tuple[Run | None, str]:
+    out, log = work / name, work / f"{name}.log"
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    _warm(folder)
+    result = measure(ROWS[name].argv(folder, out), stderr=log, stdout=log.with_suffix(".out"),
+                     cwd=ROOT, env=ENV)
+    text = log.read_text(errors="replace")
+    if result.returncode != 0:
+        return None, text
+    note = NOTE.search(text)
+    output = sum(p.stat().st_size for p in out.rglob("*")
+                 if p.is_file() and "cache_dir" not in p.parts)
+    steps = {step.replace("MODEL.pt2", "DIR"): seconds
+             for step, seconds in parse_steps(text, folder, out).items()}
+    return Run(result, steps, note[0] if note else "", output), text
+
+
+def has_export() -> bool:
+    """Whether this checkout's CLI has the ``export`` command."""
+    proc = subprocess.run(_python("-m", "rewrite", "export", "--help"), capture_output=True,
+                          cwd=ROOT, env=ENV)
+    return proc.returncode == 0
+
+
+@attrs.define
+class Result:
+    """The runs of one row."""
+
+    runs: list[Run] = attrs.Factory(list)
+    failed: str | None = None
+    checker: str | None = None
+
+    def median(self) -> float:
+        return statistics.median(run.measure.seconds for run in self.runs)
+
+    def peak(self, field: str) -> float:
+        return max(getattr(run.measure, field) for run in self.runs)
+
+    def step(self, text: str) -> float | None:
+        found = [run.steps[text] for run in self.runs if text in run.steps]
+        return statistics.median(found) if found else None
+
+
+def bench(folder: Path, rows: list[str], repeats: int, work: Path, keep: bool
+          ) -> dict[str, Result]:
+    """Every row, in rounds of alternating order; then the checker on rewrite's outputs."""
+    results = {name: Result() for name in rows}
+    for round_ in range(repeats):
+        for name in rows if round_ % 2 == 0 else rows[::-1]:
+            result = results[name]
+            if result.failed is not None:
+                continue
+            run, log = run_row(name, folder, work)
+            if run is None:
+                result.failed = (log.strip().splitlines() or ["(no output)"])[-1][:200]
+                print(f"{name}: FAILED\n{log[-3000:]}", file=sys.stderr, flush=True)
+                continue
+            result.runs.append(run)
+            print(f"{name} {len(result.runs)}/{repeats}: {run.measure.seconds:.2f}s, RssAnon "
+                  f"{run.measure.anon_mb:.0f} MB {run.note}", file=sys.stderr, flush=True)
+    for name, result in results.items():
+        if ROWS[name].onnx and result.runs:
+            result.checker = check(work / name / ROWS[name].onnx)
+    if not keep:
+        for name in rows:
+            shutil.rmtree(work / name, ignore_errors=True)
+    return results
+
+
+def _verdict(ok: bool) -> str:
+    return "met" if ok else "**MISSED**"
+
+
+def runs_table(results: dict[str, Result]) -> list[str]:
+    lines = ["| row | command | runs | wall s (median) | peak RssAnon MB | peak RssFile MB "
+             "| ru_maxrss MB | output GB | checker | weights file to file |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for name, result in results.items():
+        command = f"`{ROWS[name].command()}`"
+        if not result.runs:
+            lines.append(f"| {name} | {command} | 0 | FAILED: {result.failed} | | | | | | |")
+            continue
+        note = result.runs[-1].note.split("; ")[-1] if result.runs[-1].note else "-"
+        lines.append(f"| {name} | {command} | {len(result.runs)} | {result.median():.2f} | "
+                     f"{result.peak('anon_mb'):.0f} | {result.peak('file_mb'):.0f} | "
+                     f"{result.peak('maxrss_mb'):.0f} | "
+                     f"{result.runs[-1].output_bytes / 1e9:.2f} | {result.checker or '-'} | "
+                     f"{note} |")
+    return lines
+
+
+def steps_table(results: dict[str, Result]) -> list[str]:
+    lines = ["| row | step | median s |", "|---|---|---|"]
+    for name, result in results.items():
+        steps = dict.fromkeys(step for run in result.runs for step in run.steps)
+        lines += [f"| {name} | {step} | {result.step(step):.2f} |" for step in steps]
+    return lines
+
+
+def targets_table(results: dict[str, Result]) -> list[str]:
+    """Each target of issue 31 this run can judge: measured, target, verdict."""
+    ok = {name: r for name, r in results.items() if r.runs}
+    lines = ["| criterion | measured | target | verdict |", "|---|---|---|---|"]
+    if "export" in ok and "builder" in ok:
+        mine, theirs = ok["export"], ok["builder"]
+        lines.append(f"| `export` / builder, whole process (wall) | {mine.median():.2f} s / "
+                     f"{theirs.median():.2f} s = {mine.median() / theirs.median():.2f}x | "
+                     f"< 1x | {_verdict(mine.median() < theirs.median())} |")
+        ratio = mine.peak("anon_mb") / theirs.peak("anon_mb")
+        lines.append(f"| `export` / builder, peak RssAnon | {mine.peak('anon_mb'):.0f} MB / "
+                     f"{theirs.peak('anon_mb'):.0f} MB = {ratio:.2f}x | <= {MEMORY_RATIO}x | "
+                     f"{_verdict(ratio <= MEMORY_RATIO)} |")
+    for name in ("export", "script"):
+        weights = ok[name].step(WEIGHTS_STEP) if name in ok else None
+        if weights is not None and "cp" in ok:
+            ratio = weights / ok["cp"].median()
+            target = (f"<= {COPY_RATIO}x | {_verdict(ratio <= COPY_RATIO)}" if name == "export"
+                      else "(for information) |")
+            lines.append(f"| `{name}` weights step ({WEIGHTS_STEP}) / `cp -r` | {weights:.2f} s"
+                         f" / {ok['cp'].median():.2f} s = {ratio:.2f}x | {target} |")
+    if "script" in ok and "builder" in ok:
+        mine, theirs = ok["script"], ok["builder"]
+        lines.append(f"| script / builder (for information; no KV cache) | wall "
+                     f"{mine.median() / theirs.median():.2f}x, RssAnon "
+                     f"{mine.peak('anon_mb') / theirs.peak('anon_mb'):.2f}x | | |")
+    failed = [name for name, r in results.items() if r.failed]
+    if failed:
+        lines.append(f"| runs that failed | {', '.join(failed)} | none | **MISSED** |")
+    return lines
+
+
+def report(results: dict[str, Result], folder: Path, size: str, command: str,
+           started: datetime.datetime, loads: tuple[str, str], skipped: list[str]) -> str:
+    import onnxruntime_genai
+    import torch
+
+    shards = sorted(folder.glob("*.safetensors"))
+    lines = [
+        "# checkpoint benchmark (issue 31)", "",
+        f"{started:%Y-%m-%d %H:%M} UTC, `{command}`, {platform.machine()}, {os.cpu_count()} "
+        f"cores, Python {platform.python_version()}, torch {torch.__version__}, "
+        f"onnxruntime-genai {onnxruntime_genai.__version__}, niceness {os.nice(0)}; load "
+        f"average before {loads[0]}, after {loads[1]}.", "",
+        f"Checkpoint: {SIZES[size].describe()}; {len(shards)} shards, "
+        f"{sum(p.stat().st_size for p in shards) / 1e9:.2f} GB (`{folder.name}`). Each run: "
+        "a fresh process after `sync` and a read of the folder (page cache warm); peaks of "
+        "the process tree sampled every 20 ms; SCRIPT: `from_pretrained` + "
+        "`rewrite.export(..., rules=\"llama\", output=...)` (bench/checkpoint.py).", "",
+        *runs_table(results), "",
+        *([f"Not run: {', '.join(skipped)}.", ""] if skipped else []),
+        *steps_table(results), "", *targets_table(results), "",
+    ]
+    return "\n".join(lines)
+
+
+def _load() -> str:
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--size", choices=list(SIZES), help="default 2.5gb (--quick: tiny4)")
+    parser.add_argument("--rows", nargs="+", choices=list(ROWS), default=list(ROWS))
+    parser.add_argument("--repeats", type=int, default=1, help="runs per row")
+    parser.add_argument("--quick", action="store_true", help="a tiny checkpoint")
+    parser.add_argument("--rebuild", action="store_true", help="rebuild the checkpoint")
+    parser.add_argument("--build-only", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--keep", action="store_true", help="keep the outputs")
+    args = parser.parse_args(argv)
+    size = args.size or ("tiny4" if args.quick else "2.5gb")
+    if args.build_only:
+        print(ensure(size, args.rebuild))
+        return 0
+    command = "python -m bench.checkpoint " + " ".join(argv if argv is not None else sys.argv[1:])
+    started, before = datetime.datetime.now(datetime.timezone.utc), _load()
+    build = _python("-m", "bench.checkpoint", "--build-only", "--size", size,
+                    *(["--rebuild"] if args.rebuild else []))  # its memory is not ours
+    folder = Path(subprocess.run(build, cwd=ROOT, stdout=subprocess.PIPE, text=True,
+                                 check=True).stdout.strip())
+    rows, skipped = list(args.rows), []
+    if "export" in rows and not has_export():
+        rows.remove("export")
+        skipped.append("`export` (this checkout has no `rewrite export` command)")
+    results = bench(folder, rows, args.repeats, OUT / "checkpoint", args.keep)
+    text = report(results, folder, size, command.strip(), started, (before, _load()), skipped)
+    print(text)
+    (OUT / "checkpoint.md").write_text(text)
+    bad = any(r.failed or (r.checker and r.checker != "passed") for r in results.values())
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
