@@ -155,9 +155,6 @@ def check(program: torch.export.ExportedProgram, *, in_place_ok: bool = False) -
             raise Unsupported(f"the program has a higher-order op ({node.target.name()})")
         if is_in_place(node) and not in_place_ok:  # one :func:`functional` left
             raise Unsupported(f"the program has an in-place op ({node.target})")
-        val = node.meta.get("val")
-        if isinstance(val, torch.Tensor) and not all(isinstance(d, int) for d in val.shape):
-            raise Unsupported("the program has dynamic shapes")
 
 
 def _path_map(first: "list[Node]", this: "list[Node]") -> dict[str, str]:
