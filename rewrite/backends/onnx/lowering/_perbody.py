@@ -6,7 +6,8 @@ translates it op by op: a 48-block model is decomposed and translated 48 times. 
 1. The outermost groups whose bodies repeat become calls of one shared subgraph per distinct
    body: ``torch.ops.higher_order.invoke_subgraph(body, identifier, *inputs)``, weights and
    every value from outside passed as inputs (:func:`_invoke_subgraph.rebuild`). Bodies are the
-   same when their nodes are (ops, arguments, scalars; the shapes and types of their inputs)
+   same when their nodes are (ops, arguments, scalars; the shapes and types of their inputs,
+   symbolic sizes by name: a symbolic size read from outside is an input too)
    and so are their group subtrees, tags and leaving nodes.
 2. :mod:`rewrite._private.torch_exporter` decomposes that program with torch.onnx's decomposition
    table (``make_fx``; the TracingContext's invoke_subgraph cache traces each body once, and each
