@@ -14,6 +14,7 @@ import copy
 
 import onnx_ir as ir
 import pytest
+import torch
 
 import rewrite
 from rewrite.backends.onnx import OnnxOptions, lower
@@ -66,12 +67,18 @@ def _both(rules, program):
     return fast, flat
 
 
-def _same_result(fast, flat) -> None:
+def _same_result(fast, flat, *, main_calls_only: bool = False) -> None:
     """Same functions, ops, domains; same module paths and metadata keys wherever the flat
     path has them (a constant the flat export shared between blocks as an initializer comes
-    without metadata; per body it is a Constant node of the body, with its module's)."""
+    without metadata; per body it is a Constant node of the body, with its module's).
+    ``main_calls_only``: of the main graph, only the function calls (with dynamic shapes, its
+    size arithmetic comes in another order: torch's re-trace reads every input's sizes
+    first, make_fx where they are used)."""
     fast_shape, flat_shape = _shape(fast.model), _shape(flat.model)
     assert fast_shape.keys() == flat_shape.keys()
+    if main_calls_only:
+        for shape in (fast_shape, flat_shape):
+            shape["main"] = [n for n in shape["main"] if n[0] != ""]
     for key, flat_nodes in flat_shape.items():
         fast_nodes = fast_shape[key]
         assert [n[:2] for n in fast_nodes] == [n[:2] for n in flat_nodes], key
@@ -134,21 +141,25 @@ def test_mutations_are_lowered_per_body_in_functional_form(source, tmp_path):
         assert_matches_eager(lowering.model, copy.deepcopy(triple))
 
 
-def test_dynamic_shapes_fall_back_with_one_warning():
-    import torch
-
-    model, args, kwargs = models.chain()
-    batch = torch.export.Dim("batch", min=2, max=64)
-    program = torch.export.export(model, args, dynamic_shapes=({0: batch},))
-    result = rewrite.apply(MODULARIZE, program)
-    lowering = lower(result)
-    assert lowering.path == "flat"
-    reasons = [d.message for d in lowering.warnings if "per-body" in d.message]
-    assert len(reasons) == 1 and "dynamic shapes" in reasons[0]
-    forced = lower(result, OnnxOptions(lowering="flat"))
-    assert forced.path == "flat" and not any("per-body" in d.message for d in forced.warnings)
-    with pytest.raises(InputError, match="per body.*dynamic shapes"):
-        lower(result, OnnxOptions(lowering="per-body"))
+@pytest.mark.parametrize("name", ["chain", "llama"])
+def test_dynamic_shapes_are_lowered_per_body(name):
+    """Symbolic sizes (a dynamic batch; and sequence for the Llama, whose blocks read sizes
+    from outside): per body, the model of the flat path, its inputs' sizes symbolic, equal
+    to eager at other sizes than the export's."""
+    model, args, _ = getattr(models, name)()
+    if name == "llama":  # a batch of 1 would specialize
+        args = (torch.randint(0, 100, (2, 8)),)
+    triple = (model, args, {})
+    batch, sequence = torch.export.Dim("batch", min=2, max=64), torch.export.Dim("sequence")
+    dims = {0: batch, 1: sequence} if name == "llama" else {0: batch}
+    program = torch.export.export(model, args, dynamic_shapes=(dims,))
+    fast, flat = _both(MODULARIZE if name == "chain" else LLAMA_RULES, program)
+    _same_result(fast, flat, main_calls_only=True)
+    other = (torch.randint(0, 100, (3, 5)) if name == "llama" else torch.randn(5, 4),)
+    for lowering in (fast, flat):
+        checked_proto(lowering.model)
+        assert not lowering.model.graph.inputs[0].shape.is_static()
+        assert_matches_eager(lowering.model, triple, other)
 
 
 def test_a_repeated_call_that_cannot_be_recorded_falls_back(gpt2_model, gpt2_program,
@@ -184,24 +195,37 @@ class _Notes:
         self.notes.append(text)
 
 
-def test_an_unsupported_program_runs_the_flat_path_with_a_one_line_reason(tmp_path):
-    """The per-body strategy does not apply (dynamic shapes): the flat one runs, and the user
-    hears which path ran and why, in one line."""
-    import torch
+class _Conditional(torch.nn.Module):
+    """Two linear blocks, then ``torch.cond`` (a higher-order op: not lowered per body)."""
 
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        y = self.b(self.a(x))
+        return torch.cond(y.sum() > 0, lambda t: t * 2, lambda t: t - 1, (y,))
+
+
+def test_an_unsupported_program_runs_the_flat_path_with_a_one_line_reason(tmp_path):
+    """The per-body strategy does not apply (a higher-order op): the flat one runs, and the
+    user hears which path ran and why, in one line; forcing either path is obeyed."""
     from rewrite.backends.onnx import save_onnx
 
-    model, args, _ = models.chain()
-    batch = torch.export.Dim("batch", min=2, max=64)
-    program = torch.export.export(model, args, dynamic_shapes=({0: batch},))
+    torch.manual_seed(0)
+    triple = (models.perturb(_Conditional().eval()), (torch.randn(2, 4),), {})
+    result = rewrite.apply(MODULARIZE, models.export(triple))
     heard = _Notes()
-    lowering = save_onnx(rewrite.apply(MODULARIZE, program), tmp_path / "out.onnx",
-                         progress=heard)
+    lowering = save_onnx(result, tmp_path / "out.onnx", progress=heard)
     assert lowering.path == "flat"
     reasons = [note for note in heard.notes if "per-body" in note]
     assert len(reasons) == 1 and "\n" not in reasons[0]
-    assert "torch.onnx.export" in reasons[0] and "dynamic shapes" in reasons[0]
-    assert_matches_eager(ir.load(str(tmp_path / "out.onnx")), (model, args, {}))
+    assert "torch.onnx.export" in reasons[0] and "higher-order op (cond)" in reasons[0]
+    assert_matches_eager(ir.load(str(tmp_path / "out.onnx")), triple)
+    forced = lower(result, OnnxOptions(lowering="flat"))
+    assert forced.path == "flat" and not any("per-body" in d.message for d in forced.warnings)
+    with pytest.raises(InputError, match=r"per body.*higher-order op \(cond\)"):
+        lower(result, OnnxOptions(lowering="per-body"))
 
 
 def test_an_error_of_torch_in_the_per_body_decomposition_falls_back(gpt2_model, gpt2_program,

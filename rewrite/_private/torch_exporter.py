@@ -176,7 +176,8 @@ def _decompose(program: torch.export.ExportedProgram, tables: tuple
     """``program`` decomposed as torch.onnx.export decomposes it, by a ``make_fx`` re-trace of
     its graph module (placeholders and outputs keep their names: the signature stays valid),
     with the tables of :func:`lowering_tables`. The program must be functional (no
-    mutations), with static shapes."""
+    mutations); symbolic sizes stay those of the program's shape environment (the fake mode
+    of its placeholders), with ``backed_size_oblivious`` as torch.onnx.export sets it."""
     api = _apis()
     _, cia, table = tables
     gm = program.graph_module

@@ -21,6 +21,8 @@ import torch
 from rewrite._private.errors import Unavailable
 
 _HOP = getattr(getattr(torch.ops, "higher_order", None), "invoke_subgraph", None)
+_TRACKED = (torch.Tensor, torch.SymInt, torch.SymFloat, torch.SymBool)
+"""Operand values whose proxies the tracer tracks."""
 
 
 @functools.lru_cache(maxsize=1)
@@ -113,7 +115,8 @@ class Trace(torch.fx.Interpreter):
             if isinstance(value, _Deferred):
                 operands.append(self._placeholder(tracer, value.node))
                 continue
-            proxy = tracer.unwrap_proxy(value) if isinstance(value, torch.Tensor) else None
+            # a tensor, or a symbolic size (a dynamic shape's): the proxy tracking it
+            proxy = tracer.unwrap_proxy(value) if isinstance(value, _TRACKED) else None
             if not isinstance(proxy, torch.fx.Proxy):
                 return None
             operands.append(proxy.node)

@@ -21,7 +21,11 @@ import torch
 from attrs import frozen
 
 from rewrite._fx_keys import body_key
-from rewrite._private.torch_graphs import is_higher_order, with_graph_module
+from rewrite._private.torch_graphs import (
+    is_higher_order,
+    is_metadata_only,
+    with_graph_module,
+)
 from rewrite._private.torch_programs import LazyGraphModule
 from rewrite.grouping import GroupTree
 from rewrite.grouping.tree import Group
@@ -49,6 +53,16 @@ def _outputs(nodes: list[torch.fx.Node]) -> list[torch.fx.Node]:
     return [n for n in nodes if any(user not in members for user in n.users)]
 
 
+def _copy(graph: torch.fx.Graph, node: torch.fx.Node,
+          env: dict[torch.fx.Node, torch.fx.Node]) -> torch.fx.Node:
+    """``node`` copied into ``graph``, its arguments mapped by ``env``; an op that changes
+    only autograd metadata (``detach_``) is not copied: its value is its argument's (a
+    program's one in-place op then needs no functional form, nor torch.onnx a translation)."""
+    if is_metadata_only(node):
+        return env[node.args[0]]
+    return graph.node_copy(node, lambda a: env[a])
+
+
 def _subgraph(owner: torch.fx.GraphModule, nodes: list[torch.fx.Node],
               inputs: list[torch.fx.Node]) -> torch.fx.GraphModule:
     graph = torch.fx.Graph()
@@ -58,7 +72,7 @@ def _subgraph(owner: torch.fx.GraphModule, nodes: list[torch.fx.Node],
         placeholder.meta["val"] = value.meta.get("val")
         env[value] = placeholder
     for node in nodes:
-        env[node] = graph.node_copy(node, lambda a: env[a])
+        env[node] = _copy(graph, node, env)
     graph.output(tuple(env[o] for o in _outputs(nodes)))
     return LazyGraphModule(owner, graph)
 
@@ -193,7 +207,7 @@ class _Emitter:
                         rest.append(node)
                     continue
                 if all(a in env for a in node.all_input_nodes):
-                    env[node] = self.graph.node_copy(node, lambda a: env[a])
+                    env[node] = _copy(self.graph, node, env)
                     progressed = True
                 else:
                     rest.append(node)

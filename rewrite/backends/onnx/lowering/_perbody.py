@@ -6,7 +6,8 @@ translates it op by op: a 48-block model is decomposed and translated 48 times. 
 1. The outermost groups whose bodies repeat become calls of one shared subgraph per distinct
    body: ``torch.ops.higher_order.invoke_subgraph(body, identifier, *inputs)``, weights and
    every value from outside passed as inputs (:func:`_invoke_subgraph.rebuild`). Bodies are the
-   same when their nodes are (ops, arguments, scalars; the shapes and types of their inputs)
+   same when their nodes are (ops, arguments, scalars; the shapes and types of their inputs,
+   symbolic sizes by name: a symbolic size read from outside is an input too)
    and so are their group subtrees, tags and leaving nodes.
 2. :mod:`rewrite._private.torch_exporter` decomposes that program with torch.onnx's decomposition
    table (``make_fx``; the TracingContext's invoke_subgraph cache traces each body once, and each
@@ -155,9 +156,6 @@ def check(program: torch.export.ExportedProgram, *, in_place_ok: bool = False) -
             raise Unsupported(f"the program has a higher-order op ({node.target.name()})")
         if is_in_place(node) and not in_place_ok:  # one :func:`functional` left
             raise Unsupported(f"the program has an in-place op ({node.target})")
-        val = node.meta.get("val")
-        if isinstance(val, torch.Tensor) and not all(isinstance(d, int) for d in val.shape):
-            raise Unsupported("the program has dynamic shapes")
 
 
 def _path_map(first: "list[Node]", this: "list[Node]") -> dict[str, str]:
