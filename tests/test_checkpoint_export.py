@@ -9,6 +9,7 @@ decoder-layer class; the weights byte-equal to the shards and views of their map
 from __future__ import annotations
 
 import io
+import os
 from pathlib import Path
 
 import numpy as np
@@ -202,6 +203,9 @@ def test_a_bf16_checkpoint_keeps_bf16_weights_and_cache(tmp_path):
     folder = checkpoints.write("llama", tmp_path / "bf16", dtype=torch.bfloat16)
     out = tmp_path / "model.onnx"
     model = rewrite.export(folder, output=out)
+    # the process's environment as it was (the export sets transformers' switches for itself)
+    assert "TRANSFORMERS_SDPA_FORCE_GQA" not in os.environ
+    assert "HF_HUB_OFFLINE" not in os.environ
     onnx.checker.check_model(str(out), full_check=True)
     kv = [v for v in [*model.graph.inputs, *model.graph.outputs]
           if v.name.startswith(("past_key_values.", "present."))]

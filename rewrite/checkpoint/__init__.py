@@ -13,7 +13,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from rewrite.checkpoint.build import is_causal_lm, load_model, model_class, offline
+from rewrite.checkpoint.build import (
+    grouped_query_attention,
+    is_causal_lm,
+    load_model,
+    model_class,
+    offline,
+)
 from rewrite.checkpoint.cache import CACHES, Call, calling, causal_lm_call
 from rewrite.checkpoint.folder import Checkpoint, read_checkpoint
 from rewrite.api import as_ruleset
@@ -54,7 +60,7 @@ def export_checkpoint(folder: str | Path, *, rules: RuleSet | str | Path | None,
             model = load_model(checkpoint, cls)
         call = causal_lm_call(model.config, cache or "kv", model.dtype)
         options = _with_moe_translations(options)
-        with calling(model):
+        with calling(model), grouped_query_attention():
             return export_module(
                 model, call.args, None, rules=ruleset, dynamic_shapes=call.dynamic_shapes,
                 strict=False, output=output, input_names=call.input_names,
