@@ -202,10 +202,11 @@ def test_a_bf16_checkpoint_keeps_bf16_weights_and_cache(tmp_path):
     """dtype "auto": the weights stay bf16, byte for byte, and so does the KV cache's I/O."""
     folder = checkpoints.write("llama", tmp_path / "bf16", dtype=torch.bfloat16)
     out = tmp_path / "model.onnx"
+    switches = ("TRANSFORMERS_SDPA_FORCE_GQA", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+    before = {key: os.environ.get(key) for key in switches}
     model = rewrite.export(folder, output=out)
     # the process's environment as it was (the export sets transformers' switches for itself)
-    assert "TRANSFORMERS_SDPA_FORCE_GQA" not in os.environ
-    assert "HF_HUB_OFFLINE" not in os.environ
+    assert {key: os.environ.get(key) for key in switches} == before
     onnx.checker.check_model(str(out), full_check=True)
     kv = [v for v in [*model.graph.inputs, *model.graph.outputs]
           if v.name.startswith(("past_key_values.", "present."))]
