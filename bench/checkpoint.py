@@ -47,7 +47,7 @@ from typing import Callable
 import attrs
 
 from bench.procmem import Measure, measure
-from bench.weights import check, parse_steps
+from bench.weights import verdict, check_and_clean, parse_steps, rounds
 from bench.weights_model import OUT, ROOT, SIZES, Size, random_model
 
 SHARDS = 3
@@ -209,30 +209,11 @@ def bench(folder: Path, rows: list[str], repeats: int, work: Path, keep: bool
           ) -> dict[str, Result]:
     """Every row, in rounds of alternating order; then the checker on rewrite's outputs."""
     results = {name: Result() for name in rows}
-    for round_ in range(repeats):
-        for name in rows if round_ % 2 == 0 else rows[::-1]:
-            result = results[name]
-            if result.failed is not None:
-                continue
-            run, log = run_row(name, folder, work)
-            if run is None:
-                result.failed = (log.strip().splitlines() or ["(no output)"])[-1][:200]
-                print(f"{name}: FAILED\n{log[-3000:]}", file=sys.stderr, flush=True)
-                continue
-            result.runs.append(run)
-            print(f"{name} {len(result.runs)}/{repeats}: {run.measure.seconds:.2f}s, RssAnon "
-                  f"{run.measure.anon_mb:.0f} MB {run.note}", file=sys.stderr, flush=True)
-    for name, result in results.items():
-        if ROWS[name].onnx and result.runs:
-            result.checker = check(work / name / ROWS[name].onnx)
-    if not keep:
-        for name in rows:
-            shutil.rmtree(work / name, ignore_errors=True)
+    rounds(rows, dict.fromkeys(rows, repeats), lambda name: run_row(name, folder, work),
+           results, "", lambda run: f"{run.measure.seconds:.2f}s, RssAnon "
+           f"{run.measure.anon_mb:.0f} MB {run.note}")
+    check_and_clean(results, {name: ROWS[name].onnx for name in rows}, work, keep)
     return results
-
-
-def _verdict(ok: bool) -> str:
-    return "met" if ok else "**MISSED**"
 
 
 def runs_table(results: dict[str, Result]) -> list[str]:
@@ -269,16 +250,16 @@ def targets_table(results: dict[str, Result]) -> list[str]:
         mine, theirs = ok["export"], ok["builder"]
         lines.append(f"| `export` / builder, whole process (wall) | {mine.median():.2f} s / "
                      f"{theirs.median():.2f} s = {mine.median() / theirs.median():.2f}x | "
-                     f"< 1x | {_verdict(mine.median() < theirs.median())} |")
+                     f"< 1x | {verdict(mine.median() < theirs.median())} |")
         ratio = mine.peak("anon_mb") / theirs.peak("anon_mb")
         lines.append(f"| `export` / builder, peak RssAnon | {mine.peak('anon_mb'):.0f} MB / "
                      f"{theirs.peak('anon_mb'):.0f} MB = {ratio:.2f}x | <= {MEMORY_RATIO}x | "
-                     f"{_verdict(ratio <= MEMORY_RATIO)} |")
+                     f"{verdict(ratio <= MEMORY_RATIO)} |")
     for name in ("export", "script"):
         weights = ok[name].step(WEIGHTS_STEP) if name in ok else None
         if weights is not None and "cp" in ok:
             ratio = weights / ok["cp"].median()
-            target = (f"<= {COPY_RATIO}x | {_verdict(ratio <= COPY_RATIO)}" if name == "export"
+            target = (f"<= {COPY_RATIO}x | {verdict(ratio <= COPY_RATIO)}" if name == "export"
                       else "(for information) |")
             lines.append(f"| `{name}` weights step ({WEIGHTS_STEP}) / `cp -r` | {weights:.2f} s"
                          f" / {ok['cp'].median():.2f} s = {ratio:.2f}x | {target} |")

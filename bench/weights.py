@@ -53,7 +53,7 @@ import statistics
 import subprocess
 import sys
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable, Mapping
 
 import attrs
 
@@ -195,33 +195,50 @@ def bench_model(size: str, model: Path, rows: list[str], repeats: dict[str, int]
                 work: Path, keep: bool) -> dict[str, Result]:
     """Every row on one model, in rounds of alternating order; then the checker."""
     results = {name: Result() for name in rows}
+    rounds(rows, repeats, lambda name: run_row(name, model, work), results, f"{size} ",
+           lambda run: f"{run.measure.seconds:.2f}s, RssAnon {run.measure.anon_mb:.0f} MB, "
+           f"RssFile {run.measure.file_mb:.0f} MB")
+    check_and_clean(results, {name: ROWS[name].onnx for name in rows}, work, keep)
+    return results
+
+
+def rounds(rows: list[str], repeats: Mapping[str, int],
+           run: Callable[[str], tuple[Any, str]], results: Mapping[str, Any], label: str,
+           describe: Callable[[Any], str]) -> None:
+    """Each row run up to ``repeats[row]`` times into ``results[row].runs``, in rounds of
+    alternating order; a row that fails keeps the last line of its log in ``failed`` and is
+    not run again. Progress lines on stderr, each starting with ``label``."""
     for round_ in range(max(repeats[name] for name in rows)):
         for name in rows if round_ % 2 == 0 else rows[::-1]:
             result = results[name]
             if result.failed is not None or len(result.runs) >= repeats[name]:
                 continue
-            run, log = run_row(name, model, work)
-            if run is None:
+            measured, log = run(name)
+            if measured is None:
                 result.failed = (log.strip().splitlines() or ["(no output)"])[-1][:200]
-                print(f"{size} {name}: FAILED\n{log[-3000:]}", file=sys.stderr, flush=True)
+                print(f"{label}{name}: FAILED\n{log[-3000:]}", file=sys.stderr, flush=True)
                 continue
-            result.runs.append(run)
-            print(f"{size} {name} {len(result.runs)}/{repeats[name]}: "
-                  f"{run.measure.seconds:.2f}s, RssAnon {run.measure.anon_mb:.0f} MB, "
-                  f"RssFile {run.measure.file_mb:.0f} MB", file=sys.stderr, flush=True)
+            result.runs.append(measured)
+            print(f"{label}{name} {len(result.runs)}/{repeats[name]}: {describe(measured)}",
+                  file=sys.stderr, flush=True)
+
+
+def check_and_clean(results: Mapping[str, Any], onnx: Mapping[str, str | None], work: Path,
+                    keep: bool) -> None:
+    """The checker on each row's ONNX output (``work/ROW/onnx[ROW]``), then the rows'
+    folders removed unless ``keep``."""
     for name, result in results.items():
-        if ROWS[name].onnx and result.runs:
-            result.checker = check(work / name / ROWS[name].onnx)
+        if onnx[name] and result.runs:
+            result.checker = check(work / name / onnx[name])
     if not keep:
-        for name in rows:
+        for name in results:
             shutil.rmtree(work / name, ignore_errors=True)
-    return results
 
 
 # --- the report ------------------------------------------------------------------------------
 
 
-def _verdict(ok: bool) -> str:
+def verdict(ok: bool) -> str:
     return "met" if ok else "**MISSED**"
 
 
@@ -287,7 +304,7 @@ def targets_table(results: dict[str, dict[str, Result]], weight_steps: str) -> l
         ratio = median["plain"] / median["apply"]
         lines.append(f"| plain path / `rewrite apply`, whole processes (median wall) | "
                      f"{median['plain']:.2f} s / {median['apply']:.2f} s = {ratio:.2f}x | "
-                     f">= {SPEEDUP:.0f}x | {_verdict(ratio >= SPEEDUP)} |")
+                     f">= {SPEEDUP:.0f}x | {verdict(ratio >= SPEEDUP)} |")
     if "apply" in ok and "cp" in ok:
         steps, how = weights_part(ok["apply"].steps(), weight_steps)
         total = median["apply"] / median["cp"]
@@ -297,30 +314,30 @@ def targets_table(results: dict[str, dict[str, Result]], weight_steps: str) -> l
             named = "; ".join(f"{step} {s:.2f} s" for step, s in steps.items())
             lines.append(f"| `apply`'s weights part / `cp` ({how}: {named}) | "
                          f"{part:.2f} s / {median['cp']:.2f} s = {ratio:.2f}x | "
-                         f"<= {COPY_RATIO:.0f}x | {_verdict(ratio <= COPY_RATIO)} |")
+                         f"<= {COPY_RATIO:.0f}x | {verdict(ratio <= COPY_RATIO)} |")
             lines.append(f"| `apply` whole process / `cp` (for information) | {total:.2f}x "
                          "| | |")
         else:
             lines.append(f"| `apply` whole process / `cp` ({how}: the total stands in for the "
                          f"weights part) | {median['apply']:.2f} s / {median['cp']:.2f} s = "
-                         f"{total:.2f}x | <= {COPY_RATIO:.0f}x | {_verdict(total <= COPY_RATIO)} |")
+                         f"{total:.2f}x | <= {COPY_RATIO:.0f}x | {verdict(total <= COPY_RATIO)} |")
     if "apply" in ok:
         anon = ok["apply"].peak("anon_mb")
         lines.append(f"| `apply` peak RssAnon | {anon:.0f} MB | <= {APPLY_MB} MB | "
-                     f"{_verdict(anon <= APPLY_MB)} |")
+                     f"{verdict(anon <= APPLY_MB)} |")
     if "explain" in ok:
         anon = ok["explain"].peak("anon_mb")
         lines.append(f"| `explain` peak RssAnon | {anon:.0f} MB | <= {EXPLAIN_MB} MB | "
-                     f"{_verdict(anon <= EXPLAIN_MB)} |")
+                     f"{verdict(anon <= EXPLAIN_MB)} |")
         lines.append(f"| `explain` median wall | {median['explain']:.2f} s | <= {EXPLAIN_S:.0f}"
-                     f" s | {_verdict(median['explain'] <= EXPLAIN_S)} |")
+                     f" s | {verdict(median['explain'] <= EXPLAIN_S)} |")
     for name in GROWTH_ROWS:
         peaks = {size: rows[name].peak("anon_mb") for size, rows in results.items()
                  if name in rows and rows[name].runs}
         if len(peaks) > 1:
             growth = max(peaks.values()) / min(peaks.values())
             each = ", ".join(f"{size} {mb:.0f} MB" for size, mb in peaks.items())
-            target = (f"<= {GROWTH}x | {_verdict(growth <= GROWTH)}" if name == "apply"
+            target = (f"<= {GROWTH}x | {verdict(growth <= GROWTH)}" if name == "apply"
                       else "(for information) |")
             lines.append(f"| `{name}` peak RssAnon across model sizes, highest / lowest "
                          f"({each}) | {growth:.2f}x | {target} |")
@@ -330,7 +347,7 @@ def targets_table(results: dict[str, dict[str, Result]], weight_steps: str) -> l
         bad = [f"{size} {name}: {c}" for size, name, c in checked if c != "passed"]
         lines.append(f"| `onnx.checker.check_model(path, full_check=True)` of rewrite's "
                      f"outputs | {len(checked) - len(bad)} of {len(checked)} passed"
-                     f"{'; ' + '; '.join(bad) if bad else ''} | all | {_verdict(not bad)} |")
+                     f"{'; ' + '; '.join(bad) if bad else ''} | all | {verdict(not bad)} |")
     failed = [f"{size} {name}" for size, rows in results.items()
               for name, r in rows.items() if r.failed]
     if failed:
