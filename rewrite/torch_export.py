@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from rewrite.api import apply, as_ruleset
 from rewrite.compile import RuleSet, parse_rules
+from rewrite.dim_names import dim_names, rename_dims
 from rewrite.errors import InputError, first_line
 
 if TYPE_CHECKING:
@@ -89,8 +90,11 @@ def export_module(model: "torch.nn.Module", args: tuple, kwargs: Mapping[str, An
                   *, rules: RuleSet | str | Path | None, dynamic_shapes: Any, strict: bool,
                   output: str | Path | None, input_names: Sequence[str] | None,
                   output_names: Sequence[str] | None, progress: "Progress",
-                  options: "OnnxOptions", inputs: Sequence[str | Path] = ()) -> "ir.Model":
-    """:func:`export` of an ``nn.Module``; ``output`` must not be one of ``inputs``."""
+                  options: "OnnxOptions", inputs: Sequence[str | Path] = (),
+                  axis_names: Any = None) -> "ir.Model":
+    """:func:`export` of an ``nn.Module``; ``output`` must not be one of ``inputs``. The
+    model's symbolic dimensions take the names of the ``Dim``\\ s of ``dynamic_shapes``, or
+    of ``axis_names`` (the same form, with names) when given."""
     from rewrite.backends.onnx import lower
     from rewrite.backends.onnx.save import write_model
     from rewrite.outputs import check_output_path
@@ -105,6 +109,8 @@ def export_module(model: "torch.nn.Module", args: tuple, kwargs: Mapping[str, An
     for warning in lowering.warnings:
         progress.note(warning.render())
     onnx_model = lowering.model
+    rename_dims(onnx_model, dim_names(program, dynamic_shapes if axis_names is None
+                                      else axis_names))
     rename_values(onnx_model, input_names, output_names)
     if out is not None:
         with progress.step(f"writing {out}"):

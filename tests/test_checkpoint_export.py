@@ -155,6 +155,26 @@ def test_one_function_per_decoder_layer_class(exported):
         assert {f"present.{n}.key", f"present.{n}.value"} <= {v.name for v in call.outputs}
 
 
+@pytest.mark.parametrize("exported", FAMILIES, indirect=True)
+def test_dimensions_carry_the_names_decoders_use(exported):
+    """The names of onnxruntime-genai's builder and optimum, in the file."""
+    family, folder, out, _, _ = exported
+    saved = onnx.load(str(out), load_external_data=False)
+    dims = {v.name: [d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim]
+            for v in [*saved.graph.input, *saved.graph.output]}
+    _, kv_heads, head_dim = kv_shapes(_eager(folder).config)
+    tokens = ["batch_size", "sequence_length"]
+    assert dims["input_ids"] == dims["position_ids"] == tokens
+    assert dims["attention_mask"] == ["batch_size", "total_sequence_length"]
+    assert dims["logits"][:2] == tokens
+    for n in range(checkpoints.LAYERS):
+        for kv in ("key", "value"):
+            assert dims[f"past_key_values.{n}.{kv}"] == [
+                "batch_size", kv_heads, "past_sequence_length", head_dim]
+            assert dims[f"present.{n}.{kv}"] == [
+                "batch_size", kv_heads, "past_sequence_length + sequence_length", head_dim]
+
+
 def _aliases(folder: Path) -> dict[str, set[str]]:
     """Parameter name -> every name of the same tensor (tied weights: an LM head sharing
     the token embedding is written under either name)."""

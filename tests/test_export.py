@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import onnx_ir as ir
 import pytest
@@ -129,3 +131,30 @@ def test_bad_arguments_fail_before_exporting(tmp_path):
 def test_export_is_public():
     assert "export" in rewrite.__all__
     assert callable(rewrite.export)
+
+
+def _dims(values) -> list[list]:
+    return [[d.value if isinstance(d, ir.SymbolicDim) else d for d in v.shape] for v in values]
+
+
+def test_dynamic_dimensions_carry_the_names_of_their_dims_as_torch_onnx_gives(gpt2_exported):
+    (module, args, _), model = gpt2_exported
+    assert _dims(model.graph.inputs) == [["batch", "seq"]]
+    assert _dims(model.graph.outputs) == [["batch", "seq", 32]]
+    batch, seq = torch.export.Dim("batch", max=8), torch.export.Dim("seq", max=60)
+    reference = torch.onnx.export(module, (torch.randint(0, 100, (2, 8)),), dynamo=True,
+                                  dynamic_shapes=({0: batch, 1: seq},), verbose=False)
+    assert _dims(model.graph.inputs) == _dims(reference.model.graph.inputs)
+    assert _dims(model.graph.outputs) == _dims(reference.model.graph.outputs)
+    inside = {d for f in model.functions.values() for node in f for v in node.outputs
+              if v.shape is not None for d in _dims([v])[0] if isinstance(d, str)}
+    assert {"batch", "seq"} <= inside, inside  # in expressions too (seq*batch), no s0 left
+    assert not [d for d in inside if re.search(r"(?<!\w)s\d+(?!\w)", d)], inside
+
+
+def test_a_dim_without_a_name_keeps_its_symbol():
+    module, args, _ = models.chain(blocks=2)
+    model = rewrite.export(module, args, rules=rewrite.parse_rules("group class *Block"),
+                           dynamic_shapes=({0: torch.export.Dim.DYNAMIC},))
+    (first,) = _dims(model.graph.inputs)
+    assert isinstance(first[0], str) and first[0].startswith("s"), first

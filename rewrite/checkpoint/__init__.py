@@ -65,7 +65,7 @@ def export_checkpoint(folder: str | Path, *, rules: RuleSet | str | Path | None,
                 model, call.args, None, rules=ruleset, dynamic_shapes=call.dynamic_shapes,
                 strict=False, output=output, input_names=call.input_names,
                 output_names=call.output_names, progress=progress, options=options,
-                inputs=inputs)
+                inputs=inputs, axis_names=call.axis_names)
 
 
 def _with_moe_translations(options: "OnnxOptions") -> "OnnxOptions":

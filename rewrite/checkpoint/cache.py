@@ -4,11 +4,16 @@ and the ONNX input/output names.
 ``kv`` (decode-ready): the model is called with its KV cache explicit, the names optimum and
 onnxruntime-genai use::
 
-    inputs   input_ids [batch, sequence], attention_mask [batch, past + sequence],
-             position_ids [batch, sequence],
-             past_key_values.N.key / .value [batch, kv_heads, past, head_dim]   (N = 0, 1, ...)
-    outputs  logits [batch, sequence, vocab],
-             present.N.key / .value [batch, kv_heads, past + sequence, head_dim]
+    inputs   input_ids [batch_size, sequence_length],
+             attention_mask [batch_size, total_sequence_length],
+             position_ids [batch_size, sequence_length],
+             past_key_values.N.key / .value
+                 [batch_size, kv_heads, past_sequence_length, head_dim]   (N = 0, 1, ...)
+    outputs  logits [batch_size, sequence_length, vocab],
+             present.N.key / .value
+                 [batch_size, kv_heads, past_sequence_length + sequence_length, head_dim]
+
+(the ONNX model's dimension names; ``total_sequence_length`` is the past and the new tokens).
 
 The past is a transformers ``DynamicCache`` made of the given tensors (one full layer each):
 each attention appends its new keys and values inside its own module, so a decoder layer's
@@ -44,6 +49,8 @@ class Call:
     dynamic_shapes: tuple
     input_names: tuple[str, ...]
     output_names: tuple[str, ...]
+    axis_names: tuple
+    """``dynamic_shapes`` with the ONNX names of the dimensions (``batch_size``, ...)."""
 
 
 def kv_shapes(config: Any) -> tuple[int, int, int]:
@@ -61,25 +68,31 @@ def causal_lm_call(config: Any, cache: str, dtype: "torch.dtype | None" = None) 
     import torch
     from torch.export import Dim
 
-    batch, sequence = Dim("batch"), Dim("sequence")
+    batch, sequence = Dim("batch_size"), Dim("sequence_length")
+    named = {0: "batch_size", 1: "sequence_length"}
     b, s, p = EXAMPLE_BATCH, EXAMPLE_SEQUENCE, EXAMPLE_PAST if cache == "kv" else 0
     vocab = config.get_text_config(decoder=True).vocab_size
     args: list = [torch.randint(0, vocab, (b, s)), torch.ones(b, p + s, dtype=torch.long),
                   torch.arange(p, p + s).repeat(b, 1)]
+    # the mask's length is named in ``names`` only: as a named Dim, torch.export refuses
+    # the lower bound it guards (the example's past length)
     shapes: list = [{0: batch, 1: sequence}, {0: batch, 1: Dim.DYNAMIC},
                     {0: batch, 1: sequence}]
+    names: list = [named, {0: "batch_size", 1: "total_sequence_length"}, named]
     inputs = ["input_ids", "attention_mask", "position_ids"]
     outputs = ["logits"]
     if cache == "kv":
         layers, kv_heads, head_dim = kv_shapes(config)
-        past = Dim("past_sequence")
+        past = Dim("past_sequence_length")
         one = torch.zeros(b, kv_heads, p, head_dim, dtype=dtype)
         args.append([(one.clone(), one.clone()) for _ in range(layers)])
         shapes.append([({0: batch, 2: past}, {0: batch, 2: past}) for _ in range(layers)])
-        names = [f"{n}.{kv}" for n in range(layers) for kv in ("key", "value")]
-        inputs += [f"past_key_values.{name}" for name in names]
-        outputs += [f"present.{name}" for name in names]
-    return Call(tuple(args), tuple(shapes), tuple(inputs), tuple(outputs))
+        named_past = {0: "batch_size", 2: "past_sequence_length"}
+        names.append([(named_past, named_past) for _ in range(layers)])
+        entries = [f"{n}.{kv}" for n in range(layers) for kv in ("key", "value")]
+        inputs += [f"past_key_values.{entry}" for entry in entries]
+        outputs += [f"present.{entry}" for entry in entries]
+    return Call(tuple(args), tuple(shapes), tuple(inputs), tuple(outputs), tuple(names))
 
 
 def decode_forward(self: "torch.nn.Module", input_ids: "torch.Tensor",

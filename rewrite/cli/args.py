@@ -155,13 +155,16 @@ def onnx_output_options(parser: argparse.ArgumentParser) -> None:
 
 EXPORT_IO = """\
 the ONNX model's inputs and outputs (the names optimum and onnxruntime-genai use):
-  --cache kv (default)  inputs  input_ids [batch, sequence], attention_mask [batch, past +
-                                sequence], position_ids [batch, sequence],
-                                past_key_values.N.key / .value [batch, kv_heads, past, head_dim]
+  --cache kv (default)  inputs  input_ids [batch_size, sequence_length],
+                                attention_mask [batch_size, total_sequence_length],
+                                position_ids [batch_size, sequence_length],
+                                past_key_values.N.key / .value
+                                [batch_size, kv_heads, past_sequence_length, head_dim]
                                 for each layer N (past may be 0: the first step)
-                        outputs logits [batch, sequence, vocab],
-                                present.N.key / .value [batch, kv_heads, past + sequence,
-                                head_dim]: feed them back as past_key_values.N.*
+                        outputs logits [batch_size, sequence_length, vocab],
+                                present.N.key / .value [batch_size, kv_heads,
+                                past_sequence_length + sequence_length, head_dim]:
+                                feed them back as past_key_values.N.*
   --cache none          inputs  input_ids, attention_mask, position_ids; outputs logits
 Each decoder layer's function takes its layer's cache and returns the updated one."""
 
