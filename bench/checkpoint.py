@@ -9,8 +9,9 @@ The checkpoint is built here (never downloaded) into ``bench/out/``, once (``--r
 Llama of ``bench.weights_model`` (``2.5gb``: Llama-3.2-1B-shaped, 1.24B parameters, bf16, random
 normal weights, tied embeddings) saved by ``save_pretrained`` in 3 shards, with a word-level
 tokenizer made with ``tokenizers`` (the builder loads one). Every row is a fresh process of the
-same Python, writing into an empty folder; before each, pending writes are flushed and the
-shards read once (warm page cache). Rows:
+same Python, writing into an empty folder; before each, pending writes are flushed, freed
+memory settles and the shards are read once (``bench.weights.prepare``: warm page cache, and
+every row writes into memory the host took back, as explained there). Rows:
 
 * ``cp``: ``cp -r --reflink=never DIR OUT/``, the floor for reading and writing the bytes;
 * ``builder``: ``python -m onnxruntime_genai.models.builder -i DIR -o OUT -p bf16 -e cpu``
@@ -47,7 +48,7 @@ from typing import Callable
 import attrs
 
 from bench.procmem import Measure, measure
-from bench.weights import verdict, check_and_clean, parse_steps, rounds
+from bench.weights import check, parse_steps, prepare, rounds, verdict
 from bench.weights_model import OUT, ROOT, SIZES, Size, random_model
 
 SHARDS = 3
@@ -149,23 +150,19 @@ class Run:
     note: str
     """rewrite's weights note (how many tensors went file to file), or ''."""
     output_bytes: int
-
-
-def _warm(folder: Path) -> None:
-    """Flush pending writes, then read the checkpoint so that it is in page cache."""
-    os.sync()
-    buffer = bytearray(16 * 2**20)
-    for path in sorted(folder.iterdir()):
-        with open(path, "rb", buffering=0) as file:
-            while file.readinto(buffer):
-                pass
+    checker: str | None
+    """The checker on the run's ONNX output (rewrite's rows), else None."""
 
 
 def run_row(name: str, folder: Path, work: Path) -> tuple[Run | None, str]:
+    """One run of a row, alone with the checkpoint: every earlier output is removed first
+    (the page cache holds the checkpoint and nothing another row wrote), and its own
+    output once it is checked."""
     out, log = work / name, work / f"{name}.log"
-    shutil.rmtree(out, ignore_errors=True)
+    for earlier in ROWS:
+        shutil.rmtree(work / earlier, ignore_errors=True)
     out.mkdir(parents=True)
-    _warm(folder)
+    prepare(sorted(folder.iterdir()))
     result = measure(ROWS[name].argv(folder, out), stderr=log, stdout=log.with_suffix(".out"),
                      cwd=ROOT, env=ENV)
     text = log.read_text(errors="replace")
@@ -176,7 +173,8 @@ def run_row(name: str, folder: Path, work: Path) -> tuple[Run | None, str]:
                  if p.is_file() and "cache_dir" not in p.parts)
     steps = {step.replace("MODEL.pt2", "DIR"): seconds
              for step, seconds in parse_steps(text, folder, out).items()}
-    return Run(result, steps, note[0] if note else "", output), text
+    checker = check(out / ROWS[name].onnx) if ROWS[name].onnx else None
+    return Run(result, steps, note[0] if note else "", output, checker), text
 
 
 def has_export() -> bool:
@@ -192,7 +190,12 @@ class Result:
 
     runs: list[Run] = attrs.Factory(list)
     failed: str | None = None
-    checker: str | None = None
+
+    @property
+    def checker(self) -> str | None:
+        """``passed`` when every run's output passed, else the first failure."""
+        found = [run.checker for run in self.runs if run.checker is not None]
+        return next((c for c in found if c != "passed"), "passed") if found else None
 
     def median(self) -> float:
         return statistics.median(run.measure.seconds for run in self.runs)
@@ -207,12 +210,15 @@ class Result:
 
 def bench(folder: Path, rows: list[str], repeats: int, work: Path, keep: bool
           ) -> dict[str, Result]:
-    """Every row, in rounds of alternating order; then the checker on rewrite's outputs."""
+    """Every row, in rounds of alternating order, each run alone (:func:`run_row`); the last
+    output is removed unless ``keep``."""
     results = {name: Result() for name in rows}
     rounds(rows, dict.fromkeys(rows, repeats), lambda name: run_row(name, folder, work),
            results, "", lambda run: f"{run.measure.seconds:.2f}s, RssAnon "
            f"{run.measure.anon_mb:.0f} MB {run.note}")
-    check_and_clean(results, {name: ROWS[name].onnx for name in rows}, work, keep)
+    if not keep:
+        for name in rows:
+            shutil.rmtree(work / name, ignore_errors=True)
     return results
 
 
@@ -288,7 +294,8 @@ def report(results: dict[str, Result], folder: Path, size: str, command: str,
         f"average before {loads[0]}, after {loads[1]}.", "",
         f"Checkpoint: {SIZES[size].describe()}; {len(shards)} shards, "
         f"{sum(p.stat().st_size for p in shards) / 1e9:.2f} GB (`{folder.name}`). Each run: "
-        "a fresh process after `sync` and a read of the folder (page cache warm); peaks of "
+        "a fresh process after `sync`, a 5 s settle of freed memory and a read of the "
+        "folder (page cache warm); peaks of "
         "the process tree sampled every 20 ms; SCRIPT: `from_pretrained` + "
         "`rewrite.export(..., rules=\"llama\", output=...)` (bench/checkpoint.py).", "",
         *runs_table(results), "",
@@ -310,7 +317,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="a tiny checkpoint")
     parser.add_argument("--rebuild", action="store_true", help="rebuild the checkpoint")
     parser.add_argument("--build-only", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--keep", action="store_true", help="keep the outputs")
+    parser.add_argument("--keep", action="store_true", help="keep the last output of each row")
     args = parser.parse_args(argv)
     size = args.size or ("tiny4" if args.quick else "2.5gb")
     if args.build_only:

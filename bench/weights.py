@@ -9,8 +9,9 @@ The models are built by ``bench.weights_model`` into ``bench/out/`` (once; ``--r
 The largest of ``--sizes`` gets every row; the others get ``apply`` and ``explain`` only, for
 the memory growth. Every run is a fresh process of the same Python, environment and working
 folder (the bench's own niceness is inherited), writing into an empty folder; before each
-run, pending writes are flushed (``sync``) and the ``.pt2`` is read once, so every row starts
-with the model in page cache (dropping the cache needs root: the rows are "warm", not cold).
+run, pending writes are flushed (``sync``), the memory freed by the cleanup is left to settle
+(:data:`SETTLE_SECONDS`) and the ``.pt2`` is read once, so every row starts with the model in
+page cache (the rows are "warm", not cold).
 Rounds alternate the order of the rows. Rows:
 
 * ``cp``: ``cp --reflink=never MODEL.pt2 DIR/``, the floor for reading and writing its bytes;
@@ -52,6 +53,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
@@ -156,13 +158,27 @@ def parse_steps(log: str, model: Path, out: Path) -> dict[str, float]:
     return steps
 
 
-def _warm(model: Path) -> None:
-    """Flush pending writes, then read the model so that it is in page cache."""
+SETTLE_SECONDS = 5.0
+"""How long a run waits after the cleanup before it starts. This VM's balloon device reports
+freed memory to the host (``VIRTIO_BALLOON_F_REPORTING``, ~2 s after it is freed); a page the
+host took back costs a fault on the host when it is used again, so writing 2.5 GB into
+fresh page cache runs at ~0.45 GB/s with reported pages and ~3 GB/s with pages just freed.
+Without the wait, a row that writes soon after the cleanup (``cp``) writes into freed
+memory, one that writes after seconds of work (``rewrite``) into reported memory: the wait
+gives every row the second."""
+
+
+def prepare(inputs: list[Path], settle: float = SETTLE_SECONDS) -> None:
+    """Before a run: flush pending writes (``sync``), let the memory freed by removing the
+    previous outputs be reported (``settle`` s), then read ``inputs`` so that they are in
+    page cache (warm, as they are after a download; dropping the cache needs root)."""
     os.sync()
+    time.sleep(settle)
     buffer = bytearray(16 * 2**20)
-    with open(model, "rb", buffering=0) as file:
-        while file.readinto(buffer):
-            pass
+    for path in inputs:
+        with open(path, "rb", buffering=0) as file:
+            while file.readinto(buffer):
+                pass
 
 
 def _size(folder: Path) -> int:
@@ -174,7 +190,7 @@ def run_row(name: str, model: Path, work: Path) -> tuple[Run | None, str]:
     out, log = work / name, work / f"{name}.log"
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
-    _warm(model)
+    prepare([model])
     result = measure(ROWS[name].argv(model, out), stderr=log, cwd=ROOT, env=ENV)
     text = log.read_text(errors="replace")
     if result.returncode != 0:
@@ -371,7 +387,8 @@ def report(results: dict[str, dict[str, Result]], models: dict[str, Path], comma
         "",
         "PLAIN_SCRIPT: `torch.export.load` + `torch.onnx.export(program, dynamo=True)` + "
         "`save(external_data=True)` (bench/weights.py). "
-        "Each run: a fresh process, after `sync` and a read of the `.pt2` (page cache warm). "
+        "Each run: a fresh process, after `sync`, a 5 s settle of freed memory and a read "
+        "of the `.pt2` (page cache warm). "
         "Peaks: the largest over the runs, of the process tree, sampled every 20 ms from "
         "/proc; MB = 2**20 bytes.", "",
         *runs_table(results), "", *steps_table(results), "",
