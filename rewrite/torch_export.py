@@ -9,6 +9,7 @@ called with its KV cache explicit), then the same steps (:func:`export_module`).
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
@@ -95,12 +96,33 @@ def export_module(model: "torch.nn.Module", args: tuple, kwargs: Mapping[str, An
     """:func:`export` of an ``nn.Module``; ``output`` must not be one of ``inputs``. The
     model's symbolic dimensions take the names of the ``Dim``\\ s of ``dynamic_shapes``, or
     of ``axis_names`` (the same form, with names) when given."""
-    from rewrite.backends.onnx import lower
-    from rewrite.backends.onnx.save import write_model
+    from rewrite.backends.onnx.save import weights_early, write_model
     from rewrite.outputs import check_output_path
 
     ruleset = as_ruleset(rules) if rules is not None else None
     out = check_output_path(output, inputs) if output is not None else None
+    early = contextlib.nullcontext() if out is None else weights_early(
+        model, out, threshold=options.external_data_threshold, chunk=options.weights_chunk)
+    with early as data:  # the weights in files are written while the graph is made
+        program, onnx_model = _lowered(model, args, kwargs, ruleset, dynamic_shapes, strict,
+                                       options, progress)
+        rename_dims(onnx_model, dim_names(program, axis_names
+                                          if axis_names is not None else dynamic_shapes))
+        rename_values(onnx_model, input_names, output_names)
+        if out is not None:
+            with progress.step(f"writing {out}"):
+                write_model(onnx_model, out, threshold=options.external_data_threshold,
+                            chunk=options.weights_chunk, progress=progress, early=data)
+    return onnx_model
+
+
+def _lowered(model: "torch.nn.Module", args: tuple, kwargs: Mapping[str, Any] | None,
+             ruleset: RuleSet | None, dynamic_shapes: Any, strict: bool,
+             options: "OnnxOptions", progress: "Progress"
+             ) -> tuple["torch.export.ExportedProgram", "ir.Model"]:
+    """``model`` exported by ``torch.export``, grouped and lowered: (program, ONNX model)."""
+    from rewrite.backends.onnx import lower
+
     with progress.step(f"exporting {type(model).__name__} with torch.export"):
         program = _torch_export(model, args, kwargs, dynamic_shapes, strict)
     if ruleset is None:
@@ -108,15 +130,7 @@ def export_module(model: "torch.nn.Module", args: tuple, kwargs: Mapping[str, An
     lowering = lower(apply(ruleset, program), options, progress)
     for warning in lowering.warnings:
         progress.note(warning.render())
-    onnx_model = lowering.model
-    rename_dims(onnx_model, dim_names(program, dynamic_shapes if axis_names is None
-                                      else axis_names))
-    rename_values(onnx_model, input_names, output_names)
-    if out is not None:
-        with progress.step(f"writing {out}"):
-            write_model(onnx_model, out, threshold=options.external_data_threshold,
-                        chunk=options.weights_chunk, progress=progress)
-    return onnx_model
+    return program, lowering.model
 
 
 def _torch_export(model: "torch.nn.Module", args: tuple, kwargs: Mapping[str, Any] | None,

@@ -137,8 +137,10 @@ def test_weights_are_copied_file_to_file_byte_equal(tmp_path, dtype):
     for name in names:
         want = stored.get(name, stored["model.embed_tokens.weight"])  # the tied head
         assert written[name] == want == _memory(parameters[name]), name
-    copied, total = progress.copied()
-    assert copied == len(names) and total == len(written), progress.notes
+    copied, total = progress.copied()  # the weights in the data file (over 1 KiB)
+    in_data = [name for name in names if parameters[name].nbytes > 1024]
+    assert copied == len(in_data) < len(names) and total == len(written), progress.notes
+    assert "written while exporting" in progress.notes[-1]  # while torch.export ran
     data = (out.parent / "model.onnx.data").read_bytes()
     assert data.count(stored["model.embed_tokens.weight"]) == 1  # tied: written once
     onnx.checker.check_model(str(out), full_check=True)
@@ -160,9 +162,10 @@ def test_a_weight_written_in_memory_is_written_from_memory(tmp_path):
     assert written[name] == _memory(changed) != _shard(folder / "model.safetensors")[name]
     page = os.sysconf("SC_PAGE_SIZE")
     dirty = changed.data_ptr() // page  # a neighbour sharing that page is written from memory
-    clean = [p for p in model.parameters()
-             if not p.data_ptr() // page <= dirty <= (p.data_ptr() + p.nbytes - 1) // page]
+    clean = [p for p in model.parameters() if p.nbytes > 1024  # over 1 KiB: in the data
+             and not p.data_ptr() // page <= dirty <= (p.data_ptr() + p.nbytes - 1) // page]
     assert progress.copied()[0] == len(clean) < len(list(model.parameters())), progress.notes
+    assert "written while exporting" not in progress.notes[-1]  # not all of them in files
 
 
 @pytest.mark.parametrize("change", ["rewritten in place", "replaced"])

@@ -18,20 +18,24 @@ from __future__ import annotations
 import contextlib
 import time
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import TYPE_CHECKING, Callable, Iterator
 
 import onnx
 import onnx_ir as ir
 
 from rewrite._mapped import FileRange, file_ranges, verify
 from rewrite._private.onnx_files import chunk_names
+from rewrite.backends.onnx.early_data import EarlyData, early_data
 from rewrite.backends.onnx.progress import SILENT, Progress
 from rewrite.errors import InputError
 from rewrite.outputs import Staged, publish, staging_folder
 
+if TYPE_CHECKING:
+    import torch
+
 EXTERNAL_TENSOR_BYTES = 1024
-"""Tensors of at least this many bytes go to the data file, whatever the threshold (smaller
-ones stay inline, as ``onnx.external_data_helper.convert_model_to_external_data``'s default
+"""Tensors of more than this many bytes go to the data file, whatever the threshold (others
+stay inline, as ``onnx.external_data_helper.convert_model_to_external_data``'s default
 keeps them: the shapes and axes that onnxruntime's shape inference must read from the model;
 ``--external-data always`` means the weights)."""
 ALIGNMENT = 65536
@@ -74,10 +78,24 @@ def by_reference(tensor: ir.TensorProtocol, where: FileRange | None) -> ir.Tenso
                              base_dir=str(where.path.parent))
 
 
+def weights_early(module: "torch.nn.Module", output: Path, *, threshold: int,
+                  chunk: int | None) -> contextlib.AbstractContextManager[EarlyData | None]:
+    """Within the block, ``module``'s file-mapped weights are being written for ``output``
+    (:mod:`early_data`), to be given to :func:`write_model`; None where it cannot help
+    (chunked data, weights that would be embedded: at most ``threshold`` bytes)."""
+    if chunk is not None:
+        return contextlib.nullcontext(None)
+    return early_data(module, output, data_path(output).name, threshold=EXTERNAL_TENSOR_BYTES,
+                      alignment=ALIGNMENT, minimum=threshold)
+
+
 def write_model(model: ir.Model, output: str | Path, *, threshold: int,
-                chunk: int | None = None, progress: Progress = SILENT) -> list[Path]:
+                chunk: int | None = None, progress: Progress = SILENT,
+                early: EarlyData | None = None) -> list[Path]:
     """Write ``model`` to ``output``; returns the external data files written (none when
-    the weights are embedded: at most ``threshold`` bytes and no ``chunk`` given)."""
+    the weights are embedded: at most ``threshold`` bytes and no ``chunk`` given).
+    ``early``: its weights written while the model was made (:func:`weights_early`), used
+    when they are exactly the model's."""
     out = Path(output)
     verify_weights(model)
     total = tensor_bytes(model)
@@ -86,16 +104,15 @@ def write_model(model: ir.Model, output: str | Path, *, threshold: int,
         raise InputError(f"{out}: {total:,} bytes of weights do not fit in one ONNX file "
                          "(2 GB at most): write them as external data")
     try:
-        with staging_folder(out) as folder:
+        with _staging(out, early) as folder:
             staged = folder / out.name
             if external:
-                start = time.perf_counter()
-                with _weights_by_reference(model) as copied, progress.step("writing weights"):
-                    _save_external(model, staged, total, chunk, progress)
-                seconds = time.perf_counter() - start
-                progress.note(f"weights: {total / 1e9:.2f} GB in {seconds:.1f}s "
-                              f"({total / 1e9 / max(seconds, 1e-9):.2f} GB/s); {copied}")
+                with progress.step("writing weights"):
+                    note = _save_external(model, staged, total, chunk, progress, early)
+                progress.note(note)
             else:
+                if early is not None:  # embedded after all: the early data is not needed
+                    early.cancel()
                 with _swapped(model, _in_memory):  # a .onnx input's external weights, embedded
                     ir.save(model, staged)
             data = tuple(sorted(p.name for p in folder.iterdir()  # empty: no tensor in it
@@ -150,7 +167,8 @@ def _weights_by_reference(model: ir.Model) -> Iterator[str]:
         return [by_reference(t, where) for t, where in zip(tensors, ranges)]
 
     with _swapped(model, over_files) as swapped:
-        copied = [t for t in swapped if isinstance(t, ir.ExternalTensor)]
+        copied = [t for t in swapped  # the smaller ones stay in the model
+                  if isinstance(t, ir.ExternalTensor) and t.nbytes > EXTERNAL_TENSOR_BYTES]
         yield (f"{len(copied)} of {len(swapped)} tensors "
                f"({sum(t.nbytes for t in copied) / 1e9:.2f} GB) copied file to file")
 
@@ -177,14 +195,38 @@ def _swapped(model: ir.Model, convert: Callable[[list], list]) -> Iterator[list]
         for value, tensor in zip(values, tensors):
             value.const_value = tensor
 
+def _staging(output: Path, early: EarlyData | None
+             ) -> contextlib.AbstractContextManager[Path]:
+    """The staging folder: the early data's (already locked and cleaned by its block), or a
+    new one."""
+    return contextlib.nullcontext(early.folder) if early is not None else staging_folder(output)
+
+
 def _save_external(model: ir.Model, staged: Path, total: int, chunk: int | None,
-                   progress: Progress) -> None:
+                   progress: Progress, early: EarlyData | None) -> str:
     """Tensors of ``EXTERNAL_TENSOR_BYTES`` or more go to the data file(s); smaller ones
-    (shapes, axes, scalars: what shape inference reads) stay in the model."""
-    name = data_path(staged).name
-    ir.save(model, staged, external_data=name,
-            size_threshold_bytes=EXTERNAL_TENSOR_BYTES, max_shard_size_bytes=chunk,
-            alignment=ALIGNMENT, callback=_byte_counter(total, progress))
+    (shapes, axes, scalars: what shape inference reads) stay in the model. The model's
+    weights written early are used when they are exactly those; else they are written now,
+    file to file where they lie in a file. Returns the note on how (``146 of 156 tensors
+    (2.47 GB) copied file to file``)."""
+    start = time.perf_counter()
+    placed = early.placing([v.const_value for v in _initializers(model)],  # type: ignore
+                           EXTERNAL_TENSOR_BYTES) if early is not None else None
+    if early is not None and placed is not None:
+        with _swapped(model, lambda _: placed):
+            ir.save(model, staged)  # the data is written: the model refers to it
+        gb = early.nbytes / 1e9
+        return (f"weights: {gb:.2f} GB written while exporting, in {early.seconds:.1f}s "
+                f"({gb / max(early.seconds, 1e-9):.2f} GB/s, synced; waited "
+                f"{time.perf_counter() - start:.1f}s); {len(early.offsets)} of {len(placed)} "
+                f"tensors ({gb:.2f} GB) copied file to file")
+    with _weights_by_reference(model) as copied:
+        ir.save(model, staged, external_data=data_path(staged).name,
+                size_threshold_bytes=EXTERNAL_TENSOR_BYTES, max_shard_size_bytes=chunk,
+                alignment=ALIGNMENT, callback=_byte_counter(total, progress))
+    seconds = time.perf_counter() - start
+    return (f"weights: {total / 1e9:.2f} GB in {seconds:.1f}s "
+            f"({total / 1e9 / max(seconds, 1e-9):.2f} GB/s); {copied}")
 
 
 def _byte_counter(total: int, progress: Progress) -> Callable:
