@@ -172,11 +172,11 @@ MUTANTS = (
         "publish-model-first",
         "publishing: the final model (reading OUT.onnx.data) goes in before its data",
         "rewrite/outputs.py",
-        "                _place_data(staged)\n                fsync(folder)\n"
+        "                _place_data(staged)\n                _fsync(folder)\n"
         "                _reached(\"linked\")\n"
         "                _replace(staged.model, output, mode)\n",
         "                _replace(staged.model, output, mode)\n"
-        "                _place_data(staged)\n                fsync(folder)\n"
+        "                _place_data(staged)\n                _fsync(folder)\n"
         "                _reached(\"linked\")\n",
         PUBLISHING,
     ),

@@ -175,7 +175,7 @@ def _folder_locked(folder: Path) -> contextlib.AbstractContextManager[bool]:
     return _locked(folder)
 
 
-def fsync(path: Path) -> None:
+def _fsync(path: Path) -> None:
     """Flush a file's or folder's bytes (a folder: its entries) to the disk."""
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -225,7 +225,7 @@ def publish(output: Path, staged: Staged, *, stale: Iterable[str] = ()) -> None:
     folder = output.parent
     for path in (*(staged.folder / name for name in staged.data), staged.model,
                  *([staged.first] if staged.first else []), staged.folder):
-        fsync(path)
+        _fsync(path)
     _reached("staged")
     mode = _new_file_mode(output)
     with _folder_locked(folder):
@@ -235,7 +235,7 @@ def publish(output: Path, staged: Staged, *, stale: Iterable[str] = ()) -> None:
             _reached("committed")
             try:
                 _place_data(staged)
-                fsync(folder)
+                _fsync(folder)
                 _reached("linked")
                 _replace(staged.model, output, mode)
             except BaseException:
@@ -246,7 +246,7 @@ def publish(output: Path, staged: Staged, *, stale: Iterable[str] = ()) -> None:
         _reached("published")
         shutil.rmtree(staged.folder, ignore_errors=True)
         _clean(output, staged, stale)
-        fsync(folder)
+        _fsync(folder)
         _reached("cleaned")
 
 
@@ -254,7 +254,7 @@ def _replace(new: Path, output: Path, mode: int) -> None:
     """Rename ``new`` over ``output`` (with ``mode``), durably."""
     os.chmod(new, mode)
     os.replace(new, output)
-    fsync(output.parent)
+    _fsync(output.parent)
 
 
 def _place_data(staged: Staged) -> None:

@@ -107,11 +107,12 @@ def test_a_process_killed_while_exporting_leaves_the_old_pair(model, tmp_path):
                              cwd=ROOT, stdout=subprocess.PIPE, text=True)
     try:
         assert child.stdout.readline().strip() == "exporting"
-        staged = _staged_data(out)  # the early weights, written and synced
+        in_data = sum(p.nbytes for p in model.parameters() if p.nbytes > 1024)  # none aligned
+        staged = _staged_data(out, in_data)  # the weights written while torch.export runs
     finally:
         os.kill(child.pid, signal.SIGKILL)
         child.wait()
-    assert staged.stat().st_size > 0
+    assert staged.stat().st_size == in_data
     assert {name: (out.parent / name).read_bytes() for name in _listing(out.parent)
             if not name.startswith(".")} == before
     assert_matches_eager(str(out), (model, (IDS,), {"use_cache": False}))
@@ -119,14 +120,13 @@ def test_a_process_killed_while_exporting_leaves_the_old_pair(model, tmp_path):
     assert _listing(out.parent) == ["model.onnx", "model.onnx.data"]
 
 
-def _staged_data(out: Path, timeout: float = 60.0) -> Path:
-    """The data file in the output's staging folder, once completely written (onnx_ir's
-    weights-only model beside it removed)."""
+def _staged_data(out: Path, size: int, timeout: float = 60.0) -> Path:
+    """The data file in the output's staging folder, once ``size`` bytes are written."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         for folder in out.parent.glob(f".{out.name}.*"):
             data = folder / (out.name + ".data")
-            if data.exists() and not (folder / ".early.onnx").exists():
+            if data.exists() and data.stat().st_size >= size:
                 return data
         time.sleep(0.05)
     raise AssertionError(f"no early data in {_listing(out.parent)}")
