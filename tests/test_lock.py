@@ -257,3 +257,5 @@ def test_the_lock_reads_no_weight(tmp_path):
     rules.write_text("group class *Linear\n")
     found = measure(pt2, rules=rules)
     assert found["lock (of_lowering + dumps)"][1] < 8  # MB of the file resident
+    steps = [seconds for name, (seconds, _) in found.items() if name.startswith("lower: ")]
+    assert len(steps) >= 3 and sum(steps) <= found["lower (no file)"][0]  # the backend's steps
