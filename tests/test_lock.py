@@ -150,6 +150,20 @@ def test_comments_and_rule_order_do_not_move_the_lock(run_cli, blocks, base_lock
     assert (r.code, r.out) == (0, "")
 
 
+def test_two_rules_on_one_line_lock_as_two_texts(run_cli, blocks, base_lock, tmp_path):
+    """Each rule's text ends where its statement ends: the two rules of ``RULES`` written on
+    one line (a comment after them) lock as the two lines did."""
+    one_line = tmp_path / "one-line.rules"
+    one_line.write_text(" ".join(RULES.splitlines()) + "  # both\n")
+    lock = tmp_path / "one-line.lock"
+    assert run_cli("lock", one_line, blocks["base"], "-o", lock).code == 0
+    rules = [line for line in lock.read_text().splitlines() if line.startswith("[rule ")]
+    assert rules == ['[rule group class *Block domain "pkg.mymodels"]',
+                     '[rule group class *MLP domain "pkg.mymodels"]']
+    r = run_cli("verify", one_line, blocks["base"], "--lock", base_lock)
+    assert (r.code, r.out) == (0, "")
+
+
 def test_an_onnx_file_as_it_is_and_diff(run_cli, blocks, base_lock, tmp_path):
     onnx = {}
     for name in ("base", "sigmoid"):
@@ -243,3 +257,5 @@ def test_the_lock_reads_no_weight(tmp_path):
     rules.write_text("group class *Linear\n")
     found = measure(pt2, rules=rules)
     assert found["lock (of_lowering + dumps)"][1] < 8  # MB of the file resident
+    steps = [seconds for name, (seconds, _) in found.items() if name.startswith("lower: ")]
+    assert len(steps) >= 3 and sum(steps) <= found["lower (no file)"][0]  # the backend's steps

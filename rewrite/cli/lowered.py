@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING, Any
 
 from rewrite.backends.onnx.distinct import Side, Variant
 from rewrite.backends.onnx.summary import call_sites, label, summarize, top_calls
-from rewrite.cli.variants import kind_text, reason
 
 if TYPE_CHECKING:
     from rewrite.backends.onnx import Lowering
@@ -78,9 +77,9 @@ def _variant(variant: Variant) -> dict:
     diff = variant.difference
     return {"class": f"{variant.identity[0]}::{variant.identity[1]}",
             "function": label(variant.function), "first": label(variant.first),
-            "kind": diff.kind, "about": kind_text(diff), "what": diff.what,
+            "kind": diff.kind, "about": diff.about(), "what": diff.what,
             "first_side": _side(diff.first), "other_side": _side(diff.other),
-            "reason": reason(variant)}
+            "reason": variant.reason()}
 
 
 def _side(side: Side) -> dict:

@@ -221,8 +221,6 @@ def print_variants(console: Console, variants: Sequence["Variant"], calls: Mappi
     function beside the first, with the first difference that kept it apart."""
     if not variants:
         return
-    from rewrite.cli.variants import reason
-
     by_class: dict[tuple[str, str], list[Variant]] = {}
     for variant in variants:
         by_class.setdefault(variant.identity, []).append(variant)
@@ -235,7 +233,7 @@ def print_variants(console: Console, variants: Sequence["Variant"], calls: Mappi
         console.print(Text.assemble((f"{domain}::{name}", "green"),
                                     f": {len(functions)} functions ({made})"), soft_wrap=True)
         for variant in found:
-            console.print(Text(f"  {reason(variant)}"), soft_wrap=True)
+            console.print(Text(f"  {variant.reason()}"), soft_wrap=True)
 
 
 def flattened_line(flat: Flattened) -> Text:

@@ -30,11 +30,15 @@ class Source:
 
 @frozen
 class Span:
-    """A position in a rules source: 1-based line and column."""
+    """A position in a rules source: 1-based line and column where something starts and,
+    when the parser knows it, where it ends (``end_column`` just past its last character, as
+    Lark counts)."""
 
     source: Source = field(repr=False, eq=False)
     line: int
     column: int
+    end_line: int | None = None
+    end_column: int | None = None
 
     @property
     def location(self) -> str:
@@ -43,6 +47,17 @@ class Span:
     @property
     def source_line(self) -> str | None:
         return self.source.line(self.line)
+
+    @property
+    def text(self) -> str:
+        """The source text from the start to the end (to the end of the start line when the
+        end is not known)."""
+        last = self.line if self.end_line is None else self.end_line
+        lines = self.source.text.split("\n")[self.line - 1:last] or [""]
+        if self.end_column is not None:
+            lines[-1] = lines[-1][:self.end_column - 1]
+        lines[0] = lines[0][self.column - 1:]
+        return "\n".join(lines)
 
     def __str__(self) -> str:
         return self.location

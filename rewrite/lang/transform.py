@@ -1,7 +1,8 @@
 """The Lark parse tree -> the AST (:mod:`rewrite.lang.ast`): one transformer method per grammar
-rule, each AST record with the span of its first token. Values the grammar accepts but the
-language does not (a rule option given twice, an unknown comparison) are :class:`RuleError`
-diagnostics, raised from inside the transform (Lark wraps them in ``VisitError``)."""
+rule, each AST record with the span from its first token to its last. Values the grammar
+accepts but the language does not (a rule option given twice, an unknown comparison) are
+:class:`RuleError` diagnostics, raised from inside the transform (Lark wraps them in
+``VisitError``)."""
 
 from __future__ import annotations
 
@@ -50,7 +51,8 @@ def _integer(token: Token, name: str, span: Span) -> int:
 
 
 class ToAst(Transformer):
-    """One method per grammar rule; every AST record gets the span of its first token."""
+    """One method per grammar rule; every AST record gets the span from its first token to
+    its last."""
 
     def __init__(self, source: Source):
         super().__init__()
@@ -58,11 +60,12 @@ class ToAst(Transformer):
 
     def _span(self, item) -> Span:
         if isinstance(item, Token):
-            return Span(self.source, item.line or 1, item.column or 1)
+            return Span(self.source, item.line or 1, item.column or 1, item.end_line,
+                        item.end_column)
         meta = item
         if getattr(meta, "empty", False):
             return Span(self.source, 1, 1)
-        return Span(self.source, meta.line, meta.column)
+        return Span(self.source, meta.line, meta.column, meta.end_line, meta.end_column)
 
     def _text(self, token: Token) -> str:
         if token.type == "STRING":

@@ -33,7 +33,6 @@ if TYPE_CHECKING:
 
 INLINED = "(inlined)"
 """What a rule's ``functions`` line says of a group that became no function."""
-_KEYWORD = re.compile(r"(include|group|flat|tag|split|on)\b")
 
 
 def _values(values: Iterable[ir.Value]) -> str:
@@ -75,15 +74,9 @@ def _functions(model: ir.Model) -> list[Section]:
 
 def rule_text(rule) -> str:
     """The statement that made a group, as written (comments dropped, whitespace collapsed):
-    from the rule's position to the next line that starts a statement."""
-    span = rule.span
-    lines = span.source.text.split("\n")[span.line - 1:]
-    parts = [_uncommented(lines[0][span.column - 1:])]
-    for line in lines[1:]:
-        text = _uncommented(line).strip()
-        if _KEYWORD.match(text):
-            break
-        parts.append(text)
+    the text of its span, from its first token to its last (two statements on one line are
+    two texts)."""
+    parts = [_uncommented(line) for line in rule.span.text.split("\n")]
     return " ".join(" ".join(parts).split())
 
 

@@ -1,7 +1,7 @@
 """Two locks compared: sections added, removed, changed (key by key, histograms item by
 item), and, for a class the new side lowered to more than one function, the first
-difference that kept each new function apart (``backends/onnx/distinct.py``, worded by
-``cli/variants.py``: the same line ``explain --onnx`` prints)."""
+difference that kept each new function apart (``backends/onnx/distinct.py``: its
+:meth:`~rewrite.backends.onnx.distinct.Variant.reason`, the line ``explain --onnx`` prints)."""
 
 from __future__ import annotations
 
@@ -135,9 +135,7 @@ def _types(text: str) -> list[str]:
 
 def _why(title: str, new: Lock) -> tuple[str, ...]:
     """For a function ``new``'s lowering kept apart from its class's first function, why."""
-    from rewrite.cli.variants import reason
-
-    return tuple(f"why distinct: {reason(v)}" for v in new.variants
+    return tuple(f"why distinct: {v.reason()}" for v in new.variants
                  if f"function {label(v.function)}" == title)
 
 

@@ -23,7 +23,10 @@ The parts, in the order they are reported:
   for a ``Constant``, the node that reads it);
 * the number of inputs (``inputs``) and the returned values (``outputs``).
 
-The records are plain data (names, short value texts, function ids); the CLI renders them.
+The records are plain data (names, short value texts, function ids) and say themselves in
+words (:meth:`Variant.reason`: ``Block_1 vs Block: op: Tanh at node_tanh vs Relu at
+node_relu``), the one line ``explain --onnx`` (terminal, ``--json``, HTML) and a structure
+diff (``rewrite verify``) print.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ from typing import TYPE_CHECKING, Mapping, Sequence
 import onnx_ir as ir
 from attrs import evolve, frozen
 
-from rewrite.backends.onnx.summary import FunctionId
+from rewrite.backends.onnx.summary import FunctionId, label
 
 if TYPE_CHECKING:  # outlining imports this module (Outlined.variants)
     from rewrite.backends.onnx.outlining import BodyKey, Key, NodeKey
@@ -61,6 +64,11 @@ class Side:
     function: FunctionId | None = None
     """``subtree``: the function this node calls."""
 
+    def text(self) -> str:
+        """Its value and where (``Relu at node_relu``, ``calls pkg::MLP at h.0/mlp``)."""
+        value = f"calls {label(self.function)}" if self.function else self.value
+        return f"{value} at {self.node}" if self.node else value
+
 
 @frozen
 class Difference:
@@ -76,6 +84,25 @@ class Difference:
     other: Side
     """The variant's side."""
 
+    def about(self) -> str:
+        """What it is about: ``op``, ``shape of x``, ``attribute epsilon``."""
+        return _ABOUT[self.kind].format(what=self.what or "it")
+
+
+_ABOUT = {
+    "shape": "shape of {what}",
+    "dtype": "dtype of {what}",
+    "op": "op",
+    "subtree": "a different group subtree",
+    "attribute": "attribute {what}",
+    "constant": "constant value",
+    "flow": "{what} reads",
+    "node": "a node only one of them has",
+    "inputs": "number of inputs",
+    "outputs": "{what}",
+}
+"""How :meth:`Difference.about` words each of :data:`KINDS`."""
+
 
 @frozen
 class Variant:
@@ -85,6 +112,12 @@ class Variant:
     function: FunctionId
     first: FunctionId
     difference: Difference
+
+    def reason(self) -> str:
+        """``Block_1 vs Block: op: Tanh at node_tanh vs Relu at node_relu``."""
+        diff = self.difference
+        return (f"{self.function[1]} vs {self.first[1]}: {diff.about()}: "
+                f"{diff.other.text()} vs {diff.first.text()}")
 
 
 @frozen
