@@ -3,7 +3,8 @@
 The folder is checked (:mod:`folder`: config, weights, shards; code and pickles refused
 unless trusted), its model built by transformers offline with the weights mapped
 (:mod:`build`), called with its KV cache explicit (:mod:`cache`: the inputs, dynamic shapes
-and I/O names), then exported, grouped, lowered and written by the one pipeline of
+and I/O names; an encoder or encoder-decoder, prefill only: :mod:`encoders`), then
+exported, grouped, lowered and written by the one pipeline of
 :func:`rewrite.torch_export.export_module`. Rules: the given ones, else the shipped rules of
 the config's ``model_type``, else what ``rewrite suggest`` writes for the program.
 """
@@ -21,6 +22,7 @@ from rewrite.checkpoint.build import (
     offline,
 )
 from rewrite.checkpoint.cache import CACHES, Call, calling, causal_lm_call
+from rewrite.checkpoint.encoders import encoder_call, takes_text
 from rewrite.checkpoint.folder import Checkpoint, read_checkpoint
 from rewrite.api import as_ruleset
 from rewrite.compile import RuleSet, shipped_rules
@@ -50,22 +52,36 @@ def export_checkpoint(folder: str | Path, *, rules: RuleSet | str | Path | None,
     ruleset = as_ruleset(chosen) if chosen is not None else None
     with offline():
         cls = model_class(checkpoint)
-        if not is_causal_lm(cls):
-            raise InputError(f"{checkpoint.path}: {cls.__name__} is not a causal language "
-                             "model; rewrite export takes causal LMs only for now")
+        causal = _check_kind(checkpoint, cls, cache)
         if shipped is not None:
             progress.note(f"rules: {shipped.name}, shipped for model_type "
                           f"{checkpoint.model_type!r}")
         with progress.step(f"loading {checkpoint.path}"):
             model = load_model(checkpoint, cls)
-        call = causal_lm_call(model.config, cache or "kv", model.dtype)
+        call = (causal_lm_call(model.config, cache or "kv", model.dtype) if causal
+                else encoder_call(model))
         options = _with_moe_translations(options)
-        with calling(model), grouped_query_attention():
+        with calling(model, call), grouped_query_attention():
             return export_module(
                 model, call.args, None, rules=ruleset, dynamic_shapes=call.dynamic_shapes,
                 strict=False, output=output, input_names=call.input_names,
                 output_names=call.output_names, progress=progress, options=options,
                 inputs=inputs, axis_names=call.axis_names)
+
+
+def _check_kind(checkpoint: Checkpoint, cls: type, cache: str | None) -> bool:
+    """Whether ``cls`` is a causal LM (else an encoder or an encoder-decoder, prefill only);
+    InputError for a model without text input, or a KV cache asked of a non-causal one."""
+    if is_causal_lm(cls):
+        return True
+    if not takes_text(cls):
+        raise InputError(f"{checkpoint.path}: {cls.__name__} does not take input_ids; "
+                         "rewrite export takes text models (causal LMs, encoders, "
+                         "encoder-decoders)")
+    if cache == "kv":
+        raise InputError(f"{checkpoint.path}: {cls.__name__} is not a causal language "
+                         "model: --cache kv needs one (use --cache none)")
+    return False
 
 
 def _with_moe_translations(options: "OnnxOptions") -> "OnnxOptions":

@@ -30,7 +30,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import types
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from attrs import frozen
 
@@ -51,6 +51,8 @@ class Call:
     output_names: tuple[str, ...]
     axis_names: tuple
     """``dynamic_shapes`` with the ONNX names of the dimensions (``batch_size``, ...)."""
+    forward: Callable[..., tuple] | None = None
+    """The forward the model is exported with (:func:`calling`); None: :func:`decode_forward`."""
 
 
 def kv_shapes(config: Any) -> tuple[int, int, int]:
@@ -120,9 +122,12 @@ def _cache_keyword(model: "torch.nn.Module") -> str:
 
 
 @contextlib.contextmanager
-def calling(model: "torch.nn.Module") -> Iterator["torch.nn.Module"]:
-    """``model`` with :func:`decode_forward` as its forward while the block runs."""
-    model.forward = types.MethodType(decode_forward, model)
+def calling(model: "torch.nn.Module", call: Call | None = None
+            ) -> Iterator["torch.nn.Module"]:
+    """``model`` with ``call``'s forward (by default :func:`decode_forward`) as its forward
+    while the block runs."""
+    forward = call.forward if call is not None and call.forward is not None else decode_forward
+    model.forward = types.MethodType(forward, model)
     try:
         yield model
     finally:
