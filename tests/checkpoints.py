@@ -30,6 +30,22 @@ FAMILIES: dict[str, tuple[str, dict]] = {
 }
 """model_type -> (transformers config class, its settings)."""
 
+TINY = dict(vocab_size=96, max_position_embeddings=64)
+ENCODERS: dict[str, tuple[str, dict, str]] = {
+    "bert": ("BertConfig", {**TINY, "hidden_size": 32, "num_hidden_layers": LAYERS,
+                            "num_attention_heads": 4, "intermediate_size": 48},
+             "BertForMaskedLM"),
+    "bart": ("BartConfig", {**TINY, "d_model": 32, "encoder_layers": LAYERS,
+                            "decoder_layers": LAYERS, "encoder_attention_heads": 4,
+                            "decoder_attention_heads": 4, "encoder_ffn_dim": 48,
+                            "decoder_ffn_dim": 48},
+             "BartForConditionalGeneration"),
+    "t5": ("T5Config", dict(vocab_size=96, d_model=32, d_kv=8, d_ff=48, num_layers=LAYERS,
+                            num_decoder_layers=LAYERS, num_heads=4),
+           "T5ForConditionalGeneration"),
+}
+"""Encoders and encoder-decoders: model_type -> (config class, settings, model class)."""
+
 
 def architecture(config) -> type:
     """The causal LM class for ``config`` (what ``architectures`` will name)."""
@@ -44,10 +60,16 @@ def write(family: str, folder: Path, *, shard: str | None = None, seed: int = 0,
     ``"20KB"``), in ``dtype``; the folder."""
     import transformers
 
-    name, settings = FAMILIES[family]
-    config = getattr(transformers, name)(**settings)
+    if family in ENCODERS:
+        name, settings, model_class = ENCODERS[family]
+        config = getattr(transformers, name)(**settings)
+        cls = getattr(transformers, model_class)
+    else:
+        name, settings = FAMILIES[family]
+        config = getattr(transformers, name)(**settings)
+        cls = architecture(config)
     torch.manual_seed(seed)
-    model = architecture(config)(config).eval()
+    model = cls(config).eval()
     with torch.no_grad():
         for parameter in model.parameters():
             parameter.normal_(0.0, 0.2)

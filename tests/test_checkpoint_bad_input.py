@@ -67,8 +67,8 @@ def _short_shard(folder: Path) -> None:
     shard.write_bytes(data[:-4])
 
 
-def _encoder(folder: Path) -> None:
-    _edit_config(folder, architectures=["LlamaForSequenceClassification"])
+def _not_text(folder: Path) -> None:
+    _edit_config(folder, architectures=["ViTModel"])
 
 
 CASES = {
@@ -79,7 +79,7 @@ CASES = {
     _pickled: "weights are pickled (pytorch_model.bin)",
     _missing_shard: "names 1 missing shard: model-00002-of-",
     _short_shard: "bytes, but its header says",
-    _encoder: "LlamaForSequenceClassification is not a causal language model",
+    _not_text: "ViTModel does not take input_ids; rewrite export takes text models",
 }
 
 

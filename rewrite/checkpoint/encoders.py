@@ -56,7 +56,9 @@ def encoder_call(model: "torch.nn.Module") -> Call:
     axes = {name: {0: "batch_size", 1: sequence} for name in names}
     if seq2seq:
         axes["decoder_input_ids"] = {0: "batch_size", 1: "decoder_sequence_length"}
-    dims = {name: Dim(name) for name in {a[1] for a in axes.values()}}
+    longest = getattr(config.get_text_config(), "max_position_embeddings", None)
+    bound = {"max": longest} if isinstance(longest, int) else {}  # learned positions
+    dims = {name: Dim(name, **bound) for name in {a[1] for a in axes.values()}}
     shapes = tuple({0: batch, 1: dims[axes[name][1]]} for name in names)
     example = tuple(args[name] for name in names)
     outputs = _output_names(model, dict(zip(names, example)))
@@ -85,10 +87,14 @@ def _called(model: "torch.nn.Module", inputs: dict) -> Any:
 
 
 def _forward(names: list[str], outputs: tuple[str, ...]) -> Callable[..., tuple]:
-    """A forward taking ``names`` positionally and returning the ``outputs`` tensors."""
+    """A forward taking ``names`` positionally (``input_ids``, ``attention_mask``, then
+    ``token_type_ids`` or ``decoder_input_ids`` when there is a third) and returning the
+    ``outputs`` tensors. Its parameters are named: torch.export matches the dynamic shapes
+    to them."""
 
-    def forward(self: "torch.nn.Module", *tensors: "torch.Tensor") -> tuple:
-        out = _called(self, dict(zip(names, tensors)))
+    def forward(self: "torch.nn.Module", input_ids: "torch.Tensor",
+                attention_mask: "torch.Tensor", third: "torch.Tensor | None" = None) -> tuple:
+        out = _called(self, dict(zip(names, (input_ids, attention_mask, third))))
         return tuple(out[name] for name in outputs)
 
     return forward

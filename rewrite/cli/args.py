@@ -166,7 +166,11 @@ the ONNX model's inputs and outputs (the names optimum and onnxruntime-genai use
                                 past_sequence_length + sequence_length, head_dim]:
                                 feed them back as past_key_values.N.*
   --cache none          inputs  input_ids, attention_mask, position_ids; outputs logits
-Each decoder layer's function takes its layer's cache and returns the updated one."""
+Each decoder layer's function takes its layer's cache and returns the updated one.
+An encoder: input_ids, attention_mask [batch_size, sequence_length] (and token_type_ids
+where the model takes them); an encoder-decoder: input_ids, attention_mask
+[batch_size, encoder_sequence_length], decoder_input_ids [batch_size,
+decoder_sequence_length]; outputs: the model's own tensors by name (logits, ...)."""
 
 
 def _add_export(sub, common: argparse.ArgumentParser) -> None:
@@ -175,7 +179,8 @@ def _add_export(sub, common: argparse.ArgumentParser) -> None:
         description="Build the model of a checkpoint folder (config.json and *.safetensors, "
         "maybe sharded)\nwith transformers, offline, its weights mapped; export it with "
         "torch.export (dynamic\nbatch, sequence and past); group it by RULES and write it as "
-        "apply does.\nCausal language models only for now.",
+        "apply does.\nText models: causal LMs (decode-ready by default), encoders and "
+        "encoder-decoders\n(prefill only).",
         epilog=EXPORT_IO, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     export.add_argument("folder", metavar="DIR", help="the checkpoint folder")
@@ -184,9 +189,10 @@ def _add_export(sub, common: argparse.ArgumentParser) -> None:
                         help="a .rules file or a shipped name; default: the shipped rules of "
                         "the config's model_type, else what rewrite suggest writes for the "
                         "model (printed, to keep)")
-    export.add_argument("--cache", choices=("kv", "none"), default="kv",
+    export.add_argument("--cache", choices=("kv", "none"),
                         help="kv: decode-ready, the KV cache as inputs and outputs (the "
-                        "default); none: prefill only")
+                        "default for causal LMs); none: prefill only (the default and the "
+                        "only choice for encoders and encoder-decoders)")
     export.add_argument("--trust-model", action="store_true",
                         help="load model code from the folder (a config with auto_map) or "
                         "pickled *.bin weights: both run code from the folder, only for "
