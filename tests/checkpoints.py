@@ -19,6 +19,7 @@ MOE = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=24,
 
 FAMILIES: dict[str, tuple[str, dict]] = {
     "llama": ("LlamaConfig", SMALL),
+    "qwen2": ("Qwen2Config", SMALL),
     "qwen3": ("Qwen3Config", {**SMALL, "head_dim": 8}),
     "mistral": ("MistralConfig", {**SMALL, "sliding_window": None}),
     "phi3": ("Phi3Config", {**SMALL, "pad_token_id": 0}),

@@ -30,7 +30,8 @@ DECODE_STEPS = 3
 PROMPT = 5
 PAD = 2
 
-LAYER_CLASSES = {"llama": "LlamaDecoderLayer", "qwen3": "Qwen3DecoderLayer",
+LAYER_CLASSES = {"llama": "LlamaDecoderLayer", "qwen2": "Qwen2DecoderLayer",
+                 "qwen3": "Qwen3DecoderLayer",
                  "mistral": "MistralDecoderLayer", "phi3": "Phi3DecoderLayer",
                  "gemma2": "Gemma2DecoderLayer", "gpt2": "GPT2Block",
                  "qwen2_moe": "Qwen2MoeDecoderLayer"}
