@@ -148,13 +148,20 @@ def _torch_export(model: "torch.nn.Module", args: tuple, kwargs: Mapping[str, An
                          f"{type(e).__name__}: {first}") from e
 
 
+CYCLE_POLICY = """
+# rewrite export: a group that cannot be outlined (data leaves it and comes back) is flattened
+# into its parent with a warning, as in the shipped rules: never a stop on an exported model.
+on cycle flatten
+"""
+
+
 def suggested_rules(program: "torch.export.ExportedProgram", name: str,
                     progress: "Progress") -> RuleSet:
-    """What ``rewrite suggest`` writes for ``program``, compiled; its text goes to
-    ``progress.note`` so that the user can keep it."""
+    """What ``rewrite suggest`` writes for ``program`` with :data:`CYCLE_POLICY`, compiled;
+    its text goes to ``progress.note`` so that the user can keep it."""
     from rewrite.suggest import render, suggest
 
-    text = render(suggest(program, name))
+    text = render(suggest(program, name)) + CYCLE_POLICY
     progress.note(text.rstrip("\n"))
     return parse_rules(text, f"<rules suggested for {name}>")
 

@@ -257,6 +257,7 @@ def test_prefill_only_with_suggested_rules(tmp_path, monkeypatch):
     suggested = progress.text
     assert suggested.startswith("# Starter rules for GPT2LMHeadModel")
     assert "\ngroup class GPT2Block " in suggested
+    assert "\non cycle flatten\n" in suggested  # never a stop on a model torch exported
     blocks = [node for node in model.graph if node.op_type.startswith("GPT2Block")]
     assert len(blocks) == checkpoints.LAYERS and len({n.op_type for n in blocks}) == 1
     ids = torch.randint(0, 96, (2, PROMPT))
