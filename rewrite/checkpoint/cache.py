@@ -51,8 +51,9 @@ class Call:
     output_names: tuple[str, ...]
     axis_names: tuple
     """``dynamic_shapes`` with the ONNX names of the dimensions (``batch_size``, ...)."""
-    forward: Callable[..., tuple] | None = None
-    """The forward the model is exported with (:func:`calling`); None: :func:`decode_forward`."""
+    forward: Callable[..., tuple]
+    """The forward the model is exported with (:func:`calling`): :func:`decode_forward` for
+    a causal LM."""
 
 
 def kv_shapes(config: Any) -> tuple[int, int, int]:
@@ -94,7 +95,8 @@ def causal_lm_call(config: Any, cache: str, dtype: "torch.dtype | None" = None) 
         entries = [f"{n}.{kv}" for n in range(layers) for kv in ("key", "value")]
         inputs += [f"past_key_values.{entry}" for entry in entries]
         outputs += [f"present.{entry}" for entry in entries]
-    return Call(tuple(args), tuple(shapes), tuple(inputs), tuple(outputs), tuple(names))
+    return Call(tuple(args), tuple(shapes), tuple(inputs), tuple(outputs), tuple(names),
+                decode_forward)
 
 
 def decode_forward(self: "torch.nn.Module", input_ids: "torch.Tensor",
@@ -122,12 +124,9 @@ def _cache_keyword(model: "torch.nn.Module") -> str:
 
 
 @contextlib.contextmanager
-def calling(model: "torch.nn.Module", call: Call | None = None
-            ) -> Iterator["torch.nn.Module"]:
-    """``model`` with ``call``'s forward (by default :func:`decode_forward`) as its forward
-    while the block runs."""
-    forward = call.forward if call is not None and call.forward is not None else decode_forward
-    model.forward = types.MethodType(forward, model)
+def calling(model: "torch.nn.Module", call: Call) -> Iterator["torch.nn.Module"]:
+    """``model`` with ``call``'s forward as its forward while the block runs."""
+    model.forward = types.MethodType(call.forward, model)
     try:
         yield model
     finally:

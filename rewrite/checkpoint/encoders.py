@@ -63,7 +63,7 @@ def encoder_call(model: "torch.nn.Module") -> Call:
     example = tuple(args[name] for name in names)
     outputs = _output_names(model, dict(zip(names, example)))
     return Call(example, shapes, tuple(names), outputs, tuple(axes[name] for name in names),
-                forward=_forward(names, outputs))
+                _forward(names, outputs))
 
 
 def _output_names(model: "torch.nn.Module", inputs: dict) -> tuple[str, ...]:

@@ -10,9 +10,9 @@ over 1 MiB at 64 KiB). The thread makes one ``copy_file_range`` call per weight 
 GIL only between them: onnx_ir's writer, Python at every step, waited for the exporting
 thread at each (2.47 GB in 5 s instead of 1.6 s next to a busy thread).
 
-When the model is written, :meth:`EarlyData.placing` gives each initializer that is one of
-those file ranges (still provably equal to the file, :func:`rewrite._mapped.file_ranges`) an
-external tensor over the data written early. It is used only when it covers the model
+When the model is written, :meth:`EarlyData.placing` finds each initializer that is one of
+those file ranges (still provably equal to the file, :func:`rewrite._mapped.file_ranges`) in
+the data written early, and the writer refers to it there. It is used only when it covers the model
 exactly: every initializer over ``EXTERNAL_TENSOR_BYTES`` written early, and every
 byte written early used (no dead bytes in the output). Otherwise (a weight made in memory, a
 weight the graph does not use) the early data is removed and the model is written as
@@ -42,10 +42,6 @@ ALIGN_ABOVE = 1 << 20
 :func:`rewrite.backends.onnx.save.write_model` keeps)."""
 CHUNK = 8 << 20
 """Bytes per read where the kernel cannot copy."""
-
-
-class Cancelled(Exception):
-    """Raised in onnx_ir's callback to stop writing early data nobody will use."""
 
 
 class EarlyData:
@@ -86,8 +82,8 @@ class EarlyData:
         target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         try:
             for where, offset in zip(self.ranges, self._layout()):
-                if self._cancel.is_set():
-                    raise Cancelled
+                if self._cancel.is_set():  # nobody will use it: cancel() removes it
+                    return
                 if where.path not in sources:
                     sources[where.path] = os.open(where.path, os.O_RDONLY)
                 _copy(sources[where.path], where, target, offset)
@@ -111,7 +107,7 @@ class EarlyData:
     def wait(self) -> None:
         """Wait for the writing; raises what it raised."""
         self._thread.join()
-        if self._error is not None and not isinstance(self._error, Cancelled):
+        if self._error is not None:
             raise self._error
 
     def cancel(self) -> None:
@@ -125,28 +121,26 @@ class EarlyData:
         self.offsets.clear()
 
     def placing(self, tensors: list[ir.TensorProtocol], threshold: int
-                ) -> list[ir.TensorProtocol] | None:
-        """``tensors`` (the model's initializers) with those written early as external
-        tensors over the early data; None when the early data does not cover them exactly
-        (then it is discarded)."""
+                ) -> list[FileRange | None] | None:
+        """Where each of ``tensors`` (the model's initializers) lies in the early data (None:
+        at most ``threshold`` bytes, it stays in the model); None when the early data does
+        not cover them exactly (then it is discarded)."""
         self.wait()
         ranges = file_ranges([getattr(t, "raw", None) for t in tensors])
-        placed: list[ir.TensorProtocol] = []
-        used: set[FileRange] = set()
+        places: list[FileRange | None] = []
         for tensor, where in zip(tensors, ranges):
             if tensor.nbytes <= threshold:  # stays in the model (onnx_ir's rule)
-                placed.append(tensor)
+                places.append(None)
             elif where is not None and where in self.offsets and where.length == tensor.nbytes:
-                used.add(where)
-                placed.append(ir.ExternalTensor(self.name, self.offsets[where], where.length,
-                                                tensor.dtype, shape=tensor.shape,
-                                                name=tensor.name, base_dir=str(self.folder)))
+                places.append(FileRange(self.folder / self.name, self.offsets[where],
+                                        where.length))
             else:
                 break
-        if len(placed) < len(tensors) or used != set(self.offsets):
+        used = {place.offset for place in places if place is not None}
+        if len(places) < len(tensors) or used != set(self.offsets.values()):
             self.discard()
             return None
-        return placed
+        return places
 
 
 def _copy(source: int, where: FileRange, target: int, offset: int) -> None:

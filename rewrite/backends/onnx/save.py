@@ -210,15 +210,15 @@ def _save_external(model: ir.Model, staged: Path, total: int, chunk: int | None,
     file to file where they lie in a file. Returns the note on how (``146 of 156 tensors
     (2.47 GB) copied file to file``)."""
     start = time.perf_counter()
-    placed = early.placing([v.const_value for v in _initializers(model)],  # type: ignore
+    places = early.placing([v.const_value for v in _initializers(model)],  # type: ignore
                            EXTERNAL_TENSOR_BYTES) if early is not None else None
-    if early is not None and placed is not None:
-        with _swapped(model, lambda _: placed):
+    if early is not None and places is not None:
+        with _swapped(model, lambda ts: [by_reference(t, w) for t, w in zip(ts, places)]):
             ir.save(model, staged)  # the data is written: the model refers to it
         gb = early.nbytes / 1e9
         return (f"weights: {gb:.2f} GB written while exporting, in {early.seconds:.1f}s "
                 f"({gb / max(early.seconds, 1e-9):.2f} GB/s, synced; waited "
-                f"{time.perf_counter() - start:.1f}s); {len(early.offsets)} of {len(placed)} "
+                f"{time.perf_counter() - start:.1f}s); {len(early.offsets)} of {len(places)} "
                 f"tensors ({gb:.2f} GB) copied file to file")
     with _weights_by_reference(model) as copied:
         ir.save(model, staged, external_data=data_path(staged).name,
