@@ -297,3 +297,40 @@ def test_weights_stay_views_of_the_mapped_shards(exported):
         tensor = model.graph.initializers[name].const_value.raw
         assert isinstance(tensor, torch.Tensor), name
         assert any(low <= tensor.data_ptr() < high for low, high in ranges), name
+
+
+def test_the_decode_program_converts_from_its_saved_file_as_in_memory(tmp_path):
+    """The program ``rewrite export`` makes, saved by ``torch.export.save`` and applied from
+    the file by rewrite's loader, gives the same logits and present cache in onnxruntime as
+    the one converted in memory (which equals eager: the tests above)."""
+    from rewrite.checkpoint.build import grouped_query_attention
+    from rewrite.checkpoint.cache import calling, causal_lm_call
+
+    folder = checkpoints.write("llama", tmp_path / "checkpoint")
+    model = _eager(folder)
+    call = causal_lm_call(model.config, "kv", model.dtype)
+    with calling(model, call), grouped_query_attention():
+        program = torch.export.export(model, call.args, dynamic_shapes=call.dynamic_shapes,
+                                      strict=False)
+    pt2 = tmp_path / "decode.pt2"
+    torch.export.save(program, pt2)
+    sessions = [ort.InferenceSession(_serialized(rewrite.apply("llama", source)),
+                                     providers=["CPUExecutionProvider"])
+                for source in (program, str(pt2))]
+    layers, kv_heads, head_dim = kv_shapes(model.config)
+    generator = torch.Generator().manual_seed(5)
+    past = [(torch.randn(3, kv_heads, 4, head_dim, generator=generator).numpy(),
+             torch.randn(3, kv_heads, 4, head_dim, generator=generator).numpy())] * layers
+    ids = torch.randint(0, model.config.vocab_size, (3, 2), generator=generator)
+    mask = torch.ones(3, 6, dtype=torch.long)
+    positions = torch.arange(4, 6).repeat(3, 1)
+    values = list(_feed(ids, mask, positions, past).values())
+    memory, from_file = (s.run(None, dict(zip([i.name for i in s.get_inputs()], values)))
+                         for s in sessions)
+    assert len(memory) == len(from_file) == 1 + 2 * layers
+    for got, want in zip(from_file, memory):
+        np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5)
+
+
+def _serialized(result) -> bytes:
+    return ir.serde.serialize_model(result.to_onnx()).SerializeToString()
