@@ -3,12 +3,25 @@
 from __future__ import annotations
 
 import unicodedata
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from attrs import field, frozen
 
-if TYPE_CHECKING:
-    from rewrite.lang.source import Span
+
+class Location(Protocol):
+    """Where a diagnostic points (a rules file's ``rewrite.lang.source.Span``)."""
+
+    @property
+    def location(self) -> str:
+        """``file:line:col``."""
+
+    @property
+    def source_line(self) -> str | None:
+        """The text of the line, without its newline."""
+
+    @property
+    def column(self) -> int:
+        """1-based, in characters."""
 
 
 @frozen
@@ -18,7 +31,7 @@ class Diagnostic:
     severity: str
     """``error`` or ``warning``."""
     message: str
-    span: "Span | None" = None
+    span: Location | None = None
     """Where in the rules text; None for messages about the whole run."""
     hint: str | None = None
     """A suggestion such as ``did you mean 'class'?``."""

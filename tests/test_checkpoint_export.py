@@ -23,7 +23,7 @@ from safetensors import safe_open
 
 import rewrite
 from rewrite.cli.steps import Steps
-from rewrite.checkpoint.cache import kv_shapes
+from rewrite.exporting.checkpoint.cache import kv_shapes
 from tests import checkpoints
 
 DECODE_STEPS = 3
@@ -244,9 +244,9 @@ def test_a_bf16_checkpoint_keeps_bf16_weights_and_cache(tmp_path):
 
 def test_prefill_only_with_suggested_rules(tmp_path, monkeypatch):
     """--cache none: logits only; no shipped rules: the suggested ones, sent as a note."""
-    import rewrite.checkpoint
+    import rewrite.exporting.checkpoint
 
-    monkeypatch.setattr(rewrite.checkpoint, "default_rules", lambda checkpoint: None)
+    monkeypatch.setattr(rewrite.exporting.checkpoint, "default_rules", lambda checkpoint: None)
     folder = checkpoints.write("gpt2", tmp_path / "gpt2")
     progress = Recorder()
     model = rewrite.export(folder, output=tmp_path / "prefill.onnx", cache="none",
@@ -303,8 +303,8 @@ def test_the_decode_program_converts_from_its_saved_file_as_in_memory(tmp_path):
     """The program ``rewrite export`` makes, saved by ``torch.export.save`` and applied from
     the file by rewrite's loader, gives the same logits and present cache in onnxruntime as
     the one converted in memory (which equals eager: the tests above)."""
-    from rewrite.checkpoint.build import grouped_query_attention
-    from rewrite.checkpoint.cache import calling, causal_lm_call
+    from rewrite.exporting.checkpoint.build import grouped_query_attention
+    from rewrite.exporting.checkpoint.cache import calling, causal_lm_call
 
     folder = checkpoints.write("llama", tmp_path / "checkpoint")
     model = _eager(folder)

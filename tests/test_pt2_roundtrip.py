@@ -19,7 +19,7 @@ from torch.utils import _pytree as pytree
 
 import rewrite
 from rewrite.backends.onnx import OnnxOptions, lower
-from rewrite.frontends.pt2 import load_pt2
+from rewrite.frontends.pt2.program import load_pt2
 from tests.onnx_fixtures import LLAMA_RULES, MODULARIZE, checked_proto, run_eager, run_onnx
 from tests.pt2_roundtrip import (LOWERINGS, SOURCES, as_source, export, object_classes,
                                  programs, signature_facts, storage_classes, tensor_facts)

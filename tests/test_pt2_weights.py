@@ -21,8 +21,8 @@ import pytest
 import torch
 
 import rewrite
-from rewrite._mapped import file_range
-from rewrite.frontends.pt2 import load_pt2
+from rewrite.files.mapped import file_range
+from rewrite.frontends.pt2.program import load_pt2
 from tests.onnx_fixtures import assert_matches_eager
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 
 from rewrite.cli.args import EXIT_OK
-from rewrite.cli.commands import load_rules, weights_options
+from rewrite.cli.commands import weights_options
+from rewrite.cli.pipeline import load_rules
 from rewrite.cli.console import Consoles
 from rewrite.cli.steps import Steps
 from rewrite.errors import InputError

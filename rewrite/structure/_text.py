@@ -24,7 +24,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from rewrite.errors import InputError
-from rewrite.outputs import atomic_path
+from rewrite.files.outputs import atomic_path
 from rewrite.structure._lock import HISTOGRAMS, KINDS, Lock, Section, parse_histogram
 
 FORMAT = "1"

@@ -1,4 +1,5 @@
-"""From a :class:`Result` to an ``onnx_ir.Model`` with functions: the backend's pipeline.
+"""From a :class:`~rewrite.grouping.Grouped` (a :class:`rewrite.Result`) to an
+``onnx_ir.Model`` with functions: the backend's pipeline.
 
 * ``.pt2`` / ExportedProgram: strategies tried in order (``OnnxOptions.lowering``), each
   returning a :class:`Lowered` or a :class:`NotHere` with its reason, like torch.onnx's
@@ -35,8 +36,8 @@ import onnx_ir as ir
 import torch
 from attrs import evolve, frozen
 
-from rewrite._gc import gc_paused
-from rewrite._mapped import start_checks
+from rewrite._shared.gc import gc_paused
+from rewrite.files.mapped import start_checks
 from rewrite.backends.onnx._standins import MustInline, Plan
 from rewrite.backends.onnx.finishing import finish
 from rewrite.backends.onnx.lowering import (
@@ -59,7 +60,7 @@ from rewrite.grouping import GroupTree, group_graph
 from rewrite.ir import Graph
 
 if TYPE_CHECKING:
-    from rewrite.api import Result
+    from rewrite.grouping import Grouped
 
 
 @frozen
@@ -88,7 +89,7 @@ _OUTLINED = "rewrite.outlined"
 """``Model.meta`` key: this model loaded from a path has been outlined in place."""
 
 
-def _onnx_model(result: "Result") -> tuple[ir.Model, GroupTree]:
+def _onnx_model(result: "Grouped") -> tuple[ir.Model, GroupTree]:
     """The ONNX model to outline in place, and its tree (see the module docstring)."""
     tree = result.tree
     if not isinstance(result.model, (str, Path)):
@@ -104,7 +105,7 @@ def _onnx_model(result: "Result") -> tuple[ir.Model, GroupTree]:
     return model, tree
 
 
-def lower(result: "Result", options: OnnxOptions | None = None,
+def lower(result: "Grouped", options: OnnxOptions | None = None,
           progress: Progress | None = None) -> Lowered:
     """Lower ``result`` (see the module docstring)."""
     options = options or OnnxOptions()
@@ -119,7 +120,7 @@ def lower(result: "Result", options: OnnxOptions | None = None,
             "GraphModule with torch.export.export first"
         )
     if options.check_weights:
-        start_checks([*source.state_dict.values(), *source.constants.values()])  # see _mapped
+        start_checks([*source.state_dict.values(), *source.constants.values()])  # see files.mapped
     return _finished(_lower_program(result, source, options, progress), options, progress,
                      options.optimize)
 
@@ -180,7 +181,7 @@ class NotHere:
         return first_line(self.error) if self.error is not None else ""
 
 
-def _lower_program(result: "Result", program: torch.export.ExportedProgram,
+def _lower_program(result: "Grouped", program: torch.export.ExportedProgram,
                    options: OnnxOptions, progress: Progress) -> Lowered:
     """ONNX ops for ``program`` grouped like ``result.tree``, outlined: the strategies of
     ``options.lowering`` tried in order (per body, :func:`_per_body`; the flat program,
@@ -202,7 +203,7 @@ def _lower_program(result: "Result", program: torch.export.ExportedProgram,
     raise AssertionError("the flat strategy applies to every program")
 
 
-def _flat(result: "Result", program: torch.export.ExportedProgram, tree: GroupTree,
+def _flat(result: "Grouped", program: torch.export.ExportedProgram, tree: GroupTree,
           options: OnnxOptions, progress: Progress) -> Lowered:
     """``torch.onnx.export`` of the flat program, grouped again (:mod:`lowering._regroup`),
     outlined."""
@@ -214,7 +215,7 @@ def _flat(result: "Result", program: torch.export.ExportedProgram, tree: GroupTr
     return Lowered(exported.model, onnx_tree, outlined, tuple(warnings), "flat")
 
 
-def _per_body(result: "Result", program: torch.export.ExportedProgram, tree: GroupTree,
+def _per_body(result: "Grouped", program: torch.export.ExportedProgram, tree: GroupTree,
               options: OnnxOptions, progress: Progress) -> Lowered | NotHere:
     """Each distinct body decomposed and translated once (:mod:`lowering._perbody`; a program with
     in-place ops first in its functional form, grouped again), or why not."""
@@ -232,7 +233,7 @@ def _per_body(result: "Result", program: torch.export.ExportedProgram, tree: Gro
         return NotHere(e, program, tree)
 
 
-def _inlining_until_all_fit(result: "Result", decomposed: DecomposedProgram,
+def _inlining_until_all_fit(result: "Grouped", decomposed: DecomposedProgram,
                             options: OnnxOptions, progress: Progress) -> Lowered:
     """The one loop of the per-body path: translate with the first call of each body and the
     calls in ``must_inline`` inlined, the others standing in where they can (not under the
@@ -250,7 +251,7 @@ def _inlining_until_all_fit(result: "Result", decomposed: DecomposedProgram,
         must_inline = grown
 
 
-def _translate_and_outline(result: "Result", decomposed: DecomposedProgram,
+def _translate_and_outline(result: "Grouped", decomposed: DecomposedProgram,
                            options: OnnxOptions,
                            progress: Progress, must_inline: frozenset[int]
                            ) -> Lowered | MustInline:
@@ -273,7 +274,7 @@ def _translate_and_outline(result: "Result", decomposed: DecomposedProgram,
                     planned.inlined)
 
 
-def _functional(result: "Result", program: torch.export.ExportedProgram
+def _functional(result: "Grouped", program: torch.export.ExportedProgram
                 ) -> tuple[torch.export.ExportedProgram, GroupTree]:
     """``program`` without in-place ops (:func:`lowering.functional`), grouped with the same
     rules (its nodes are new; module stacks and tags are kept)."""

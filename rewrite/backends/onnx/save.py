@@ -2,14 +2,14 @@
 
 Above a size threshold the weights go to external data beside the model (``OUT.onnx.data``,
 or numbered chunks of at most ``chunk`` bytes). A weight that is a view of a mapped file (a
-``.pt2`` weight, a safetensors shard transformers mapped: :mod:`rewrite._mapped`) or already
+``.pt2`` weight, a safetensors shard transformers mapped: :mod:`rewrite.files.mapped`) or already
 external (an ``.onnx`` input's data) is written by onnx_ir as an
 :class:`onnx_ir.ExternalTensor`: ``copy_file_range``, file to file, never through the
 process's memory; other tensors are written from where they are (no intermediate copy).
 The summary note says how many went file to file. Large tensors start at 64 KiB-aligned
 offsets, so runtimes can map them. Weights under ``EXTERNAL_TENSOR_BYTES`` stay in the model
 whatever the threshold. The model and its data files are written in a staging folder beside
-the output and published crash-safe (:func:`rewrite.outputs.publish`): killed at any instant,
+the output and published crash-safe (:func:`rewrite.files.outputs.publish`): killed at any instant,
 the output is the old pair or the new one, never a mix.
 """
 
@@ -23,12 +23,12 @@ from typing import TYPE_CHECKING, Callable, Iterator
 import onnx
 import onnx_ir as ir
 
-from rewrite._mapped import FileRange, file_ranges, verify
+from rewrite.files.mapped import FileRange, file_ranges, verify
 from rewrite._private.onnx_files import chunk_names
 from rewrite.backends.onnx.early_data import EarlyData, early_data
 from rewrite.backends.onnx.progress import SILENT, Progress
 from rewrite.errors import InputError
-from rewrite.outputs import Staged, publish, staging_folder
+from rewrite.files.outputs import Staged, publish, staging_folder
 
 if TYPE_CHECKING:
     import torch
@@ -70,7 +70,7 @@ def data_path(output: str | Path) -> Path:
 
 def by_reference(tensor: ir.TensorProtocol, where: FileRange | None) -> ir.TensorProtocol:
     """``tensor`` as an external tensor over ``where``, the file range its bytes lie in
-    (:func:`rewrite._mapped.file_ranges` of its ``raw``); else ``tensor``."""
+    (:func:`rewrite.files.mapped.file_ranges` of its ``raw``); else ``tensor``."""
     if where is None or where.length != tensor.nbytes:
         return tensor
     return ir.ExternalTensor(where.path.name, where.offset, where.length, tensor.dtype,
@@ -126,7 +126,7 @@ def write_model(model: ir.Model, output: str | Path, *, threshold: int,
 
 def _reading_folder(model: Path, folder: str) -> Path:
     """A copy of the saved ``model`` whose external data is read inside ``folder`` (the
-    staging folder, beside the output): the model published first (:mod:`rewrite.outputs`)."""
+    staging folder, beside the output): the model published first (:mod:`rewrite.files.outputs`)."""
     proto = onnx.load(str(model), load_external_data=False)
     for graph in _graphs(proto.graph):  # onnx_ir writes initializers only as external data
         for tensor in graph.initializer:

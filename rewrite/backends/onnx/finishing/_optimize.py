@@ -33,7 +33,7 @@ from typing import Collection, Iterator
 import onnx_ir as ir
 from onnxscript.optimizer import optimize_ir
 
-from rewrite._logs import muted
+from rewrite._shared.logs import muted
 from rewrite._private.errors import library_code
 from rewrite.backends.onnx.summary import FunctionId
 from rewrite.errors import DependencyError, first_line

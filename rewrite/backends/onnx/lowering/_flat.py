@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, ContextManager, Mapping
 import torch
 from attrs import frozen
 
-from rewrite._logs import muted
+from rewrite._shared.logs import muted
 from rewrite.backends.onnx.lowering._torch_failure import torch_onnx_failure
 from rewrite.errors import InputError
 

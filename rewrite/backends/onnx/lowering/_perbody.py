@@ -42,7 +42,7 @@ import torch
 from attrs import evolve, field, frozen
 from onnx_ir.passes import common as common_passes
 
-from rewrite._gc import gc_paused
+from rewrite._shared.gc import gc_paused
 from rewrite._private import torch_exporter
 from rewrite._private.errors import Unavailable, torch_code
 from rewrite._private.torch_graphs import is_higher_order, is_in_place
@@ -59,7 +59,7 @@ from rewrite.backends.onnx._standins import (
 )
 from rewrite.backends.onnx.lowering._invoke_subgraph import Unsupported, rebuild
 from rewrite.backends.onnx.lowering._provenance import nearest, node_facts
-from rewrite.frontends.onnx import (
+from rewrite.frontends.onnx.graph import (
     CLASS_HIERARCHY,
     NAME_SCOPES,
     NAMESPACE,

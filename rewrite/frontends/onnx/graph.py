@@ -21,7 +21,7 @@ nodes it merges, so a later block may read a value "of" block 0. The policy, sta
 
 * here: ``stack=None`` (also for torch's one-item ``[<fx node name>]`` form), but a node that
   applies a weight to data from a call below its users' goes into that call
-  (:mod:`rewrite.frontends.onnx_weighted`: a quantizer's ``MatMulNBits``);
+  (:mod:`rewrite.frontends.onnx.weighted`: a quantizer's ``MatMulNBits``);
 * grouping (:mod:`rewrite.grouping.placement`): *with their users*, in the innermost module
   call that holds all of them; at the top level when a graph output reads them; dead nodes
   with their producers; but a node between a producer and a user of one call (a residual
@@ -36,7 +36,7 @@ nodes it merges, so a later block may read a value "of" block 0. The policy, sta
   longer look alike.
 
 Files without that metadata (any node's): module calls from node names' scopes
-(:mod:`rewrite.frontends.onnx_names`: paths, no classes); :attr:`Graph.structure` says which.
+(:mod:`rewrite.frontends.onnx.names`: paths, no classes); :attr:`Graph.structure` says which.
 
 Repeated calls. The metadata has no ``@N``: two calls of a shared module look alike. Policy
 (:func:`rewrite.frontends.calls.split_runs`): a module path's nodes that form separate
@@ -62,16 +62,17 @@ from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 
 from attrs import field, frozen
 
-from rewrite._gc import gc_paused
-from rewrite._onnx_ir import graph_kinds, subgraph_captures
+from rewrite._shared.gc import gc_paused
+from rewrite._shared.onnx_ir_nodes import graph_kinds, subgraph_captures
 from rewrite._private.onnx_ir_attrs import attribute_dict
 from rewrite.errors import InputError, first_line
 from rewrite.frontends.calls import split_runs
-from rewrite.frontends.onnx_names import NameReader
-from rewrite.frontends.onnx_weighted import place_weighted
+from rewrite.frontends.onnx.names import NameReader
+from rewrite.frontends.onnx.weighted import place_weighted
 from rewrite.ir import Graph, ModuleCall, Node, Stack
 from rewrite.ir.model import METADATA, NODE_NAMES
-from rewrite.ir.columns import Columns, Interner, TagSets, build_columns
+from rewrite.ir.columns import Columns, Interner, TagSets
+from rewrite.ir.stacks import build_columns
 from rewrite.ir.nodes import LazyNodes
 from rewrite.ir.stacks import EMPTY, StackTreeBuilder
 

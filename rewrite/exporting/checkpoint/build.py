@@ -12,7 +12,7 @@ import contextlib
 import os
 from typing import TYPE_CHECKING, Iterator
 
-from rewrite.checkpoint.folder import Checkpoint
+from rewrite.exporting.checkpoint.folder import Checkpoint
 from rewrite.errors import InputError, first_line
 
 if TYPE_CHECKING:

@@ -5,7 +5,7 @@ A quantizer run after the export (onnxruntime's ``MatMulNBitsQuantizer``) replac
 places such nodes (:mod:`rewrite.grouping.placement`), the ``o_proj`` of an attention or the
 ``down_proj`` of an MLP would land in the decoder layer that reads its output, one level up. So
 here, before grouping, a node without a stack that reads a weight (an initializer that
-:func:`rewrite._onnx_ir.looks_like_weight`) goes
+:func:`rewrite._shared.onnx_ir_nodes.looks_like_weight`) goes
 
 * into the innermost call whose path starts its weights' names, when they name one
   (onnxruntime's optimizer fuses a layer's ``Add`` + ``LayerNormalization`` into an unnamed
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Sequence
 
-from rewrite._onnx_ir import looks_like_weight
+from rewrite._shared.onnx_ir_nodes import looks_like_weight
 from rewrite.ir import Stack
 
 if TYPE_CHECKING:

@@ -17,7 +17,7 @@ The root entry of exported programs (path ``""``) is dropped; its class is the g
   without one, or with only ``_empty_nn_module_stack_from_metadata_hook``, was made by a
   pass: its stack is unknown (``None``) and grouping places it with its users;
 * a higher-order op region (a ``torch.no_grad()`` block...) that a strict export recorded at
-  the root takes the stack its body's nodes agree on (:mod:`rewrite.frontends.regions`);
+  the root takes the stack its body's nodes agree on (:mod:`rewrite.frontends.fx.regions`);
 * ``symbolic_trace`` records no root entry: its nodes without a stack were traced in the root
   module's own ``forward``, so ``call_function``/``call_method``/``call_module`` nodes get
   the empty stack (top level). ``get_attr`` nodes stay unknown and go with their users.
@@ -27,7 +27,7 @@ Tags come from ``node.meta["custom"]`` (``torch.fx.traceback.annotate``; keys st
 
 The frontend also fills the graph's :class:`~rewrite.ir.columns.Columns` as it reads, with
 one dictionary lookup per node for its stack, target and tags (each distinct value is parsed
-once: stacks by :mod:`rewrite.frontends.nn_module_stack` into the one stack-tree builder,
+once: stacks by :mod:`rewrite.frontends.fx.nn_module_stack` into the one stack-tree builder,
 :class:`~rewrite.ir.stacks.StackTreeBuilder`) and the garbage collector paused.
 """
 
@@ -40,14 +40,15 @@ from typing import Any
 import numpy as np
 import torch
 
-from rewrite._gc import gc_paused
+from rewrite._shared.gc import gc_paused
 from rewrite._private.torch_programs import is_op_overload
 from rewrite.errors import InputError
 from rewrite.frontends.calls import split_runs
-from rewrite.frontends.nn_module_stack import EMPTY_STACK_KEY, STACK, NnModuleStacks, class_name
-from rewrite.frontends.regions import region_stacks
+from rewrite.frontends.fx.nn_module_stack import EMPTY_STACK_KEY, STACK, NnModuleStacks, class_name
+from rewrite.frontends.fx.regions import region_stacks
 from rewrite.ir import Graph, Node
-from rewrite.ir.columns import EMPTY_TAGS, TagSets, build_columns
+from rewrite.ir.columns import EMPTY_TAGS, TagSets
+from rewrite.ir.stacks import build_columns
 from rewrite.ir.nodes import LazyNodes
 from rewrite.ir.stacks import EMPTY, UNKNOWN, StackTreeBuilder
 

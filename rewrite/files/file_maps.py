@@ -4,7 +4,7 @@ its bytes provably equal that file's.
 Tensors that rewrite did not map itself (transformers' ``from_pretrained`` makes every weight a
 view of a private mapping of its safetensors shard) are found in ``/proc/self/maps``: address
 range, offset, device and inode, path. A range is trusted as a copy of the file only when all
-of this holds, else it is written from memory (:func:`rewrite._mapped.file_ranges` falls back):
+of this holds, else it is written from memory (:func:`rewrite.files.mapped.file_ranges` falls back):
 
 - the path still names the mapped file (same device and inode: not replaced or deleted), a
   regular file long enough for the range;

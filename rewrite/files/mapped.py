@@ -8,7 +8,7 @@ file to file, without reading them into the process. Shared by both stages, so i
 (they never import each other). Tensors in mappings rewrite did not make (transformers maps
 safetensors shards; ``rewrite.export``'s modules) are looked up in the kernel's list of the
 process's mappings, and trusted only where their bytes provably equal the file's
-(:mod:`rewrite._file_maps`).
+(:mod:`rewrite.files.file_maps`).
 
 The mapping is private (copy on write): nothing rewrite or torch does to a weight can change
 the file, and a view whose bytes were written in memory would no longer equal the file; no
@@ -31,7 +31,7 @@ from typing import Iterable, Protocol, Sequence
 import torch
 from attrs import frozen
 
-from rewrite._file_maps import FileMaps
+from rewrite.files.file_maps import FileMaps
 
 
 class Check(Protocol):

@@ -10,7 +10,7 @@ a classifier head over any body) or an encoder-decoder (BART, T5), prefill only.
 
 The output names are read from one eager call on the example inputs (a few tokens). The
 model's forward is replaced on the instance while exporting, as for causal LMs
-(:func:`rewrite.checkpoint.cache.calling`), so module paths and weight names stay the
+(:func:`rewrite.exporting.checkpoint.cache.calling`), so module paths and weight names stay the
 checkpoint's.
 """
 
@@ -19,7 +19,7 @@ from __future__ import annotations
 import inspect
 from typing import TYPE_CHECKING, Any, Callable
 
-from rewrite.checkpoint.cache import EXAMPLE_BATCH, Call
+from rewrite.exporting.checkpoint.cache import EXAMPLE_BATCH, Call
 from rewrite.errors import InputError
 
 if TYPE_CHECKING:

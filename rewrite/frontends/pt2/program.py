@@ -2,16 +2,17 @@
 
 ``torch.export.load`` copies every weight out of the zip into memory (a model's worth of
 RAM) and unpickles the sample inputs with a silent full-pickle fallback: a crafted file runs
-code. Here the archive is read once, as data (:mod:`pt2_archive`): its JSON configs say which
-entry holds which tensor (:mod:`pt2_payloads`); every archive entry becomes one storage over
-its bytes in a private read-only mapping of the file (its pages are the file's, not the
-process's memory) and every parameter, buffer and constant a view of its entry's storage, as
-``torch.export.load`` makes them (tied weights share one, nothing else aliases), and only
-the program's JSON is deserialized, by torch
+code. Here the archive is read once, as data (:mod:`~rewrite.frontends.pt2.archive`): its JSON
+configs say which entry holds which tensor (:mod:`~rewrite.frontends.pt2.payloads`); every archive
+entry becomes one storage over its bytes in a private read-only mapping of the file (its pages are
+the file's, not the process's memory) and every parameter, buffer and constant a view of its entry's
+storage, as ``torch.export.load`` makes them (tied weights share one, nothing else aliases), and
+only the program's JSON is deserialized, by torch
 (:func:`rewrite._private.torch_programs.deserialize_program`). The weights' checksums are
 verified on a thread started by what is going to hand the weights on (the ONNX backend
-starts it when it begins lowering) and waited for before they are (:func:`rewrite._mapped.verify`);
-what reads only shapes (``explain``, ``suggest``) reads no weight.
+starts it when it begins lowering) and waited for before they are
+(:func:`rewrite.files.mapped.verify`); what reads only shapes (``explain``, ``suggest``) reads
+no weight.
 
 What only code could load (pickled tensors or objects, TorchBind objects, sample inputs that
 weights-only unpickling refuses) is refused: :class:`UnsafeModel` (exit 2) names the archive
@@ -36,8 +37,8 @@ import torch
 
 from rewrite._private.torch_programs import Unavailable, deserialize_program, pt2_dtype
 from rewrite.errors import InputError, ModelWarning, causes, first_line
-from rewrite.frontends.pt2_archive import Archive, checksums, open_archive
-from rewrite.frontends.pt2_payloads import (
+from rewrite.frontends.pt2.archive import Archive, checksums, open_archive
+from rewrite.frontends.pt2.payloads import (
     payloads,
     read_sample_inputs,
     tensors,

@@ -21,10 +21,10 @@ from typing import Any, Callable
 import torch
 from attrs import frozen
 
-from rewrite._mapped import Check, register
+from rewrite.files.mapped import Check, register
 from rewrite._private.torch_programs import load_torchbind
 from rewrite.errors import InputError
-from rewrite.frontends.pt2_archive import Archive
+from rewrite.frontends.pt2.archive import Archive
 
 WEIGHTS_DIR = "data/weights/"
 CONSTANTS_DIR = "data/constants/"

@@ -5,7 +5,7 @@ unless trusted), its model built by transformers offline with the weights mapped
 (:mod:`build`), called with its KV cache explicit (:mod:`cache`: the inputs, dynamic shapes
 and I/O names; an encoder or encoder-decoder, prefill only: :mod:`encoders`), then
 exported, grouped, lowered and written by the one pipeline of
-:func:`rewrite.torch_export.export_module`. Rules: the given ones, else the shipped rules of
+:func:`rewrite.exporting.module.export_module`. Rules: the given ones, else the shipped rules of
 the config's ``model_type``, else what ``rewrite suggest`` writes for the program.
 """
 
@@ -14,20 +14,21 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from rewrite.checkpoint.build import (
+from rewrite.exporting.checkpoint.build import (
     grouped_query_attention,
     is_causal_lm,
     load_model,
     model_class,
     offline,
 )
-from rewrite.checkpoint.cache import CACHES, Call, calling, causal_lm_call
-from rewrite.checkpoint.encoders import encoder_call, takes_text
-from rewrite.checkpoint.folder import Checkpoint, read_checkpoint
+from rewrite.exporting.checkpoint.cache import CACHES, Call, calling, causal_lm_call
+from rewrite.exporting.checkpoint.encoders import encoder_call, takes_text
+from rewrite.exporting.checkpoint.folder import Checkpoint, read_checkpoint
 from rewrite.api import as_ruleset
 from rewrite.compile import RuleSet, shipped_rules
 from rewrite.errors import InputError
-from rewrite.outputs import check_output_path
+from rewrite.exporting.module import export_module
+from rewrite.files.outputs import check_output_path
 
 if TYPE_CHECKING:
     import onnx_ir as ir
@@ -39,8 +40,6 @@ def export_checkpoint(folder: str | Path, *, rules: RuleSet | str | Path | None,
                       cache: str | None, output: str | Path | None, trust_model: bool,
                       progress: "Progress", options: "OnnxOptions") -> "ir.Model":
     """``rewrite.export`` of a checkpoint folder (see :func:`rewrite.export`)."""
-    from rewrite.torch_export import export_module
-
     if cache is not None and cache not in CACHES:
         raise InputError(f"cache={cache!r}: expected one of {', '.join(CACHES)}")
     checkpoint = read_checkpoint(folder, trust_model=trust_model)
