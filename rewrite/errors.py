@@ -130,12 +130,38 @@ class InputError(RewriteError):
     exit_code = 2
 
 
-class DependencyError(InputError):
-    """A library rewrite calls (torch's exporter, onnxscript's optimizer) failed on a valid
-    program: this model cannot be converted with it. Exit code 2, as for unusable input; the
-    library's exception is chained (``raise ... from e``) and ``--verbose`` shows it."""
+class LibraryError(RewriteError):
+    """A library rewrite calls (torch, onnxscript, onnx_ir, transformers) crashed on a program
+    rewrite gave it: a bug in that library, or in how rewrite calls it. Exit code 3; names the
+    library and its version; the library's exception is chained (``--verbose`` shows it)."""
+
+    exit_code = 3
+
+    def __init__(self, library: str, what: str, error: BaseException):
+        self.library = library
+        self.version = library_version(library)
+        cause = first_line(error)
+        super().__init__(
+            f"{library} {self.version} failed {what}: {type(error).__name__}"
+            f"{': ' + cause if cause else ''}\n  this is a bug in {library} or in rewrite; "
+            "rerun with --verbose for the traceback and report it")
+
+
+DependencyError = LibraryError
+"""The former name of :class:`LibraryError` (it was an :class:`InputError`, exit 2)."""
 
 
 class ModelWarning(UserWarning):
     """Something about the model the user should know: a slower path was taken (the CLI
     prints these as warnings)."""
+
+
+def library_version(library: str) -> str:
+    """The installed version of ``library`` (its distribution: ``torch.onnx`` -> torch), or
+    ``?``."""
+    from importlib import metadata
+
+    try:
+        return metadata.version(library.split(".")[0].replace("_", "-"))
+    except metadata.PackageNotFoundError:
+        return "?"

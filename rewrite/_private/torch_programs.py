@@ -190,7 +190,7 @@ def _serde() -> tuple[Any, Any]:
     try:
         from torch._export.serde import schema, serialize
     except ImportError as e:  # pragma: no cover - not in the checked versions
-        raise Unavailable(f"torch._export.serde: {e}") from None
+        raise Unavailable(f"torch._export.serde: {e}") from e
     needed = ("_bytes_to_dataclass", "ExportedProgramDeserializer", "_SERIALIZE_TO_TORCH_DTYPE")
     missing = [name for name in needed if not hasattr(serialize, name)]
     if missing or not hasattr(schema, "ExportedProgram"):  # pragma: no cover
@@ -203,8 +203,8 @@ def pt2_dtype(code: int) -> torch.dtype:
     serialize, schema = _serde()
     try:
         return serialize._SERIALIZE_TO_TORCH_DTYPE[schema.ScalarType(code)]
-    except (ValueError, KeyError):
-        raise ValueError(f"unknown dtype code {code!r}") from None
+    except (ValueError, KeyError) as e:
+        raise ValueError(f"unknown dtype code {code!r}") from e
 
 
 def deserialize_program(program_json: bytes, state_dict: dict[str, Any],

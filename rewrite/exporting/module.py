@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 from rewrite.api import apply, as_ruleset
 from rewrite.compile import RuleSet, parse_rules
 from rewrite.exporting.dim_names import dim_names, rename_dims
+from rewrite._private.errors import library_call
 from rewrite.errors import InputError, first_line
 
 if TYPE_CHECKING:
@@ -73,17 +74,22 @@ def _lowered(model: "torch.nn.Module", args: tuple, kwargs: Mapping[str, Any] | 
 
 def _torch_export(model: "torch.nn.Module", args: tuple, kwargs: Mapping[str, Any] | None,
                   dynamic_shapes: Any, strict: bool) -> "torch.export.ExportedProgram":
-    """``torch.export.export`` keeping node metadata; its failures as :class:`InputError`."""
+    """``torch.export.export`` keeping node metadata. What it rejects in the model is an
+    :class:`InputError`; a failure in rewrite's own code that it traces (a checkpoint's
+    decode-ready forward) is rewrite's bug, a crash of torch's own a ``LibraryError``
+    (:func:`~rewrite._private.errors.library_call`)."""
     import torch
 
-    try:
-        with torch.fx.traceback.preserve_node_meta():
-            return torch.export.export(model, tuple(args), kwargs=dict(kwargs or {}),
-                                       dynamic_shapes=dynamic_shapes, strict=strict)
-    except Exception as e:  # torch.export raises many types; all mean "this did not export"
+    name = type(model).__name__
+
+    def rejected(e: BaseException) -> InputError:
         first = first_line(e) or type(e).__name__
-        raise InputError(f"torch.export could not export {type(model).__name__}: "
-                         f"{type(e).__name__}: {first}") from e
+        return InputError(f"torch.export could not export {name}: {type(e).__name__}: {first}")
+
+    with library_call("torch.export", f"exporting {name}", rejected), \
+            torch.fx.traceback.preserve_node_meta():
+        return torch.export.export(model, tuple(args), kwargs=dict(kwargs or {}),
+                                   dynamic_shapes=dynamic_shapes, strict=strict)
 
 
 CYCLE_POLICY = """

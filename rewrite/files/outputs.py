@@ -122,7 +122,7 @@ def atomic_path(output: str | Path) -> Iterator[Path]:
         fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
         os.close(fd)
     except OSError as e:
-        raise InputError(f"{out}: cannot write ({e.strerror or e})") from None
+        raise InputError(f"{out}: cannot write ({e.strerror or e})") from e
     tmp_path = Path(tmp)
     try:
         yield tmp_path
@@ -131,7 +131,7 @@ def atomic_path(output: str | Path) -> Iterator[Path]:
     except OSError as e:
         with contextlib.suppress(OSError):
             tmp_path.unlink()
-        raise InputError(f"{out}: cannot write ({e.strerror or e})") from None
+        raise InputError(f"{out}: cannot write ({e.strerror or e})") from e
     except BaseException:
         with contextlib.suppress(OSError):
             tmp_path.unlink()
@@ -205,7 +205,7 @@ def staging_folder(output: Path) -> Iterator[Path]:
     try:
         folder = Path(tempfile.mkdtemp(prefix=f".{output.name}.", dir=output.parent))
     except OSError as e:
-        raise InputError(f"{output}: cannot write ({e.strerror or e})") from None
+        raise InputError(f"{output}: cannot write ({e.strerror or e})") from e
     try:
         with _locked(folder):
             yield folder

@@ -164,7 +164,7 @@ def read_onnx(path: str | Path) -> ir.Model:
         model = ir.serde.deserialize_model(proto)
     except Exception as e:  # protobuf and onnx_ir raise many types here; all mean unreadable
         reason = first_line(e) or type(e).__name__
-        raise InputError(f"{path}: not a readable ONNX model ({reason})") from None
+        raise InputError(f"{path}: not a readable ONNX model ({reason})") from e
     for function_proto in proto.functions:
         function = model.functions.get((function_proto.domain, function_proto.name,
                                         getattr(function_proto, "overload", "")))

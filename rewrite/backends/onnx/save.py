@@ -121,7 +121,7 @@ def write_model(model: ir.Model, output: str | Path, *, threshold: int,
             publish(out, Staged(folder, staged, first, data), stale=_stale_data(out))
             return [out.parent / name for name in data]
     except OSError as e:
-        raise InputError(f"{out}: cannot write ({e.strerror or e})") from None
+        raise InputError(f"{out}: cannot write ({e.strerror or e})") from e
 
 
 def _reading_folder(model: Path, folder: str) -> Path:

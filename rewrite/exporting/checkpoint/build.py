@@ -13,6 +13,7 @@ import os
 from typing import TYPE_CHECKING, Iterator
 
 from rewrite.exporting.checkpoint.folder import Checkpoint
+from rewrite._private.errors import library_call
 from rewrite.errors import InputError, first_line
 
 if TYPE_CHECKING:
@@ -23,9 +24,9 @@ def model_class(checkpoint: Checkpoint) -> type:
     """The transformers class of the checkpoint's architecture (InputError if unknown)."""
     try:
         import transformers
-    except ImportError:
+    except ImportError as e:
         raise InputError("rewrite export builds the model with transformers, which is not "
-                         "installed: pip install 'rewrite[checkpoint]'") from None
+                         "installed: pip install 'rewrite[checkpoint]'") from e
 
     name = checkpoint.architecture
     cls = getattr(transformers, name, None) if name.isidentifier() else None
@@ -53,13 +54,17 @@ def load_model(checkpoint: Checkpoint, cls: type) -> "torch.nn.Module":
     trusted = checkpoint.remote_code
     shown = logging.is_progress_bar_enabled()
     logging.disable_progress_bar()  # the caller's progress reports the step
+
+    def rejected(e: BaseException) -> InputError:
+        return InputError(f"{checkpoint.path}: transformers could not load it: "
+                          f"{type(e).__name__}: {first_line(e)}")
+
     try:
-        model = cls.from_pretrained(
-            checkpoint.path, local_files_only=True, dtype="auto",
-            trust_remote_code=trusted, use_safetensors=checkpoint.safetensors)
-    except (OSError, ValueError, KeyError, TypeError, RuntimeError, ImportError) as e:
-        raise InputError(f"{checkpoint.path}: transformers could not load it: "
-                         f"{type(e).__name__}: {first_line(e)}") from e
+        with library_call("transformers", f"loading {checkpoint.path}", rejected,
+                          parses_input=True):
+            model = cls.from_pretrained(
+                checkpoint.path, local_files_only=True, dtype="auto",
+                trust_remote_code=trusted, use_safetensors=checkpoint.safetensors)
     finally:
         if shown:
             logging.enable_progress_bar()

@@ -79,7 +79,7 @@ def _config(path: Path) -> dict:
     try:
         config = json.loads(file.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise InputError(f"{file}: not a readable JSON file: {e}") from None
+        raise InputError(f"{file}: not a readable JSON file: {e}") from e
     if not isinstance(config, dict):
         raise InputError(f"{file}: not a JSON object")
     names = config.get("architectures")
@@ -110,7 +110,7 @@ def _shards(index: Path) -> tuple[Path, ...]:
     except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError,
             AttributeError) as e:
         raise InputError(f"{index}: not a weights index (a JSON object with a weight_map): "
-                         f"{e}") from None
+                         f"{e}") from e
     shards = [index.parent / name for name in names]
     missing = [name for name, file in zip(names, shards) if not file.is_file()]
     if missing:
@@ -133,7 +133,7 @@ def _check_safetensors(file: Path) -> None:
         end = max((t["data_offsets"][1] for k, t in header.items() if k != "__metadata__"),
                   default=0)
     except (struct.error, ValueError, KeyError, TypeError, IndexError) as e:
-        raise InputError(f"{file}: not a safetensors file ({e})") from None
+        raise InputError(f"{file}: not a safetensors file ({e})") from e
     if size != 8 + length + end:
         raise InputError(f"{file}: {size} bytes, but its header says {8 + length + end}; "
                          "the file is truncated or corrupt")

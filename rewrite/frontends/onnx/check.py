@@ -85,7 +85,7 @@ def check_onnx_input(path: str | Path) -> None:
         reason = _reason(e)
         if reason.startswith(_UNREADABLE):
             return  # not a model at all: the loader says so, with its own reason
-        raise InputError(f"{path}: the input model is invalid: {reason}") from None
+        raise InputError(f"{path}: the input model is invalid: {reason}") from e
     message = unchecked.message(path)
     if message:
         warnings.warn(ModelWarning(message), stacklevel=2)

@@ -406,7 +406,7 @@ def load_onnx_model(path: str | Path) -> "ir.Model":
             return ir.load(str(path))
     except Exception as e:  # protobuf and onnx_ir raise many types here; all mean unreadable
         reason = first_line(e) or type(e).__name__
-        raise InputError(f"{path}: not a readable ONNX model ({reason})") from None
+        raise InputError(f"{path}: not a readable ONNX model ({reason})") from e
 
 
 def load_onnx_graph(path: str | Path) -> Graph:

@@ -93,7 +93,7 @@ class Archive:
             out = inflater.decompress(data, entry.size + 1)
         except zlib.error as e:
             raise InputError(f"{self.path}: corrupt .pt2 archive ({entry.name}: {e})"
-                             ) from None
+                             ) from e
         if len(out) != entry.size:
             raise InputError(f"{self.path}: corrupt .pt2 archive ({entry.name} holds "
                              f"{len(out):,} bytes, its header says {entry.size:,})")
@@ -110,7 +110,7 @@ def open_archive(path: Path) -> Archive:
             infos = archive.infolist()
     except (zipfile.BadZipFile, zlib.error, EOFError, OSError, ValueError, struct.error,
             NotImplementedError) as e:  # a header zipfile cannot read (zip file version 6.4)
-        raise InputError(f"{path}: corrupt .pt2 archive ({e})") from None
+        raise InputError(f"{path}: corrupt .pt2 archive ({e})") from e
     names = [i.filename for i in infos]
     if any(n.endswith("/data.pkl") or n == "data.pkl" for n in names) and not any(
             n.endswith("archive_format") for n in names):

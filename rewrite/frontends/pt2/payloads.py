@@ -103,7 +103,7 @@ def _json(archive: Archive, name: str) -> dict:
         data = json.loads(archive.read(name))
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise InputError(f"{archive.path}: corrupt .pt2 archive ({archive.root}{name} is not "
-                         f"JSON: {e})") from None
+                         f"JSON: {e})") from e
     if not isinstance(data, dict):
         raise InputError(f"{archive.path}: corrupt .pt2 archive ({archive.root}{name})")
     return data
@@ -117,8 +117,8 @@ def _payload(archive: Archive, kind: str, folder: str, fqn: str, meta: Any,
         is_param = bool(meta.get("is_param", False))
         tensor_meta = meta.get("tensor_meta")
         pickled = _pickled(meta, meta["path_name"])
-    except (KeyError, TypeError):
-        raise InputError(f"{where}: malformed entry in the archive's {kind} config") from None
+    except (KeyError, TypeError) as e:
+        raise InputError(f"{where}: malformed entry in the archive's {kind} config") from e
     if entry not in archive.entries:
         raise InputError(f"{where}: its archive entry {archive.root}{entry} is missing")
     if pickled is not None:
@@ -130,7 +130,7 @@ def _payload(archive: Archive, kind: str, folder: str, fqn: str, meta: Any,
         offset = _int(tensor_meta["storage_offset"])
         grad = bool(tensor_meta.get("requires_grad", False))
     except (KeyError, TypeError, ValueError) as e:
-        raise InputError(f"{where}: malformed tensor metadata in the archive ({e})") from None
+        raise InputError(f"{where}: malformed tensor metadata in the archive ({e})") from e
     payload = Payload(fqn, kind, entry, is_param, None, dtype, sizes, strides, offset, grad)
     _check_fits(archive, payload, where)
     return payload

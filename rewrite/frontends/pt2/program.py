@@ -237,7 +237,7 @@ def load_pt2(path: str | Path, *, trust_model: bool = False) -> torch.export.Exp
         except Unavailable as e:
             return _load_with_torch(archive, model, trust_model, str(e))
         except Exception as e:  # torch raises many types here; all mean "unreadable"
-            raise _refusal(path, e, capture.errors) from None
+            raise _refusal(path, e, capture.errors) from e
     return program
 
 
@@ -259,7 +259,7 @@ def _load_with_torch(archive: Archive, model: str, trust_model: bool, why: str
         try:
             return torch.export.load(str(archive.path))
         except Exception as e:  # torch raises many types here; all mean "unreadable"
-            raise _refusal(archive.path, e, capture.errors) from None
+            raise _refusal(archive.path, e, capture.errors) from e
 
 
 def _dtype_by_name(code: int) -> torch.dtype:

@@ -36,7 +36,7 @@ from onnxscript.optimizer import optimize_ir
 from rewrite._shared.logs import muted
 from rewrite._private.errors import library_code
 from rewrite.backends.onnx.summary import FunctionId
-from rewrite.errors import DependencyError, first_line
+from rewrite.errors import LibraryError
 
 
 def optimize(model: ir.Model, made: Collection[FunctionId], *, fold_weights: bool = True
@@ -47,13 +47,11 @@ def optimize(model: ir.Model, made: Collection[FunctionId], *, fold_weights: boo
     functions = dict(model.functions)
     where = "the main graph"
 
-    def failed(e: Exception) -> DependencyError:
-        cause = first_line(e) or type(e).__name__
-        return DependencyError(f"onnxscript's optimizer failed on {where}: {cause}; lower "
-                               "without it (rewrite apply --no-optimize, "
-                               "OnnxOptions(optimize=False))")
+    def failed(e: Exception) -> LibraryError:
+        return LibraryError("onnxscript", f"optimizing {where} (lower without its optimizer: "
+                            "rewrite apply --no-optimize, OnnxOptions(optimize=False))", e)
 
-    try:  # the optimizer's errors: DependencyError; rewrite's own (a bug) surface
+    try:  # the optimizer's errors: LibraryError (exit 3); rewrite's own (a bug) surface
         with library_code(failed), muted("onnxscript", "onnx_ir"):
             for fid, function in functions.items():
                 if fid in made:

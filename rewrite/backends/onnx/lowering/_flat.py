@@ -8,6 +8,7 @@ import torch
 from attrs import frozen
 
 from rewrite._shared.logs import muted
+from rewrite._private.errors import library_call
 from rewrite.backends.onnx.lowering._torch_failure import torch_onnx_failure
 from rewrite.errors import InputError
 
@@ -32,14 +33,12 @@ def quiet_exporter() -> ContextManager[None]:
 def export_program(program: torch.export.ExportedProgram, *, optimize: bool = True,
                    custom_translation_table: Mapping | None = None) -> Exported:
     """``torch.onnx.export(program, dynamo=True, optimize=optimize)``; decomposes only once."""
-    try:
-        with quiet_exporter():
-            onnx_program = torch.onnx.export(
-                program, dynamo=True, optimize=optimize, verbose=False, report=False,
-                custom_translation_table=custom_translation_table,
-            )
-    except Exception as e:  # the exporter raises its own error types; all mean "cannot lower"
-        raise torch_onnx_failure(e) from e
+    with library_call("torch.onnx", "converting the program", torch_onnx_failure), \
+            quiet_exporter():
+        onnx_program = torch.onnx.export(
+            program, dynamo=True, optimize=optimize, verbose=False, report=False,
+            custom_translation_table=custom_translation_table,
+        )
     decomposed = onnx_program.exported_program
     if decomposed is None:  # pragma: no cover - torch always records it
         raise InputError("torch.onnx.export did not record the program it translated")
