@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 from rewrite.api import apply, as_ruleset
 from rewrite.compile import RuleSet, parse_rules
 from rewrite.exporting.dim_names import dim_names, rename_dims
-from rewrite._private.errors import library_call
+from rewrite.errors import library_call
 from rewrite.errors import InputError, first_line
 
 if TYPE_CHECKING:

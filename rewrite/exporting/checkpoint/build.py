@@ -13,7 +13,7 @@ import os
 from typing import TYPE_CHECKING, Iterator
 
 from rewrite.exporting.checkpoint.folder import Checkpoint
-from rewrite._private.errors import library_call
+from rewrite.errors import library_call
 from rewrite.errors import InputError, first_line
 
 if TYPE_CHECKING:

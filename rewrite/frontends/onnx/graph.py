@@ -65,7 +65,7 @@ from attrs import field, frozen
 from rewrite._shared.gc import gc_paused
 from rewrite._shared.onnx_ir_nodes import graph_kinds, subgraph_captures
 from rewrite._private.onnx_ir_attrs import attribute_dict
-from rewrite.errors import InputError, first_line
+from rewrite.errors import InputError, first_line, library_call
 from rewrite.frontends.calls import split_runs
 from rewrite.frontends.onnx.names import NameReader
 from rewrite.frontends.onnx.weighted import place_weighted
@@ -401,12 +401,14 @@ def load_onnx_model(path: str | Path) -> "ir.Model":
         raise InputError(f"{path}: no such file")
     if path.is_dir():
         raise InputError(f"{path}: is a directory, expected a .onnx file")
-    try:
-        with gc_paused():  # every node, value and attribute is a new long-lived object
-            return ir.load(str(path))
-    except Exception as e:  # protobuf and onnx_ir raise many types here; all mean unreadable
+    def unreadable(e: BaseException) -> InputError:
         reason = first_line(e) or type(e).__name__
-        raise InputError(f"{path}: not a readable ONNX model ({reason})") from e
+        return InputError(f"{path}: not a readable ONNX model ({reason})")
+
+    # every node, value and attribute is a new long-lived object: the collector paused
+    with library_call("onnx_ir", f"reading {path}", unreadable, parses_input=True), \
+            gc_paused():
+        return ir.load(str(path))
 
 
 def load_onnx_graph(path: str | Path) -> Graph:

@@ -8,7 +8,7 @@ import torch
 from attrs import frozen
 
 from rewrite._shared.logs import muted
-from rewrite._private.errors import library_call
+from rewrite.errors import library_call
 from rewrite.backends.onnx.lowering._torch_failure import torch_onnx_failure
 from rewrite.errors import InputError
 
