@@ -12,7 +12,15 @@
 
 from rewrite.api import Result, apply
 from rewrite.compile import Rule, RuleSet, load_rules, parse_rules
-from rewrite.errors import Diagnostic, GroupingError, InputError, RewriteError, RuleError
+from rewrite.errors import (
+    Diagnostic,
+    GroupingError,
+    InputError,
+    LibraryError,
+    RewriteError,
+    RuleError,
+    VerificationError,
+)
 from rewrite.exporting import export
 from rewrite.grouping import Group, GroupTree
 
@@ -46,7 +54,9 @@ __all__ = [
     "Diagnostic",
     "GroupingError",
     "InputError",
+    "LibraryError",
     "RewriteError",
     "RuleError",
+    "VerificationError",
     "__version__",
 ]

@@ -135,6 +135,11 @@ class InputError(RewriteError):
     exit_code = 2
 
 
+class VerificationError(RewriteError):
+    """The written model disagrees with eager PyTorch on the check's inputs: it is not
+    published. Exit code 1."""
+
+
 class LibraryError(RewriteError):
     """A library rewrite calls (torch, onnxscript, onnx_ir, transformers) crashed on a program
     rewrite gave it: a bug in that library, or in how rewrite calls it. Exit code 3; names the

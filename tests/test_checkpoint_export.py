@@ -23,7 +23,7 @@ from safetensors import safe_open
 
 import rewrite
 from rewrite.cli.steps import Steps
-from rewrite.exporting.checkpoint.cache import kv_shapes
+from rewrite.exporting.checkpoint.cache import cache_layout
 from tests import checkpoints
 
 DECODE_STEPS = 3
@@ -87,7 +87,8 @@ def decode_and_compare(folder: Path, onnx_path: Path, batch: int = 3) -> list[fl
     from transformers import DynamicCache
 
     eager = _eager(folder)
-    layers, kv_heads, head_dim = kv_shapes(eager.config)
+    layout = cache_layout(eager)
+    layers, kv_heads, head_dim = len(layout), layout[0].key_heads, layout[0].key_dim
     session = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
     names = [o.name for o in session.get_outputs()]
     torch.manual_seed(1)
@@ -163,7 +164,8 @@ def test_dimensions_carry_the_names_decoders_use(exported):
     saved = onnx.load(str(out), load_external_data=False)
     dims = {v.name: [d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim]
             for v in [*saved.graph.input, *saved.graph.output]}
-    _, kv_heads, head_dim = kv_shapes(_eager(folder).config)
+    layout = cache_layout(_eager(folder))
+    kv_heads, head_dim = layout[0].key_heads, layout[0].key_dim
     tokens = ["batch_size", "sequence_length"]
     assert dims["input_ids"] == dims["position_ids"] == tokens
     assert dims["attention_mask"] == ["batch_size", "total_sequence_length"]
@@ -308,7 +310,8 @@ def test_the_decode_program_converts_from_its_saved_file_as_in_memory(tmp_path):
 
     folder = checkpoints.write("llama", tmp_path / "checkpoint")
     model = _eager(folder)
-    call = causal_lm_call(model.config, "kv", model.dtype)
+    layout = cache_layout(model)
+    call = causal_lm_call(model, layout)
     with calling(model, call), grouped_query_attention():
         program = torch.export.export(model, call.args, dynamic_shapes=call.dynamic_shapes,
                                       strict=False)
@@ -317,7 +320,7 @@ def test_the_decode_program_converts_from_its_saved_file_as_in_memory(tmp_path):
     sessions = [ort.InferenceSession(_serialized(rewrite.apply("llama", source)),
                                      providers=["CPUExecutionProvider"])
                 for source in (program, str(pt2))]
-    layers, kv_heads, head_dim = kv_shapes(model.config)
+    layers, kv_heads, head_dim = len(layout), layout[0].key_heads, layout[0].key_dim
     generator = torch.Generator().manual_seed(5)
     past = [(torch.randn(3, kv_heads, 4, head_dim, generator=generator).numpy(),
              torch.randn(3, kv_heads, 4, head_dim, generator=generator).numpy())] * layers

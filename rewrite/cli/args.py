@@ -197,6 +197,10 @@ def _add_export(sub, common: argparse.ArgumentParser) -> None:
                         help="load model code from the folder (a config with auto_map) or "
                         "pickled *.bin weights: both run code from the folder, only for "
                         "checkpoints you trust. Without it such a folder is refused (exit 2)")
+    export.add_argument("--no-verify", dest="verify", action="store_false",
+                        help="publish without first running the written model in onnxruntime "
+                        "against eager PyTorch on a few tokens (by default a mismatch is an "
+                        "error, exit 1, and nothing is written)")
     onnx_output_options(export)
 
 

@@ -23,7 +23,8 @@ def cmd_export(args: argparse.Namespace, io: Consoles) -> int:
     import rewrite
 
     rewrite.export(args.folder, rules=rules, cache=args.cache, output=output,
-                   trust_model=args.trust_model, progress=Steps.backend(io),
+                   trust_model=args.trust_model, verify=args.verify,
+                   progress=Steps.backend(io),
                    constants=args.constants, optimize=args.optimize,
                    body_node_names=args.body_node_names, **options)
     io.info(f"wrote {output}")

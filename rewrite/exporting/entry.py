@@ -34,6 +34,7 @@ def export(
     output_names: Sequence[str] | None = None,
     cache: str | None = None,
     trust_model: bool = False,
+    verify: bool = True,
     progress: "Progress | None" = None,
     **onnx_options: Any,
 ) -> "ir.Model":
@@ -58,6 +59,11 @@ def export(
     ``from_pretrained``'s when provably equal). ``progress`` (a
     :class:`~rewrite.backends.onnx.Progress`, e.g. the CLI's ``Steps``) hears of each step.
 
+    ``verify`` (a checkpoint written to ``output``): before it is published, onnxruntime runs
+    the written model on a few tokens (a prefill and a decode step) and its outputs are
+    compared with the eager model's; a mismatch raises :class:`VerificationError` and
+    nothing is written.
+
     Raises :class:`RuleError` for bad rules (before exporting), :class:`InputError` for an
     unusable folder, when ``torch.export`` fails (its error is the ``__cause__``) or
     ``output`` cannot be written, :class:`GroupingError` when a group cannot be outlined.
@@ -74,7 +80,8 @@ def export(
         from rewrite.exporting.checkpoint import export_checkpoint
 
         return export_checkpoint(model, rules=rules, cache=cache, output=output,
-                                 trust_model=trust_model, progress=report, options=options)
+                                 trust_model=trust_model, progress=report, options=options,
+                                 verify=verify)
     if cache is not None or trust_model:
         raise InputError("cache and trust_model are options of a checkpoint folder, not of "
                          f"a {type(model).__name__}")

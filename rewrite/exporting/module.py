@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     import torch
 
     from rewrite.backends.onnx import OnnxOptions, Progress
+    from rewrite.exporting.verify import Check
 
 
 def export_module(model: "torch.nn.Module", args: tuple, kwargs: Mapping[str, Any] | None,
@@ -31,10 +32,11 @@ def export_module(model: "torch.nn.Module", args: tuple, kwargs: Mapping[str, An
                   output: str | Path | None, input_names: Sequence[str] | None,
                   output_names: Sequence[str] | None, progress: "Progress",
                   options: "OnnxOptions", inputs: Sequence[str | Path] = (),
-                  axis_names: Any = None) -> "ir.Model":
+                  axis_names: Any = None, check: "Check | None" = None) -> "ir.Model":
     """:func:`rewrite.export` of an ``nn.Module``; ``output`` must not be one of ``inputs``. The
     model's symbolic dimensions take the names of the ``Dim``\\ s of ``dynamic_shapes``, or
-    of ``axis_names`` (the same form, with names) when given."""
+    of ``axis_names`` (the same form, with names) when given. ``check``: what onnxruntime
+    must reproduce before the output is published (:mod:`rewrite.exporting.verify`)."""
     from rewrite.backends.onnx.save import weights_early, write_model
     from rewrite.files.outputs import check_output_path
 
@@ -51,7 +53,8 @@ def export_module(model: "torch.nn.Module", args: tuple, kwargs: Mapping[str, An
         if out is not None:
             with progress.step(f"writing {out}"):
                 write_model(onnx_model, out, threshold=options.external_data_threshold,
-                            chunk=options.weights_chunk, progress=progress, early=data)
+                            chunk=options.weights_chunk, progress=progress, early=data,
+                            check=check)
     return onnx_model
 
 

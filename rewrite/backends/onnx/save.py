@@ -91,11 +91,13 @@ def weights_early(module: "torch.nn.Module", output: Path, *, threshold: int,
 
 def write_model(model: ir.Model, output: str | Path, *, threshold: int,
                 chunk: int | None = None, progress: Progress = SILENT,
-                early: EarlyData | None = None) -> list[Path]:
+                early: EarlyData | None = None,
+                check: Callable[[Path], str] | None = None) -> list[Path]:
     """Write ``model`` to ``output``; returns the external data files written (none when
     the weights are embedded: at most ``threshold`` bytes and no ``chunk`` given).
     ``early``: its weights written while the model was made (:func:`weights_early`), used
-    when they are exactly the model's."""
+    when they are exactly the model's. ``check``: run on the staged model file before it is
+    published (its note is reported; what it raises leaves the output as it was)."""
     out = Path(output)
     verify_weights(model)
     total = tensor_bytes(model)
@@ -117,6 +119,9 @@ def write_model(model: ir.Model, output: str | Path, *, threshold: int,
                     ir.save(model, staged)
             data = tuple(sorted(p.name for p in folder.iterdir()  # empty: no tensor in it
                                 if p.name != out.name and p.stat().st_size))
+            if check is not None:
+                with progress.step("checking the written model against eager PyTorch"):
+                    progress.note(check(staged))
             first = _reading_folder(staged, folder.name) if data else None
             publish(out, Staged(folder, staged, first, data), stale=_stale_data(out))
             return [out.parent / name for name in data]

@@ -21,7 +21,14 @@ from rewrite.exporting.checkpoint.build import (
     model_class,
     offline,
 )
-from rewrite.exporting.checkpoint.cache import CACHES, Call, calling, causal_lm_call
+from rewrite.exporting.checkpoint.cache import (
+    CACHES,
+    Call,
+    cache_layout,
+    calling,
+    causal_lm_call,
+)
+from rewrite.exporting.checkpoint.checks import causal_lm_check, encoder_check
 from rewrite.exporting.checkpoint.encoders import encoder_call, takes_text
 from rewrite.exporting.checkpoint.folder import Checkpoint, read_checkpoint
 from rewrite.api import as_ruleset
@@ -38,8 +45,11 @@ if TYPE_CHECKING:
 
 def export_checkpoint(folder: str | Path, *, rules: RuleSet | str | Path | None,
                       cache: str | None, output: str | Path | None, trust_model: bool,
-                      progress: "Progress", options: "OnnxOptions") -> "ir.Model":
-    """``rewrite.export`` of a checkpoint folder (see :func:`rewrite.export`)."""
+                      progress: "Progress", options: "OnnxOptions", verify: bool = True
+                      ) -> "ir.Model":
+    """``rewrite.export`` of a checkpoint folder (see :func:`rewrite.export`); ``verify``:
+    the written model is run in onnxruntime and compared with eager before it is published
+    (:mod:`rewrite.exporting.checkpoint.checks`)."""
     if cache is not None and cache not in CACHES:
         raise InputError(f"cache={cache!r}: expected one of {', '.join(CACHES)}")
     checkpoint = read_checkpoint(folder, trust_model=trust_model)
@@ -57,15 +67,20 @@ def export_checkpoint(folder: str | Path, *, rules: RuleSet | str | Path | None,
                           f"{checkpoint.model_type!r}")
         with progress.step(f"loading {checkpoint.path}"):
             model = load_model(checkpoint, cls)
-        call = (causal_lm_call(model.config, cache or "kv", model.dtype) if causal
-                else encoder_call(model))
+        layout = cache_layout(model) if causal and (cache or "kv") == "kv" else None
+        call = causal_lm_call(model, layout) if causal else encoder_call(model)
+        check = (causal_lm_check(model, layout) if causal else encoder_check(model, call)) \
+            if verify and output is not None else None
+        if verify and output is not None and check is None:
+            progress.note("not verified against eager: onnxruntime is fed from numpy, which "
+                          "has no bfloat16")
         options = _with_moe_translations(options)
         with calling(model, call), grouped_query_attention():
             return export_module(
                 model, call.args, None, rules=ruleset, dynamic_shapes=call.dynamic_shapes,
                 strict=False, output=output, input_names=call.input_names,
                 output_names=call.output_names, progress=progress, options=options,
-                inputs=inputs, axis_names=call.axis_names)
+                inputs=inputs, axis_names=call.axis_names, check=check)
 
 
 def _check_kind(checkpoint: Checkpoint, cls: type, cache: str | None) -> bool:
