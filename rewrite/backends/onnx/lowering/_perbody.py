@@ -235,7 +235,9 @@ class _Translator:
         uncopied = [i for i in standing if templates[calls[i].first] is None]
         if uncopied:
             return MustInline(uncopied, "a first call's inlined nodes cannot be copied")
-        at = {f: [facts.position(f, n) for n in templates[f].nodes] for f in firsts}
+        # a first call whose stand-ins were all inlined (inside another body) needs no copy
+        templates = {f: t for f, t in templates.items() if t is not None}
+        at = {f: [facts.position(f, n) for n in t.nodes] for f, t in templates.items()}
         expansions = {}
         for index, node in standing.items():
             first = calls[index].first
