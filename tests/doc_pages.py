@@ -14,8 +14,9 @@ tests/test_docs_static.py checks the rest):
   copy made after the page's Python blocks ran (blocks are independent of each other; lines
   of one block run in order), with ``.venv/bin`` on ``PATH``. Its stdout and stderr together
   must read as the lines under it: timings (``1.2s``) are normalized, a ``...`` line stands
-  for any number of lines, the shipped rules' folder prints as ``/path/to/rewrite/rules``. A
-  command ending in ``# exit N`` must exit with N, any other with 0.
+  for any number of lines and ``...`` inside a line for any text, the shipped rules' folder
+  prints as ``/path/to/rewrite/rules``. A command ending in ``# exit N`` must exit with N,
+  any other with 0.
 - A ``.rules`` file a console block names, that no command of the block writes and that is
   not shipped, is the plain block just above the console block (written into the working
   copy before any console block runs).
@@ -115,12 +116,19 @@ def rules_files_above(page: Path) -> dict[str, str]:
 
 
 def matches(expected: list[str], got: list[str]) -> bool:
-    """``got`` reads as ``expected``, where a ``...`` line stands for any lines."""
+    """``got`` reads as ``expected``, where a ``...`` line stands for any lines and ``...``
+    inside a line for any text."""
     if not expected:
         return not got
     if expected[0].strip() == "...":
         return any(matches(expected[1:], got[k:]) for k in range(len(got) + 1))
-    return bool(got) and expected[0] == got[0] and matches(expected[1:], got[1:])
+    return bool(got) and same_line(expected[0], got[0]) and matches(expected[1:], got[1:])
+
+
+def same_line(expected: str, got: str) -> bool:
+    if "..." not in expected:
+        return expected == got
+    return re.fullmatch(".*".join(map(re.escape, expected.split("..."))), got) is not None
 
 
 def normalized(text: str) -> list[str]:
