@@ -30,8 +30,8 @@ from rewrite.structure._lock import HISTOGRAMS, KINDS, Lock, Section, parse_hist
 FORMAT = "1"
 HEADER = (
     "# rewrite structure lock: `rewrite verify` compares a model with it, `--update` rewrites "
-    "it.\n# Review a change to it like code. What each line means: README, \"Holding the "
-    "structure in CI\".\n"
+    "it.\n# Review a change to it like code. What each line means: docs/structure.md, \"The "
+    "lock file\".\n"
 )
 
 
