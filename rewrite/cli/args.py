@@ -189,10 +189,17 @@ def _add_export(sub, common: argparse.ArgumentParser) -> None:
                         help="a .rules file or a shipped name; default: the shipped rules of "
                         "the config's model_type, else what rewrite suggest writes for the "
                         "model (printed, to keep)")
-    export.add_argument("--cache", choices=("kv", "none"),
+    export.add_argument("--cache", choices=("kv", "none", "static"),
                         help="kv: decode-ready, the KV cache as inputs and outputs (the "
                         "default for causal LMs); none: prefill only (the default and the "
-                        "only choice for encoders and encoder-decoders)")
+                        "only choice for encoders and encoder-decoders); static: a cache of "
+                        "--context tokens written in place at position_ids (fixed shapes "
+                        "for NPU compilers)")
+    export.add_argument("--context", type=int, metavar="C",
+                        help="--cache static: the cache's length in tokens")
+    export.add_argument("--static", type=static_sizes, metavar="batch=B,seq=S",
+                        help="--cache static: fix the batch and chunk sizes too (every "
+                        "shape static)")
     export.add_argument("--trust-model", action="store_true",
                         help="load model code from the folder (a config with auto_map) or "
                         "pickled *.bin weights: both run code from the folder, only for "
@@ -323,3 +330,16 @@ def version_text() -> str:
     except ImportError:  # pragma: no cover - a dependency
         pass
     return f"rewrite {rewrite.__version__} ({', '.join(parts)})"
+
+
+def static_sizes(text: str) -> dict[str, int]:
+    """``batch=1,seq=128`` -> ``{"batch": 1, "seq": 128}``."""
+    sizes: dict[str, int] = {}
+    for part in text.split(","):
+        key, _, value = part.partition("=")
+        if key.strip() not in ("batch", "seq") or not value.strip().isdigit() \
+                or int(value) < 1 or key.strip() in sizes:
+            raise argparse.ArgumentTypeError(
+                f"not batch=B,seq=S (positive sizes, each once): {text!r}")
+        sizes[key.strip()] = int(value)
+    return sizes

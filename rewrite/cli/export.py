@@ -22,7 +22,8 @@ def cmd_export(args: argparse.Namespace, io: Consoles) -> int:
     options = weights_options(args.external_data, args.weights_chunk)
     import rewrite
 
-    rewrite.export(args.folder, rules=rules, cache=args.cache, output=output,
+    rewrite.export(args.folder, rules=rules, cache=args.cache, context=args.context,
+                   static=args.static, output=output,
                    trust_model=args.trust_model, verify=args.verify,
                    progress=Steps.backend(io),
                    constants=args.constants, optimize=args.optimize,

@@ -33,6 +33,8 @@ def export(
     input_names: Sequence[str] | None = None,
     output_names: Sequence[str] | None = None,
     cache: str | None = None,
+    context: int | None = None,
+    static: Mapping[str, int] | None = None,
     trust_model: bool = False,
     verify: bool = True,
     progress: "Progress | None" = None,
@@ -59,6 +61,10 @@ def export(
     ``from_pretrained``'s when provably equal). ``progress`` (a
     :class:`~rewrite.backends.onnx.Progress`, e.g. the CLI's ``Steps``) hears of each step.
 
+    ``cache="static"`` with ``context`` (tokens): a fixed-size cache written in place at
+    ``position_ids`` (for compilers that want fixed shapes); ``static`` (``{"batch": B,
+    "seq": S}``) fixes those sizes too (see :mod:`rewrite.exporting.checkpoint.fixed_cache`).
+
     ``verify`` (a checkpoint written to ``output``): before it is published, onnxruntime runs
     the written model on a few tokens (a prefill and a decode step) and its outputs are
     compared with the eager model's; a mismatch raises :class:`VerificationError` and
@@ -81,10 +87,10 @@ def export(
 
         return export_checkpoint(model, rules=rules, cache=cache, output=output,
                                  trust_model=trust_model, progress=report, options=options,
-                                 verify=verify)
-    if cache is not None or trust_model:
-        raise InputError("cache and trust_model are options of a checkpoint folder, not of "
-                         f"a {type(model).__name__}")
+                                 verify=verify, context=context, static=static)
+    if cache is not None or trust_model or context is not None or static:
+        raise InputError("cache, context, static and trust_model are options of a "
+                         f"checkpoint folder, not of a {type(model).__name__}")
     return export_module(model, args, kwargs, rules=rules, dynamic_shapes=dynamic_shapes,
                          strict=strict, output=output, input_names=input_names,
                          output_names=output_names, progress=report, options=options)

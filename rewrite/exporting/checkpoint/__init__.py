@@ -12,7 +12,7 @@ the config's ``model_type``, else what ``rewrite suggest`` writes for the progra
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Mapping
 
 from rewrite.exporting.checkpoint.build import (
     grouped_query_attention,
@@ -28,7 +28,12 @@ from rewrite.exporting.checkpoint.cache import (
     calling,
     causal_lm_call,
 )
-from rewrite.exporting.checkpoint.checks import causal_lm_check, encoder_check
+from rewrite.exporting.checkpoint.checks import (
+    causal_lm_check,
+    encoder_check,
+    fixed_cache_check,
+)
+from rewrite.exporting.checkpoint.fixed_cache import fixed_cache_call
 from rewrite.exporting.checkpoint.encoders import encoder_call, takes_text
 from rewrite.exporting.checkpoint.folder import Checkpoint, read_checkpoint
 from rewrite.api import as_ruleset
@@ -39,19 +44,22 @@ from rewrite.files.outputs import check_output_path
 
 if TYPE_CHECKING:
     import onnx_ir as ir
+    import torch
 
     from rewrite.backends.onnx import OnnxOptions, Progress
+    from rewrite.exporting.verify import Check
 
 
 def export_checkpoint(folder: str | Path, *, rules: RuleSet | str | Path | None,
                       cache: str | None, output: str | Path | None, trust_model: bool,
-                      progress: "Progress", options: "OnnxOptions", verify: bool = True
+                      progress: "Progress", options: "OnnxOptions", verify: bool = True,
+                      context: int | None = None, static: Mapping[str, int] | None = None
                       ) -> "ir.Model":
     """``rewrite.export`` of a checkpoint folder (see :func:`rewrite.export`); ``verify``:
     the written model is run in onnxruntime and compared with eager before it is published
-    (:mod:`rewrite.exporting.checkpoint.checks`)."""
-    if cache is not None and cache not in CACHES:
-        raise InputError(f"cache={cache!r}: expected one of {', '.join(CACHES)}")
+    (:mod:`rewrite.exporting.checkpoint.checks`); ``context`` and ``static``: the fixed
+    cache of ``cache="static"`` (:mod:`rewrite.exporting.checkpoint.fixed_cache`)."""
+    _check_cache_options(cache, context, static)
     checkpoint = read_checkpoint(folder, trust_model=trust_model)
     inputs = [checkpoint.path, *checkpoint.weights]
     if output is not None:
@@ -67,10 +75,9 @@ def export_checkpoint(folder: str | Path, *, rules: RuleSet | str | Path | None,
                           f"{checkpoint.model_type!r}")
         with progress.step(f"loading {checkpoint.path}"):
             model = load_model(checkpoint, cls)
-        layout = cache_layout(model) if causal and (cache or "kv") == "kv" else None
-        call = causal_lm_call(model, layout) if causal else encoder_call(model)
-        check = (causal_lm_check(model, layout) if causal else encoder_check(model, call)) \
-            if verify and output is not None else None
+        call, check = _call_and_check(model, causal, cache or ("kv" if causal else "none"),
+                                      context, dict(static or {}),
+                                      verify and output is not None)
         if verify and output is not None and check is None:
             progress.note("not verified against eager: onnxruntime is fed from numpy, which "
                           "has no bfloat16")
@@ -83,6 +90,39 @@ def export_checkpoint(folder: str | Path, *, rules: RuleSet | str | Path | None,
                 inputs=inputs, axis_names=call.axis_names, check=check)
 
 
+def _check_cache_options(cache: str | None, context: int | None,
+                         static: Mapping[str, int] | None) -> None:
+    """:class:`InputError` for cache options that do not go together."""
+    if cache is not None and cache not in CACHES:
+        raise InputError(f"cache={cache!r}: expected one of {', '.join(CACHES)}")
+    if cache == "static" and (context is None or context < 1):
+        raise InputError("--cache static needs --context C, the cache's length in tokens")
+    if context is not None and cache != "static":
+        raise InputError("--context sets the length of a fixed cache: it goes with "
+                         "--cache static")
+    if static and cache != "static":
+        raise InputError("--static fixes every shape of a fixed cache: it goes with "
+                         "--cache static")
+    unknown = set(static or {}) - {"batch", "seq"}
+    if unknown:
+        raise InputError(f"--static takes batch=B and seq=S, not {', '.join(sorted(unknown))}")
+
+
+def _call_and_check(model: "torch.nn.Module", causal: bool, cache: str, context: int | None,
+                    static: dict[str, int], verify: bool) -> tuple[Call, "Check | None"]:
+    """How ``model`` is called while exporting, and what the written model must reproduce
+    (None: not checked)."""
+    if not causal:
+        call = encoder_call(model)
+        return call, encoder_check(model, call) if verify else None
+    if cache == "static":
+        layout = cache_layout(model)
+        call = fixed_cache_call(model, layout, context, static)
+        return call, fixed_cache_check(model, layout, context, static) if verify else None
+    layout = cache_layout(model) if cache == "kv" else None
+    return causal_lm_call(model, layout), causal_lm_check(model, layout) if verify else None
+
+
 def _check_kind(checkpoint: Checkpoint, cls: type, cache: str | None) -> bool:
     """Whether ``cls`` is a causal LM (else an encoder or an encoder-decoder, prefill only);
     InputError for a model without text input, or a KV cache asked of a non-causal one."""
@@ -92,9 +132,9 @@ def _check_kind(checkpoint: Checkpoint, cls: type, cache: str | None) -> bool:
         raise InputError(f"{checkpoint.path}: {cls.__name__} does not take input_ids; "
                          "rewrite export takes text models (causal LMs, encoders, "
                          "encoder-decoders)")
-    if cache == "kv":
+    if cache in ("kv", "static"):
         raise InputError(f"{checkpoint.path}: {cls.__name__} is not a causal language "
-                         "model: --cache kv needs one (use --cache none)")
+                         f"model: --cache {cache} needs one (use --cache none)")
     return False
 
 

@@ -39,7 +39,7 @@ from rewrite.errors import InputError, first_line, library_call
 if TYPE_CHECKING:
     import torch
 
-CACHES = ("kv", "none")
+CACHES = ("kv", "none", "static")
 EXAMPLE_BATCH, EXAMPLE_SEQUENCE, EXAMPLE_PAST = 2, 3, 4
 
 

@@ -11,7 +11,7 @@ example call.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Mapping
 
 from rewrite.exporting.checkpoint.cache import Call, LayerCache, cache_keyword, model_cache
 from rewrite.exporting.verify import Check, Step, as_numpy, tolerances
@@ -54,6 +54,56 @@ def causal_lm_check(model: "torch.nn.Module", layout: tuple[LayerCache, ...] | N
                   carried, name="decode step"))
     return Check(steps, *tolerances(model.dtype),
                  what=f"prefill of {PROMPT} tokens and one decode step")
+
+
+def fixed_cache_check(model: "torch.nn.Module", layout: tuple[LayerCache, ...],
+                      context: int, static: Mapping[str, int]) -> Check | None:
+    """The fixed cache's prefill of :data:`PROMPT` tokens (or what the context holds) and
+    one decode step, against the model's own call: the logits (the buffers' other slots are
+    zeros, not the eager cache's). With ``static`` shapes: one chunk of exactly ``seq``
+    tokens in ``batch`` equal rows."""
+    import torch
+
+    if model.dtype == torch.bfloat16:
+        return None
+    batch = static.get("batch", 1)
+    prompt = static.get("seq", min(PROMPT, context - 1))
+    vocab = model.config.get_text_config(decoder=True).vocab_size
+    ids = torch.randint(0, vocab, (1, prompt), generator=torch.Generator().manual_seed(0))
+    cache = model_cache(model)
+    logits, _ = _own_call(model, ids, prompt, cache)
+    runs = [(ids, prompt, logits)]
+    if "seq" not in static:
+        token = torch.from_numpy(logits[:, -1:]).argmax(-1)
+        runs.append((token, prompt + 1, _own_call(model, token, prompt + 1, cache)[0]))
+    steps = [_fixed_step(n, tokens, total, expected, layout, context, batch, model.dtype)
+             for n, (tokens, total, expected) in enumerate(runs)]
+    what = f"prefill of {prompt} tokens into a cache of {context}" + (
+        " and one decode step" if len(steps) > 1 else "")
+    return Check(tuple(steps), *tolerances(model.dtype), what=what)
+
+
+def _fixed_step(n: int, tokens: "torch.Tensor", total: int, expected: Any,
+                layout: tuple[LayerCache, ...], context: int, batch: int,
+                dtype: "torch.dtype") -> Step:
+    """Step ``n`` of :func:`fixed_cache_check`: the first feeds empty buffers, the next its
+    ``present`` outputs."""
+    import numpy as np
+
+    feeds = {k: np.repeat(v, batch, axis=0) for k, v in _feeds(tokens, total).items()}
+    feeds["attention_mask"] = np.repeat((np.arange(context) < total).astype(np.int64)[None],
+                                        batch, axis=0)
+    carried = {}
+    for k, layer in enumerate(layout):
+        if n == 0:
+            key, value = layer.empty(batch, context, dtype)
+            feeds[f"past_key_values.{k}.key"] = as_numpy(key)
+            feeds[f"past_key_values.{k}.value"] = as_numpy(value)
+        else:
+            carried.update({f"past_key_values.{k}.{kv}": f"present.{k}.{kv}"
+                            for kv in ("key", "value")})
+    return Step(feeds, {"logits": np.repeat(expected, batch, axis=0)}, carried,
+                name=("prefill", "decode step")[n])
 
 
 def encoder_check(model: "torch.nn.Module", call: Call) -> Check | None:
