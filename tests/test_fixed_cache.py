@@ -162,3 +162,30 @@ def test_bad_fixed_cache_options_write_nothing(options, message, tmp_path):
             ")", r"\)")):
         rewrite.export(folder, output=out, **options)
     assert not list(out.parent.iterdir())
+
+
+def test_check_static_passes_the_static_models(static_exported, run_cli):
+    """``rewrite check-static``: nothing to report in a --static dense model; the MoE's
+    expert routing is data-dependent whatever the shapes (reported, with its function)."""
+    family, _, out = static_exported
+    r = run_cli("check-static", out)
+    if family == "qwen2_moe":
+        assert r.code == 1 and "Qwen2MoeExperts" in r.out, r.out
+    else:
+        assert r.code == 0, r.out
+        assert "nothing a static compiler rejects" in r.err + r.out
+
+
+def test_check_static_names_what_stops_a_dynamic_model(exported, run_cli):
+    _, _, out = exported
+    r = run_cli("check-static", out)
+    assert r.code == 1
+    assert "function pkg.transformers::" in r.out
+    assert "is not a number" in r.out  # batch_size, sequence_length
+
+
+def test_check_static_refuses_what_is_not_onnx(tmp_path, run_cli):
+    bad = tmp_path / "model.onnx"
+    bad.write_bytes(b"not a model")
+    r = run_cli("check-static", bad)
+    assert r.code == 2 and "not a readable ONNX model" in r.err

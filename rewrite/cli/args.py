@@ -270,8 +270,18 @@ def _add_diff(sub, common: argparse.ArgumentParser) -> None:
     _trust(diff)
 
 
+def _add_check_static(sub, common: argparse.ArgumentParser) -> None:
+    static = sub.add_parser(
+        "check-static", parents=[common], help="what would stop a static-shape compiler",
+        description="List what an NPU compiler that wants every shape fixed would reject in "
+        "MODEL.onnx: data-dependent ops (NonZero, If, Loop), shapes read at run time, "
+        "reductions over axes that are not constants, dimensions that are not numbers. "
+        "Exit 0 when there is none, 1 when there are.")
+    static.add_argument("model", metavar="MODEL.onnx")
+
+
 COMMAND_PARSERS = (_add_check, _add_explain, _add_apply, _add_suggest, _add_export,
-                   _add_lock, _add_verify, _add_diff)
+                   _add_check_static, _add_lock, _add_verify, _add_diff)
 """One function per command, each adding its subparser (in ``--help`` order)."""
 
 

@@ -18,12 +18,13 @@ from rewrite.cli.commands import cmd_apply, cmd_check, cmd_explain
 from rewrite.cli.console import Consoles
 from rewrite.cli.export import cmd_export
 from rewrite.cli.lock import cmd_diff, cmd_lock, cmd_verify
+from rewrite.cli.static import cmd_check_static
 from rewrite.cli.suggest import cmd_suggest
 from rewrite.errors import RewriteError, first_line
 
 COMMANDS = {"check": cmd_check, "explain": cmd_explain, "apply": cmd_apply,
             "suggest": cmd_suggest, "export": cmd_export, "lock": cmd_lock,
-            "verify": cmd_verify, "diff": cmd_diff}
+            "verify": cmd_verify, "diff": cmd_diff, "check-static": cmd_check_static}
 
 
 def _os_error(e: OSError) -> str:
