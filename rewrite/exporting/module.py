@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import contextlib
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from rewrite.api import apply, as_ruleset
 from rewrite.compile import RuleSet, parse_rules
 from rewrite.exporting.dim_names import dim_names, rename_dims
 from rewrite.errors import library_call
 from rewrite.errors import InputError, first_line
+from rewrite.files.outputs import Beside
 
 if TYPE_CHECKING:
     import onnx_ir as ir
@@ -32,11 +33,14 @@ def export_module(model: "torch.nn.Module", args: tuple, kwargs: Mapping[str, An
                   output: str | Path | None, input_names: Sequence[str] | None,
                   output_names: Sequence[str] | None, progress: "Progress",
                   options: "OnnxOptions", inputs: Sequence[str | Path] = (),
-                  axis_names: Any = None, check: "Check | None" = None) -> "ir.Model":
+                  axis_names: Any = None, check: "Check | None" = None,
+                  beside: "Callable[[ir.Model], Beside] | None" = None) -> "ir.Model":
     """:func:`rewrite.export` of an ``nn.Module``; ``output`` must not be one of ``inputs``. The
     model's symbolic dimensions take the names of the ``Dim``\\ s of ``dynamic_shapes``, or
     of ``axis_names`` (the same form, with names) when given. ``check``: what onnxruntime
-    must reproduce before the output is published (:mod:`rewrite.exporting.verify`)."""
+    must reproduce before the output is published (:mod:`rewrite.exporting.verify`).
+    ``beside``: given the finished model, the files to publish with it beside ``output`` (a
+    checkpoint's ``genai_config.json`` and tokenizer files)."""
     from rewrite.backends.onnx.save import weights_early, write_model
     from rewrite.files.outputs import check_output_path
 
@@ -51,10 +55,11 @@ def export_module(model: "torch.nn.Module", args: tuple, kwargs: Mapping[str, An
                                           if axis_names is not None else dynamic_shapes))
         rename_values(onnx_model, input_names, output_names)
         if out is not None:
+            files = beside(onnx_model) if beside is not None else Beside()
             with progress.step(f"writing {out}"):
                 write_model(onnx_model, out, threshold=options.external_data_threshold,
                             chunk=options.weights_chunk, progress=progress, early=data,
-                            check=check)
+                            check=check, beside=files)
     return onnx_model
 
 

@@ -24,6 +24,12 @@ Everything is fsynced (``staged``), then, under the output folder's lock (``lock
 4. ``cleaned``: the staging folder, stale data (``OUT.onnx.data`` or chunks of an earlier
    run that the new model does not use) and leftovers of killed runs removed.
 
+Files that belong with the model (:class:`Beside`: ``genai_config.json``, tokenizer files)
+are written in the staging folder too and moved to their names beside the output in step 2,
+with the data (without data files: just before the model's rename). Each is whole, old or
+new; a run killed between steps 1 and 2 leaves the new pair beside the old companions (a
+``genai_config.json`` of the model before), until the next run.
+
 A run killed before 1 leaves the old pair and its staging folder; killed after 1, a
 complete new pair (reading the staging folder until 3). Leftovers are recognised by name
 (``.OUT.onnx.XXXXXXXX``, and ``.OUT.onnx.old.XXXXXXXX`` of the rename-aside scheme before
@@ -196,6 +202,43 @@ class Staged:
     """The same model with its data read in the staging folder (None: no data files)."""
     data: tuple[str, ...]
     """The data files' names, in ``folder`` and beside the output alike."""
+    companions: tuple[str, ...] = ()
+    """Files in ``folder`` moved beside the output with the data (:class:`Beside`)."""
+
+
+@frozen
+class Companion:
+    """A file published with a model, beside it (``genai_config.json``, a tokenizer file)."""
+
+    name: str
+    """Its name beside the model (a plain file name)."""
+    text: str | None = None
+    """Its content (written as UTF-8), or None: a copy of ``source``."""
+    source: Path | None = None
+    """The file it copies, when ``text`` is None."""
+
+    def write(self, folder: Path) -> None:
+        """Write it into ``folder`` under its name."""
+        if Path(self.name).name != self.name or self.name in ("", ".", ".."):
+            raise ValueError(f"{self.name!r}: a companion file is a plain file name")
+        target = folder / self.name
+        if self.text is not None:
+            target.write_text(self.text, encoding="utf-8")
+        elif self.source is not None:
+            shutil.copyfile(self.source, target)
+        else:
+            raise ValueError(f"{self.name}: a companion file needs a text or a source")
+
+
+@frozen
+class Beside:
+    """What is published beside a model, with it (:func:`publish`)."""
+
+    files: tuple[Companion, ...] = ()
+    """Written in the staging folder, moved beside the model with its data."""
+    stale: tuple[str, ...] = ()
+    """Files of an earlier run beside the model that no longer belong with it: removed
+    once the new model is in place."""
 
 
 @contextlib.contextmanager
@@ -223,7 +266,8 @@ def publish(output: Path, staged: Staged, *, stale: Iterable[str] = ()) -> None:
     """Make ``staged`` the pair at ``output``, crash-safe (the module docstring's steps);
     ``stale`` names data files of earlier runs to remove once the new model is in place."""
     folder = output.parent
-    for path in (*(staged.folder / name for name in staged.data), staged.model,
+    for path in (*(staged.folder / name for name in (*staged.data, *staged.companions)),
+                 staged.model,
                  *([staged.first] if staged.first else []), staged.folder):
         _fsync(path)
     _reached("staged")
@@ -235,6 +279,7 @@ def publish(output: Path, staged: Staged, *, stale: Iterable[str] = ()) -> None:
             _reached("committed")
             try:
                 _place_data(staged)
+                _place_companions(staged)
                 _fsync(folder)
                 _reached("linked")
                 _replace(staged.model, output, mode)
@@ -242,6 +287,7 @@ def publish(output: Path, staged: Staged, *, stale: Iterable[str] = ()) -> None:
                 (staged.folder / _IN_USE).touch()
                 raise
         else:
+            _place_companions(staged)
             _replace(staged.model, output, mode)
         _reached("published")
         shutil.rmtree(staged.folder, ignore_errors=True)
@@ -272,11 +318,19 @@ def _place_data(staged: Staged) -> None:
         os.replace(link, target)
 
 
+def _place_companions(staged: Staged) -> None:
+    """Each companion file moved to its name beside the output (nothing reads it in the
+    staging folder)."""
+    folder = staged.folder.parent
+    for name in staged.companions:
+        os.replace(staged.folder / name, folder / name)
+
+
 def _clean(output: Path, staged: Staged, stale: Iterable[str]) -> None:
     """Remove stale data of earlier runs and the staging folders of killed ones."""
     folder = output.parent
     for name in dict.fromkeys(stale):
-        if name not in staged.data:
+        if name not in staged.data and name not in staged.companions:
             with contextlib.suppress(OSError):
                 (folder / name).unlink()
     ours = re.compile(rf"\.{re.escape(output.name)}\.(old\.)?[a-z0-9_]{{8}}(\..+\.link)?")

@@ -10,7 +10,8 @@ The summary note says how many went file to file. Large tensors start at 64 KiB-
 offsets, so runtimes can map them. Weights under ``EXTERNAL_TENSOR_BYTES`` stay in the model
 whatever the threshold. The model and its data files are written in a staging folder beside
 the output and published crash-safe (:func:`rewrite.files.outputs.publish`): killed at any instant,
-the output is the old pair or the new one, never a mix.
+the output is the old pair or the new one, never a mix. Files that belong with the model
+(``beside``: ``genai_config.json``, tokenizer files) are staged and published with it.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from rewrite._private.onnx_files import chunk_names
 from rewrite.backends.onnx.early_data import EarlyData, early_data
 from rewrite.backends.onnx.progress import SILENT, Progress
 from rewrite.errors import InputError
-from rewrite.files.outputs import Staged, publish, staging_folder
+from rewrite.files.outputs import Beside, Staged, publish, staging_folder
 
 if TYPE_CHECKING:
     import torch
@@ -92,12 +93,14 @@ def weights_early(module: "torch.nn.Module", output: Path, *, threshold: int,
 def write_model(model: ir.Model, output: str | Path, *, threshold: int,
                 chunk: int | None = None, progress: Progress = SILENT,
                 early: EarlyData | None = None,
-                check: Callable[[Path], str] | None = None) -> list[Path]:
+                check: Callable[[Path], str] | None = None,
+                beside: Beside = Beside()) -> list[Path]:
     """Write ``model`` to ``output``; returns the external data files written (none when
     the weights are embedded: at most ``threshold`` bytes and no ``chunk`` given).
     ``early``: its weights written while the model was made (:func:`weights_early`), used
     when they are exactly the model's. ``check``: run on the staged model file before it is
-    published (its note is reported; what it raises leaves the output as it was)."""
+    published (its note is reported; what it raises leaves the output as it was).
+    ``beside``: files published with the model."""
     out = Path(output)
     verify_weights(model)
     total = tensor_bytes(model)
@@ -123,7 +126,11 @@ def write_model(model: ir.Model, output: str | Path, *, threshold: int,
                 with progress.step("checking the written model against eager PyTorch"):
                     progress.note(check(staged))
             first = _reading_folder(staged, folder.name) if data else None
-            publish(out, Staged(folder, staged, first, data), stale=_stale_data(out))
+            for companion in beside.files:
+                companion.write(folder)
+            companions = tuple(c.name for c in beside.files)
+            publish(out, Staged(folder, staged, first, data, companions),
+                    stale=[*_stale_data(out), *beside.stale])
             return [out.parent / name for name in data]
     except OSError as e:
         raise InputError(f"{out}: cannot write ({e.strerror or e})") from e

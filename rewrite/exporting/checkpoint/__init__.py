@@ -5,12 +5,15 @@ unless trusted), its model built by transformers offline with the weights mapped
 (:mod:`build`), called with its KV cache explicit (:mod:`cache`: the inputs, dynamic shapes
 and I/O names; an encoder or encoder-decoder, prefill only: :mod:`encoders`), then
 exported, grouped, lowered and written by the one pipeline of
-:func:`rewrite.exporting.module.export_module`. Rules: the given ones, else the shipped rules of
-the config's ``model_type``, else what ``rewrite suggest`` writes for the program.
+:func:`rewrite.exporting.module.export_module`, with ``genai_config.json`` and the tokenizer
+files beside it (:mod:`genai`: the folder onnxruntime-genai runs as is). Rules: the given
+ones, else the shipped rules of the config's ``model_type``, else what ``rewrite suggest``
+writes for the program.
 """
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Mapping
 
@@ -36,6 +39,7 @@ from rewrite.exporting.checkpoint.checks import (
 from rewrite.exporting.checkpoint.fixed_cache import fixed_cache_call
 from rewrite.exporting.checkpoint.encoders import encoder_call, takes_text
 from rewrite.exporting.checkpoint.folder import Checkpoint, read_checkpoint
+from rewrite.exporting.checkpoint.genai import beside, plan
 from rewrite.api import as_ruleset
 from rewrite.compile import RuleSet, shipped_rules
 from rewrite.errors import InputError
@@ -82,12 +86,17 @@ def export_checkpoint(folder: str | Path, *, rules: RuleSet | str | Path | None,
             progress.note("not verified against eager: onnxruntime is fed from numpy, which "
                           "has no bfloat16")
         options = _with_moe_translations(options)
+        genai = plan(checkpoint, model.config, call if causal else None, layout)
+        published = None if output is None else partial(beside, genai, Path(output))
         with calling(model, call), grouped_query_attention():
-            return export_module(
+            exported = export_module(
                 model, call.args, None, rules=ruleset, dynamic_shapes=call.dynamic_shapes,
                 strict=False, output=output, input_names=call.input_names,
                 output_names=call.output_names, progress=progress, options=options,
-                inputs=inputs, axis_names=call.axis_names, check=check)
+                inputs=inputs, axis_names=call.axis_names, check=check, beside=published)
+    if output is not None:
+        progress.note(genai.note(Path(output)))
+    return exported
 
 
 def _check_cache_options(cache: str | None, context: int | None,
