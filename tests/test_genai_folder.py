@@ -212,6 +212,19 @@ def test_without_a_cache_no_genai_config_and_an_old_one_removed(exported, tmp_pa
     assert len(notes) == 1 and "not written" in notes[0] and "--cache none" in notes[0]
 
 
+@pytest.mark.parametrize("exported", ["llama"], indirect=True)
+def test_a_fixed_cache_is_written_without_genai_config(exported, tmp_path):
+    """--cache static: onnxruntime-genai on CPU feeds a mask of the tokens so far, where the
+    graph takes one per slot; no genai_config.json, one note line."""
+    _, folder, _, _ = exported
+    progress = Recorder()
+    rewrite.export(folder, cache="static", context=32, output=tmp_path / "model.onnx",
+                   progress=progress)
+    assert not (tmp_path / "genai_config.json").exists()
+    notes = [line for line in progress.text.splitlines() if "genai_config.json" in line]
+    assert len(notes) == 1 and "not written" in notes[0] and "--cache static" in notes[0]
+
+
 def test_an_encoder_is_written_without_genai_config(tmp_path):
     folder = checkpoints.write("bert", tmp_path / "checkpoint")
     (tmp_path / "out").mkdir()

@@ -27,6 +27,7 @@ from rewrite.exporting.checkpoint.build import (
 from rewrite.exporting.checkpoint.cache import (
     CACHES,
     Call,
+    LayerCache,
     cache_layout,
     calling,
     causal_lm_call,
@@ -79,14 +80,14 @@ def export_checkpoint(folder: str | Path, *, rules: RuleSet | str | Path | None,
                           f"{checkpoint.model_type!r}")
         with progress.step(f"loading {checkpoint.path}"):
             model = load_model(checkpoint, cls)
-        call, check = _call_and_check(model, causal, cache or ("kv" if causal else "none"),
-                                      context, dict(static or {}),
-                                      verify and output is not None)
+        kind = cache or ("kv" if causal else "none")
+        call, check, layout = _call_and_check(model, causal, kind, context,
+                                              dict(static or {}), verify and output is not None)
         if verify and output is not None and check is None:
             progress.note("not verified against eager: onnxruntime is fed from numpy, which "
                           "has no bfloat16")
         options = _with_moe_translations(options)
-        genai = plan(checkpoint, model.config, call if causal else None, layout)
+        genai = plan(checkpoint, model.config, call if causal else None, layout, kind)
         published = None if output is None else partial(beside, genai, Path(output))
         with calling(model, call), grouped_query_attention():
             exported = export_module(
@@ -118,18 +119,21 @@ def _check_cache_options(cache: str | None, context: int | None,
 
 
 def _call_and_check(model: "torch.nn.Module", causal: bool, cache: str, context: int | None,
-                    static: dict[str, int], verify: bool) -> tuple[Call, "Check | None"]:
-    """How ``model`` is called while exporting, and what the written model must reproduce
-    (None: not checked)."""
+                    static: dict[str, int], verify: bool
+                    ) -> tuple[Call, "Check | None", "tuple[LayerCache, ...] | None"]:
+    """How ``model`` is called while exporting, what the written model must reproduce
+    (None: not checked) and the model's own cache layout (None: no cache)."""
     if not causal:
         call = encoder_call(model)
-        return call, encoder_check(model, call) if verify else None
+        return call, encoder_check(model, call) if verify else None, None
     if cache == "static":
         layout = cache_layout(model)
         call = fixed_cache_call(model, layout, context, static)
-        return call, fixed_cache_check(model, layout, context, static) if verify else None
+        return (call, fixed_cache_check(model, layout, context, static) if verify else None,
+                layout)
     layout = cache_layout(model) if cache == "kv" else None
-    return causal_lm_call(model, layout), causal_lm_check(model, layout) if verify else None
+    return (causal_lm_call(model, layout),
+            causal_lm_check(model, layout) if verify else None, layout)
 
 
 def _check_kind(checkpoint: Checkpoint, cls: type, cache: str | None) -> bool:

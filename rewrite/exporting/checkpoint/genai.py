@@ -19,17 +19,19 @@ exported graph, with the field names of onnxruntime-genai's model builder:
 - ``search``: the generation config's defaults (``do_sample``, ``temperature``, ``top_k``,
   ``top_p``, ``num_beams``, ``repetition_penalty``...), ``max_length`` the context length, and
   ``past_present_share_buffer`` only where the graph allows it: every ``present`` as long as
-  its ``past`` (a cache written in place). Today's graph grows the cache by ``Concat``, so it
-  is ``false``.
+  its ``past`` (a cache written in place). The ``kv`` graph grows the cache by ``Concat``, so
+  it is ``false``.
 
 The tokenizer files present in the checkpoint (:data:`TOKENIZER_FILES`) are copied byte for
 byte, whatever the model.
 
 Pass-through (documented, not an error): where no ``genai_config.json`` can be derived (an
-encoder or encoder-decoder, a causal LM exported without its KV cache, a config without a
-context length or end id, caches of several shapes) the model is written without one, and
-one note line says why; a ``genai_config.json`` of an earlier run that names the output is
-removed with the old model.
+encoder or encoder-decoder, a causal LM exported without its KV cache or with a fixed one
+(``--cache static``: the runtime on CPU feeds an attention mask as long as the tokens so far,
+where the graph takes one per slot of the buffer), a config without a context length or end
+id, caches of several shapes) the model is written without one, and one note line says why;
+a ``genai_config.json`` of an earlier run that names the output is removed with the old
+model.
 """
 
 from __future__ import annotations
@@ -92,9 +94,10 @@ class Genai:
 
 
 def plan(checkpoint: Checkpoint, model_config: Any, call: Call | None,
-         layout: tuple[LayerCache, ...] | None) -> Genai:
+         layout: tuple[LayerCache, ...] | None, cache: str = "kv") -> Genai:
     """What to publish beside the model of ``checkpoint`` exported as ``call`` (None: not a
-    causal LM) with the cache ``layout`` (the model's own; None: no cache)."""
+    causal LM) with the cache ``layout`` (the model's own; None: no cache) of kind
+    ``cache`` (``kv``, ``static``...)."""
     tokenizer = tuple(checkpoint.path / name for name in TOKENIZER_FILES
                       if (checkpoint.path / name).is_file())
     if call is None:
@@ -102,6 +105,10 @@ def plan(checkpoint: Checkpoint, model_config: Any, call: Call | None,
     if layout is None:
         return Genai(None, "no KV cache (--cache none): onnxruntime-genai feeds it back",
                      tokenizer)
+    if cache != "kv":
+        return Genai(None, f"a fixed cache (--cache {cache}): onnxruntime-genai feeds an "
+                     "attention mask as long as the tokens so far, the graph takes one per "
+                     "slot", tokenizer)
     try:
         config = _config(checkpoint, model_config, call, layout, tokenizer)
     except _NotDerived as e:
