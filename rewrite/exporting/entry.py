@@ -42,38 +42,24 @@ def export(
 ) -> "ir.Model":
     """Export ``model`` with ``torch.export``, group it by ``rules`` and lower it to ONNX.
 
-    ``model``: an ``nn.Module`` called with ``args`` / ``kwargs``, or the path of a Hugging
-    Face checkpoint folder (``config.json`` and ``*.safetensors``): the model its config
-    names, built by transformers with its weights mapped, called as ``cache`` says (``"kv"``,
-    the default for causal LMs: decode-ready, the KV cache as inputs and outputs; ``"none"``:
-    prefill only; see :mod:`rewrite.exporting.checkpoint`). ``trust_model`` lets a folder load
-    code or pickled weights from itself.
+    ``model``: an ``nn.Module`` called with ``args`` / ``kwargs`` (``dynamic_shapes`` and
+    ``strict`` go to ``torch.export.export``; ``input_names`` / ``output_names`` rename the
+    graph's first inputs / outputs), or a Hugging Face checkpoint folder built by
+    transformers with its weights mapped and called as ``cache`` says: ``"kv"`` (causal LMs'
+    default: the KV cache as inputs and outputs), ``"none"`` (prefill), ``"static"`` (a
+    cache of ``context`` tokens written in place; ``static={"batch": B, "seq": S}`` fixes
+    those too); ``trust_model`` lets a folder run its own code; ``verify``: the written
+    model is compared with eager in onnxruntime before it is published
+    (:class:`VerificationError` on a mismatch, nothing written).
+    ``rules``: a :class:`RuleSet` or what :func:`rewrite.load_rules` takes; None: a
+    checkpoint's shipped rules, else what ``rewrite suggest`` writes (sent to
+    ``progress.note``). ``onnx_options``: :class:`~rewrite.backends.onnx.OnnxOptions`'s
+    fields. With ``output`` the model is also written (crash-safe, weights copied file to
+    file where they lie in a file). ``progress`` hears of each step.
 
-    ``rules``: a :class:`RuleSet`, or what :func:`rewrite.load_rules` accepts (a path, a
-    shipped name such as ``"gpt2"``); None: for a checkpoint the shipped rules of its
-    ``model_type`` when there are any, else what ``rewrite suggest`` writes for the exported
-    program (its text is sent to ``progress.note``). ``dynamic_shapes`` and ``strict`` go to
-    ``torch.export.export``; ``onnx_options`` are the fields of
-    :class:`~rewrite.backends.onnx.OnnxOptions` (``constants``, ``optimize``, ...).
-    ``input_names`` / ``output_names`` rename the graph's first inputs / outputs, in order.
-    With ``output``, the model is also written there (crash-safe; weights to ``OUTPUT.data``
-    above ``external_data_threshold`` bytes, copied file to file from a file mapping such as
-    ``from_pretrained``'s when provably equal). ``progress`` (a
-    :class:`~rewrite.backends.onnx.Progress`, e.g. the CLI's ``Steps``) hears of each step.
-
-    ``cache="static"`` with ``context`` (tokens): a fixed-size cache written in place at
-    ``position_ids`` (for compilers that want fixed shapes); ``static`` (``{"batch": B,
-    "seq": S}``) fixes those sizes too (see :mod:`rewrite.exporting.checkpoint.fixed_cache`).
-
-    ``verify`` (a checkpoint written to ``output``): before it is published, onnxruntime runs
-    the written model on a few tokens (a prefill and a decode step) and its outputs are
-    compared with the eager model's; a mismatch raises :class:`VerificationError` and
-    nothing is written.
-
-    Raises :class:`RuleError` for bad rules (before exporting), :class:`InputError` for an
-    unusable folder, when ``torch.export`` fails (its error is the ``__cause__``) or
-    ``output`` cannot be written, :class:`GroupingError` when a group cannot be outlined.
-    """
+    Raises :class:`RuleError` (bad rules), :class:`InputError` (an unusable folder, what
+    ``torch.export`` rejects, an unwritable ``output``), :class:`GroupingError` (a group
+    that cannot be outlined)."""
     from rewrite.backends.onnx import SILENT, OnnxOptions
 
     folder = isinstance(model, (str, Path))

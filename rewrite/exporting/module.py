@@ -85,7 +85,7 @@ def _torch_export(model: "torch.nn.Module", args: tuple, kwargs: Mapping[str, An
     """``torch.export.export`` keeping node metadata. What it rejects in the model is an
     :class:`InputError`; a failure in rewrite's own code that it traces (a checkpoint's
     decode-ready forward) is rewrite's bug, a crash of torch's own a ``LibraryError``
-    (:func:`~rewrite._private.errors.library_call`)."""
+    (:func:`~rewrite.errors.library_call`)."""
     import torch
 
     name = type(model).__name__
