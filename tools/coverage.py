@@ -1,7 +1,7 @@
 """Which causal LMs ``rewrite export`` converts: every ``model_type`` of transformers'
 causal-LM mapping, as a tiny random checkpoint, exported as a user runs it.
 
-    .venv/bin/python -m tools.coverage [--only TYPE ...] [--timeout 300]
+    .venv/bin/python -m tools.coverage [--only TYPE ...] [--jobs N] [--timeout 300]
         [--table docs/COVERAGE.md] [--json FILE]
 
 Per model type: its config class with small sizes (2 layers, hidden 64, 4 heads / 2 KV heads,
@@ -18,6 +18,7 @@ line that says why.
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import json
 import os
 import re
@@ -172,18 +173,19 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--only", nargs="+", metavar="TYPE")
     parser.add_argument("--timeout", type=float, default=300)
+    parser.add_argument("--jobs", type=int, default=1, help="model types run at once")
     parser.add_argument("--table", type=Path, help="write the markdown table here")
     parser.add_argument("--json", type=Path, help="write the rows as JSON here")
     args = parser.parse_args(argv)
     types = args.only or sorted(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
     rows = []
-    for n, model_type in enumerate(types, 1):
-        row = run_one(model_type, args.timeout)
-        rows.append(row)
-        print(f"[{n}/{len(types)}] {model_type}: {row['result']} ({row['seconds']} s) "
-              f"{row['why']}", flush=True)
-        if args.json:
-            args.json.write_text(json.dumps(rows, indent=1))
+    with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:  # each runs processes
+        for n, row in enumerate(pool.map(lambda t: run_one(t, args.timeout), types), 1):
+            rows.append(row)
+            print(f"[{n}/{len(types)}] {row['type']}: {row['result']} ({row['seconds']} s) "
+                  f"{row['why']}", flush=True)
+            if args.json:
+                args.json.write_text(json.dumps(rows, indent=1))
     text = table(rows)
     if args.table:
         args.table.write_text(text)
