@@ -37,6 +37,9 @@ def export(
     static: Mapping[str, int] | None = None,
     trust_model: bool = False,
     verify: bool = True,
+    precision: str | None = None,
+    block_size: int | None = None,
+    symmetric: bool | None = None,
     progress: "Progress | None" = None,
     **onnx_options: Any,
 ) -> "ir.Model":
@@ -70,6 +73,12 @@ def export(
     compared with the eager model's; a mismatch raises :class:`VerificationError` and
     nothing is written.
 
+    ``precision`` (a checkpoint): ``"fp32"``, ``"fp16"``, ``"bf16"`` build the model in that
+    dtype (None: the checkpoint's); ``"int4"``: blockwise 4-bit weights (``block_size``,
+    default 32; ``symmetric``, default True: int4, else uint4 with zero points) for every
+    MatMul (the decoder layers' linears and the lm_head; embeddings stay float), one function
+    per layer class kept (see :mod:`rewrite.exporting.precision`).
+
     Raises :class:`RuleError` for bad rules (before exporting), :class:`InputError` for an
     unusable folder, when ``torch.export`` fails (its error is the ``__cause__``) or
     ``output`` cannot be written, :class:`GroupingError` when a group cannot be outlined.
@@ -80,6 +89,9 @@ def export(
     options = OnnxOptions(**{"fold_weights": not folder, **onnx_options})
     report = progress or SILENT
     if folder:
+        from rewrite.exporting.precision import Precision
+
+        chosen = Precision.parse(precision, block_size, symmetric)
         if args or kwargs or dynamic_shapes is not None or input_names or output_names:
             raise InputError("a checkpoint folder is exported with its own inputs: args, "
                              "kwargs, dynamic_shapes and input/output names are not taken")
@@ -87,9 +99,11 @@ def export(
 
         return export_checkpoint(model, rules=rules, cache=cache, output=output,
                                  trust_model=trust_model, progress=report, options=options,
-                                 verify=verify, context=context, static=static)
-    if cache is not None or trust_model or context is not None or static:
-        raise InputError("cache, context, static and trust_model are options of a "
+                                 verify=verify, context=context, static=static,
+                                 precision=chosen)
+    if (cache is not None or trust_model or context is not None or static
+            or precision is not None or block_size is not None or symmetric is not None):
+        raise InputError("cache, context, static, trust_model and precision are options of a "
                          f"checkpoint folder, not of a {type(model).__name__}")
     return export_module(model, args, kwargs, rules=rules, dynamic_shapes=dynamic_shapes,
                          strict=strict, output=output, input_names=input_names,

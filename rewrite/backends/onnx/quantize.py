@@ -83,7 +83,7 @@ def quantize_int4(model: ir.Model, *, block: int = 32, symmetric: bool = True) -
     functions = {f.identifier(): f for f in model.functions.values()}
     calls, opaque = _call_sites(model, functions)
     slots = _quantizable_slots(model, functions, calls, opaque)
-    rewriter = _Rewriter(model, functions, slots, block, symmetric)
+    rewriter = _Rewriter(model, functions, slots, calls, block, symmetric)
     rewriter.run()
     if rewriter.created:
         _raise_opsets(model)
@@ -174,7 +174,9 @@ def _is_weight(value: ir.Value | None) -> bool:
 def _quantizable_slots(model: ir.Model, functions: dict[FunctionId, ir.Function],
                        calls: dict, opaque: set[FunctionId]) -> dict[Slot, str]:
     """Function inputs to quantize, with their layout: the largest set where every use
-    wants one layout and every call passes a weight or a quantized input of its caller."""
+    wants one layout and either every call is in the main graph and passes a weight (an
+    entry: the function dequantizes) or every call is in a function and passes an input of
+    it in the set (inner: it receives the dequantized ``[K, N]`` weight)."""
     slots: dict[Slot, str] = {}
     changed = True
     while changed:  # grow: inputs used only as weights, inner functions first
@@ -188,11 +190,13 @@ def _quantizable_slots(model: ir.Model, functions: dict[FunctionId, ir.Function]
                     slots[(fid, index)] = layout
                     changed = True
     changed = True
-    while changed:  # shrink: a call that does not pass a weight
+    while changed:  # shrink: a call that passes no weight, calls from both kinds of places
         changed = False
         for (fid, index) in list(slots):
-            ok = all(_passes_weight(container, node, index, functions, slots)
-                     for container, node in calls[fid])
+            sites = calls[fid]
+            main = [isinstance(c, ir.Graph) for c, _ in sites]
+            ok = (all(main) or not any(main)) and all(
+                _passes_weight(container, node, index, slots) for container, node in sites)
             if ok and _input_layout(functions[fid], index, slots) == slots[(fid, index)]:
                 continue
             del slots[(fid, index)]
@@ -201,7 +205,7 @@ def _quantizable_slots(model: ir.Model, functions: dict[FunctionId, ir.Function]
 
 
 def _passes_weight(container: Container, node: ir.Node, index: int,
-                   functions: dict[FunctionId, ir.Function], slots: dict[Slot, str]) -> bool:
+                   slots: dict[Slot, str]) -> bool:
     arg = node.inputs[index] if index < len(node.inputs) else None
     if isinstance(container, ir.Graph):
         return _is_weight(arg)
@@ -211,72 +215,79 @@ def _passes_weight(container: Container, node: ir.Node, index: int,
     return (container.identifier(), position) in slots
 
 
+Sources = dict[ir.Value, tuple[tuple[ir.Value, ...], str]]
+"""A function's entry inputs: old input -> (its q, scale[, zero point] inputs, layout)."""
+
+
 class _Rewriter:
     """The rewrite of every container, given the slots to quantize."""
 
     def __init__(self, model: ir.Model, functions: dict[FunctionId, ir.Function],
-                 slots: dict[Slot, str], block: int, symmetric: bool) -> None:
+                 slots: dict[Slot, str], calls: dict, block: int, symmetric: bool) -> None:
         self.model, self.functions, self.slots = model, functions, slots
         self.block, self.symmetric = block, symmetric
+        self.entries = {slot for slot in slots
+                        if all(isinstance(c, ir.Graph) for c, _ in calls[slot[0]])}
         self.created: dict[tuple[str, str], tuple[ir.Value, ...]] = {}
         self.in_functions: dict[str, int] = {}
         self.in_main = 0
-        self.passed = 0
 
     def run(self) -> None:
-        sources: dict[FunctionId, dict[ir.Value, tuple[tuple[ir.Value, ...], str]]] = {}
+        sources = {fid: self._new_signature(fid, f) for fid, f in self.functions.items()}
+        self._rewrite(self.model.graph, None, set())
         for fid, function in self.functions.items():
-            sources[fid] = self._new_signature(fid, function)
-        self._rewrite(self.model.graph, None)
-        for fid, function in self.functions.items():
-            self._rewrite(function, sources[fid])
+            inner = {function.inputs[i]: layout for (f, i), layout in self.slots.items()
+                     if f == fid and (f, i) not in self.entries}
+            self._rewrite(function, sources[fid], inner)
         graph = self.model.graph
         for name, value in list(graph.initializers.items()):
             if any(key[0] == name for key in self.created) and not list(value.uses()):
                 del graph.initializers[name]
 
-    def _new_signature(self, fid: FunctionId, function: ir.Function
-                       ) -> dict[ir.Value, tuple[tuple[ir.Value, ...], str]]:
-        """The function's quantized inputs: ``q`` in place, scale (and zero point) at the
-        end, in input order; old input -> (new values, layout)."""
-        found: dict[ir.Value, tuple[tuple[ir.Value, ...], str]] = {}
+    def _new_signature(self, fid: FunctionId, function: ir.Function) -> Sources:
+        """An entry input becomes ``q`` in place, its scale (and zero point) at the end,
+        in input order."""
+        found: Sources = {}
         extra: list[ir.Value] = []
         for index, old in enumerate(list(function.inputs)):
-            layout = self.slots.get((fid, index))
-            if layout is None:
+            if (fid, index) not in self.entries:
                 continue
             q_type = ir.DataType.INT4 if self.symmetric else ir.DataType.UINT4
             q = ir.Value(name=f"{old.name}_Q4G{self.block}", type=ir.TensorType(q_type))
-            scale = ir.Value(name=f"{old.name}_scale", type=old.type)
-            new = [q, scale]
+            new = [q, ir.Value(name=f"{old.name}_scale", type=old.type)]
             if not self.symmetric:
                 new.append(ir.Value(name=f"{old.name}_zp",
                                     type=ir.TensorType(ir.DataType.UINT4)))
             function.inputs[index] = q
             extra.extend(new[1:])
-            found[old] = (tuple(new), layout)
+            found[old] = (tuple(new), self.slots[(fid, index)])
         function.inputs.extend(extra)
         return found
 
-    def _rewrite(self, container: Container,
-                 sources: dict[ir.Value, tuple[tuple[ir.Value, ...], str]] | None) -> None:
-        """Each weight use of ``container``; ``sources``: a function's quantized inputs
-        (None: the main graph, whose weights are initializers)."""
+    def _rewrite(self, container: Container, sources: Sources | None,
+                 inner: dict[ir.Value, str]) -> None:
+        """Each weight use of ``container``; ``sources``: a function's entry inputs (None:
+        the main graph, whose weights are initializers); ``inner``: its inner inputs."""
+        passed: dict[ir.Value, ir.Value] = {}
         for node in list(container):
             callee = _callee(node)
             if callee in self.functions:
-                self._call(container, node, callee, sources)
+                self._call(container, node, callee, sources, passed)
                 continue
             for index, value in enumerate(node.inputs):
                 layout = _weight_use(node, index) if value is not None else None
-                if layout is None:
+                if layout is None or value is None:
+                    continue
+                if value in inner:
+                    if layout == "NK":  # it arrives as [K, N] already
+                        ir.convenience.replace_all_uses_with(node.outputs[0], value)
+                        container.remove(node, safe=True)
                     continue
                 triple = self._source(value, layout, sources)
                 if triple is not None:
                     self._dequantize(container, node, triple, layout)
 
-    def _source(self, value: ir.Value, layout: str,
-                sources: dict[ir.Value, tuple[tuple[ir.Value, ...], str]] | None
+    def _source(self, value: ir.Value, layout: str, sources: Sources | None
                 ) -> tuple[ir.Value, ...] | None:
         if sources is not None:
             found = sources.get(value)
@@ -305,21 +316,31 @@ class _Rewriter:
         self.created[key] = tuple(values)
         return self.created[key]
 
-    def _dequantize(self, container: Container, node: ir.Node, triple: tuple[ir.Value, ...],
-                    layout: str) -> None:
-        """``DequantizeLinear`` of ``triple`` in place of the weight ``node`` reads (a
-        MatMul's operand, or a Transpose's input: the Transpose goes)."""
+    def _dq(self, container: Container, before: ir.Node, triple: tuple[ir.Value, ...]
+            ) -> ir.Value:
+        """A ``DequantizeLinear`` of ``triple`` inserted before ``before``: its output."""
         dq = ir.node("DequantizeLinear", list(triple),
                      attributes={"axis": 0, "block_size": self.block})
         dq.outputs[0].type = triple[1].type
-        container.insert_before(node, dq)
+        dq.outputs[0].name = f"{triple[0].name}_dequantized"
+        container.insert_before(before, dq)
+        return dq.outputs[0]
+
+    def _dequantize(self, container: Container, node: ir.Node, triple: tuple[ir.Value, ...],
+                    layout: str) -> None:
+        """A dequantized weight in place of the one ``node`` reads (a MatMul's operand, or
+        a Transpose's input: the Transpose goes)."""
+        weight = self._dq(container, node, triple)
         if layout == "NK":  # the Transpose: every use is a MatMul
-            ir.convenience.replace_all_uses_with(node.outputs[0], dq.outputs[0])
+            ir.convenience.replace_all_uses_with(node.outputs[0], weight)
             container.remove(node, safe=True)
-            matmuls = len(list(dq.outputs[0].uses()))
+            matmuls = len(list(weight.uses()))
         else:
-            node.replace_input_with(1, dq.outputs[0])
+            node.replace_input_with(1, weight)
             matmuls = 1
+        self._count(container, matmuls)
+
+    def _count(self, container: Container, matmuls: int) -> None:
         if isinstance(container, ir.Graph):
             self.in_main += matmuls
         else:
@@ -327,40 +348,32 @@ class _Rewriter:
                 + matmuls
 
     def _call(self, container: Container, node: ir.Node, callee: FunctionId,
-              sources: dict[ir.Value, tuple[tuple[ir.Value, ...], str]] | None) -> None:
-        """A call of a function whose inputs were quantized: ``q`` in place, the scales
-        (and zero points) appended in input order. In a function, the 4-bit inputs it
-        passes on go through an ``Identity``: onnxruntime (1.32) types a function input
-        that only reaches another function's call without the 4-bit types, and refuses the
-        model."""
+              sources: Sources | None, passed: dict[ir.Value, ir.Value]) -> None:
+        """A call of a function with quantized inputs. From the main graph (entries):
+        ``q`` in place, the scales (and zero points) appended in input order. From a
+        function: its entry input dequantized once (``passed``) and the ``[K, N]`` weight
+        passed on (onnxruntime 1.32 refuses a 4-bit value passed from function to
+        function); its inner input, as it is."""
         extra: list[ir.Value] = []
         for index in range(len(node.inputs)):
             layout = self.slots.get((callee, index))
             value = node.inputs[index]
             if layout is None or value is None:
                 continue
-            triple = self._source(value, layout, sources)
-            assert triple is not None, f"{node.op_type} input {index}: no quantized weight"
-            if sources is not None:
-                triple = tuple(self._identity(container, node, v) for v in triple)
-            node.replace_input_with(index, triple[0])
-            extra.extend(triple[1:])
+            if sources is None:
+                triple = self._source(value, layout, None)
+                assert triple is not None, f"{node.op_type} input {index}: no weight"
+                node.replace_input_with(index, triple[0])
+                extra.extend(triple[1:])
+            elif value in sources:
+                if value not in passed:
+                    passed[value] = self._dq(container, node, sources[value][0])
+                    self._count(container, 1)
+                node.replace_input_with(index, passed[value])
         if extra:
             node.resize_inputs(len(node.inputs) + len(extra))
             for offset, value in enumerate(extra):
                 node.replace_input_with(len(node.inputs) - len(extra) + offset, value)
-
-
-    def _identity(self, container: Container, before: ir.Node, value: ir.Value) -> ir.Value:
-        """``value`` through an ``Identity`` when it is 4-bit (else itself)."""
-        if value.dtype not in (ir.DataType.INT4, ir.DataType.UINT4):
-            return value
-        self.passed += 1
-        node = ir.node("Identity", [value])
-        node.outputs[0].type = value.type
-        node.outputs[0].name = f"{value.name}_passed_{self.passed}"
-        container.insert_before(before, node)
-        return node.outputs[0]
 
 
 def _raise_opsets(model: ir.Model) -> None:
