@@ -133,6 +133,8 @@ def _weight_use(node: ir.Node, index: int) -> str | None:
     use is one (a Linear's weight); else None."""
     if node.op_type == "MatMul" and node.domain == "" and index == 1:
         return "KN"
+    if node.op_type == "Gemm" and node.domain == "" and index == 1 and _plain_gemm(node):
+        return "KN"  # GPT-2's Conv1D: x @ W + b, W [in, out]
     if node.op_type != "Transpose" or node.domain != "" or index != 0:
         return None
     perm = node.attributes.get("perm")
@@ -143,6 +145,33 @@ def _weight_use(node: ir.Node, index: int) -> str | None:
     if uses and all(u.op_type == "MatMul" and u.domain == "" and i == 1 for u, i in uses):
         return "NK"
     return None
+
+
+def _plain_gemm(node: ir.Node) -> bool:
+    """A ``Gemm`` that is ``A @ B + C`` (no transposes, factors of 1)."""
+    def attribute(name: str, default: float) -> float:
+        found = node.attributes.get(name)
+        return default if found is None else found.value
+    return (attribute("transA", 0) == 0 and attribute("transB", 0) == 0
+            and attribute("alpha", 1.0) == 1.0 and attribute("beta", 1.0) == 1.0)
+
+
+def _as_matmul(container: "ir.Graph | ir.Function", node: ir.Node) -> ir.Node:
+    """A plain ``Gemm`` as ``MatMul`` (and ``Add`` of its C): onnxruntime fuses
+    ``DequantizeLinear`` with a ``MatMul`` only; another node as it is."""
+    if node.op_type != "Gemm":
+        return node
+    a, b, *rest = node.inputs
+    matmul = ir.node("MatMul", [a, b])
+    new = [matmul]
+    if rest and rest[0] is not None:
+        new.append(ir.node("Add", [matmul.outputs[0], rest[0]]))
+    new[-1].outputs[0].type, new[-1].outputs[0].shape = node.outputs[0].type, \
+        node.outputs[0].shape
+    container.insert_before(node, new)
+    ir.convenience.replace_all_uses_with(node.outputs[0], new[-1].outputs[0])
+    container.remove(node, safe=True)
+    return matmul
 
 
 def _use_layout(node: ir.Node, index: int, slots: dict[Slot, str]) -> str | None:
@@ -278,6 +307,8 @@ class _Rewriter:
                 layout = _weight_use(node, index) if value is not None else None
                 if layout is None or value is None:
                     continue
+                if value in inner or self._source(value, layout, sources) is not None:
+                    node = _as_matmul(container, node)
                 if value in inner:
                     if layout == "NK":  # it arrives as [K, N] already
                         ir.convenience.replace_all_uses_with(node.outputs[0], value)
