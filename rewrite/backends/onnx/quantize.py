@@ -9,11 +9,18 @@ block_size=B))`` (opset 21). The weight is found where it arrives:
 - in the main graph, an initializer (the lm_head's); its other uses (a tied embedding's
   ``Gather``) keep the float initializer, which stays only for them;
 - in a function, one of its inputs, when every use of that input is such a weight operand
-  (or is passed on to a function whose input is one) and every call passes a 2-D float
-  initializer of the main graph (or an input of the calling function that is itself
-  quantized). Then the function takes ``q`` in that input's place and ``scale`` (and
-  ``zero_point``) as new inputs at its end, and every call passes the main graph's
-  quantized initializers: the body is still shared by every layer of its class.
+  (or is passed on to a function whose input is one), and either every call is in the main
+  graph and passes a 2-D float initializer (an *entry*: the decoder layer) or every call is
+  in a function and passes an input of it that is quantized (*inner*: the attention or MLP
+  inside the layer). An entry takes ``q`` in that input's place and ``scale`` (and
+  ``zero_point``) as new inputs at its end, every call passing the main graph's quantized
+  initializers, and dequantizes: before the MatMul when the MatMul is in its own body,
+  else before the call that passes the weight on (onnxruntime 1.32 refuses a 4-bit value
+  passed from a function to another, and has no 4-bit ``Identity``); an inner input then
+  receives the float ``[K, N]`` weight (its ``Transpose`` goes). Either way one body
+  serves every layer of its class, and once onnxruntime inlines the functions the
+  ``DequantizeLinear`` feeds the ``MatMul`` directly.
+- a plain ``Gemm`` (GPT-2's Conv1D) whose B is such a weight becomes ``MatMul`` + ``Add``.
 
 The quantized tensors are stored ``[K, N]`` (in, out), blocks along K (axis 0): what
 onnxruntime fuses with the ``MatMul`` into ``MatMulNBits`` after it inlines the functions
