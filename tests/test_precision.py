@@ -20,10 +20,10 @@ from tests import checkpoints
 INT4_FAMILIES = {"llama": 7, "phi3": 4, "gpt2": 4}
 """family -> linears per decoder layer (phi-3: fused qkv and gate_up; GPT-2: Conv1D)."""
 ERROR = 0.35
-"""The stated bound: ``max |int4 - fp32| <= ERROR * max |fp32|`` over the logits (what the
-export's own check allows). Measured, fused in onnxruntime, 8 tokens: llama 0.26, phi3 0.12,
-gpt2 0.19 (these checkpoints draw every weight, norms too, from N(0, 0.2): one block per
-column at hidden size 32, the worst case for int4)."""
+"""The stated bound: ``max |int4 - fp32| <= ERROR * max |fp32|`` over the logits (the
+export's own check allows 0.6, for the caches too). Measured, fused in onnxruntime, 8
+tokens: llama 0.26, phi3 0.12, gpt2 0.19 (these checkpoints draw every weight, norms too,
+from N(0, 0.2): one block per column at hidden size 32, the worst case for int4)."""
 MEAN_ERROR = 0.4
 """And ``mean |int4 - fp32| <= MEAN_ERROR * mean |fp32|``: measured 0.30, 0.15, 0.15."""
 FUSED = 0.02

@@ -33,10 +33,11 @@ PRECISIONS = ("fp32", "fp16", "bf16", "int4")
 BLOCK_SIZES = (16, 32, 64, 128, 256)
 """onnxruntime's ``MatMulNBits`` block sizes (powers of two from 16)."""
 INT4_ATOL = 1e-3
-INT4_RTOL = 0.35
+INT4_RTOL = 0.6
 """The int4 check's bound (see the module docstring): measured on small random Llama,
-Qwen2 and Phi-3 checkpoints, blocks of 32, the largest difference is 0.1 to 0.2 of the
-largest value (random weights have no outliers but the fewest values per block)."""
+Phi-3 and GPT-2 checkpoints the largest logit difference is 0.12 to 0.26 of the largest
+logit; on a random 58M-parameter Llama (8 layers) a layer's cache differs by 0.36 of its
+largest value: loose, it catches errors of the size of the values (a wrong layout)."""
 
 
 @frozen
