@@ -208,6 +208,18 @@ def _add_export(sub, common: argparse.ArgumentParser) -> None:
                         help="publish without first running the written model in onnxruntime "
                         "against eager PyTorch on a few tokens (by default a mismatch is an "
                         "error, exit 1, and nothing is written)")
+    export.add_argument("--precision", choices=("fp32", "fp16", "bf16", "int4"),
+                        help="fp32, fp16, bf16: build and export the model in that dtype "
+                        "(default: the checkpoint's); int4: blockwise 4-bit weights for every "
+                        "MatMul (the decoder layers' linears and the lm_head; embeddings stay "
+                        "float), dequantized inside each layer's function "
+                        "(DequantizeLinear, opset 21)")
+    export.add_argument("--block-size", type=int, metavar="B",
+                        help="--precision int4: values per scale along the input dimension "
+                        "(16, 32, 64, 128 or 256; default 32)")
+    export.add_argument("--asymmetric", action="store_true", default=None,
+                        help="--precision int4: uint4 with zero points (default: symmetric "
+                        "int4, as the builder's default)")
     onnx_output_options(export)
 
 

@@ -25,6 +25,8 @@ def cmd_export(args: argparse.Namespace, io: Consoles) -> int:
     rewrite.export(args.folder, rules=rules, cache=args.cache, context=args.context,
                    static=args.static, output=output,
                    trust_model=args.trust_model, verify=args.verify,
+                   precision=args.precision, block_size=args.block_size,
+                   symmetric=False if args.asymmetric else None,
                    progress=Steps.backend(io),
                    constants=args.constants, optimize=args.optimize,
                    body_node_names=args.body_node_names, **options)

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     import onnx_ir as ir
     import torch
 
-    from rewrite.backends.onnx import Progress
+    from rewrite.backends.onnx import OnnxOptions, Progress
 
 
 def export(
@@ -37,46 +37,60 @@ def export(
     static: Mapping[str, int] | None = None,
     trust_model: bool = False,
     verify: bool = True,
+    precision: str | None = None,
+    block_size: int | None = None,
+    symmetric: bool | None = None,
     progress: "Progress | None" = None,
     **onnx_options: Any,
 ) -> "ir.Model":
     """Export ``model`` with ``torch.export``, group it by ``rules`` and lower it to ONNX.
 
-    ``model``: an ``nn.Module`` called with ``args`` / ``kwargs`` (``dynamic_shapes`` and
-    ``strict`` go to ``torch.export.export``; ``input_names`` / ``output_names`` rename the
-    graph's first inputs / outputs), or a Hugging Face checkpoint folder built by
+    ``model``: an ``nn.Module`` called with ``args`` / ``kwargs`` (``dynamic_shapes``,
+    ``strict``: ``torch.export.export``'s; ``input_names`` / ``output_names`` rename the
+    graph's first inputs / outputs), or a Hugging Face checkpoint folder, built by
     transformers with its weights mapped and called as ``cache`` says: ``"kv"`` (causal LMs'
-    default: the KV cache as inputs and outputs), ``"none"`` (prefill), ``"static"`` (a
-    cache of ``context`` tokens written in place; ``static={"batch": B, "seq": S}`` fixes
-    those too); ``trust_model`` lets a folder run its own code; ``verify``: the written
-    model is compared with eager in onnxruntime before it is published
-    (:class:`VerificationError` on a mismatch, nothing written).
-    ``rules``: a :class:`RuleSet` or what :func:`rewrite.load_rules` takes; None: a
-    checkpoint's shipped rules, else what ``rewrite suggest`` writes (sent to
-    ``progress.note``). ``onnx_options``: :class:`~rewrite.backends.onnx.OnnxOptions`'s
-    fields. With ``output`` the model is also written (crash-safe, weights copied file to
-    file where they lie in a file). ``progress`` hears of each step.
+    default), ``"none"`` (prefill), ``"static"`` (a cache of ``context`` tokens written in
+    place; ``static={"batch": B, "seq": S}`` fixes those too); ``trust_model`` lets it run
+    its own code; ``verify`` compares the written model with eager in onnxruntime before it
+    is published; ``precision``: ``fp32``, ``fp16``, ``bf16`` or ``int4`` (``block_size``,
+    ``symmetric``; :mod:`rewrite.exporting.precision`). ``rules``: a :class:`RuleSet` or what
+    :func:`rewrite.load_rules` takes (None: a checkpoint's shipped rules, else suggested).
+    ``onnx_options``: :class:`~rewrite.backends.onnx.OnnxOptions`'s fields. ``output``: also
+    written there, crash-safe. ``progress`` hears of each step.
 
-    Raises :class:`RuleError` (bad rules), :class:`InputError` (an unusable folder, what
-    ``torch.export`` rejects, an unwritable ``output``), :class:`GroupingError` (a group
-    that cannot be outlined)."""
+    Raises :class:`RuleError`, :class:`InputError` (an unusable folder, what torch.export
+    rejects, an unwritable output), :class:`VerificationError`, :class:`GroupingError`."""
     from rewrite.backends.onnx import SILENT, OnnxOptions
 
     folder = isinstance(model, (str, Path))
     options = OnnxOptions(**{"fold_weights": not folder, **onnx_options})
     report = progress or SILENT
+    for_folders = dict(cache=cache, context=context, static=static, trust_model=trust_model,
+                       verify=verify, precision=precision, block_size=block_size,
+                       symmetric=symmetric)
     if folder:
         if args or kwargs or dynamic_shapes is not None or input_names or output_names:
             raise InputError("a checkpoint folder is exported with its own inputs: args, "
                              "kwargs, dynamic_shapes and input/output names are not taken")
-        from rewrite.exporting.checkpoint import export_checkpoint
-
-        return export_checkpoint(model, rules=rules, cache=cache, output=output,
-                                 trust_model=trust_model, progress=report, options=options,
-                                 verify=verify, context=context, static=static)
-    if cache is not None or trust_model or context is not None or static:
-        raise InputError("cache, context, static and trust_model are options of a "
-                         f"checkpoint folder, not of a {type(model).__name__}")
+        return _checkpoint(model, rules, output, report, options, **for_folders)
+    given = [k for k, v in for_folders.items() if v not in (None, False) and k != "verify"]
+    if given:
+        raise InputError(f"{', '.join(given)}: options of a checkpoint folder, not of a "
+                         f"{type(model).__name__}")
     return export_module(model, args, kwargs, rules=rules, dynamic_shapes=dynamic_shapes,
                          strict=strict, output=output, input_names=input_names,
                          output_names=output_names, progress=report, options=options)
+
+
+def _checkpoint(folder: str | Path, rules: RuleSet | str | Path | None,
+                output: str | Path | None, progress: "Progress", options: "OnnxOptions",
+                *, precision: str | None, block_size: int | None, symmetric: bool | None,
+                **choices: Any) -> "ir.Model":
+    """:func:`export` of a checkpoint folder (``choices``: cache, context, static,
+    trust_model, verify)."""
+    from rewrite.exporting.checkpoint import export_checkpoint
+    from rewrite.exporting.precision import Precision
+
+    chosen = Precision.parse(precision, block_size, symmetric)
+    return export_checkpoint(folder, rules=rules, output=output, progress=progress,
+                             options=options, precision=chosen, **choices)

@@ -34,19 +34,21 @@ def export_module(model: "torch.nn.Module", args: tuple, kwargs: Mapping[str, An
                   output_names: Sequence[str] | None, progress: "Progress",
                   options: "OnnxOptions", inputs: Sequence[str | Path] = (),
                   axis_names: Any = None, check: "Check | None" = None,
-                  beside: "Callable[[ir.Model], Beside] | None" = None) -> "ir.Model":
+                  beside: "Callable[[ir.Model], Beside] | None" = None,
+                  finish: "Callable[[ir.Model], None] | None" = None) -> "ir.Model":
     """:func:`rewrite.export` of an ``nn.Module``; ``output`` must not be one of ``inputs``. The
     model's symbolic dimensions take the names of the ``Dim``\\ s of ``dynamic_shapes``, or
     of ``axis_names`` (the same form, with names) when given. ``check``: what onnxruntime
     must reproduce before the output is published (:mod:`rewrite.exporting.verify`).
     ``beside``: given the finished model, the files to publish with it beside ``output`` (a
-    checkpoint's ``genai_config.json`` and tokenizer files)."""
+    checkpoint's ``genai_config.json`` and tokenizer files). ``finish``: done to the lowered
+    model before it is written (int4 weights); its weights are then not written early."""
     from rewrite.backends.onnx.save import weights_early, write_model
     from rewrite.files.outputs import check_output_path
 
     ruleset = as_ruleset(rules) if rules is not None else None
     out = check_output_path(output, inputs) if output is not None else None
-    early = contextlib.nullcontext() if out is None else weights_early(
+    early = contextlib.nullcontext() if out is None or finish is not None else weights_early(
         model, out, threshold=options.external_data_threshold, chunk=options.weights_chunk)
     with early as data:  # the weights in files are written while the graph is made
         program, onnx_model = _lowered(model, args, kwargs, ruleset, dynamic_shapes, strict,
@@ -54,6 +56,8 @@ def export_module(model: "torch.nn.Module", args: tuple, kwargs: Mapping[str, An
         rename_dims(onnx_model, dim_names(program, axis_names
                                           if axis_names is not None else dynamic_shapes))
         rename_values(onnx_model, input_names, output_names)
+        if finish is not None:
+            finish(onnx_model)
         if out is not None:
             files = beside(onnx_model) if beside is not None else Beside()
             with progress.step(f"writing {out}"):

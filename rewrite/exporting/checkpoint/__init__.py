@@ -45,6 +45,7 @@ from rewrite.api import as_ruleset
 from rewrite.compile import RuleSet, shipped_rules
 from rewrite.errors import InputError
 from rewrite.exporting.module import export_module
+from rewrite.exporting.precision import Precision, refuse_quantized
 from rewrite.files.outputs import check_output_path
 
 if TYPE_CHECKING:
@@ -58,14 +59,17 @@ if TYPE_CHECKING:
 def export_checkpoint(folder: str | Path, *, rules: RuleSet | str | Path | None,
                       cache: str | None, output: str | Path | None, trust_model: bool,
                       progress: "Progress", options: "OnnxOptions", verify: bool = True,
-                      context: int | None = None, static: Mapping[str, int] | None = None
-                      ) -> "ir.Model":
+                      context: int | None = None, static: Mapping[str, int] | None = None,
+                      precision: Precision = Precision(None)) -> "ir.Model":
     """``rewrite.export`` of a checkpoint folder (see :func:`rewrite.export`); ``verify``:
     the written model is run in onnxruntime and compared with eager before it is published
     (:mod:`rewrite.exporting.checkpoint.checks`); ``context`` and ``static``: the fixed
-    cache of ``cache="static"`` (:mod:`rewrite.exporting.checkpoint.fixed_cache`)."""
+    cache of ``cache="static"`` (:mod:`rewrite.exporting.checkpoint.fixed_cache`);
+    ``precision``: the dtype it is built in, or int4 weights
+    (:mod:`rewrite.exporting.precision`)."""
     _check_cache_options(cache, context, static)
     checkpoint = read_checkpoint(folder, trust_model=trust_model)
+    refuse_quantized(checkpoint)
     inputs = [checkpoint.path, *checkpoint.weights]
     if output is not None:
         check_output_path(output, inputs)
@@ -79,10 +83,11 @@ def export_checkpoint(folder: str | Path, *, rules: RuleSet | str | Path | None,
             progress.note(f"rules: {shipped.name}, shipped for model_type "
                           f"{checkpoint.model_type!r}")
         with progress.step(f"loading {checkpoint.path}"):
-            model = load_model(checkpoint, cls)
+            model = load_model(checkpoint, cls, precision.dtype())
         kind = cache or ("kv" if causal else "none")
         call, check, layout = _call_and_check(model, causal, kind, context,
                                               dict(static or {}), verify and output is not None)
+        check = precision.check(check)
         if verify and output is not None and check is None:
             progress.note("not verified against eager: onnxruntime is fed from numpy, which "
                           "has no bfloat16")
@@ -94,7 +99,8 @@ def export_checkpoint(folder: str | Path, *, rules: RuleSet | str | Path | None,
                 model, call.args, None, rules=ruleset, dynamic_shapes=call.dynamic_shapes,
                 strict=False, output=output, input_names=call.input_names,
                 output_names=call.output_names, progress=progress, options=options,
-                inputs=inputs, axis_names=call.axis_names, check=check, beside=published)
+                inputs=inputs, axis_names=call.axis_names, check=check, beside=published,
+                finish=precision.finish(progress.note))
     if output is not None:
         progress.note(genai.note(Path(output)))
     return exported

@@ -47,8 +47,10 @@ def is_causal_lm(cls: type) -> bool:
     return cls.__name__ in set(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values())
 
 
-def load_model(checkpoint: Checkpoint, cls: type) -> "torch.nn.Module":
-    """``cls.from_pretrained`` of the folder, in eval mode (InputError when it fails)."""
+def load_model(checkpoint: Checkpoint, cls: type, dtype: "torch.dtype | str" = "auto"
+               ) -> "torch.nn.Module":
+    """``cls.from_pretrained`` of the folder, in eval mode (InputError when it fails);
+    ``dtype``: the config's (``"auto"``), or the one given."""
     from transformers.utils import logging
 
     trusted = checkpoint.remote_code
@@ -63,7 +65,7 @@ def load_model(checkpoint: Checkpoint, cls: type) -> "torch.nn.Module":
         with library_call("transformers", f"loading {checkpoint.path}", rejected,
                           parses_input=True):
             model = cls.from_pretrained(
-                checkpoint.path, local_files_only=True, dtype="auto",
+                checkpoint.path, local_files_only=True, dtype=dtype,
                 trust_remote_code=trusted, use_safetensors=checkpoint.safetensors)
     finally:
         if shown:
