@@ -198,10 +198,10 @@ MUTANTS = (
     ),
     Mutant(
         "torch-logs",
-        "loading a .pt2: torch's log records keep their own handlers (reach stderr)",
-        "rewrite/frontends/pt2/program.py",
-        "        logger.handlers[:] = [capture]\n",
-        "        logger.handlers[:] = [*logger.handlers, capture]\n",
+        "the CLI: torch.export's log records keep their own handlers (reach stderr)",
+        "rewrite/cli/logs.py",
+        "        logger.handlers[:] = [sink]\n",
+        "        logger.handlers[:] = [*logger.handlers, sink]\n",
         ("tests/test_cli_errors_process.py",),
     ),
 )

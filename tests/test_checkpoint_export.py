@@ -305,7 +305,7 @@ def test_the_decode_program_converts_from_its_saved_file_as_in_memory(tmp_path):
     """The program ``rewrite export`` makes, saved by ``torch.export.save`` and applied from
     the file by rewrite's loader, gives the same logits and present cache in onnxruntime as
     the one converted in memory (which equals eager: the tests above)."""
-    from rewrite.exporting.checkpoint.build import grouped_query_attention
+    from rewrite._private.transformers_attention import grouped_query_attention
     from rewrite.exporting.checkpoint.cache import calling, causal_lm_call
 
     folder = checkpoints.write("llama", tmp_path / "checkpoint")

@@ -32,10 +32,10 @@ def test_a_bug_in_rewrites_traced_forward_is_exit_3_not_the_models(llama, tmp_pa
     there is rewrite's bug (exit 3, "internal error"), not "torch.export could not export"."""
     from rewrite.exporting.checkpoint import cache
 
-    broken = _function_of(cache, "def _cache_keyword(model):\n"
+    broken = _function_of(cache, "def cache_keyword(model):\n"
                                  "    import torch\n"
                                  "    return torch.ones(2) @ torch.ones(3)\n")
-    monkeypatch.setattr(cache, "_cache_keyword", broken)
+    monkeypatch.setattr(cache, "cache_keyword", broken)
     r = run_cli("export", llama, "-o", tmp_path / "out.onnx")
     assert r.code == 3, r.err
     assert "internal error" in r.err and "this is a bug in rewrite" in r.err

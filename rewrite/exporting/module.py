@@ -13,6 +13,7 @@ import contextlib
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
+from rewrite._private.exclusive import exclusive
 from rewrite.api import apply, as_ruleset
 from rewrite.compile import RuleSet, parse_rules
 from rewrite.exporting.dim_names import dim_names, rename_dims
@@ -74,7 +75,7 @@ def _lowered(model: "torch.nn.Module", args: tuple, kwargs: Mapping[str, Any] | 
     """``model`` exported by ``torch.export``, grouped and lowered: (program, ONNX model)."""
     from rewrite.backends.onnx import lower
 
-    with progress.step(f"exporting {type(model).__name__} with torch.export"):
+    with progress.step(f"exporting {type(model).__name__} with torch.export"), exclusive():
         program = _torch_export(model, args, kwargs, dynamic_shapes, strict)
     if ruleset is None:
         ruleset = suggested_rules(program, type(model).__name__, progress)

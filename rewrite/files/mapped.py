@@ -1,14 +1,16 @@
 """Tensors that are views of a mapped file, and where their bytes lie in it.
 
 The ``.pt2`` frontend maps the file once and makes every archive entry one storage over its
-bytes in that mapping (:func:`register`, one call per entry: tensors of one entry share a
-storage, tensors of different entries do not, as with ``torch.export.load``); the ONNX
-writer asks :func:`file_ranges` for its initializers and copies the bytes of those it knows
-file to file, without reading them into the process. Shared by both stages, so it lives here
-(they never import each other). Tensors in mappings rewrite did not make (transformers maps
-safetensors shards; ``rewrite.export``'s modules) are looked up in the kernel's list of the
-process's mappings, and trusted only where their bytes provably equal the file's
-(:mod:`rewrite.files.file_maps`).
+bytes in that mapping (tensors of one entry share a storage, tensors of different entries do
+not, as with ``torch.export.load``); it describes that mapping as a :class:`MappedFile`,
+which travels with the program it loaded: on the graph IR (``Graph.mapped``), through the
+ONNX backend's lowering (``Lowered.mapped``), to the writer, which asks
+:func:`file_ranges` where its initializers lie and copies the bytes of those it finds file
+to file, without reading them into the process. Nothing is kept in a registry: what a load
+mapped is known to the code holding its result. Tensors in mappings rewrite did not make
+(transformers maps safetensors shards; ``rewrite.export``'s modules) are looked up in the
+kernel's list of the process's mappings, and trusted only where their bytes provably equal
+the file's (:mod:`rewrite.files.file_maps`).
 
 The mapping is private (copy on write): nothing rewrite or torch does to a weight can change
 the file, and a view whose bytes were written in memory would no longer equal the file; no
@@ -22,14 +24,14 @@ weight.
 
 from __future__ import annotations
 
+import ctypes
 import mmap
 import os
-import weakref
 from pathlib import Path
 from typing import Iterable, Protocol, Sequence
 
 import torch
-from attrs import frozen
+from attrs import field, frozen
 
 from rewrite.files.file_maps import FileMaps
 
@@ -53,75 +55,75 @@ class FileRange:
     length: int
 
 
-@frozen
-class _Mapping:
-    base: int
-    length: int
+@frozen(eq=False)
+class MappedFile:
+    """A whole file that rewrite mapped (private, copy on write): memory ``[start, start +
+    length)`` holds the file's bytes from offset 0. Made by the frontend that mapped it
+    (:meth:`of`), handed on with what it loaded; holds the mapping, so its addresses stay
+    valid while this record lives."""
+
     path: Path
-    offset: int
-    """Where ``base`` lies in the file."""
-    alive: weakref.ref
+    """The file, a resolved path."""
+    start: int
+    length: int
     check: Check | None
+    """Verifies the mapping's bytes (see :func:`verify`); None: nothing to check."""
+    mapping: mmap.mmap = field(repr=False)
+
+    @classmethod
+    def of(cls, mapping: mmap.mmap, path: str | os.PathLike,
+           check: Check | None = None) -> "MappedFile":
+        """The record of ``mapping``, a writable (``ACCESS_COPY``) mapping of the whole file
+        at ``path``."""
+        view = ctypes.c_char.from_buffer(mapping)
+        start = ctypes.addressof(view)
+        del view  # releases the buffer: the mapping can still be closed
+        return cls(Path(os.path.realpath(path)), start, len(mapping), check, mapping)
+
+    def file_range(self, tensor: torch.Tensor) -> FileRange | None:
+        """Where ``tensor``'s bytes lie in this file, or None (not a contiguous view of
+        this mapping)."""
+        address = _address(tensor) if _plain(tensor) else None
+        if address is None:
+            return None
+        length = tensor.numel() * tensor.element_size()
+        offset = address - self.start
+        if offset < 0 or offset + length > self.length:
+            return None
+        return FileRange(self.path, offset, length)
+
+    def holds(self, address: int) -> bool:
+        return self.start <= address < self.start + self.length
 
 
-_MAPPINGS: dict[int, _Mapping] = {}
-"""Start address of a storage over a mapping -> where it lies; dead entries are dropped."""
+def start_checks(mapped: Iterable[MappedFile]) -> None:
+    """Start checking the bytes of the ``mapped`` files (they will be needed)."""
+    for file in mapped:
+        if file.check is not None:
+            file.check.start()
 
 
-def register(storage: torch.Tensor, mapping: mmap.mmap, path: str | os.PathLike,
-             offset: int = 0, check: Check | None = None) -> None:
-    """``storage`` (a uint8 tensor, all of its storage) holds the bytes at ``offset`` of
-    the file at ``path``, a view of ``mapping``; ``check`` verifies the mapping's bytes (see
-    :func:`verify`)."""
-    base = storage.untyped_storage().data_ptr()
-    _MAPPINGS[base] = _Mapping(base, storage.untyped_storage().nbytes(),
-                               Path(os.path.realpath(path)), offset, weakref.ref(mapping), check)
+def verify(mapped: Iterable[MappedFile]) -> None:
+    """Wait for the checks of the ``mapped`` files; raises if one is corrupt."""
+    for file in mapped:
+        if file.check is not None:
+            file.check.wait()
 
 
-def _mapping_of(tensor: torch.Tensor) -> _Mapping | None:
-    try:
-        base = tensor.untyped_storage().data_ptr()
-    except (RuntimeError, NotImplementedError):  # fake or meta tensors have no storage
-        return None
-    mapping = _MAPPINGS.get(base)
-    if mapping is not None and mapping.alive() is None:
-        del _MAPPINGS[base]
-        return None
-    return mapping
-
-
-def _checks(tensors: Iterable[object]) -> list[Check]:
-    found = {id(m.check): m.check for t in tensors
-             if isinstance(t, torch.Tensor) and (m := _mapping_of(t)) is not None
-             and m.check is not None}
-    return list(found.values())
-
-
-def start_checks(tensors: Iterable[object]) -> None:
-    """Start checking the mappings ``tensors`` lie in (they will be needed)."""
-    for check in _checks(tensors):
-        check.start()
-
-
-def verify(tensors: Iterable[object]) -> None:
-    """Wait for the checks of the mappings ``tensors`` lie in; raises if one is corrupt."""
-    for check in _checks(tensors):
-        check.wait()
-
-
-def file_ranges(tensors: Sequence[object]) -> list[FileRange | None]:
+def file_ranges(tensors: Sequence[object], mapped: Sequence[MappedFile] = ()
+                ) -> list[FileRange | None]:
     """Where each tensor's bytes lie in a file, or None (not a tensor, not contiguous, in no
-    file mapping, or not provably equal to the file): a registered mapping first, else the
-    kernel's list of this process's mappings (read once for all of ``tensors``)."""
+    file mapping, or not provably equal to the file): in one of the ``mapped`` files first,
+    else in the kernel's list of this process's mappings (read once for all of
+    ``tensors``)."""
     maps: FileMaps | None = None
     found: list[FileRange | None] = []
     try:
         for tensor in tensors:
-            where = file_range(tensor)  # type: ignore[arg-type]
-            address = None
-            if where is None and _plain(tensor) and _mapping_of(tensor) is None:  # type: ignore
-                address = _address(tensor)  # type: ignore[arg-type]
-            if address is not None:
+            address = _address(tensor) if _plain(tensor) else None  # type: ignore[arg-type]
+            own = next((f for f in mapped if address is not None and f.holds(address)), None)
+            where = own.file_range(tensor) if own is not None else None  # type: ignore
+            if own is None and address is not None:
                 maps = maps or FileMaps.read()
                 length = tensor.numel() * tensor.element_size()  # type: ignore[union-attr]
                 hit = maps.find(address, length)
@@ -146,18 +148,3 @@ def _address(tensor: torch.Tensor) -> int | None:
         return tensor.data_ptr() or None
     except (RuntimeError, NotImplementedError):
         return None
-
-
-def file_range(tensor: torch.Tensor) -> FileRange | None:
-    """Where ``tensor``'s bytes lie in a registered file, or None (not a view of one, not
-    contiguous, or the mapping is gone)."""
-    if not _plain(tensor):
-        return None
-    mapping = _mapping_of(tensor)
-    if mapping is None:
-        return None
-    offset = tensor.data_ptr() - mapping.base
-    length = tensor.numel() * tensor.element_size()
-    if offset < 0 or offset + length > mapping.length:
-        return None
-    return FileRange(mapping.path, mapping.offset + offset, length)

@@ -6,10 +6,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from attrs import evolve
 
 from rewrite.errors import InputError
 from rewrite.frontends.fx.graph import from_exported_program, from_graph_module
-from rewrite.frontends.pt2.program import load_pt2
+from rewrite.frontends.pt2.program import read_pt2
 from rewrite.frontends.fx.regions import readable_program
 from rewrite.ir import Graph
 
@@ -23,7 +24,9 @@ def load_graph(model: Any, *, trust_model: bool = False) -> Graph:
         path = Path(model)
         suffix = path.suffix.lower()
         if suffix == ".pt2":
-            return from_exported_program(readable_program(load_pt2(path, trust_model=trust_model)))
+            loaded = read_pt2(path, trust_model=trust_model)
+            graph = from_exported_program(readable_program(loaded.program))
+            return evolve(graph, mapped=loaded.mapped)
         if suffix == ".onnx":
             from rewrite.frontends.onnx.graph import load_onnx_graph
 

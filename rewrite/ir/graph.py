@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from attrs import field, frozen
 
 from rewrite.ir.columns import Columns
 from rewrite.ir.model import ModuleCall, Node
 from rewrite.ir.stacks import columns_of
+
+if TYPE_CHECKING:
+    from rewrite.files.mapped import MappedFile
 
 
 @frozen
@@ -29,6 +32,9 @@ class Graph:
     structure: str | None = None
     """Where an ONNX graph's module calls came from: ``metadata`` (torch.onnx's) or ``node
     names`` (their scopes: paths, no classes); None for FX graphs and graphs without calls."""
+    mapped: tuple[MappedFile, ...] = field(default=(), eq=False, repr=False)
+    """The files the source's weights are views of, as the frontend mapped them (a
+    ``.pt2``'s): the ONNX writer copies those weights from them, file to file."""
 
     @property
     def columns(self) -> Columns:

@@ -8,8 +8,6 @@ distinct body once (:mod:`compile`).
 
 from __future__ import annotations
 
-import itertools
-
 from typing import TYPE_CHECKING
 
 import torch
@@ -48,7 +46,7 @@ def to_fx(result: "Grouped") -> torch.fx.GraphModule:
     """Lower ``result``'s groups to nested GraphModules (see the package docstring)."""
     with gc_paused():
         module = _lower(result)
-    verify(itertools.chain(module.parameters(), module.buffers()))  # views of a .pt2: intact
+    verify(result.tree.graph.mapped)  # the .pt2 the weights are views of: intact
     return module
 
 

@@ -58,11 +58,11 @@ def to_onnx(result: "Grouped", *, progress: Progress | None = None,
     ``optimize``); ``progress`` hears about the long steps (the CLI's
     :class:`rewrite.cli.steps.Steps` draws them on a console)."""
     from rewrite.backends.onnx.pipeline import lower
-    from rewrite.backends.onnx.save import verify_weights
+    from rewrite.files.mapped import verify
 
-    model = lower(result, OnnxOptions(**options), progress or SILENT).model
-    verify_weights(model)
-    return model
+    lowering = lower(result, OnnxOptions(**options), progress or SILENT)
+    verify(lowering.mapped)  # the .pt2 the weights are views of: intact
+    return lowering.model
 
 
 def save_onnx(result: "Grouped", output_path: str | Path, *, progress: Progress | None = None,
@@ -85,7 +85,7 @@ def save_onnx(result: "Grouped", output_path: str | Path, *, progress: Progress 
         report.note(warning.render())
     with report.step(f"writing {output}"):
         data = write_model(lowering.model, output, threshold=opts.external_data_threshold,
-                           chunk=opts.weights_chunk, progress=report)
+                           chunk=opts.weights_chunk, progress=report, mapped=lowering.mapped)
     calls = lowering.outlined.calls
     text = f"{len(lowering.model.functions)} functions, {sum(calls.values())} call sites"
     if data:

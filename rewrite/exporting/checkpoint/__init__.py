@@ -9,6 +9,13 @@ exported, grouped, lowered and written by the one pipeline of
 files beside it (:mod:`genai`: the folder onnxruntime-genai runs as is). Rules: the given
 ones, else the shipped rules of the config's ``model_type``, else what ``rewrite suggest``
 writes for the program.
+
+Nothing of the process changes for it: no environment variable, no logger, no progress bar
+(the CLI turns transformers' off for its own process). The model is built holding
+:func:`rewrite._private.exclusive.exclusive` (transformers sets torch's default dtype and
+replaces ``torch.nn.init``'s functions for the process while it builds one), and exported
+with transformers' SDPA attention passing ``enable_gqa`` for this export only
+(:func:`rewrite._private.transformers_attention.grouped_query_attention`).
 """
 
 from __future__ import annotations
@@ -17,13 +24,9 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Mapping
 
-from rewrite.exporting.checkpoint.build import (
-    grouped_query_attention,
-    is_causal_lm,
-    load_model,
-    model_class,
-    offline,
-)
+from rewrite._private.exclusive import exclusive
+from rewrite._private.transformers_attention import grouped_query_attention
+from rewrite.exporting.checkpoint.build import is_causal_lm, load_model, model_class
 from rewrite.exporting.checkpoint.cache import (
     CACHES,
     Call,
@@ -76,31 +79,30 @@ def export_checkpoint(folder: str | Path, *, rules: RuleSet | str | Path | None,
     shipped = default_rules(checkpoint) if rules is None else None
     chosen = rules if rules is not None else shipped
     ruleset = as_ruleset(chosen) if chosen is not None else None
-    with offline():
-        cls = model_class(checkpoint)
-        causal = _check_kind(checkpoint, cls, cache)
-        if shipped is not None:
-            progress.note(f"rules: {shipped.name}, shipped for model_type "
-                          f"{checkpoint.model_type!r}")
-        with progress.step(f"loading {checkpoint.path}"):
-            model = load_model(checkpoint, cls, precision.dtype())
-        kind = cache or ("kv" if causal else "none")
-        call, check, layout = _call_and_check(model, causal, kind, context,
-                                              dict(static or {}), verify and output is not None)
-        check = precision.check(check)
-        if verify and output is not None and check is None:
-            progress.note("not verified against eager: onnxruntime is fed from numpy, which "
-                          "has no bfloat16")
-        options = _with_moe_translations(options)
-        genai = plan(checkpoint, model.config, call if causal else None, layout, kind)
-        published = None if output is None else partial(beside, genai, Path(output))
-        with calling(model, call), grouped_query_attention():
-            exported = export_module(
-                model, call.args, None, rules=ruleset, dynamic_shapes=call.dynamic_shapes,
-                strict=False, output=output, input_names=call.input_names,
-                output_names=call.output_names, progress=progress, options=options,
-                inputs=inputs, axis_names=call.axis_names, check=check, beside=published,
-                finish=precision.finish(progress.note))
+    cls = model_class(checkpoint)
+    causal = _check_kind(checkpoint, cls, cache)
+    if shipped is not None:
+        progress.note(f"rules: {shipped.name}, shipped for model_type "
+                      f"{checkpoint.model_type!r}")
+    with progress.step(f"loading {checkpoint.path}"), exclusive():
+        model = load_model(checkpoint, cls, precision.dtype())
+    kind = cache or ("kv" if causal else "none")
+    call, check, layout = _call_and_check(model, causal, kind, context,
+                                          dict(static or {}), verify and output is not None)
+    check = precision.check(check)
+    if verify and output is not None and check is None:
+        progress.note("not verified against eager: onnxruntime is fed from numpy, which "
+                      "has no bfloat16")
+    options = _with_moe_translations(options)
+    genai = plan(checkpoint, model.config, call if causal else None, layout, kind)
+    published = None if output is None else partial(beside, genai, Path(output))
+    with calling(model, call), grouped_query_attention():
+        exported = export_module(
+            model, call.args, None, rules=ruleset, dynamic_shapes=call.dynamic_shapes,
+            strict=False, output=output, input_names=call.input_names,
+            output_names=call.output_names, progress=progress, options=options,
+            inputs=inputs, axis_names=call.axis_names, check=check, beside=published,
+            finish=precision.finish(progress.note))
     if output is not None:
         progress.note(genai.note(Path(output)))
     return exported

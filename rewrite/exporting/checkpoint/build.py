@@ -2,15 +2,14 @@
 
 ``from_pretrained`` maps ``*.safetensors`` shards (the model's tensors are views of the
 mapping, nothing is copied) and reads the config's dtype (``dtype="auto"``). Nothing is ever
-downloaded: ``local_files_only`` and ``HF_HUB_OFFLINE`` while it runs. The class is the one
-the config's ``architectures`` names; code from the folder (``auto_map``) only when trusted.
+downloaded: ``local_files_only`` (transformers' own argument: nothing in the process's
+environment changes). The class is the one the config's ``architectures`` names; code from
+the folder (``auto_map``) only when trusted.
 """
 
 from __future__ import annotations
 
-import contextlib
-import os
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING
 
 from rewrite.exporting.checkpoint.folder import Checkpoint
 from rewrite.errors import library_call
@@ -51,54 +50,15 @@ def load_model(checkpoint: Checkpoint, cls: type, dtype: "torch.dtype | str" = "
                ) -> "torch.nn.Module":
     """``cls.from_pretrained`` of the folder, in eval mode (InputError when it fails);
     ``dtype``: the config's (``"auto"``), or the one given."""
-    from transformers.utils import logging
-
     trusted = checkpoint.remote_code
-    shown = logging.is_progress_bar_enabled()
-    logging.disable_progress_bar()  # the caller's progress reports the step
 
     def rejected(e: BaseException) -> InputError:
         return InputError(f"{checkpoint.path}: transformers could not load it: "
                           f"{type(e).__name__}: {first_line(e)}")
 
-    try:
-        with library_call("transformers", f"loading {checkpoint.path}", rejected,
-                          parses_input=True):
-            model = cls.from_pretrained(
-                checkpoint.path, local_files_only=True, dtype=dtype,
-                trust_remote_code=trusted, use_safetensors=checkpoint.safetensors)
-    finally:
-        if shown:
-            logging.enable_progress_bar()
+    with library_call("transformers", f"loading {checkpoint.path}", rejected,
+                      parses_input=True):
+        model = cls.from_pretrained(
+            checkpoint.path, local_files_only=True, dtype=dtype,
+            trust_remote_code=trusted, use_safetensors=checkpoint.safetensors)
     return model.eval()
-
-
-def offline() -> contextlib.AbstractContextManager[None]:
-    """``HF_HUB_OFFLINE=1`` while the block runs (restored afterwards): with
-    ``local_files_only``, nothing looks up the hub, even when transformers is imported here."""
-    return _environment(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
-
-
-def grouped_query_attention() -> contextlib.AbstractContextManager[None]:
-    """While the block runs, transformers' SDPA attention passes ``enable_gqa`` to
-    ``scaled_dot_product_attention`` instead of repeating the key/value heads first
-    (``repeat_kv``: an expand and a reshape): the same values, but with dynamic shapes
-    ``torch.export`` spends ~0.1 s per layer reasoning about that reshape's symbolic strides
-    (measured: 16-layer Llama, 13.3 s -> 9.1 s under a profiler)."""
-    return _environment(TRANSFORMERS_SDPA_FORCE_GQA="1")
-
-
-@contextlib.contextmanager
-def _environment(**variables: str) -> Iterator[None]:
-    """``variables`` set in ``os.environ`` while the block runs (restored afterwards; the
-    process's environment: not for threads that read it meanwhile)."""
-    saved = {k: os.environ.get(k) for k in variables}
-    os.environ.update(variables)
-    try:
-        yield
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value

@@ -21,7 +21,6 @@ from typing import Any, Callable
 import torch
 from attrs import frozen
 
-from rewrite.files.mapped import Check, register
 from rewrite._private.torch_programs import load_torchbind
 from rewrite.errors import InputError
 from rewrite.frontends.pt2.archive import Archive
@@ -215,7 +214,7 @@ def trusted_sample_inputs(archive: Archive, inputs: SampleInputs) -> Any:
     return torch.load(io.BytesIO(archive.read(inputs.entry)), weights_only=False)
 
 
-def tensors(archive: Archive, found: list[Payload], trusted: bool, check: Check | None = None
+def tensors(archive: Archive, found: list[Payload], trusted: bool
             ) -> tuple[dict[str, Any], dict[str, Any], list[str]]:
     """The state dict and the constants, every tensor a view of the archive's mapping (its
     parameters ``nn.Parameter``s); and the entries that had to be copied into memory, each
@@ -239,8 +238,7 @@ def tensors(archive: Archive, found: list[Payload], trusted: bool, check: Check 
                 continue
         else:
             if p.entry not in storages:
-                storages[p.entry] = _storage(archive, p.entry, element[p.entry], check,
-                                             inflated)
+                storages[p.entry] = _storage(archive, p.entry, element[p.entry], inflated)
             key = (p.entry, p.dtype, p.sizes, p.strides, p.storage_offset, p.is_param,
                    p.requires_grad)
             if key not in views:
@@ -260,8 +258,8 @@ def _widest_element(found: list[Payload]) -> dict[str, int]:
     return widest
 
 
-def _storage(archive: Archive, name: str, element: int, check: Check | None,
-             inflated: list[tuple[str, str]]) -> torch.UntypedStorage:
+def _storage(archive: Archive, name: str, element: int, inflated: list[tuple[str, str]]
+             ) -> torch.UntypedStorage:
     """Entry ``name`` as one storage of its bytes: over the mapping when stored and aligned
     to ``element`` bytes, else a copy in memory."""
     entry = archive.entries[name]
@@ -269,7 +267,6 @@ def _storage(archive: Archive, name: str, element: int, check: Check | None,
         return torch.UntypedStorage(0)
     if archive.mapping is not None and not entry.compressed and entry.offset % element == 0:
         storage = torch.frombuffer(archive.view(name), dtype=torch.uint8)
-        register(storage, archive.mapping, archive.path, entry.offset, check)
     else:
         inflated.append((name, "compressed" if entry.compressed else "not aligned"))
         storage = torch.frombuffer(bytearray(archive.read(name, limit=entry.size)),

@@ -8,35 +8,36 @@ entry becomes one storage over its bytes in a private read-only mapping of the f
 the file's, not the process's memory) and every parameter, buffer and constant a view of its entry's
 storage, as ``torch.export.load`` makes them (tied weights share one, nothing else aliases), and
 only the program's JSON is deserialized, by torch
-(:func:`rewrite._private.torch_programs.deserialize_program`). The weights' checksums are
-verified on a thread started by what is going to hand the weights on (the ONNX backend
-starts it when it begins lowering) and waited for before they are
-(:func:`rewrite.files.mapped.verify`); what reads only shapes (``explain``, ``suggest``) reads
-no weight.
+(:func:`rewrite._private.torch_programs.deserialize_program`). :func:`read_pt2` returns the
+program with the :class:`~rewrite.files.mapped.MappedFile` its weights are views of (which the
+writer copies them from, file to file). The weights' checksums are verified on a thread started
+by what is going to hand the weights on (the ONNX backend starts it when it begins lowering)
+and waited for before they are (:func:`rewrite.files.mapped.verify`); what reads only shapes
+(``explain``, ``suggest``) reads no weight.
 
 What only code could load (pickled tensors or objects, TorchBind objects, sample inputs that
 weights-only unpickling refuses) is refused: :class:`UnsafeModel` (exit 2) names the archive
 entry, unless the caller trusts the file (``--trust-model``). Libraries are imported before
 reading the program only where the archive's own metadata names them: transformers' and
 diffusers' output classes (pytree types) and custom operator namespaces; anything else is
-the user's ``--import``. torch's reasons for refusing a program (logged by torch with a
-traceback) become one :class:`InputError`.
+the user's ``--import``. torch's reasons for refusing a program become one
+:class:`InputError` (what torch logs meanwhile goes where the process's logging sends it: the
+CLI keeps it off stderr, :mod:`rewrite.cli.logs`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import importlib
-import logging
 import re
 import warnings
 from pathlib import Path
-from typing import Iterator
-
 import torch
+from attrs import frozen
 
 from rewrite._private.torch_programs import Unavailable, deserialize_program, pt2_dtype
 from rewrite.errors import InputError, ModelWarning, causes, first_line
+from rewrite.files.mapped import MappedFile
 from rewrite.frontends.pt2.archive import Archive, checksums, open_archive
 from rewrite.frontends.pt2.payloads import (
     payloads,
@@ -46,7 +47,6 @@ from rewrite.frontends.pt2.payloads import (
     unsafe_entries,
 )
 
-_TORCH_LOGGERS = ("torch.export", "torch._export")
 _UNREGISTERED = re.compile(r"Deserializing ([\w.]+) in pytree is not registered")
 _IMPORTABLE_FOR_PYTREE = ("transformers.", "diffusers.")
 """Packages whose output classes are imported (to register them) when a program names them."""
@@ -77,38 +77,6 @@ class UnsafeModel(InputError):
             "this file yourself, pass --trust-model (rewrite.apply(..., trust_model=True))")
 
 
-class _Capture(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(logging.DEBUG)
-        self.errors: list[BaseException] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        if record.exc_info and record.exc_info[1] is not None:
-            self.errors.append(record.exc_info[1])
-
-
-@contextlib.contextmanager
-def _captured_torch_logs() -> Iterator[_Capture]:
-    """Route torch.export's log records to a capture instead of stderr: its loggers and
-    those below them (torch's logging gives some, ``torch._export.serde.serialize``, a stderr
-    handler of their own that does not propagate)."""
-    capture = _Capture()
-    saved = []
-    below = tuple(f"{name}." for name in _TORCH_LOGGERS)
-    known = [name for name in list(logging.root.manager.loggerDict) if name.startswith(below)]
-    for name in (*_TORCH_LOGGERS, *known):
-        logger = logging.getLogger(name)
-        saved.append((logger, logger.handlers[:], logger.propagate))
-        logger.handlers[:] = [capture]
-        logger.propagate = False
-    try:
-        yield capture
-    finally:
-        for logger, handlers, propagate in saved:
-            logger.handlers[:] = handlers
-            logger.propagate = propagate
-
-
 def _first_line(e: BaseException) -> str:
     return first_line(e) or type(e).__name__
 
@@ -125,13 +93,12 @@ def _reason(e: BaseException) -> str:
     return reason if len(reason) <= _MAX_REASON else reason[: _MAX_REASON - 3] + "..."
 
 
-def _unresolved_op(errors: list[BaseException]) -> str | None:
-    """The operator torch could not resolve, from the errors and their causes."""
-    for error in errors:
-        for cause in causes(error):
-            match = _UNRESOLVED_OP.search(str(cause))
-            if match:
-                return match.group(1)
+def _unresolved_op(error: BaseException) -> str | None:
+    """The operator torch could not resolve, from the error and its causes."""
+    for cause in causes(error):
+        match = _UNRESOLVED_OP.search(str(cause))
+        if match:
+            return match.group(1)
     return None
 
 
@@ -176,10 +143,10 @@ def _check_version(archive: Archive) -> None:
                              "version '0' .pt2 files")
 
 
-def _refusal(path: Path, error: BaseException, errors: list[BaseException]) -> InputError:
+def _refusal(path: Path, error: BaseException) -> InputError:
     """The :class:`InputError` for torch refusing the program."""
-    reason = _reason(errors[0] if errors else error)
-    op = _unresolved_op([*errors, error])
+    reason = _reason(error)
+    op = _unresolved_op(error)
     if op is not None:
         library = op.split(".")[0]
         return InputError(
@@ -195,8 +162,25 @@ def _refusal(path: Path, error: BaseException, errors: list[BaseException]) -> I
     return InputError(f"{path}: torch.export.load cannot read it ({reason})")
 
 
+@frozen(eq=False)
+class Pt2:
+    """A loaded ``.pt2``: its program, and the file its weights are views of."""
+
+    program: torch.export.ExportedProgram
+    mapped: tuple[MappedFile, ...]
+    """The mapped file (none when torch's loader copied the weights, or the file holds no
+    bytes to map); the ONNX writer copies the weights from it."""
+
+
 def load_pt2(path: str | Path, *, trust_model: bool = False) -> torch.export.ExportedProgram:
-    """The program of the ``.pt2`` at ``path``, its tensors views of the file.
+    """The program of the ``.pt2`` at ``path``, its tensors views of the file (see
+    :func:`read_pt2`)."""
+    return read_pt2(path, trust_model=trust_model).program
+
+
+def read_pt2(path: str | Path, *, trust_model: bool = False) -> Pt2:
+    """The program of the ``.pt2`` at ``path``, its tensors views of the file, with that
+    file's mapping.
 
     Raises :class:`InputError` for every way the file can be unusable, :class:`UnsafeModel`
     when it would need code execution and ``trust_model`` is False. Notes (a slower path
@@ -214,7 +198,7 @@ def load_pt2(path: str | Path, *, trust_model: bool = False) -> torch.export.Exp
     try:
         found = payloads(archive, model, pt2_dtype)
     except Unavailable as e:
-        return _load_with_torch(archive, model, trust_model, str(e))
+        return Pt2(_load_with_torch(archive, model, trust_model, str(e)), ())
     inputs = read_sample_inputs(archive, model)
     unsafe = unsafe_entries(found, inputs)
     if unsafe and not trust_model:
@@ -222,7 +206,7 @@ def load_pt2(path: str | Path, *, trust_model: bool = False) -> torch.export.Exp
     verifier = checksums(archive, sorted({p.entry for p in found if not p.pickled}))
     program_json = archive.read(f"{MODELS_DIR}{model}.json")
     _import_named_libraries(program_json)
-    state, constants, inflated = tensors(archive, found, trust_model, verifier)
+    state, constants, inflated = tensors(archive, found, trust_model)
     if inflated:
         name, why = inflated[0]
         warnings.warn(ModelWarning(
@@ -231,14 +215,14 @@ def load_pt2(path: str | Path, *, trust_model: bool = False) -> torch.export.Exp
             "and uses RAM; torch.export.save writes them uncompressed and aligned"),
             stacklevel=2)
     example = trusted_sample_inputs(archive, inputs) if trust_model else inputs.value
-    with _captured_torch_logs() as capture:
-        try:
-            program = deserialize_program(program_json, state, constants, example)
-        except Unavailable as e:
-            return _load_with_torch(archive, model, trust_model, str(e))
-        except Exception as e:  # torch raises many types here; all mean "unreadable"
-            raise _refusal(path, e, capture.errors) from e
-    return program
+    try:
+        program = deserialize_program(program_json, state, constants, example)
+    except Unavailable as e:
+        return Pt2(_load_with_torch(archive, model, trust_model, str(e)), ())
+    except Exception as e:  # torch raises many types here; all mean "unreadable"
+        raise _refusal(path, e) from e
+    mapped = archive.mapping and MappedFile.of(archive.mapping, archive.path, verifier)
+    return Pt2(program, (mapped,) if mapped else ())
 
 
 def _load_with_torch(archive: Archive, model: str, trust_model: bool, why: str
@@ -255,11 +239,10 @@ def _load_with_torch(archive: Archive, model: str, trust_model: bool, why: str
         f"memory (this torch's serialization differs from the one rewrite maps: {why})"),
         stacklevel=3)
     _import_named_libraries(archive.read(f"{MODELS_DIR}{model}.json"))
-    with _captured_torch_logs() as capture:
-        try:
-            return torch.export.load(str(archive.path))
-        except Exception as e:  # torch raises many types here; all mean "unreadable"
-            raise _refusal(archive.path, e, capture.errors) from e
+    try:
+        return torch.export.load(str(archive.path))
+    except Exception as e:  # torch raises many types here; all mean "unreadable"
+        raise _refusal(archive.path, e) from e
 
 
 def _dtype_by_name(code: int) -> torch.dtype:

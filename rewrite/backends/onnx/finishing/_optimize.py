@@ -33,7 +33,6 @@ from typing import Collection, Iterator
 import onnx_ir as ir
 from onnxscript.optimizer import optimize_ir
 
-from rewrite._shared.logs import muted
 from rewrite._private.errors import library_code
 from rewrite.backends.onnx.summary import FunctionId
 from rewrite.errors import LibraryError
@@ -52,7 +51,7 @@ def optimize(model: ir.Model, made: Collection[FunctionId], *, fold_weights: boo
                             "rewrite apply --no-optimize, OnnxOptions(optimize=False))", e)
 
     try:  # the optimizer's errors: LibraryError (exit 3); rewrite's own (a bug) surface
-        with library_code(failed), muted("onnxscript", "onnx_ir"):
+        with library_code(failed):
             for fid, function in functions.items():
                 if fid in made:
                     where = f"function {fid[0]}::{fid[1]}"

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, ContextManager, Mapping
+from typing import TYPE_CHECKING, Mapping
 
 import torch
 from attrs import frozen
 
-from rewrite._shared.logs import muted
 from rewrite.errors import library_call
 from rewrite.backends.onnx.lowering._torch_failure import torch_onnx_failure
 from rewrite.errors import InputError
@@ -25,16 +24,10 @@ class Exported:
     """The program after ``run_decompositions``: ONNX node metadata names its nodes."""
 
 
-def quiet_exporter() -> ContextManager[None]:
-    """Mute the exporter's log chatter (torchvision notices, failed folding attempts)."""
-    return muted("torch.onnx", "onnxscript")
-
-
 def export_program(program: torch.export.ExportedProgram, *, optimize: bool = True,
                    custom_translation_table: Mapping | None = None) -> Exported:
     """``torch.onnx.export(program, dynamo=True, optimize=optimize)``; decomposes only once."""
-    with library_call("torch.onnx", "converting the program", torch_onnx_failure), \
-            quiet_exporter():
+    with library_call("torch.onnx", "converting the program", torch_onnx_failure):
         onnx_program = torch.onnx.export(
             program, dynamo=True, optimize=optimize, verbose=False, report=False,
             custom_translation_table=custom_translation_table,
