@@ -29,14 +29,13 @@ import io
 import json
 import os
 import re
-import resource
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from bench.stats import Spread
+from bench.harness import Spread, timed
 from bench.weights_model import OUT, ensure
 
 _MAPPING = re.compile(r"[0-9a-f]+-[0-9a-f]+ ")
@@ -92,15 +91,13 @@ def measure(model: Path, check_weights: bool = False, rules: str | Path = RULES
 
 
 def _timed(command: list[str]) -> tuple[float, float, str]:
-    """Wall clock and CPU seconds (user + system) of ``command`` run to its end, its stdout;
-    a failure exits with its stderr."""
-    before, start = resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter()
-    done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT)
-    wall, after = time.perf_counter() - start, resource.getrusage(resource.RUSAGE_CHILDREN)
+    """Wall clock and CPU seconds of ``command`` run to its end (:func:`bench.harness.timed`:
+    its CPU time is the child's), its stdout; a failure exits with its stderr."""
+    times, done = timed(lambda: subprocess.run(command, capture_output=True, text=True,
+                                               cwd=ROOT))
     if done.returncode != 0:
         sys.exit(f"{' '.join(command)} failed ({done.returncode}):\n{done.stderr[-3000:]}")
-    cpu = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
-    return wall, cpu, done.stdout
+    return times.wall, times.cpu, done.stdout
 
 
 def _round(model: Path, check_weights: bool, lock: Path, reverse: bool) -> dict[str, tuple]:

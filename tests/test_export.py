@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import rewrite
-from tests import models
+from tools import models
 from tests.onnx_fixtures import checked_proto, run_eager, run_onnx, session, top_calls
 
 LAYERS = 3

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 import rewrite
 from rewrite.backends.fx import LoweredModule
-from tests import models
+from tools import models
 from tests.test_fx_modularize import assert_same_outputs
 
 BUILDERS = {

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from tests import models
+from tools import models
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -20,7 +20,7 @@ import rewrite
 from rewrite.backends.onnx import OnnxOptions, lower
 from rewrite.backends.onnx.lowering import DecomposedProgram
 from rewrite.errors import InputError
-from tests import models
+from tools import models
 from tests.pt2_roundtrip import SOURCES, as_source
 from tests.onnx_fixtures import (
     BERT_RULES,

@@ -19,7 +19,7 @@ from rewrite.backends.onnx import save_onnx
 from rewrite.backends.onnx import save as save_module
 from rewrite.cli.steps import Steps
 from rewrite.errors import InputError
-from tests import models
+from tools import models
 from tests.onnx_fixtures import (
     GPT2_RULES,
     MODULARIZE,

@@ -19,7 +19,7 @@ import torch
 
 import rewrite
 from rewrite.backends.onnx import lower
-from tests import models
+from tools import models
 from tests.onnx_fixtures import (LLAMA_RULES, MODULARIZE, checked_proto, function_names,
                                  run_onnx)
 

@@ -1,4 +1,4 @@
-"""The fast subset of the model zoo (bench/zoo.py; ``make zoo`` runs all of it): real
+"""The fast subset of the model zoo (tools/zoo.py; ``make zoo`` runs all of it): real
 architectures lowered with modularize and a blocks rule, checked against eager in ONNX
 (full checker, onnxruntime) and FX, one function per distinct block body; the same from the
 program's ``.pt2``."""
@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from bench.zoo import OK, body_key, check
-from bench.zoo_models import FAST, entry
+from tools.zoo import OK, body_key, check
+from tools.zoo_models import FAST, entry
 
 
 @pytest.mark.parametrize("name", FAST)

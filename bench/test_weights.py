@@ -1,4 +1,5 @@
-"""The weights benchmark's harness (``python -m bench.weights``) measures what it says.
+"""The benchmarks' harness (``bench.harness``, as ``python -m bench.weights`` runs it) measures
+what it says.
 
 The benchmark itself runs on models of 0.5-2.5 GB; here its two pieces run on a tiny one: the
 memory sampler (a child's anonymous memory counts, a file it maps does not) and one round of
@@ -14,7 +15,7 @@ import torch
 
 from bench.procmem import measure
 from bench.weights import WEIGHT_STEPS, bench_model, targets_table, weights_part
-from tests import models
+from tools import models
 
 ALLOCATING_CHILD = textwrap.dedent("""
     import mmap, subprocess, sys, time
