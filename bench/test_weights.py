@@ -11,6 +11,7 @@ from __future__ import annotations
 import sys
 import textwrap
 
+import pytest
 import torch
 
 from bench.procmem import measure
@@ -37,6 +38,7 @@ def test_sampler_counts_children_and_tells_anonymous_from_file_backed(tmp_path):
     assert result.seconds >= 0.5
 
 
+@pytest.mark.slow  # the benchmark's rows, whole processes
 def test_apply_and_cp_rows_measure_check_and_split_out_the_weights_part(tmp_path):
     pt2 = tmp_path / "llama.pt2"
     torch.export.save(models.export(models.llama(head=True)), str(pt2))

@@ -21,6 +21,7 @@ def bases(tmp_path_factory):
                                                    "staged.pt2"))}
 
 
+@pytest.mark.slow  # a fuzzer (python -m tools.fuzz_models runs 2,000 cases)
 def test_mutated_models_end_in_a_valid_output_or_a_clear_refusal(bases):
     outcomes = fuzz(list(bases.values()), 48, seed=16, pt2_share=0.1)
     assert [o.finding for o in outcomes if o.finding] == []
@@ -31,6 +32,7 @@ def test_mutated_models_end_in_a_valid_output_or_a_clear_refusal(bases):
     assert len(uncompared) <= 0.1 * len(done), uncompared  # the rest only passed the checker
 
 
+@pytest.mark.slow
 def test_split_by_tags_cases_reach_the_split(bases):
     """The stage-tagged model's ``split_by_tags`` cases are split (exit 0, compared with
     eager), not refused for want of a tag."""

@@ -20,6 +20,7 @@ def base():
         yield folder
 
 
+@pytest.mark.slow  # a fuzzer: hypothesis, 200 rule texts
 @settings(max_examples=200, deadline=None, database=None, derandomize=True,
           suppress_health_check=list(HealthCheck))
 @given(text=rule_texts())

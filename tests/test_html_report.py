@@ -328,6 +328,7 @@ class _Stack(torch.nn.Module):
         return x
 
 
+@pytest.mark.slow  # a tree of thousands of groups
 def test_large_tree_is_small_and_opens_folded(browser, run_cli, tmp_path):
     """580 groups (the size of a 48-block GPT-2 under modularize.rules): the page stays under
     2 MB and opens with the top level shown, every group one click away."""

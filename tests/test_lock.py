@@ -80,6 +80,7 @@ def base_lock(blocks, tmp_path_factory) -> Path:
     return lock
 
 
+@pytest.mark.slow  # a 12-block GPT-2 in processes
 def test_gpt2_lock_verifies_and_is_the_same_bytes_in_another_process(run_cli, tmp_path):
     """The 12-block GPT-2's lock is ``tests/locks/gpt2-12.lock`` byte for byte, on every
     supported torch (``make matrix`` runs this on each; made with 2.13, the same with 2.9.1),

@@ -117,6 +117,7 @@ def test_the_readme_has_console_examples():
     assert sum(bool(expected) for _, _, expected, _ in EXAMPLES) >= 5
 
 
+@pytest.mark.slow  # every console example, each a process
 def test_console_examples_print_what_the_readme_shows(reader):
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
            "COLUMNS": "200"}
