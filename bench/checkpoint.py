@@ -10,7 +10,7 @@ Llama of ``bench.weights_model`` (``2.5gb``: Llama-3.2-1B-shaped, 1.24B paramete
 normal weights, tied embeddings) saved by ``save_pretrained`` in 3 shards, with a word-level
 tokenizer made with ``tokenizers`` (the builder loads one). Every row is a fresh process of the
 same Python, writing into an empty folder; before each, pending writes are flushed, freed
-memory settles and the shards are read once (``bench.weights.prepare``: warm page cache, and
+memory settles and the shards are read once (``bench.harness.prepare``: warm page cache, and
 every row writes into memory the host took back, as explained there). Rows:
 
 * ``cp``: ``cp -r --reflink=never DIR OUT/``, the floor for reading and writing the bytes;
@@ -44,16 +44,14 @@ import os
 import platform
 import re
 import shutil
-import statistics
 import subprocess
 import sys
 from pathlib import Path
-from typing import Callable
 
 import attrs
 
-from bench.procmem import Measure, measure
-from bench.weights import check, parse_steps, prepare, rounds, verdict
+from bench.harness import (Result, Row, Run, load_average, rounds, run_row, runs_table,
+                           steps_table, verdict)
 from bench.weights_model import OUT, ROOT, SIZES, Size, random_model
 
 SHARDS = 3
@@ -92,21 +90,6 @@ ENV = {**os.environ, "COLUMNS": "400", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFL
 COPY_RATIO, MEMORY_RATIO = 1.5, 0.5
 
 
-@attrs.frozen
-class Row:
-    """One way from the checkpoint folder to its output, as a user runs it."""
-
-    argv: Callable[[Path, Path], list[str]]
-    """(checkpoint folder, empty output folder) -> the command."""
-    onnx: str | None = None
-    """The ONNX file to check (rewrite's rows; the builder's graph holds contrib ops)."""
-
-    def command(self) -> str:
-        argv = self.argv(Path("DIR"), Path("OUT"))
-        scripts = {SCRIPT: "SCRIPT", NO_FILE: "NO_FILE"}
-        return " ".join("python" if a == sys.executable else scripts.get(a, a) for a in argv)
-
-
 def _python(*args: str) -> list[str]:
     return [sys.executable, *args]
 
@@ -124,6 +107,9 @@ ROWS = {
                                        str(o / "model.onnx"), "--cache", "kv"), "model.onnx"),
     "export-nofile": Row(lambda d, o: _python("-c", NO_FILE, str(d))),
 }
+NAMES = ("DIR", "OUT")
+"""How the tables show the checkpoint folder and the output folder."""
+SCRIPTS = {SCRIPT: "SCRIPT", NO_FILE: "NO_FILE"}
 
 
 def folder_of(size: Size, out: Path = OUT) -> Path:
@@ -164,41 +150,19 @@ def ensure(name: str, rebuild: bool = False) -> Path:
     return folder
 
 
-@attrs.frozen
-class Run:
-    measure: Measure
-    steps: dict[str, float]
-    note: str
-    """rewrite's weights note (how many tensors went file to file), or ''."""
-    output_bytes: int
-    checker: str | None
-    """The checker on the run's ONNX output (rewrite's rows), else None."""
-
-
-def run_row(name: str, folder: Path, work: Path) -> tuple[Run | None, str]:
+def run_one(name: str, folder: Path, work: Path) -> tuple[Run | None, str]:
     """One run of a row, alone with the checkpoint: every earlier output is removed first
-    (the page cache holds the checkpoint and nothing another row wrote), and its own
-    output once it is checked."""
-    out, log = work / name, work / f"{name}.log"
+    (the page cache holds the checkpoint and nothing another row wrote); rewrite's output
+    checked; the weights note and the early writing's time read from its log."""
     for earlier in ROWS:
         shutil.rmtree(work / earlier, ignore_errors=True)
-    out.mkdir(parents=True)
-    prepare(sorted(folder.iterdir()))
-    result = measure(ROWS[name].argv(folder, out), stderr=log, stdout=log.with_suffix(".out"),
-                     cwd=ROOT, env=ENV)
-    text = log.read_text(errors="replace")
-    if result.returncode != 0:
+    run, text = run_row(ROWS[name], folder, work / name, names=NAMES,
+                        inputs=sorted(folder.iterdir()), env=ENV, check_output=True)
+    if run is None:
         return None, text
-    note = NOTE.search(text)
-    output = sum(p.stat().st_size for p in out.rglob("*")
-                 if p.is_file() and "cache_dir" not in p.parts)
-    steps = {step.replace("MODEL.pt2", "DIR"): seconds
-             for step, seconds in parse_steps(text, folder, out).items()}
-    early = EARLY.search(text)
-    if early:
-        steps[EARLY_STEP] = float(early["seconds"])
-    checker = check(out / ROWS[name].onnx) if ROWS[name].onnx else None
-    return Run(result, steps, note[0] if note else "", output, checker), text
+    note, early = NOTE.search(text), EARLY.search(text)
+    steps = {**run.steps, **({EARLY_STEP: float(early["seconds"])} if early else {})}
+    return attrs.evolve(run, steps=steps, note=note[0].split("; ")[-1] if note else ""), text
 
 
 def has_export() -> bool:
@@ -208,68 +172,18 @@ def has_export() -> bool:
     return proc.returncode == 0
 
 
-@attrs.define
-class Result:
-    """The runs of one row."""
-
-    runs: list[Run] = attrs.Factory(list)
-    failed: str | None = None
-
-    @property
-    def checker(self) -> str | None:
-        """``passed`` when every run's output passed, else the first failure."""
-        found = [run.checker for run in self.runs if run.checker is not None]
-        return next((c for c in found if c != "passed"), "passed") if found else None
-
-    def median(self) -> float:
-        return statistics.median(run.measure.seconds for run in self.runs)
-
-    def peak(self, field: str) -> float:
-        return max(getattr(run.measure, field) for run in self.runs)
-
-    def step(self, text: str) -> float | None:
-        found = [run.steps[text] for run in self.runs if text in run.steps]
-        return statistics.median(found) if found else None
-
-
 def bench(folder: Path, rows: list[str], repeats: int, work: Path, keep: bool
           ) -> dict[str, Result]:
-    """Every row, in rounds of alternating order, each run alone (:func:`run_row`); the last
+    """Every row, in rounds of alternating order, each run alone (:func:`run_one`); the last
     output is removed unless ``keep``."""
     results = {name: Result() for name in rows}
-    rounds(rows, dict.fromkeys(rows, repeats), lambda name: run_row(name, folder, work),
+    rounds(rows, dict.fromkeys(rows, repeats), lambda name: run_one(name, folder, work),
            results, "", lambda run: f"{run.measure.seconds:.2f}s, RssAnon "
            f"{run.measure.anon_mb:.0f} MB {run.note}")
     if not keep:
         for name in rows:
             shutil.rmtree(work / name, ignore_errors=True)
     return results
-
-
-def runs_table(results: dict[str, Result]) -> list[str]:
-    lines = ["| row | command | runs | wall s (median) | peak RssAnon MB | peak RssFile MB "
-             "| ru_maxrss MB | output GB | checker | weights file to file |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
-    for name, result in results.items():
-        command = f"`{ROWS[name].command()}`"
-        if not result.runs:
-            lines.append(f"| {name} | {command} | 0 | FAILED: {result.failed} | | | | | | |")
-            continue
-        note = result.runs[-1].note.split("; ")[-1] if result.runs[-1].note else "-"
-        lines.append(f"| {name} | {command} | {len(result.runs)} | {result.median():.2f} | "
-                     f"{result.peak('anon_mb'):.0f} | {result.peak('file_mb'):.0f} | "
-                     f"{result.peak('maxrss_mb'):.0f} | "
-                     f"{result.runs[-1].output_bytes / 1e9:.2f} | {result.checker or '-'} | "
-                     f"{note} |")
-    return lines
-
-
-def steps_table(results: dict[str, Result]) -> list[str]:
-    lines = ["| row | step | median s |", "|---|---|---|"]
-    for name, result in results.items():
-        steps = dict.fromkeys(step for run in result.runs for step in run.steps)
-        lines += [f"| {name} | {step} | {result.step(step):.2f} |" for step in steps]
-    return lines
 
 
 def targets_table(results: dict[str, Result]) -> list[str]:
@@ -341,15 +255,12 @@ def report(results: dict[str, Result], folder: Path, size: str, command: str,
         "folder (page cache warm); peaks of "
         "the process tree sampled every 20 ms; SCRIPT: `from_pretrained` + "
         "`rewrite.export(..., rules=\"llama\", output=...)` (bench/checkpoint.py).", "",
-        *runs_table(results), "",
+        *runs_table({size: results}, {name: ROWS[name].command(NAMES, SCRIPTS) for name in ROWS},
+                    note="weights file to file"), "",
         *([f"Not run: {', '.join(skipped)}.", ""] if skipped else []),
-        *steps_table(results), "", *targets_table(results), "",
+        *steps_table({size: results}), "", *targets_table(results), "",
     ]
     return "\n".join(lines)
-
-
-def _load() -> str:
-    return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -367,7 +278,7 @@ def main(argv: list[str] | None = None) -> int:
         print(ensure(size, args.rebuild))
         return 0
     command = "python -m bench.checkpoint " + " ".join(argv if argv is not None else sys.argv[1:])
-    started, before = datetime.datetime.now(datetime.timezone.utc), _load()
+    started, before = datetime.datetime.now(datetime.timezone.utc), load_average()
     build = _python("-m", "bench.checkpoint", "--build-only", "--size", size,
                     *(["--rebuild"] if args.rebuild else []))  # its memory is not ours
     folder = Path(subprocess.run(build, cwd=ROOT, stdout=subprocess.PIPE, text=True,
@@ -377,7 +288,8 @@ def main(argv: list[str] | None = None) -> int:
         rows.remove("export")
         skipped.append("`export` (this checkout has no `rewrite export` command)")
     results = bench(folder, rows, args.repeats, OUT / "checkpoint", args.keep)
-    text = report(results, folder, size, command.strip(), started, (before, _load()), skipped)
+    text = report(results, folder, size, command.strip(), started, (before, load_average()),
+                  skipped)
     print(text)
     (OUT / "checkpoint.md").write_text(text)
     bad = any(r.failed or (r.checker and r.checker != "passed") for r in results.values())

@@ -21,7 +21,6 @@ a ratio table.
 from __future__ import annotations
 
 import argparse
-import gc
 import statistics
 import sys
 import time
@@ -31,17 +30,10 @@ from typing import Any, Callable
 import torch
 
 import rewrite
-from tests import models
+from bench.harness import timed
+from tools import models
 
 TARGET = 3.0
-
-
-def _timed(fn: Callable[[], Any]) -> tuple[float, float]:
-    """Wall-clock and CPU seconds of one call (CPU time is steadier on a shared machine)."""
-    gc.collect()
-    wall, cpu = time.perf_counter(), time.process_time()
-    fn()
-    return time.perf_counter() - wall, time.process_time() - cpu
 
 
 def _check(module: torch.nn.Module, model, args, kwargs) -> None:
@@ -87,9 +79,9 @@ def main(argv: list[str] | None = None) -> int:
     cpu: dict[str, list[float]] = {name: [] for name in cases}
     for _ in range(options.repeats):  # interleaved, so load changes hit every case alike
         for name, fn in cases.items():
-            w, c = _timed(fn)
-            wall[name].append(w)
-            cpu[name].append(c)
+            times, _ = timed(fn)
+            wall[name].append(times.wall)
+            cpu[name].append(times.cpu)
 
     def ratio(table: dict[str, list[float]], name: str) -> float:
         ref = "unflatten + 1st call" if "1st call" in name else "torch.export.unflatten"

@@ -25,16 +25,15 @@ grouping at least 20x under unflatten's time, and its time per node flat as the 
 from __future__ import annotations
 
 import argparse
-import gc
 import statistics
 import sys
-import time
 import warnings
 
 import torch
 
 import rewrite
-from tests import models
+from bench.harness import timed
+from tools import models
 
 
 def export_gpt2(blocks: int) -> torch.export.ExportedProgram:
@@ -47,13 +46,6 @@ def _progress(message: str) -> None:
         print(message, file=sys.stderr, flush=True)
 
 
-def _timed(fn) -> float:
-    gc.collect()
-    start = time.process_time()
-    fn()
-    return time.process_time() - start
-
-
 def measure(programs: dict[int, torch.export.ExportedProgram], rules, repeats: int
             ) -> list[tuple[int, dict]]:
     """Medians per depth; every repeat times every depth, so machine load hits all alike."""
@@ -61,10 +53,10 @@ def measure(programs: dict[int, torch.export.ExportedProgram], rules, repeats: i
     theirs: dict[int, list[float]] = {b: [] for b in programs}
     for _ in range(repeats):
         for blocks, program in programs.items():
-            ours[blocks].append(_timed(lambda: rewrite.apply(rules, program)))
+            ours[blocks].append(timed(lambda: rewrite.apply(rules, program))[0].cpu)
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                theirs[blocks].append(_timed(lambda: torch.export.unflatten(program)))
+                theirs[blocks].append(timed(lambda: torch.export.unflatten(program))[0].cpu)
     rows = []
     for blocks, program in programs.items():
         result = rewrite.apply(rules, program)

@@ -8,7 +8,7 @@ downloaded) exported with ``torch.export`` and saved; ``rewrite explain RULES MO
 OUT.html`` run as a user runs it, with ``rules/gpt2.rules`` (blocks, attention, MLP) and
 ``rules/modularize.rules`` (every module call a group: ~580 groups at 48 blocks) (its wall time is
 reported, not the target); then the page is opened ``--loads`` times in a fresh tab of headless
-Chromium (Debian's, driven over DevTools: ``tests/browser.py``) and the browser's own navigation
+Chromium (Debian's, driven over DevTools: ``tools/browser.py``) and the browser's own navigation
 timing is read: ``loadEventEnd`` (the page parsed, laid out, its script run), and the time a filter
 of the tree takes (typing ``attn``: the script and the layout it causes). Targets: under 2 MB, opens
 in under 1 s (the median).
@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from tests.browser import Browser, find_chromium
+from tools.browser import Browser, find_chromium
 
 ROOT = Path(__file__).resolve().parent.parent
 SIZE_TARGET = 2_000_000

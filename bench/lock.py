@@ -2,6 +2,7 @@
 grouping, and whether it reads a weight.
 
     nice .venv/bin/python -m bench.lock [--model PATH] [--out DIR] [--rounds N] [--check-weights]
+    .venv/bin/python -m bench.lock --quick           # a tiny model, one round: the harness
 
 Builds (once, ``bench/weights_model.py``) or takes the 2.47 GB bf16 ``.pt2``. Each round runs
 three fresh processes, in alternating order:
@@ -27,16 +28,14 @@ from __future__ import annotations
 import argparse
 import io
 import json
-import os
 import re
-import resource
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from bench.stats import Spread
+from bench.harness import Spread, load_average, timed
 from bench.weights_model import OUT, ensure
 
 _MAPPING = re.compile(r"[0-9a-f]+-[0-9a-f]+ ")
@@ -92,15 +91,13 @@ def measure(model: Path, check_weights: bool = False, rules: str | Path = RULES
 
 
 def _timed(command: list[str]) -> tuple[float, float, str]:
-    """Wall clock and CPU seconds (user + system) of ``command`` run to its end, its stdout;
-    a failure exits with its stderr."""
-    before, start = resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter()
-    done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT)
-    wall, after = time.perf_counter() - start, resource.getrusage(resource.RUSAGE_CHILDREN)
+    """Wall clock and CPU seconds of ``command`` run to its end (:func:`bench.harness.timed`:
+    its CPU time is the child's), its stdout; a failure exits with its stderr."""
+    times, done = timed(lambda: subprocess.run(command, capture_output=True, text=True,
+                                               cwd=ROOT))
     if done.returncode != 0:
         sys.exit(f"{' '.join(command)} failed ({done.returncode}):\n{done.stderr[-3000:]}")
-    cpu = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
-    return wall, cpu, done.stdout
+    return times.wall, times.cpu, done.stdout
 
 
 def _round(model: Path, check_weights: bool, lock: Path, reverse: bool) -> dict[str, tuple]:
@@ -147,29 +144,29 @@ def report(model: Path, rounds: list[dict], loads: tuple[str, str]) -> list[str]
     return lines
 
 
-def _load() -> str:
-    return " ".join(f"{x:.2f}" for x in os.getloadavg())
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", type=Path, help="a .pt2 (default: build the 2.5gb one)")
     parser.add_argument("--out", type=Path, default=OUT)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, help="default 3 (--quick: 1)")
+    parser.add_argument("--quick", action="store_true",
+                        help="the tiny4 model, one round: checks the harness")
     parser.add_argument("--check-weights", action="store_true",
                         help="lower as `apply` does (the weights' checksums started), to compare")
     parser.add_argument("--one", action="store_true", help=argparse.SUPPRESS)  # a round's steps
     args = parser.parse_args()
-    model = (args.model or ensure(["2.5gb"], args.out)["2.5gb"]).resolve()
+    size = "tiny4" if args.quick else "2.5gb"
+    model = (args.model or ensure([size], args.out)[size]).resolve()
+    args.rounds = args.rounds or (1 if args.quick else 3)
     if args.one:
         print(json.dumps(measure(model, args.check_weights)))
         return
-    before, rounds = _load(), []
+    before, rounds = load_average(), []
     with tempfile.TemporaryDirectory() as work:
         for k in range(args.rounds):
             rounds.append(_round(model, args.check_weights, Path(work) / "llama.lock", k % 2 == 1))
             print(f"round {k + 1}/{args.rounds} done", file=sys.stderr, flush=True)
-    print("\n".join(report(model, rounds, (before, _load()))))
+    print("\n".join(report(model, rounds, (before, load_average()))))
 
 
 if __name__ == "__main__":

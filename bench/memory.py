@@ -54,7 +54,7 @@ def build_model(layers: int, width: int) -> Path:
     import torch
 
     sys.path.insert(0, str(ROOT))
-    from tests import models
+    from tools import models
 
     OUT.mkdir(parents=True, exist_ok=True)
     model = models.gpt2(n_layer=layers, n_embd=width, n_head=16, vocab=1000, positions=128)

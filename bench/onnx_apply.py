@@ -2,8 +2,8 @@
 
     .venv/bin/python -m bench.onnx_apply [--blocks 48] [--repeats 5] [--ort-runs 1600]
 
-1. Builds a random-weight GPT-2 (``--blocks`` blocks, width 64) and saves its ``.pt2`` in
-   ``bench/out/``. Every weight is perturbed (``tests.models.perturb``), as in a trained
+1. Builds a random-weight GPT-2 (``--blocks`` blocks, width 64: ``tools.models.bench_gpt2``)
+   and saves its ``.pt2`` in ``bench/out/``. Every weight is perturbed, as in a trained
    model: transformers initializes biases to zero and norms to one, and torch.onnx's optimizer
    then drops every bias of the flat graph, a fold on weight *values* that a function shared
    by all blocks cannot make (the biases are its inputs); with zero biases the flat model ran
@@ -48,7 +48,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.stats import Spread
+from bench.harness import Spread
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "bench" / "out"
@@ -56,22 +56,17 @@ RULES = ROOT / "rules" / "gpt2.rules"
 
 
 def build(blocks: int, seq: int) -> tuple[Path, np.ndarray]:
-    """Save the GPT-2 program; returns its path and an input for onnxruntime."""
+    """Save the GPT-2 program (``tools.models.bench_gpt2``) in ``bench/out/``; returns its
+    path and an input for onnxruntime."""
     import torch
-    from transformers import GPT2Config, GPT2Model
 
-    from tests.models import perturb
+    from tools.models import bench_gpt2
 
-    config = GPT2Config(n_layer=blocks, n_embd=64, n_head=4, vocab_size=1000,
-                        n_positions=max(seq, 64), use_cache=False, bos_token_id=0,
-                        eos_token_id=0)
-    torch.manual_seed(0)
-    model = perturb(GPT2Model(config).eval())  # no two blocks' biases or norms equal
-    ids = torch.randint(0, config.vocab_size, (1, seq))
-    program = torch.export.export(model, (ids,), kwargs={"return_dict": False, "use_cache": False})
+    model, args, kwargs = bench_gpt2(blocks, seq)
+    program = torch.export.export(model, args, kwargs=kwargs)
     path = OUT / f"gpt2-{blocks}.pt2"
     torch.export.save(program, str(path))
-    return path, ids.numpy()
+    return path, args[0].numpy()
 
 
 PLAIN_SCRIPT = """

@@ -60,7 +60,7 @@ def build(blocks: int, width: int, optimize: bool, rebuild: bool) -> Path:
     import torch
     from transformers import GPT2Config, GPT2Model
 
-    from tests.models import perturb
+    from tools.models import perturb
 
     config = GPT2Config(n_layer=blocks, n_embd=width, n_head=2, vocab_size=100, n_positions=64,
                         use_cache=False, bos_token_id=0, eos_token_id=0)

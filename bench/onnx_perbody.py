@@ -37,7 +37,7 @@ import sys
 import time
 
 from bench.onnx_apply import OUT, RULES, build
-from bench.stats import Spread
+from bench.harness import Spread
 
 LLAMA_RULES = RULES.parent / "llama.rules"
 
@@ -60,15 +60,6 @@ def _time(side: str, program, rules) -> float:
     return time.perf_counter() - start
 
 
-def _llama_config(blocks: int, hidden: int, use_cache: bool):
-    from transformers import LlamaConfig
-
-    return LlamaConfig(num_hidden_layers=blocks, hidden_size=hidden,
-                       intermediate_size=4 * hidden, num_attention_heads=16,
-                       num_key_value_heads=4, vocab_size=1000, max_position_embeddings=64,
-                       use_cache=use_cache, bos_token_id=0, eos_token_id=0, pad_token_id=0)
-
-
 def _save(program, name: str):
     import torch
 
@@ -83,10 +74,10 @@ def build_llama(blocks: int, hidden: int):
     import torch
     from transformers import LlamaModel
 
-    from tests.models import perturb
+    from tools.models import llama_config, perturb
 
     torch.manual_seed(0)
-    model = perturb(LlamaModel(_llama_config(blocks, hidden, use_cache=False)).eval())
+    model = perturb(LlamaModel(llama_config(blocks, hidden, use_cache=False)).eval())
     ids = torch.randint(0, 1000, (1, 32))
     program = torch.export.export(model, (ids,), kwargs={"return_dict": False,
                                                          "use_cache": False})
@@ -103,10 +94,10 @@ def build_llama_static(blocks: int, hidden: int):
     from transformers import GenerationConfig, LlamaForCausalLM
     from transformers.integrations.executorch import TorchExportableModuleForDecoderOnlyLM
 
-    from tests.models import perturb
+    from tools.models import llama_config, perturb
 
     torch.manual_seed(0)
-    model = perturb(LlamaForCausalLM(_llama_config(blocks, hidden, use_cache=True)).eval())
+    model = perturb(LlamaForCausalLM(llama_config(blocks, hidden, use_cache=True)).eval())
     model.generation_config = GenerationConfig(
         use_cache=True, cache_implementation="static",
         cache_config={"batch_size": 1, "max_cache_len": 64})

@@ -31,6 +31,8 @@ from pathlib import Path
 import attrs
 import numpy as np
 
+from tools.feeds import feeds
+
 SIDES = ("candidate", "baseline", "control")
 
 
@@ -139,16 +141,6 @@ def name_length_cost(path: Path, feeds: dict[str, np.ndarray], runs: int = 1600)
                    optimize=False)
 
 
-def _feeds(path: Path) -> dict[str, np.ndarray]:
-    """Zeros for every input of ``path`` (symbolic dimensions: 1)."""
-    session = _session(path)
-    kinds = {"tensor(int64)": np.int64, "tensor(int32)": np.int32, "tensor(float)": np.float32,
-             "tensor(bool)": np.bool_}
-    return {i.name: np.zeros([d if isinstance(d, int) else 1 for d in i.shape],
-                             kinds.get(i.type, np.float32))
-            for i in session.get_inputs()}
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("candidate", type=Path)
@@ -156,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sessions", type=int, default=16)
     parser.add_argument("--runs", type=int, default=1600)
     args = parser.parse_args(argv)
-    result = compare(args.candidate, args.baseline, _feeds(args.baseline),
+    result = compare(args.candidate, args.baseline, feeds(args.baseline),
                      sessions=args.sessions, runs=args.runs)
     print(f"candidate {result.candidate * 1e3:.3f} ms, baseline {result.baseline * 1e3:.3f} ms: "
           f"{result.ratio:.3f}x (control {result.control:.3f}x); per session set "

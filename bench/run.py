@@ -2,10 +2,11 @@
 
     make bench            # or: .venv/bin/python -m bench.run [--only NAME ...] [--quick]
 
-Runs every side-by-side benchmark in its own process, one after the other (never two at once:
-they time things), and prints their tables; the report also goes to ``bench/out/RESULTS.md``
-with the date, the machine and the command. Each benchmark measures rewrite and its real
-alternative in the same run on the same input and reports ratios of medians:
+Runs every benchmark in its own process, one after the other (never two at once: they time
+things), and prints their tables (what they share: ``bench.harness``); the report also goes to
+``bench/out/RESULTS.md`` with the date, the machine and the command. Each benchmark measures
+rewrite and its real alternative in the same run on the same input and reports ratios of
+medians:
 
 =================  =============================================================  ==========
 name               what                                                           target
@@ -22,6 +23,8 @@ weights            1.24B bf16 Llama ``.pt2``: apply vs cp vs plain path; memory 
 html_report        ``explain --html``, 48 blocks: page size, opening in Chromium   < 2 MB, < 1 s
 checkpoint         1.24B bf16 checkpoint folder: rewrite vs onnxruntime-genai's   < 1x, <= 0.5x,
                    builder vs ``cp``: wall, peak RssAnon, weights step             <= 1.5x
+lock               ``rewrite lock`` on the 1.24B Llama ``.pt2``: its cost beyond   reads no
+                   grouping, how much of the file it reads                        weight
 =================  =============================================================  ==========
 
 ``weights`` (issue 22; targets: apply >= 4x the plain path, its weights part <= 2x ``cp``,
@@ -60,6 +63,7 @@ SUITE: dict[str, tuple[str, list[str], list[str]]] = {
     "weights": ("bench.weights", [], ["--quick"]),
     "html_report": ("bench.html_report", [], ["--blocks", "12", "--rules", "gpt2", "--loads", "2"]),
     "checkpoint": ("bench.checkpoint", [], ["--quick"]),
+    "lock": ("bench.lock", [], ["--quick"]),
 }
 
 

@@ -3,7 +3,7 @@
     .venv/bin/python -m bench.scaling                       # 10k, 100k, 1M nodes (~4 min)
     .venv/bin/python -m bench.scaling --sizes 10000 100000 --repeats 5
 
-Graphs come from :mod:`bench.synthetic` (transformer-shaped ``torch.fx`` graphs with
+Graphs come from :mod:`tools.synthetic` (transformer-shaped ``torch.fx`` graphs with
 ``nn_module_stack``, shared-module calls, stackless nodes and tags; no ``torch.export``).
 For each size, all measured in the same run, CPU time (``time.process_time``, robust to other
 processes on the machine), median of interleaved runs (``--repeats`` for the largest size,
@@ -34,7 +34,7 @@ from typing import Callable
 
 import torch
 
-from bench.synthetic import synthetic_graph
+from tools.synthetic import synthetic_graph
 from rewrite import parse_rules
 from rewrite.compile import RuleSet, load_rules
 from rewrite.frontends.fx.graph import from_fx_graph

@@ -10,14 +10,14 @@ The largest of ``--sizes`` gets every row; the others get ``apply`` and ``explai
 the memory growth. Every run is a fresh process of the same Python, environment and working
 folder (the bench's own niceness is inherited), writing into an empty folder; before each
 run, pending writes are flushed (``sync``), the memory freed by the cleanup is left to settle
-(:data:`SETTLE_SECONDS`) and the ``.pt2`` is read once, so every row starts with the model in
-page cache (the rows are "warm", not cold).
-Rounds alternate the order of the rows. Rows:
+(:data:`bench.harness.SETTLE_SECONDS`) and the ``.pt2`` is read once, so every row starts with
+the model in page cache (the rows are "warm", not cold).
+Rounds alternate the order of the rows (``bench.harness``). Rows:
 
 * ``cp``: ``cp --reflink=never MODEL.pt2 DIR/``, the floor for reading and writing its bytes;
 * ``apply``: ``rewrite -v apply rules/llama.rules MODEL.pt2 -o DIR/model.onnx``;
 * ``apply-no-optimize``: the same with ``--no-optimize`` (not run unless named in ``--rows``);
-* ``explain``: ``rewrite -v explain rules/llama.rules MODEL.pt2`` (the tree to /dev/null);
+* ``explain``: ``rewrite -v explain rules/llama.rules MODEL.pt2`` (the tree to a file);
 * ``plain``: a script as a user writes it: ``torch.export.load`` (after importing
   ``transformers.modeling_outputs``: the program returns its ``CausalLMOutputWithPast``),
   ``torch.onnx.export(program, dynamo=True)`` with its defaults, ``save(external_data=True)``.
@@ -53,13 +53,13 @@ import shutil
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Mapping
 
 import attrs
 
-from bench.procmem import Measure, measure
+from bench.harness import (Result, Row, check, load_average, rounds, run_row, runs_table,
+                           steps_table, verdict)
 from bench.weights_model import OUT, ROOT, SIZES
 
 RULES = "rules/llama.rules"
@@ -75,30 +75,11 @@ with contextlib.redirect_stdout(io.StringIO()):
     onnx_program = torch.onnx.export(program, dynamo=True, verbose=False)
 onnx_program.save(sys.argv[2], external_data=True)
 """
-CHECK_SCRIPT = "import onnx, sys; onnx.checker.check_model(sys.argv[1], full_check=True)"
-STEP = re.compile(r"^(?P<text>\S.*?):\s+(?:done in\s+)?(?P<seconds>\d+(?:\.\d+)?)s\s*$", re.M)
 WEIGHT_STEPS = r"\bweights\b"
 OUTER_STEPS = r"^(reading|loading|writing) "
 GROWTH_ROWS = ("apply", "explain")
 ENV = {**os.environ, "COLUMNS": "400"}  # rich wraps rewrite's -v lines at 80 columns in a pipe
 APPLY_MB, EXPLAIN_MB, EXPLAIN_S, SPEEDUP, COPY_RATIO, GROWTH = 1024, 600, 3.0, 4.0, 2.0, 1.2
-
-
-@attrs.frozen
-class Row:
-    """One way to process the model, as a user runs it."""
-
-    argv: Callable[[Path, Path], list[str]]
-    """(model, empty output folder) -> the command (its stdout goes to /dev/null)."""
-    onnx: str | None = None
-    """The ONNX file it writes, checked once (None: it writes none)."""
-
-    @property
-    def command(self) -> str:
-        """The command as the table shows it."""
-        argv = self.argv(Path("MODEL.pt2"), Path("DIR"))
-        return " ".join("python" if arg == sys.executable else "PLAIN_SCRIPT" if "\n" in arg
-                        else arg for arg in argv)
 
 
 def _rewrite(*args: str) -> list[str]:
@@ -118,183 +99,43 @@ ROWS = {
 }
 
 
-@attrs.frozen
-class Run:
-    """One measured run of a row."""
-
-    measure: Measure
-    steps: dict[str, float]
-    """rewrite's step timings (``-v``), seconds by step text (the model's path elided)."""
-    output_bytes: int
+NAMES = ("MODEL.pt2", "DIR")
+"""How the tables show the model and the output folder."""
+SCRIPTS = {PLAIN_SCRIPT: "PLAIN_SCRIPT"}
 
 
-@attrs.define
-class Result:
-    """The runs of one row on one model."""
-
-    runs: list[Run] = attrs.Factory(list)
-    failed: str | None = None
-    checker: str | None = None
-
-    def wall(self) -> list[float]:
-        return [run.measure.seconds for run in self.runs]
-
-    def peak(self, field: str) -> float:
-        return max(getattr(run.measure, field) for run in self.runs)
-
-    def steps(self) -> dict[str, float]:
-        """Median seconds of each step, in the order the runs printed them."""
-        names = dict.fromkeys(name for run in self.runs for name in run.steps)
-        return {name: statistics.median(run.steps.get(name, 0.0) for run in self.runs)
-                for name in names}
-
-
-def parse_steps(log: str, model: Path, out: Path) -> dict[str, float]:
-    """Step timings from rewrite's ``-v`` output, the paths replaced by MODEL.pt2 / DIR."""
-    steps: dict[str, float] = {}
-    for match in STEP.finditer(log):
-        text = match["text"].replace(str(model), "MODEL.pt2").replace(str(out), "DIR")
-        steps[text] = steps.get(text, 0.0) + float(match["seconds"])
-    return steps
-
-
-SETTLE_SECONDS = 5.0
-"""How long a run waits after the cleanup before it starts. This VM's balloon device reports
-freed memory to the host (``VIRTIO_BALLOON_F_REPORTING``, ~2 s after it is freed); a page the
-host took back costs a fault on the host when it is used again, so writing 2.5 GB into
-fresh page cache runs at ~0.45 GB/s with reported pages and ~3 GB/s with pages just freed.
-Without the wait, a row that writes soon after the cleanup (``cp``) writes into freed
-memory, one that writes after seconds of work (``rewrite``) into reported memory: the wait
-gives every row the second."""
-
-
-def prepare(inputs: list[Path], settle: float = SETTLE_SECONDS) -> None:
-    """Before a run: flush pending writes (``sync``), let the memory freed by removing the
-    previous outputs be reported (``settle`` s), then read ``inputs`` so that they are in
-    page cache (warm, as they are after a download; dropping the cache needs root)."""
-    os.sync()
-    time.sleep(settle)
-    buffer = bytearray(16 * 2**20)
-    for path in inputs:
-        with open(path, "rb", buffering=0) as file:
-            while file.readinto(buffer):
-                pass
-
-
-def _size(folder: Path) -> int:
-    return sum(path.stat().st_size for path in folder.rglob("*") if path.is_file())
-
-
-def run_row(name: str, model: Path, work: Path) -> tuple[Run | None, str]:
-    """One run of a row into an empty folder: (the run or None if it failed, its log)."""
-    out, log = work / name, work / f"{name}.log"
-    shutil.rmtree(out, ignore_errors=True)
-    out.mkdir(parents=True)
-    prepare([model])
-    result = measure(ROWS[name].argv(model, out), stderr=log, cwd=ROOT, env=ENV)
-    text = log.read_text(errors="replace")
-    if result.returncode != 0:
-        return None, text
-    return Run(result, parse_steps(text, model, out), _size(out)), text
-
-
-def check(path: Path) -> str:
-    """``passed`` or ``FAILED: <the checker's last line>``."""
-    proc = subprocess.run([sys.executable, "-c", CHECK_SCRIPT, str(path)], capture_output=True,
-                          text=True, cwd=ROOT)
-    if proc.returncode == 0:
-        return "passed"
-    return "FAILED: " + (proc.stderr.strip().splitlines() or ["?"])[-1][:200]
+def row_command(name: str) -> str:
+    """Row ``name``'s command as the tables show it."""
+    return ROWS[name].command(NAMES, SCRIPTS)
 
 
 def bench_model(size: str, model: Path, rows: list[str], repeats: dict[str, int],
                 work: Path, keep: bool) -> dict[str, Result]:
     """Every row on one model, in rounds of alternating order; then the checker."""
     results = {name: Result() for name in rows}
-    rounds(rows, repeats, lambda name: run_row(name, model, work), results, f"{size} ",
+    rounds(rows, repeats, lambda name: run_row(ROWS[name], model, work / name, names=NAMES,
+                                               inputs=[model], env=ENV),
+           results, f"{size} ",
            lambda run: f"{run.measure.seconds:.2f}s, RssAnon {run.measure.anon_mb:.0f} MB, "
            f"RssFile {run.measure.file_mb:.0f} MB")
     check_and_clean(results, {name: ROWS[name].onnx for name in rows}, work, keep)
     return results
 
 
-def rounds(rows: list[str], repeats: Mapping[str, int],
-           run: Callable[[str], tuple[Any, str]], results: Mapping[str, Any], label: str,
-           describe: Callable[[Any], str]) -> None:
-    """Each row run up to ``repeats[row]`` times into ``results[row].runs``, in rounds of
-    alternating order; a row that fails keeps the last line of its log in ``failed`` and is
-    not run again. Progress lines on stderr, each starting with ``label``."""
-    for round_ in range(max(repeats[name] for name in rows)):
-        for name in rows if round_ % 2 == 0 else rows[::-1]:
-            result = results[name]
-            if result.failed is not None or len(result.runs) >= repeats[name]:
-                continue
-            measured, log = run(name)
-            if measured is None:
-                result.failed = (log.strip().splitlines() or ["(no output)"])[-1][:200]
-                print(f"{label}{name}: FAILED\n{log[-3000:]}", file=sys.stderr, flush=True)
-                continue
-            result.runs.append(measured)
-            print(f"{label}{name} {len(result.runs)}/{repeats[name]}: {describe(measured)}",
-                  file=sys.stderr, flush=True)
-
-
-def check_and_clean(results: Mapping[str, Any], onnx: Mapping[str, str | None], work: Path,
+def check_and_clean(results: Mapping[str, Result], onnx: Mapping[str, str | None], work: Path,
                     keep: bool) -> None:
-    """The checker on each row's ONNX output (``work/ROW/onnx[ROW]``), then the rows'
-    folders removed unless ``keep``."""
+    """The checker on each row's ONNX output (``work/ROW/onnx[ROW]``, what its last run
+    wrote), then the rows' folders removed unless ``keep``."""
     for name, result in results.items():
         if onnx[name] and result.runs:
-            result.checker = check(work / name / onnx[name])
+            result.runs[-1] = attrs.evolve(result.runs[-1],
+                                           checker=check(work / name / onnx[name]))
     if not keep:
         for name in results:
             shutil.rmtree(work / name, ignore_errors=True)
 
 
 # --- the report ------------------------------------------------------------------------------
-
-
-def verdict(ok: bool) -> str:
-    return "met" if ok else "**MISSED**"
-
-
-def _mb(mb: float) -> str:
-    return f"{mb:,.0f}" if mb >= 10 else f"{mb:.2f}"
-
-
-def _walls(result: Result) -> str:
-    walls = result.wall()
-    return f"{min(walls):.2f} / {statistics.median(walls):.2f} / {max(walls):.2f}"
-
-
-def runs_table(results: dict[str, dict[str, Result]]) -> list[str]:
-    lines = ["| model | row | command | runs | wall s min / median / max | peak RssAnon MB "
-             "| peak RssFile MB | ru_maxrss MB | output MB | checker |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
-    for size, rows in results.items():
-        for name, result in rows.items():
-            command = f"`{ROWS[name].command}`"
-            if not result.runs:
-                lines.append(f"| {size} | {name} | {command} | 0 | FAILED: {result.failed} "
-                             "| | | | | |")
-                continue
-            failed = f" (then FAILED: {result.failed})" if result.failed else ""
-            lines.append(
-                f"| {size} | {name} | {command} | {len(result.runs)}{failed} | "
-                f"{_walls(result)} | {result.peak('anon_mb'):.0f} | {result.peak('file_mb'):.0f}"
-                f" | {result.peak('maxrss_mb'):.0f} | {_mb(result.runs[-1].output_bytes / 2**20)}"
-                f" | {result.checker or '-'} |")
-    return lines
-
-
-def steps_table(results: dict[str, dict[str, Result]]) -> list[str]:
-    lines = ["| model | row | step (rewrite -v) | median s |", "|---|---|---|---|"]
-    for size, rows in results.items():
-        for name, result in rows.items():
-            if result.runs:
-                lines += [f"| {size} | {name} | {step} | {seconds:.2f} |"
-                          for step, seconds in result.steps().items()]
-    return lines
 
 
 def weights_part(steps: dict[str, float], regex: str) -> tuple[dict[str, float], str]:
@@ -375,7 +216,7 @@ def report(results: dict[str, dict[str, Result]], models: dict[str, Path], comma
            started: datetime.datetime, weight_steps: str, quick: bool) -> str:
     import torch
 
-    load = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    load = load_average()
     lines = [
         "# weights benchmark (issue 22)", "",
         f"{started:%Y-%m-%d %H:%M} UTC, `{command}`, {platform.machine()}, {os.cpu_count()} "
@@ -391,7 +232,8 @@ def report(results: dict[str, dict[str, Result]], models: dict[str, Path], comma
         "of the `.pt2` (page cache warm). "
         "Peaks: the largest over the runs, of the process tree, sampled every 20 ms from "
         "/proc; MB = 2**20 bytes.", "",
-        *runs_table(results), "", *steps_table(results), "",
+        *runs_table(results, {name: row_command(name) for name in ROWS}), "",
+        *steps_table(results), "",
         *(["Quick mode: tiny models, a check of the harness; its verdicts say nothing about "
            "the targets.", ""] if quick else []),
         *targets_table(results, weight_steps), "",

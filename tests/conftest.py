@@ -1,11 +1,16 @@
-"""Shared fixtures: exported models are built once per session (export is the slow part)."""
+"""Shared fixtures: exported and lowered models are built once per session (export and
+lowering are the slow part), so once per pytest-xdist worker: a session fixture lives here,
+never imported into test modules (each module importing it would build its own copy)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from tests import models
+import rewrite
+from rewrite.backends.onnx import lower
+from tests.onnx_fixtures import BERT_RULES, GPT2_RULES, LLAMA_RULES, MODULARIZE
+from tools import models
 
 
 @pytest.fixture(scope="session")
@@ -79,6 +84,33 @@ def staged_pt2(staged_program, tmp_path_factory):
     return path
 
 
+# --- the same, lowered to ONNX (torch.onnx.export: seconds per model) ---------------------------
+
+
+@pytest.fixture(scope="session")
+def gpt2_lowered(gpt2_program):
+    result = rewrite.apply(GPT2_RULES, gpt2_program)
+    return result, lower(result)
+
+
+@pytest.fixture(scope="session")
+def llama_lowered(llama_program):
+    result = rewrite.apply(LLAMA_RULES, llama_program)
+    return result, lower(result)
+
+
+@pytest.fixture(scope="session")
+def bert_lowered(bert_program):
+    result = rewrite.apply(BERT_RULES, bert_program)
+    return result, lower(result)
+
+
+@pytest.fixture(scope="session")
+def shared_lowered(shared_program):
+    result = rewrite.apply(MODULARIZE, shared_program)
+    return result, lower(result)
+
+
 # --- CLI -------------------------------------------------------------------------------------
 
 
@@ -137,10 +169,10 @@ def two_kinds_program(two_kinds_model):
 
 @pytest.fixture(scope="session")
 def browser():
-    """Headless Chromium over DevTools (``tests/browser.py``): Debian's package, installed
-    here when missing and possible (root, apt-get); the test is skipped, with the reason,
-    where it cannot be."""
-    from tests.browser import Browser, find_chromium
+    """Headless Chromium over DevTools (``tools/browser.py``): Debian's package, which
+    ``make browser`` installs (CI runs it); where it is missing, the test is skipped with the
+    reason. A test never installs anything."""
+    from tools.browser import Browser, find_chromium
 
     executable, why = find_chromium()
     if executable is None:

@@ -1,8 +1,6 @@
-"""Helpers and session fixtures for the ONNX backend tests.
-
-Lowering runs torch.onnx.export (seconds per model), so each model is lowered once per
-session and shared by the tests that only read the result.
-"""
+"""Helpers for the ONNX backend tests: the rule files, the checker, onnxruntime vs eager, who
+calls which function. (The models lowered once per session, ``gpt2_lowered`` and the like, are
+fixtures of ``conftest.py``.)"""
 
 from __future__ import annotations
 
@@ -13,12 +11,10 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 import onnxruntime as ort
-import pytest
 import torch
 from torch.utils import _pytree as pytree
 
-import rewrite
-from rewrite.backends.onnx import lower, summarize
+from rewrite.backends.onnx import summarize
 
 ROOT = Path(__file__).resolve().parents[1]
 GPT2_RULES = ROOT / "rules" / "gpt2.rules"
@@ -90,27 +86,3 @@ def function_names(model: ir.Model) -> Counter:
 def runs(model: ir.Model) -> dict[str, int]:
     """Function name -> how often it runs per model run."""
     return {fid[1]: s.instances for fid, s in summarize(model).items()}
-
-
-@pytest.fixture(scope="session")
-def gpt2_lowered(gpt2_program):
-    result = rewrite.apply(GPT2_RULES, gpt2_program)
-    return result, lower(result)
-
-
-@pytest.fixture(scope="session")
-def llama_lowered(llama_program):
-    result = rewrite.apply(LLAMA_RULES, llama_program)
-    return result, lower(result)
-
-
-@pytest.fixture(scope="session")
-def bert_lowered(bert_program):
-    result = rewrite.apply(BERT_RULES, bert_program)
-    return result, lower(result)
-
-
-@pytest.fixture(scope="session")
-def shared_lowered(shared_program):
-    result = rewrite.apply(MODULARIZE, shared_program)
-    return result, lower(result)

@@ -15,7 +15,7 @@ import numpy as np
 import onnxruntime as ort
 import torch
 
-from tests import models
+from tools import models
 
 HIDDEN, HEADS, KV_HEADS, LAYERS, VOCAB = 64, 4, 2, 4, 96
 """The decoders' sizes: head size 16 (GroupQueryAttention at int4 needs a multiple of 16)."""

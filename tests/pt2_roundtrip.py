@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 import torch
 
-from tests import models
+from tools import models
 from tests.test_higher_order import Conditional, Regions
 from tests.test_state import Cached
 

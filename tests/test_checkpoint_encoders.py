@@ -20,7 +20,9 @@ transformers = pytest.importorskip("transformers")
 BATCH, TOKENS, DECODER_TOKENS = 3, 7, 4
 
 
-@pytest.fixture(scope="module", params=list(checkpoints.ENCODERS))
+@pytest.fixture(scope="module", params=[
+    pytest.param(family, marks=pytest.mark.slow) if family == "t5" else family
+    for family in checkpoints.ENCODERS])  # T5: the slowest export of the three
 def exported(request, tmp_path_factory):
     """(family, folder, ONNX path) of one family's checkpoint, exported once."""
     family = request.param

@@ -115,7 +115,11 @@ def decode_and_compare(folder: Path, onnx_path: Path, batch: int = 3) -> list[fl
     return errors
 
 
-FAMILIES = list(LAYER_CLASSES)
+FAST = ("llama", "gpt2")
+"""The families make test runs; the others (one more code path each: sliding windows, MoE,
+soft-capping...) are marked slow: make test-all and CI run them."""
+FAMILIES = [family if family in FAST else pytest.param(family, marks=pytest.mark.slow)
+            for family in LAYER_CLASSES]
 
 
 @pytest.mark.parametrize("exported", FAMILIES, indirect=True)
@@ -301,6 +305,7 @@ def test_weights_stay_views_of_the_mapped_shards(exported):
         assert any(low <= tensor.data_ptr() < high for low, high in ranges), name
 
 
+@pytest.mark.slow  # a second decode export, saved and read back
 def test_the_decode_program_converts_from_its_saved_file_as_in_memory(tmp_path):
     """The program ``rewrite export`` makes, saved by ``torch.export.save`` and applied from
     the file by rewrite's loader, gives the same logits and present cache in onnxruntime as

@@ -73,6 +73,7 @@ def _unknown_symbol(text: str) -> str:
     return new
 
 
+@pytest.mark.slow  # processes
 def test_what_torch_logs_while_loading_never_reaches_stderr(tmp_path, gpt2_pt2):
     """torch logs a warning reading this program ("Symbol s99 did not appear in the graph
     that was deserialized"); the model loads, and stderr holds rewrite's lines only (a
@@ -117,6 +118,7 @@ def test_unwritable_folder(tmp_path, gpt2_pt2):
     assert not out.exists()
 
 
+@pytest.mark.slow
 def test_ctrl_c_during_apply_exits_130_and_writes_nothing(tmp_path, gpt2_pt2):
     """SIGINT after the model is read and grouped (``-v`` prints that step's time), while
     lowering."""
@@ -139,6 +141,7 @@ def test_ctrl_c_during_apply_exits_130_and_writes_nothing(tmp_path, gpt2_pt2):
     assert files(out.parent) == []
 
 
+@pytest.mark.slow
 def test_broken_pipe_closed_before_the_first_line(gpt2_pt2):
     """The reader is gone before anything is written: exit 141 (as killed by SIGPIPE)."""
     read, write = os.pipe()
@@ -153,6 +156,7 @@ def test_broken_pipe_closed_before_the_first_line(gpt2_pt2):
     assert proc.stderr == ""
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(shutil.which("head") is None, reason="needs head(1)")
 def test_broken_pipe_in_a_shell_pipeline(gpt2_pt2):
     """``rewrite explain ... | head -1``: the first line, and nothing on stderr."""

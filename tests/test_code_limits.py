@@ -1,7 +1,8 @@
 """The team's limits on the code, checked on its syntax: no function in ``rewrite/`` over 60
 lines, no class over 150; no import of a ``_``-prefixed module from outside its package in
-``rewrite/`` and ``bench/`` (``a.b._c`` is for the modules of ``a.b``; a package exposes what
-other stages use in its ``__init__``)."""
+``rewrite/``, ``bench/`` and ``tools/`` (``a.b._c`` is for the modules of ``a.b``; a package
+exposes what other stages use in its ``__init__``); the suite and the benchmarks share models
+and tools through ``tools/``, never by importing each other."""
 
 from __future__ import annotations
 
@@ -52,14 +53,14 @@ def _is_module(parts: list[str]) -> bool:
 
 
 def private_imports(path: str, tree: ast.Module) -> list[str]:
-    """``path: name`` for each import of a ``_``-prefixed module of ``rewrite`` or ``bench``
-    from outside the package that holds it."""
+    """``path: name`` for each import of a ``_``-prefixed module of ``rewrite``, ``bench`` or
+    ``tools`` from outside the package that holds it."""
     package = _package(path)
     bad = []
     for node in ast.walk(tree):
         for name in _imported(node, package):
             parts = name.split(".")
-            if parts[0] not in ("rewrite", "bench"):
+            if parts[0] not in ("rewrite", "bench", "tools"):
                 continue
             for i, part in enumerate(parts):
                 if part.startswith("_") and not part.startswith("__") and _is_module(parts[:i + 1]):
@@ -88,8 +89,25 @@ def test_no_function_over_60_lines_and_no_class_over_150():
 
 
 def test_no_private_module_imported_from_outside_its_package():
-    found = [line for path, tree in _sources("rewrite", "bench")
+    found = [line for path, tree in _sources("rewrite", "bench", "tools")
              for line in private_imports(path, tree)]
+    assert not found, "\n".join(found)
+
+
+FORBIDDEN = {"tests": ("bench",), "bench": ("tests",), "tools": ("tests", "bench")}
+"""Top-level folder -> the folders its modules never import: what tests and benchmarks share
+lives in ``tools/`` (models, the browser, the zoo), which imports neither."""
+
+
+def crossing_imports(path: str, tree: ast.Module) -> list[str]:
+    """``path: name`` for each import of a folder that :data:`FORBIDDEN` keeps apart."""
+    forbidden = FORBIDDEN.get(path.split("/")[0], ())
+    return [f"{path}: {name}" for node in ast.walk(tree)
+            for name in _imported(node, _package(path)) if name.split(".")[0] in forbidden]
+
+
+def test_tests_and_bench_do_not_import_each_other():
+    found = [line for path, tree in _sources(*FORBIDDEN) for line in crossing_imports(path, tree)]
     assert not found, "\n".join(found)
 
 
@@ -103,5 +121,11 @@ def test_the_checks_find_what_they_forbid():
         "from rewrite._private.errors import library_code")) == []
     assert private_imports("bench/x.py", ast.parse("import rewrite._private.errors")) == [
         "bench/x.py: rewrite._private.errors"]
+    assert crossing_imports("tests/test_x.py", ast.parse(
+        "from tools import models\nimport rewrite")) == []
+    assert crossing_imports("tests/test_x.py", ast.parse("from bench.weights import run")) == [
+        "tests/test_x.py: bench.weights.run"]
+    assert crossing_imports("tools/x.py", ast.parse("from tests import models")) == [
+        "tools/x.py: tests.models"]
     body = "\n".join(["    x = 1"] * 60)
     assert oversized("m.py", ast.parse(f"def f():\n{body}\n")) == ["m.py:1 f: 61 lines"]

@@ -16,7 +16,7 @@ import torch
 
 import rewrite
 from rewrite.grouping import group_graph
-from tests import models
+from tools import models
 from tests.ir_builder import GraphBuilder, call
 from tests.onnx_fixtures import MODULARIZE, assert_matches_eager, checked_proto
 

@@ -97,6 +97,7 @@ rewrite.export(model, (torch.arange(6).unsqueeze(0),), {"use_cache": False}, rul
 """
 
 
+@pytest.mark.slow  # kills processes at every step
 def test_a_process_killed_while_exporting_leaves_the_old_pair(model, tmp_path):
     folder = tmp_path / "ckpt"
     out = tmp_path / "out" / "model.onnx"

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import rewrite
-from tests import models
+from tools import models
 from tests.onnx_fixtures import checked_proto, run_eager, run_onnx, session, top_calls
 
 LAYERS = 3
@@ -147,6 +147,7 @@ def test_dynamic_dimensions_carry_the_names_of_their_dims(gpt2_exported):
     assert not [d for d in inside if re.search(r"(?<!\w)s\d+(?!\w)", d)], inside
 
 
+@pytest.mark.slow  # torch.onnx.export too, for the comparison
 def test_dimension_names_are_those_torch_onnx_export_gives(gpt2_exported):
     (module, _, _), model = gpt2_exported
     batch, seq = torch.export.Dim("batch", max=8), torch.export.Dim("seq", max=60)

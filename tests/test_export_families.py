@@ -21,6 +21,7 @@ def _checkpoint(model_type: str, tmp_path: Path) -> Path:
     return folder
 
 
+@pytest.mark.slow  # three exports of tiny checkpoints built from their configs
 @pytest.mark.parametrize("model_type, why", [
     ("deepseek_v3", "multi-head latent attention: keys wider than values, from the cache"),
     ("apertus", "a first call whose stand-ins were all inlined had no copyable template"),

@@ -22,7 +22,12 @@ LAYERS = {"llama": "LlamaDecoderLayer", "qwen3": "Qwen3DecoderLayer",
           "qwen2_moe": "Qwen2MoeDecoderLayer"}
 
 
-@pytest.fixture(scope="module", params=list(LAYERS))
+FAMILIES = [family if family == "llama" else pytest.param(family, marks=pytest.mark.slow)
+            for family in LAYERS]
+"""Llama in make test; the other families (sliding windows, MoE...) in make test-all."""
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
 def exported(request, tmp_path_factory):
     family = request.param
     root = tmp_path_factory.mktemp(family)
@@ -92,7 +97,7 @@ def test_chunked_prefill_and_decode_equal_eager(exported, pads):
         np.testing.assert_allclose(got[row, pad:], want, atol=1e-4, rtol=0)
 
 
-@pytest.fixture(scope="module", params=list(LAYERS))
+@pytest.fixture(scope="module", params=FAMILIES)
 def static_exported(request, tmp_path_factory):
     """Every shape fixed (batch 1, chunks of CHUNK tokens)."""
     family = request.param

@@ -12,7 +12,7 @@ from rewrite.frontends import from_exported_program, from_graph_module, load_gra
 from rewrite.frontends.calls import split_runs
 from rewrite.grouping import group_graph
 from rewrite.ir import LazyNodes, ModuleCall
-from tests import models
+from tools import models
 from tests.ir_builder import call
 
 GPT2 = "transformers.models.gpt2.modeling_gpt2."
@@ -125,7 +125,7 @@ def test_stack_tree_and_call_columns(shared_program, gpt2_program):
 def test_synthetic_graph_with_odd_metadata():
     """Stackless nodes, the empty-stack marker, unhashable and private tags, node.tag, empty
     dicts: read node by node as the columns say (runs of equal neighbours are read once)."""
-    from bench.synthetic import synthetic_graph
+    from tools.synthetic import synthetic_graph
 
     from rewrite.frontends.fx.graph import EMPTY_STACK_KEY, from_fx_graph
 

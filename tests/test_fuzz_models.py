@@ -1,4 +1,4 @@
-"""Broken model files: a fast subset of ``python -m bench.fuzz_models`` (2,000+ cases), plus
+"""Broken model files: a fast subset of ``python -m tools.fuzz_models`` (2,000+ cases), plus
 the cases earlier runs found, as regression tests.
 
 Every case ends in exit 0 with an output that passes the full ONNX checker and computes what
@@ -10,8 +10,8 @@ import random
 
 import pytest
 
-from bench.fuzz_models import build_bases, fuzz, run_cli
-from bench.model_mutations import mutate_onnx, mutate_pt2
+from tools.fuzz_models import build_bases, fuzz, run_cli
+from tools.model_mutations import mutate_onnx, mutate_pt2
 
 
 @pytest.fixture(scope="module")
@@ -21,6 +21,7 @@ def bases(tmp_path_factory):
                                                    "staged.pt2"))}
 
 
+@pytest.mark.slow  # a fuzzer (python -m tools.fuzz_models runs 2,000 cases)
 def test_mutated_models_end_in_a_valid_output_or_a_clear_refusal(bases):
     outcomes = fuzz(list(bases.values()), 48, seed=16, pt2_share=0.1)
     assert [o.finding for o in outcomes if o.finding] == []
@@ -31,6 +32,7 @@ def test_mutated_models_end_in_a_valid_output_or_a_clear_refusal(bases):
     assert len(uncompared) <= 0.1 * len(done), uncompared  # the rest only passed the checker
 
 
+@pytest.mark.slow
 def test_split_by_tags_cases_reach_the_split(bases):
     """The stage-tagged model's ``split_by_tags`` cases are split (exit 0, compared with
     eager), not refused for want of a tag."""
@@ -105,7 +107,7 @@ def test_an_existing_function_with_the_wanted_name_is_kept_apart(bases, tmp_path
     import onnx
     from onnx import helper
 
-    from bench.fuzz_models import _check_output
+    from tools.fuzz_models import _check_output
 
     base = bases["gpt2"]
     model = onnx.load(str(base.path))
@@ -132,7 +134,7 @@ def test_an_existing_function_with_the_wanted_name_is_kept_apart(bases, tmp_path
 def test_an_outlined_model_fed_back_is_left_as_it_is_and_says_why(bases, tmp_path):
     """rewrite's own output as input: its call nodes carry no module metadata and rewrite does
     not look inside functions; the warning says so, and the output is the same model."""
-    from bench.fuzz_models import _check_output
+    from tools.fuzz_models import _check_output
 
     base = bases["gpt2_outlined"]
     out = tmp_path / "again.onnx"

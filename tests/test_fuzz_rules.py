@@ -1,6 +1,6 @@
 """Bad rules: generated and mutated rule texts never raise anything but RuleError.
 
-The full run (10,000+ cases) is ``python -m bench.fuzz_rules``; this runs the same property on a
+The full run (10,000+ cases) is ``python -m tools.fuzz_rules``; this runs the same property on a
 few hundred, plus the cases earlier fuzz runs found, as regression tests.
 """
 
@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 
 import rewrite
-from bench.fuzz_rules import check_text, include_folder, rule_texts
+from tools.fuzz_rules import check_text, include_folder, rule_texts
 
 
 @pytest.fixture(scope="module")
@@ -20,6 +20,7 @@ def base():
         yield folder
 
 
+@pytest.mark.slow  # a fuzzer: hypothesis, 200 rule texts
 @settings(max_examples=200, deadline=None, database=None, derandomize=True,
           suppress_health_check=list(HealthCheck))
 @given(text=rule_texts())

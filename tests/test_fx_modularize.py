@@ -15,7 +15,7 @@ from torch.utils import _pytree as pytree
 
 import rewrite
 from rewrite.backends.fx import LoweredModule
-from tests import models
+from tools import models
 from tests.pt2_roundtrip import SOURCES, as_source
 
 MODULARIZE = "rules/modularize.rules"

@@ -5,13 +5,14 @@ from __future__ import annotations
 from collections import Counter
 from functools import lru_cache
 
+import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import rewrite
 from rewrite.backends.fx import LoweredModule
-from tests import models
+from tools import models
 from tests.test_fx_modularize import assert_same_outputs
 
 BUILDERS = {
@@ -50,6 +51,7 @@ MAX_REFUSED = 0.05
 one refused is an example not compared with eager."""
 
 
+@pytest.mark.slow  # hypothesis: random groupings of every model
 def test_any_grouping_matches_eager():
     SEEN.clear()
     grouping_matches_eager()

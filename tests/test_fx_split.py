@@ -7,7 +7,7 @@ import torch
 
 import rewrite
 from rewrite.backends.fx import LoweredModule
-from tests import models
+from tools import models
 from tests.test_fx_modularize import assert_same_outputs
 
 SPLIT = "rules/split_by_tags.rules"

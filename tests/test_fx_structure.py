@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 import rewrite
-from tests import models
+from tools import models
 from tests.test_fx_modularize import assert_same_outputs
 
 MODULARIZE = "rules/modularize.rules"
@@ -65,7 +65,7 @@ def test_readable_code(shared_program):
                    "class layers_0(torch.nn.Module):", "class heads(torch.nn.Module):",
                    "class lin(torch.nn.Module):", "class proj(torch.nn.Module):"):
         assert header in lines
-    assert "# shared@1: tests.models.Sub (rule rules/modularize.rules:3)" in lines
+    assert "# shared@1: tools.models.Sub (rule rules/modularize.rules:3)" in lines
     assert any(line.startswith("shared_call1") and "self.shared_call1(shared" in line
                for line in lines)
 

@@ -29,7 +29,9 @@ from tests.test_checkpoint_export import Recorder
 
 og = pytest.importorskip("onnxruntime_genai")
 
-FAMILIES = ["llama", "qwen2", "qwen3", "mistral", "phi3", "gemma2", "qwen2_moe", "gpt2"]
+FAMILIES = ["llama", *(pytest.param(family, marks=pytest.mark.slow) for family in (
+    "qwen2", "qwen3", "mistral", "phi3", "gemma2", "qwen2_moe", "gpt2"))]
+"""Llama in make test; the other families in make test-all."""
 GENAI_TYPES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "mistral": "mistral",
                "phi3": "phi3", "gemma2": "gemma2", "qwen2_moe": "decoder", "gpt2": "decoder"}
 """The runtime's family for each model_type: none for qwen2_moe, and the runtime's gpt2

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import rewrite
-from tests import models
+from tools import models
 from tests.onnx_fixtures import MODULARIZE, assert_matches_eager, checked_proto, function_names
 
 

@@ -1,5 +1,5 @@
 """``rewrite explain RULES MODEL --html OUT.html``, opened in a real headless browser
-(Chromium over DevTools, ``tests/browser.py``): what a person sees (the group tree, expanding,
+(Chromium over DevTools, ``tools/browser.py``): what a person sees (the group tree, expanding,
 collapsing and filtering it, the functions, the totals, why a class got more than one
 function), that the page asks for nothing over the network, and that bad input leaves no
 file behind."""
@@ -181,7 +181,7 @@ def test_input_shape_variants(browser, run_cli, variants, tmp_path):  # noqa: F8
 
 
 def test_lifted_scalars_per_call(browser, run_cli, tmp_path):
-    from tests import models
+    from tools import models
 
     model, args, _ = models.settings()  # four blocks: eps and scale differ
     pt2 = tmp_path / "settings.pt2"
@@ -328,6 +328,7 @@ class _Stack(torch.nn.Module):
         return x
 
 
+@pytest.mark.slow  # a tree of thousands of groups
 def test_large_tree_is_small_and_opens_folded(browser, run_cli, tmp_path):
     """580 groups (the size of a 48-block GPT-2 under modularize.rules): the page stays under
     2 MB and opens with the top level shown, every group one click away."""

@@ -12,7 +12,7 @@ import itertools
 import pytest
 import torch
 
-from tests import models
+from tools import models
 
 BUILDERS = {
     "gpt2": models.gpt2,

@@ -13,7 +13,7 @@ from onnxscript import opset18 as op
 import rewrite
 from rewrite.backends.onnx import OnnxOptions, lower
 from rewrite.errors import InputError
-from tests import models
+from tools import models
 from tests.onnx_fixtures import assert_matches_eager, checked_proto, top_calls
 
 

@@ -7,9 +7,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
-from tests import models
+from tools import models
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -32,6 +33,7 @@ def _digest(pt2: Path, seed: int) -> str:
     return proc.stdout.strip().splitlines()[-1]
 
 
+@pytest.mark.slow  # processes under several hash seeds
 def test_same_bytes_under_different_hash_seeds(tmp_path):
     pt2 = tmp_path / "shared.pt2"
     torch.export.save(models.export(models.shared_and_list()), str(pt2))

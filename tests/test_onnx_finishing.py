@@ -16,11 +16,10 @@ from rewrite.backends.onnx.finishing._passes import (
     MergeScalarVariants,
     OptimizeBodies,
 )
-from tests.onnx_fixtures import shared_lowered  # noqa: F401  (fixture)
 
 
 @pytest.fixture
-def finished(shared_lowered):  # noqa: F811
+def finished(shared_lowered):
     """A copy of a finished model and the state its passes would share."""
     result, lowering = shared_lowered
     model = lowering.model.clone()

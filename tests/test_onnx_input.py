@@ -29,7 +29,7 @@ from attrs import frozen
 import rewrite
 from rewrite.backends.onnx import Lowering, lower
 from rewrite.frontends.onnx.graph import CLASS_HIERARCHY, NAME_SCOPES
-from tests import models
+from tools import models
 from tests.onnx_fixtures import (
     GPT2_RULES,
     LLAMA_RULES,

@@ -16,16 +16,12 @@ import rewrite
 from rewrite.backends.onnx import OnnxOptions
 from rewrite.backends.onnx.outlining._naming import GROUP_KEY, RULE_KEY
 from rewrite.frontends.onnx.graph import NAMESPACE as NAMESPACE_KEY
-from tests.onnx_fixtures import (  # noqa: F401  (fixtures)
+from tests.onnx_fixtures import (
     assert_matches_eager,
-    bert_lowered,
     callees,
     checked_proto,
     function_names,
-    gpt2_lowered,
-    llama_lowered,
     runs,
-    shared_lowered,
     top_calls,
 )
 
@@ -171,7 +167,7 @@ def test_shared_module_called_twice_is_two_calls_of_one_function(shared_lowered)
 def test_multi_output_submodule_returns_both_values(shared_lowered):
     _, lowering = shared_lowered
     model = lowering.model
-    heads = model.functions[("pkg.tests", "SplitHeads", "")]
+    heads = model.functions[("pkg.tools", "SplitHeads", "")]
     assert len(heads.outputs) == 2
     (call,) = [n for n in model.graph if n.op_type == "SplitHeads"]
     users = {u.node.op_type for out in call.outputs for u in out.uses()}

@@ -10,13 +10,12 @@ import pytest
 
 import rewrite
 from rewrite.backends.onnx import OnnxOptions, lower
-from tests import models
-from tests.onnx_fixtures import (  # noqa: F401  (fixtures)
+from tools import models
+from tests.onnx_fixtures import (
     assert_matches_eager,
     checked_proto,
     function_names,
     GPT2_RULES,
-    gpt2_lowered,
     top_calls,
 )
 

@@ -17,7 +17,7 @@ from attrs import frozen
 
 import rewrite
 from rewrite.errors import GroupingError, RewriteError, RuleError
-from tests import models
+from tools import models
 from tests.onnx_fixtures import GPT2_RULES, checked_proto, run_eager, run_onnx, top_calls
 
 BLOCKS = 3

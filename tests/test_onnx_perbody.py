@@ -20,7 +20,7 @@ import rewrite
 from rewrite.backends.onnx import OnnxOptions, lower
 from rewrite.backends.onnx.lowering import DecomposedProgram
 from rewrite.errors import InputError
-from tests import models
+from tools import models
 from tests.pt2_roundtrip import SOURCES, as_source
 from tests.onnx_fixtures import (
     BERT_RULES,
@@ -141,7 +141,7 @@ def test_mutations_are_lowered_per_body_in_functional_form(source, tmp_path):
         assert_matches_eager(lowering.model, copy.deepcopy(triple))
 
 
-@pytest.mark.parametrize("name", ["chain", "llama"])
+@pytest.mark.parametrize("name", ["chain", pytest.param("llama", marks=pytest.mark.slow)])
 def test_dynamic_shapes_are_lowered_per_body(name):
     """Symbolic sizes (a dynamic batch; and sequence for the Llama, whose blocks read sizes
     from outside): per body, the model of the flat path, its inputs' sizes symbolic, equal

@@ -11,14 +11,13 @@ import torch
 import rewrite
 from rewrite.backends.onnx import OnnxOptions, lower
 from rewrite.errors import GroupingError, InputError
-from tests import models
-from tests.onnx_fixtures import (  # noqa: F401  (fixtures)
+from tools import models
+from tests.onnx_fixtures import (
     GPT2_RULES,
     assert_matches_eager,
     callees,
     checked_proto,
     function_names,
-    gpt2_lowered,
     top_calls,
 )
 
@@ -43,7 +42,7 @@ def test_modules_differing_in_a_constant_get_separate_functions(factors):
     model = lower(result, OnnxOptions(constants="embed")).model
     checked_proto(model)
     assert_matches_eager(model, triple)
-    calls = {n.name: n.op_type for n in model.graph if n.domain == "pkg.tests"}
+    calls = {n.name: n.op_type for n in model.graph if n.domain == "pkg.tools"}
     assert calls == {"a": "Scaled", "b": "Scaled_1", "c": "Scaled"}
     for function in model.functions.values():
         assert any(n.op_type == "Constant" for n in function)

@@ -209,7 +209,7 @@ def test_quantized_dynamo_export(tmp_path):
     import torch
     from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
 
-    from tests import models
+    from tools import models
 
     model, args, kwargs = models.llama(layers=2, hidden=64, heads=4, kv_heads=2)
     models.perturb(model)

@@ -19,7 +19,7 @@ from rewrite.backends.onnx import save_onnx
 from rewrite.backends.onnx import save as save_module
 from rewrite.cli.steps import Steps
 from rewrite.errors import InputError
-from tests import models
+from tools import models
 from tests.onnx_fixtures import (
     GPT2_RULES,
     MODULARIZE,
@@ -83,6 +83,7 @@ def test_cli_apply_refuses_to_write_over_its_input(run_cli, gpt2_pt2):
     assert gpt2_pt2.read_bytes() == before
 
 
+@pytest.mark.slow  # a fresh process
 def test_transformers_pt2_with_return_dict_in_a_fresh_process(tmp_path):
     # torch.export.load needs the output class (a transformers ModelOutput) registered for
     # pytree deserialization: a fresh process that has not imported transformers must still

@@ -9,7 +9,7 @@ import pytest
 
 import rewrite
 from rewrite.backends.onnx import OnnxOptions, lower
-from tests import models
+from tools import models
 from tests.onnx_fixtures import (
     MODULARIZE,
     assert_matches_eager,

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import rewrite
-from tests.models import Pair, export, perturb
+from tools.models import Pair, export, perturb
 from tests.onnx_fixtures import assert_matches_eager, checked_proto
 from tests.test_onnx_perbody import _both, _same_result
 

@@ -17,7 +17,7 @@ import pytest
 import rewrite
 from rewrite.backends.onnx import OnnxOptions, lower
 from rewrite.backends.onnx import _standins as standins
-from tests import models
+from tools import models
 from tests.onnx_fixtures import GPT2_RULES, LLAMA_RULES, assert_matches_eager, checked_proto
 from tests.test_onnx_perbody import _both, _same_result
 

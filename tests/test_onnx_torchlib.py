@@ -10,7 +10,7 @@ from torch.onnx._internal.exporter._registration import ONNXRegistry
 from rewrite._private import torchlib
 from rewrite._private import torch_exporter
 from rewrite._private.torch_exporter import lowering_tables, target_opset
-from tests.onnx_fixtures import assert_matches_eager, gpt2_lowered  # noqa: F401 (fixture)
+from tests.onnx_fixtures import assert_matches_eager
 
 
 def _entries(registry) -> list:

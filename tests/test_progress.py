@@ -11,7 +11,7 @@ import rewrite
 from rewrite.backends.onnx import lower
 from rewrite.cli.render import function_tree
 from rewrite.cli.steps import Steps
-from tests.onnx_fixtures import MODULARIZE, shared_lowered  # noqa: F401  (fixture)
+from tests.onnx_fixtures import MODULARIZE
 
 
 def test_the_backend_reports_through_the_progress_it_is_given(shared_program):

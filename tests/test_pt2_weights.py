@@ -189,6 +189,7 @@ def test_large_tensors_start_at_aligned_offsets(tmp_path):
     assert_matches_eager(str(out), (model, (torch.randn(3, 700),), {}))
 
 
+@pytest.mark.slow  # writes and checks 2 GB
 def test_a_model_past_2gb_gets_external_data_and_passes_the_checker(run_cli, tmp_path):
     """2.1 GB of fp32 weights: one file could not hold them."""
     class Big(torch.nn.Module):

@@ -194,7 +194,7 @@ def test_overlapping_writers_are_serialized_by_the_lock(lowered, tmp_path):
     """The first writer is held between placing its data and its final model; the second
     waits for the lock, then publishes: the output is the second's whole pair. (Without
     the lock the second publishes meanwhile, and the first's final model then reads the
-    second's data: ``bench.mutants no-lock``.)"""
+    second's data: ``tools.mutants no-lock``.)"""
     (first_model, first_triple), (second_model, second_triple) = lowered
     out = tmp_path / "model.onnx"
     with writer(first_model, out, hold="linked") as first:

@@ -10,7 +10,7 @@ from rewrite.frontends.fx.graph import from_exported_program, from_graph_module
 from rewrite.grouping.stacks import StackTable
 from rewrite.ir.stacks import columns_of
 from rewrite.ir.stacks import EMPTY, UNKNOWN, StackTreeBuilder
-from tests import models
+from tools import models
 from tests.ir_builder import GraphBuilder, call, call_columns_of
 from tests.test_frontend_fx import legacy
 

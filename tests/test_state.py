@@ -19,7 +19,7 @@ import torch
 
 import rewrite
 from rewrite.backends.onnx import lower
-from tests import models
+from tools import models
 from tests.onnx_fixtures import (LLAMA_RULES, MODULARIZE, checked_proto, function_names,
                                  run_onnx)
 
@@ -158,6 +158,7 @@ def static_cache_llama():
     return make, ids
 
 
+@pytest.mark.slow  # transformers' static-cache Llama, exported strict and not
 @pytest.mark.parametrize("strict", [False, True])
 def test_static_cache_decoder_fx_equals_module(static_cache_llama, strict):
     make, ids = static_cache_llama
@@ -171,6 +172,7 @@ def test_static_cache_decoder_fx_equals_module(static_cache_llama, strict):
         assert not rewrite.apply(LLAMA_RULES, program).tree.flattened
 
 
+@pytest.mark.slow
 def test_static_cache_decoder_onnx(static_cache_llama):
     """Strict: lowered per body (the in-place cache updates in torch's functional form),
     equal to torch.onnx.export (which keeps the cache as initializers, as torch does);

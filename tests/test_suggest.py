@@ -142,6 +142,7 @@ def test_onnx_input(two_kinds_model, run_cli, tmp_path):
     assert_matches_eager(grouped, two_kinds_model)
 
 
+@pytest.mark.slow  # a fresh process
 def test_onnx_input_does_not_load_the_lowering_pipeline(two_kinds_model, tmp_path):
     """Suggesting rules for an ``.onnx`` file reads it and keys its bodies; torch.onnx and
     onnxscript (the lowering pipeline's imports) are not loaded."""

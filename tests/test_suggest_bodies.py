@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import rewrite
-from tests import models
+from tools import models
 from tests.onnx_fixtures import runs
 from tests.test_suggest import block_lines, reference_counts
 

@@ -190,7 +190,7 @@ def test_extra_node_after_merging_and_renumbering():
     function, made third, is renumbered ``NoOp_1``, and the reason names the Mul only it has.
     (Under the default policy the three share one function: the scalars are lifted before
     optimizing, test_onnx_optimize.)"""
-    from tests import models
+    from tools import models
 
     model, args, _ = models.two_noops()
     (variant,) = _variants(model, args, "group class *NoOp\n", constants="embed")
@@ -210,7 +210,7 @@ def _variants(model: nn.Module, args: tuple, rules: str, **options):
 
 def test_constant_value_apart_when_embedded():
     """Under ``--constants embed`` a scalar keeps blocks apart: the constant's values."""
-    from tests import models
+    from tools import models
 
     model, args, _ = models.two_factors()  # Scaled blocks: factors 2, 3, 2
     (variant,) = _variants(model, args, "group class *Scaled\n", constants="embed")
@@ -246,7 +246,7 @@ def test_input_dtype_apart():
 
 def test_attribute_apart_when_embedded():
     """NormBlocks that differ in LayerNorm's eps: the attribute, its values, the nodes."""
-    from tests import models
+    from tools import models
 
     model, args, _ = models.settings()  # (eps, scale): (1e-5, .5), (1e-6, .5), ...
     found = {v.function[1]: v.difference

@@ -1,16 +1,17 @@
-"""The fast subset of the model zoo (bench/zoo.py; ``make zoo`` runs all of it): real
-architectures lowered with modularize and a blocks rule, checked against eager in ONNX
-(full checker, onnxruntime) and FX, one function per distinct block body; the same from the
-program's ``.pt2``."""
+"""The fast subset of the model zoo (tools/zoo.py; ``make zoo`` runs all of it; marked slow:
+``make test-all`` and CI run it): real architectures lowered with modularize and a blocks
+rule, checked against eager in ONNX (full checker, onnxruntime) and FX, one function per
+distinct block body; the same from the program's ``.pt2``."""
 
 from __future__ import annotations
 
 import pytest
 
-from bench.zoo import OK, body_key, check
-from bench.zoo_models import FAST, entry
+from tools.zoo import OK, body_key, check
+from tools.zoo_models import FAST, entry
 
 
+@pytest.mark.slow  # the families of the zoo
 @pytest.mark.parametrize("name", FAST)
 def test_zoo_model(name):
     row = check(entry(name), timing=False)
@@ -20,6 +21,7 @@ def test_zoo_model(name):
     assert 1 <= functions < blocks
 
 
+@pytest.mark.slow
 def test_t5_converts_although_torch_onnx_export_cannot():
     """T5's program has in-place ops; torch.onnx.export fails on it (a view of a
     non-contiguous tensor while decomposing, torch 2.13), the per-body path lowers its

@@ -1,6 +1,6 @@
 """Fuzz the rules front end: nothing but ``RuleError`` escapes ``rewrite.parse_rules``.
 
-    .venv/bin/python -m bench.fuzz_rules --cases 10000 --seed 0
+    .venv/bin/python -m tools.fuzz_rules --cases 10000 --seed 0
 
 Rule texts come from the grammar's vocabulary (well-formed statements with random selectors,
 token soup, deep nesting), from mutations of the shipped rule files, and from arbitrary text.

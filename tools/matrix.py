@@ -1,6 +1,6 @@
 """The test suite on every supported torch release: ``make matrix``.
 
-    python3 bench/matrix.py [--versions 2.9.1 2.14.1 ...] [--pin onnx==1.17 ...] [--label L]
+    python3 tools/matrix.py [--versions 2.9.1 2.14.1 ...] [--pin onnx==1.17 ...] [--label L]
                             [--table docs/MATRIX.md] [--drop] [--no-probe]
 
 For each torch version, one venv under ``.matrix/`` (ignored by git): torch installed first
@@ -8,9 +8,10 @@ with that exact version (so nothing later picks another), then ``pip install -e
 '.[test,bench]'`` (with ``--pin``: those requirements too, e.g. the declared lower bounds of
 onnx, onnx-ir, onnxscript, onnxruntime). In it:
 
-1. the whole suite (``pytest -q``, under ``nice``): passed / failed / errors / skipped;
+1. the whole suite, slow tests included (``pytest -q -n auto --dist loadfile``, as ``make
+   test-all`` runs it, under ``nice``): passed / failed / errors / skipped;
 2. a probe (``--no-probe`` to leave it out): a 48-block GPT-2 ``.pt2`` saved with that torch
-   (``bench.onnx_apply.build``), then ``rewrite apply -v rules/gpt2.rules`` on it, one process
+   (``tools.models.bench_gpt2``), then ``rewrite apply -v rules/gpt2.rules`` on it, one process
    as a user runs it: wall time, which ONNX lowering ran (``per-body``, or ``flat`` with the
    reason ``rewrite`` printed), and how the ``.pt2`` loaded (``mapped``: the weights are views
    of the file; ``torch.export.load``: the fallback when this torch's serialization differs).
@@ -40,6 +41,8 @@ ROOT = Path(__file__).resolve().parents[1]
 MATRIX = ROOT / ".matrix"
 RESULTS = MATRIX / "results"
 VERSIONS = ("2.9.1", "2.10.0", "2.11.0", "2.12.1", "2.13.0", "2.14.1", "2.15.0")
+XDIST = ("-n", "auto", "--dist", "loadfile")
+"""pytest-xdist's options, as ``make test-all`` gives them (the Makefile's PYTEST)."""
 BLOCKS = 48
 
 
@@ -97,7 +100,7 @@ def _pytest(venv: Path, log: Path, report: Path, tests: list[str]) -> dict | Non
     (node ids) with their tracebacks, skips; None when pytest wrote no report."""
     report.unlink(missing_ok=True)
     with log.open("a") as out:
-        subprocess.run(["nice", str(venv / "bin" / "python"), "-m", "pytest", "-q",
+        subprocess.run(["nice", str(venv / "bin" / "python"), "-m", "pytest", "-q", *XDIST,
                         "-p", "no:cacheprovider", f"--junitxml={report}", *tests],
                        stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
     if not report.is_file():
@@ -159,12 +162,11 @@ def suite(venv: Path, label: str, tests: list[str] | None = None) -> dict:
 
 
 PROBE = """
-import shutil, sys
-from pathlib import Path
-from bench.onnx_apply import OUT, build
-OUT.mkdir(parents=True, exist_ok=True)
-path, _ = build(int(sys.argv[1]), 32)
-shutil.move(str(path), sys.argv[2])
+import sys
+import torch
+from tools.models import bench_gpt2
+model, args, kwargs = bench_gpt2(int(sys.argv[1]), 32)
+torch.export.save(torch.export.export(model, args, kwargs=kwargs), sys.argv[2])
 """
 
 

@@ -1,4 +1,5 @@
-"""The weights benchmark's harness (``python -m bench.weights``) measures what it says.
+"""The benchmarks' harness (``bench.harness``, as ``python -m bench.weights`` runs it) measures
+what it says.
 
 The benchmark itself runs on models of 0.5-2.5 GB; here its two pieces run on a tiny one: the
 memory sampler (a child's anonymous memory counts, a file it maps does not) and one round of
@@ -10,11 +11,12 @@ from __future__ import annotations
 import sys
 import textwrap
 
+import pytest
 import torch
 
 from bench.procmem import measure
 from bench.weights import WEIGHT_STEPS, bench_model, targets_table, weights_part
-from tests import models
+from tools import models
 
 ALLOCATING_CHILD = textwrap.dedent("""
     import mmap, subprocess, sys, time
@@ -36,6 +38,7 @@ def test_sampler_counts_children_and_tells_anonymous_from_file_backed(tmp_path):
     assert result.seconds >= 0.5
 
 
+@pytest.mark.slow  # the benchmark's rows, whole processes
 def test_apply_and_cp_rows_measure_check_and_split_out_the_weights_part(tmp_path):
     pt2 = tmp_path / "llama.pt2"
     torch.export.save(models.export(models.llama(head=True)), str(pt2))

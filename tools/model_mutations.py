@@ -1,4 +1,4 @@
-"""Mutations of model files for :mod:`bench.fuzz_models`: each writes one broken (or oddly
+"""Mutations of model files for :mod:`tools.fuzz_models`: each writes one broken (or oddly
 formed) copy of a real export and returns ``name: detail``."""
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ GARBAGE = [
 ]
 FUNCTION_NAMES = [("GPT2Block", "pkg.transformers"), ("GPT2Attention", "pkg.transformers"),
                   ("GPT2MLP", "pkg.transformers"), ("LlamaDecoderLayer", "pkg.transformers"),
-                  ("Linear", "pkg.torch"), ("Sub", "pkg.tests"), ("FinalLayerNorm", "pkg.torch")]
+                  ("Linear", "pkg.torch"), ("Sub", "pkg.tools"), ("FinalLayerNorm", "pkg.torch")]
 
 
 # --- ONNX ------------------------------------------------------------------------------------

@@ -1,8 +1,8 @@
 """Mutation checks: deliberate wiring bugs that the test suite must catch.
 
-    .venv/bin/python -m bench.mutants                 # every mutant, its tests
-    .venv/bin/python -m bench.mutants --list          # the mutants and their patches
-    .venv/bin/python -m bench.mutants stand-in-outputs --tests tests/test_onnx_standins.py
+    .venv/bin/python -m tools.mutants                 # every mutant, its tests
+    .venv/bin/python -m tools.mutants --list          # the mutants and their patches
+    .venv/bin/python -m tools.mutants stand-in-outputs --tests tests/test_onnx_standins.py
 
 Each mutant is a one-place edit of the package (a text replacement that must match exactly
 once). It is applied to a temporary copy of the repository (never to this tree), and the

@@ -1,8 +1,8 @@
 """A real headless browser for tests and benchmarks: Debian's Chromium, driven through the
 DevTools protocol over a websocket (``websocket-client``).
 
-:func:`find_chromium` returns the browser, installing the distribution's package where it is
-missing and the machine allows it (root and ``apt-get``); None with the reason otherwise.
+:func:`find_chromium` returns the browser, or None with the reason: a test or a benchmark never
+installs it (``make browser`` does, and CI runs that target).
 :class:`Browser` starts one isolated Chromium (its own profile folder, no network services);
 :meth:`Browser.open` loads a page in a new tab and returns a :class:`Page` that records every
 network request, console message and exception the page caused, and evaluates JavaScript in
@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
 import shutil
 import subprocess
 import tempfile
@@ -31,30 +30,13 @@ def _which() -> str | None:
     return next((found for name in NAMES if (found := shutil.which(name))), None)
 
 
-def find_chromium(install: bool = True) -> tuple[str | None, str]:
-    """(path, "") or (None, why not). Installs Debian's ``chromium`` when missing, allowed
-    and possible (``apt-get install``, after ``apt-get update`` if the first try fails)."""
+def find_chromium() -> tuple[str | None, str]:
+    """(path, "") or (None, why not). Nothing here installs it: ``make browser`` (run by CI)
+    installs Debian's ``chromium``."""
     found = _which()
-    if found or not install:
-        return found, "" if found else "Chromium is not installed"
-    if os.name != "posix" or os.geteuid() != 0 or not shutil.which("apt-get"):
-        return None, "Chromium is not installed and cannot be (needs root and apt-get)"
-    install_cmd = ["apt-get", "install", "-y", "-q", "--no-install-recommends",
-                   "-o", "DPkg::Lock::Timeout=600", "chromium"]
-    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-    why = ""
-    for before in ([], [["apt-get", "update", "-q"]]):
-        try:
-            for command in [*before, install_cmd]:
-                proc = subprocess.run(command, capture_output=True, text=True, env=env,
-                                      timeout=1200)
-                lines = (proc.stderr or proc.stdout).strip().splitlines()
-                why = lines[-1] if proc.returncode and lines else why
-        except (OSError, subprocess.TimeoutExpired) as e:
-            why = str(e)
-        if found := _which():
-            return found, ""
-    return None, f"Chromium is not installed and apt-get could not install it ({why})"
+    return found, "" if found else (
+        "Chromium is not installed (`make browser` installs Debian's chromium package; CI "
+        "runs it)")
 
 
 class Page:

@@ -1,4 +1,4 @@
-"""Small models with random weights, shared by tests, benchmarks and the demo.
+"""Small models with random weights, shared by tests, benchmarks (bench/) and tools (tools/).
 
 Every builder :func:`perturb`-s its model: no two per-layer tensors are equal.
 
@@ -617,3 +617,33 @@ class TwoBlockKinds(torch.nn.Module):
 def two_block_kinds():
     torch.manual_seed(0)
     return perturb(TwoBlockKinds().eval()), (torch.randint(0, 50, (2, 6)),), {}
+
+
+# --- the benchmarks' models (bench/, tools/matrix.py, tools/output_hashes.py) -----------------
+
+
+def bench_gpt2(blocks: int, seq: int = 32):
+    """(model, args, kwargs) of the benchmarks' GPT-2: width 64, 4 heads, a 1,000-word
+    vocabulary, every weight perturbed (as in a trained model: transformers initializes biases
+    to zero and norms to one, and torch.onnx's optimizer then drops every bias of the flat
+    graph, a fold on weight *values* that a function shared by all blocks cannot make)."""
+    from transformers import GPT2Config, GPT2Model
+
+    config = GPT2Config(n_layer=blocks, n_embd=64, n_head=4, vocab_size=1000,
+                        n_positions=max(seq, 64), use_cache=False, bos_token_id=0,
+                        eos_token_id=0)
+    torch.manual_seed(0)
+    model = perturb(GPT2Model(config).eval())  # no two blocks' biases or norms equal
+    ids = torch.randint(0, config.vocab_size, (1, seq))
+    return model, (ids,), {"return_dict": False, "use_cache": False}
+
+
+def llama_config(blocks: int, hidden: int, use_cache: bool):
+    """The benchmarks' Llama configuration: 16 heads, 4 key/value heads, a 1,000-word
+    vocabulary, 64 positions."""
+    from transformers import LlamaConfig
+
+    return LlamaConfig(num_hidden_layers=blocks, hidden_size=hidden,
+                       intermediate_size=4 * hidden, num_attention_heads=16,
+                       num_key_value_heads=4, vocab_size=1000, max_position_embeddings=64,
+                       use_cache=use_cache, bos_token_id=0, eos_token_id=0, pad_token_id=0)

@@ -1,6 +1,6 @@
 """Synthetic ``torch.fx`` graphs shaped like exported transformers, at any size.
 
-    .venv/bin/python -m bench.synthetic --nodes 100000     # build one and print its shape
+    .venv/bin/python -m tools.synthetic --nodes 100000     # build one and print its shape
 
 Built directly as a ``torch.fx.Graph`` (no ``torch.export``, no ``GraphModule`` code
 generation), with the metadata ``torch.export`` writes: ``nn_module_stack`` in the

@@ -1,9 +1,9 @@
 """The model zoo: rewrite on random-weight models of many architectures, checked against eager.
 
-    make zoo                                  # or: nice .venv/bin/python -m bench.zoo
-    .venv/bin/python -m bench.zoo --only llama t5 [--no-write]
+    make zoo                                  # or: nice .venv/bin/python -m tools.zoo
+    .venv/bin/python -m tools.zoo --only llama t5 [--no-write]
 
-For each model of :data:`bench.zoo_models.ZOO`: ``torch.export.export`` (non-strict), a plain
+For each model of :data:`tools.zoo_models.ZOO`: ``torch.export.export`` (non-strict), a plain
 ``torch.onnx.export`` of the program (the baseline, timed), then
 
 * ``modularize``: ONNX passes ``onnx.checker.check_model(full_check=True)`` and equals eager
@@ -15,7 +15,7 @@ For each model of :data:`bench.zoo_models.ZOO`: ``torch.export.export`` (non-str
   what rewrite's loader reads from that file (column ``from .pt2``: ``ok`` or the failure).
 
 Where torch itself cannot export or convert a model, the row says so, and rewrite's error
-must name torch. Writes the table to ``bench/ZOO.md``.
+must name torch. Writes the table to ``tools/ZOO.md``.
 """
 
 from __future__ import annotations
@@ -35,10 +35,11 @@ import torch
 from attrs import frozen
 from torch.utils import _pytree as pytree
 
-from bench.zoo_models import FAST, ZOO, Entry
+from tools.feeds import feeds
+from tools.zoo_models import FAST, ZOO, Entry
 
 ROOT = Path(__file__).resolve().parent.parent
-TABLE = ROOT / "bench" / "ZOO.md"
+TABLE = ROOT / "tools" / "ZOO.md"
 OK = "ok"
 
 
@@ -78,14 +79,6 @@ def _tensors(value: Any) -> list[np.ndarray]:
     return [t.detach().numpy() for t in pytree.tree_leaves(value) if isinstance(t, torch.Tensor)]
 
 
-def _feeds(session, args: tuple, kwargs: dict) -> dict:
-    leaves = [t for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
-    names = [i.name for i in session.get_inputs()]
-    if len(names) != len(leaves):
-        raise Failed("onnx inputs", f"{len(names)} ONNX inputs for {len(leaves)} tensors")
-    return {n: t.numpy() for n, t in zip(names, leaves)}
-
-
 def _check_onnx(stage: str, model, triple, want: list[np.ndarray], atol: float) -> None:
     import onnx
     import onnx_ir as ir
@@ -100,7 +93,11 @@ def _check_onnx(stage: str, model, triple, want: list[np.ndarray], atol: float) 
     options.log_severity_level = 3
     session = ort.InferenceSession(proto.SerializeToString(), options,
                                    providers=["CPUExecutionProvider"])
-    got = session.run(None, _feeds(session, triple[1], triple[2]))
+    try:
+        inputs = feeds(session, (triple[1], triple[2]))
+    except ValueError as e:
+        raise Failed("onnx inputs", str(e)) from None
+    got = session.run(None, inputs)
     _compare(stage, got, want, atol)
 
 
@@ -319,7 +316,7 @@ def report(rows: list[Row], command: str) -> str:
         "# Model zoo", "",
         f"`{command}` on {datetime.date.today()}, {platform.machine()}, Python "
         f"{platform.python_version()}, torch {torch.__version__}.", "",
-        "Random-weight models, small configs (bench/zoo_models.py), nothing downloaded. Per "
+        "Random-weight models, small configs (tools/zoo_models.py), nothing downloaded. Per "
         "model: torch.export (non-strict); `modularize` and the blocks rule "
         "(`group class *Block`) to ONNX (full checker, onnxruntime equal to eager within "
         "atol 1e-4, rtol 1e-4) and to FX (equal to eager); no two ONNX functions with the "
@@ -348,7 +345,7 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(row)
         print(f"{entry.name:16} {row.result:28} {row.functions:7} "
               f"{time.perf_counter() - start:6.1f}s  {row.detail[:120]}", flush=True)
-    command = "python -m bench.zoo " + " ".join(argv if argv is not None else sys.argv[1:])
+    command = "python -m tools.zoo " + " ".join(argv if argv is not None else sys.argv[1:])
     text = report(rows, command.strip())
     if not args.no_write:
         TABLE.write_text(text)

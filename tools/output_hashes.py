@@ -1,7 +1,7 @@
 """sha256 of the ONNX models rewrite writes for a fixed set of models: a refactor must not
 change one byte of them (issue 23).
 
-    .venv/bin/python -m bench.output_hashes [--only NAME ...] [--write FILE] [--compare FILE]
+    .venv/bin/python -m tools.output_hashes [--only NAME ...] [--write FILE] [--compare FILE]
 
 Per model (random weights, fixed seeds, its program exported in this process): the ONNX of
 ``rewrite.apply(rules, program).to_onnx(...)`` through the per-body path and the flat
@@ -9,9 +9,9 @@ fallback (``lowering="per-body"`` / ``"flat"``), and of the flat model ``torch.o
 writes, given as an ``.onnx`` file and as an ``onnx_ir.Model``; the GPT-2 also under the
 other constant policies and without body node names. Each line: ``model path sha256`` of
 ``ir.serde.serialize_model(m).SerializeToString()``. The ``.onnx`` inputs are exported once
-and kept in ``bench/out/hashes/`` so that every run outlines the same file.
+and kept in ``tools/out/hashes/`` so that every run outlines the same file.
 
-Compare runs from one checkout path and one ``tests/models.py``: the models built from it
+Compare runs from one checkout path and one ``tools/models.py``: the models built from it
 (``settings``, ``eps-blocks``) carry its path and line numbers in their stack-trace metadata, so
 their hashes differ between two clones of the same commit, and after any edit that moves its
 lines.
@@ -32,9 +32,9 @@ import warnings
 from pathlib import Path
 from typing import Any, Callable
 
-from bench.onnx_apply import OUT, RULES, ROOT
-
-CACHE = OUT / "hashes"
+ROOT = Path(__file__).resolve().parents[1]
+RULES = ROOT / "rules" / "gpt2.rules"
+CACHE = ROOT / "tools" / "out" / "hashes"
 LIBRARY = ROOT / "rules"
 
 
@@ -61,10 +61,10 @@ def _llama():
     import torch
     from transformers import LlamaModel
 
-    from bench.onnx_perbody import _llama_config
+    from tools.models import llama_config
 
     torch.manual_seed(0)
-    model = LlamaModel(_llama_config(6, 128, use_cache=False)).eval()
+    model = LlamaModel(llama_config(6, 128, use_cache=False)).eval()
     ids = torch.randint(0, 1000, (1, 32))
     return torch.export.export(model, (ids,), kwargs={"return_dict": False, "use_cache": False})
 
@@ -74,10 +74,10 @@ def _llama_static():
     from transformers import GenerationConfig, LlamaForCausalLM
     from transformers.integrations.executorch import TorchExportableModuleForDecoderOnlyLM
 
-    from bench.onnx_perbody import _llama_config
+    from tools.models import llama_config
 
     torch.manual_seed(0)
-    model = LlamaForCausalLM(_llama_config(4, 128, use_cache=True)).eval()
+    model = LlamaForCausalLM(llama_config(4, 128, use_cache=True)).eval()
     model.generation_config = GenerationConfig(
         use_cache=True, cache_implementation="static",
         cache_config={"batch_size": 1, "max_cache_len": 64})
@@ -86,12 +86,11 @@ def _llama_static():
                           cache_position=torch.arange(4), strict=True)
 
 
-def _tests_model(name: str, **kwargs: Any) -> Callable[[], Any]:
+def _shared_model(name: str, **kwargs: Any) -> Callable[[], Any]:
     def build():
         import torch
 
-        sys.path.insert(0, str(ROOT))
-        from tests import models
+        from tools import models
 
         model, args, kw = getattr(models, name)(**kwargs)
         return torch.export.export(model, args, kwargs=kw)
@@ -102,7 +101,7 @@ def _zoo(name: str) -> Callable[[], Any]:
     def build():
         import torch
 
-        from bench.zoo_models import entry
+        from tools.zoo_models import entry
 
         model, args, kwargs = entry(name).build()
         return torch.export.export(model, args, kwargs=kwargs)
@@ -110,7 +109,7 @@ def _zoo(name: str) -> Callable[[], Any]:
 
 
 def _zoo_rules(name: str) -> str:
-    from bench.zoo_models import entry
+    from tools.zoo_models import entry
 
     return f"group class {entry(name).block}"
 
@@ -122,9 +121,9 @@ MODELS: dict[str, tuple[Callable[[], Any], Callable[[], Any]]] = {
     "gpt2-12-modularize": (_gpt2(12), lambda: LIBRARY / "modularize.rules"),
     "llama": (_llama, lambda: LIBRARY / "llama.rules"),
     "llama-static": (_llama_static, lambda: LIBRARY / "llama.rules"),
-    "bert": (_tests_model("bert", layers=4), lambda: LIBRARY / "modularize.rules"),
-    "settings": (_tests_model("settings"), lambda: LIBRARY / "modularize.rules"),
-    "eps-blocks": (_tests_model("eps_blocks"), lambda: LIBRARY / "modularize.rules"),
+    "bert": (_shared_model("bert", layers=4), lambda: LIBRARY / "modularize.rules"),
+    "settings": (_shared_model("settings"), lambda: LIBRARY / "modularize.rules"),
+    "eps-blocks": (_shared_model("eps_blocks"), lambda: LIBRARY / "modularize.rules"),
     **{f"zoo-{name}": (_zoo(name), (lambda name=name: _zoo_rules(name)))
        for name in ("t5", "bart", "whisper", "vit", "wav2vec2", "resnet18", "unet2d")},
     # under modularize, stand-ins that do not fit are inlined (several lowering rounds);

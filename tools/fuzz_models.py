@@ -1,12 +1,12 @@
 """Fuzz model files: mutated real exports end in a valid, equal model or a clear refusal.
 
-    .venv/bin/python -m bench.fuzz_models --cases 2000 --seed 0
+    .venv/bin/python -m tools.fuzz_models --cases 2000 --seed 0
 
 Starts from real small exports (GPT-2, Llama, BERT and a hand-written model with a shared
 submodule, as ``.onnx`` from ``torch.onnx.export(dynamo=True)``, the GPT-2 also already
 outlined by ``rewrite``, and GPT-2 / the shared model / a model with stage tags as ``.pt2``),
 built once into a cache
-folder. Each case mutates one of them (:mod:`bench.model_mutations`: a node removed, an edge
+folder. Each case mutates one of them (:mod:`tools.model_mutations`: a node removed, an edge
 to a missing value, garbage or mismatched ``name_scopes`` / ``class_hierarchy`` metadata, a
 function with the name rewrite wants, truncation, byte flips, malformed ``nn_module_stack``
 entries in a ``.pt2``...) and runs ``rewrite apply RULES MODEL -o out.onnx`` in-process, with
@@ -41,12 +41,13 @@ from typing import Iterator
 import numpy as np
 from attrs import frozen
 
-from bench.model_mutations import mutate_onnx, mutate_pt2
-from bench.ort_worker import CRASHED, OrtWorker
+from tools.feeds import feeds
+from tools.model_mutations import mutate_onnx, mutate_pt2
+from tools.ort_worker import CRASHED, OrtWorker
 
 RULES = ("modularize", "gpt2", "llama", "bert", "split_by_tags")
 PT2_BASES = {"gpt2": "gpt2", "shared": "shared_and_list", "staged": "staged"}
-"""The models also fuzzed as ``.pt2`` (name -> builder in ``tests.models``); ``staged`` only as
+"""The models also fuzzed as ``.pt2`` (name -> builder in ``tools.models``); ``staged`` only as
 ``.pt2``: its regions carry a stage tag, so ``split_by_tags`` cases reach splitting."""
 MAX_MESSAGE_LINES = 6
 TOLERANCE = 1e-4
@@ -86,7 +87,7 @@ def build_bases(folder: Path, names: tuple[str, ...] | None = None) -> list[Base
     """Export the starting models into ``folder`` (reused when already there)."""
     import torch
 
-    from tests import models
+    from tools import models
 
     made = {"gpt2": models.gpt2, "llama": models.llama, "bert": models.bert,
             "shared": models.shared_and_list, "staged": models.staged}
@@ -101,7 +102,7 @@ def build_bases(folder: Path, names: tuple[str, ...] | None = None) -> list[Base
             path = folder / f"{name}.onnx"
             if not path.exists():
                 _export_onnx(program, path)
-            bases.append(Base(name, path, _feeds(path, args)))
+            bases.append(Base(name, path, feeds(path, args)))
             if name == "gpt2":
                 bases.append(_outlined(path, folder / "gpt2_outlined.onnx", args))
         if (names is None or f"{name}.pt2" in names) and name in PT2_BASES:
@@ -126,14 +127,7 @@ def _outlined(flat: Path, path: Path, args) -> Base:
     if not path.exists():
         code, err = run_cli(["apply", "gpt2", str(flat), "-o", str(path)])
         assert code == 0, err
-    return Base("gpt2_outlined", path, _feeds(path, args))
-
-
-def _feeds(path: Path, args) -> dict:
-    import onnx
-
-    graph = onnx.load(str(path), load_external_data=False).graph
-    return {i.name: a.numpy() for i, a in zip(graph.input, args)}
+    return Base("gpt2_outlined", path, feeds(path, args))
 
 
 # --- one case --------------------------------------------------------------------------------
@@ -241,32 +235,29 @@ def _checked_output(base: Base, model: Path, out: Path) -> tuple[str | None, boo
             return None, False
     else:
         expected = list(base.expected)
-    feeds = base.feeds or _pt2_feeds(out, base)
-    got = _run(out, feeds)
+    try:
+        inputs = base.feeds or _pt2_feeds(out, base)
+    except ValueError as e:  # the output's inputs are not the program's
+        return f"output inputs: {e}", False
+    got = _run(out, inputs)
     if got is None or got is CRASHED:
         return f"output does not run in onnxruntime ({'it crashed' if got else 'refused'})", False
     return _compare(expected, got), True
 
 
 def _pt2_feeds(out: Path, base: Base) -> dict:
-    import onnx
-    import torch
+    from tools import models
 
-    from tests import models
-
-    args = getattr(models, PT2_BASES[base.name.removesuffix(".pt2")])()[1]
-    graph = onnx.load(str(out), load_external_data=False).graph
-    tensors = [a.numpy() for a in torch.utils._pytree.tree_leaves(args)]
-    return {i.name: t for i, t in zip(graph.input, tensors)}
+    return feeds(out, getattr(models, PT2_BASES[base.name.removesuffix(".pt2")])()[1])
 
 
-def _run(path: Path, feeds: dict):
+def _run(path: Path, inputs: dict):
     """Outputs of ``path`` in onnxruntime (a child process), None if it does not run, or
     ``CRASHED``."""
     global _WORKER
     if _WORKER is None:
         _WORKER = OrtWorker()
-    return _WORKER.run(path, feeds)
+    return _WORKER.run(path, inputs)
 
 
 _WORKER: OrtWorker | None = None
