@@ -89,8 +89,8 @@ class Genai:
         if self.config is None:
             return (f"{GENAI_CONFIG}: not written beside {output.name} ({self.reason}); "
                     f"copied {names}")
-        return (f"onnxruntime-genai runs {output.parent}: {GENAI_CONFIG} (type "
-                f"{self.config['model']['type']!r}) and {names} beside {output.name}")
+        return (f"wrote {GENAI_CONFIG} (type {self.config['model']['type']!r}) and {names} "
+                f"beside {output.name}: onnxruntime-genai runs its folder as is")
 
 
 def plan(checkpoint: Checkpoint, model_config: Any, call: Call | None,
