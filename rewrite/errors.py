@@ -6,6 +6,7 @@ rewrite's (exit 3)."""
 from __future__ import annotations
 
 import contextlib
+import re
 import sys
 import unicodedata
 from typing import Callable, Iterator, Protocol
@@ -90,6 +91,15 @@ def causes(error: BaseException) -> list[BaseException]:
     return chain
 
 
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def _described(error: BaseException) -> str:
+    """``Type: first line`` of ``error`` (terminal colours removed)."""
+    line = _ANSI.sub("", first_line(error))
+    return f"{type(error).__name__}: {line}" if line else type(error).__name__
+
+
 def first_line(error: BaseException) -> str:
     """The first line of ``error``'s message (no trace, no advice after it); ``""`` if empty."""
     text = str(error).strip()
@@ -150,15 +160,12 @@ class LibraryError(RewriteError):
     def __init__(self, library: str, what: str, error: BaseException):
         self.library = library
         self.version = library_version(library)
-        cause = first_line(error)
+        chain = causes(error)
+        head, root = _described(chain[0]), _described(chain[-1])
+        root = f"\n  cause: {root}" if len(chain) > 1 and root != head else ""
         super().__init__(
-            f"{library} {self.version} failed {what}: {type(error).__name__}"
-            f"{': ' + cause if cause else ''}\n  this is a bug in {library} or in rewrite; "
-            "rerun with --verbose for the traceback and report it")
-
-
-DependencyError = LibraryError
-"""The former name of :class:`LibraryError` (it was an :class:`InputError`, exit 2)."""
+            f"{library} {self.version} failed {what}: {head}{root}\n  this is a bug in "
+            f"{library} or in rewrite; rerun with --verbose for the traceback and report it")
 
 
 class ModelWarning(UserWarning):
