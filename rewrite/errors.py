@@ -262,10 +262,13 @@ def library_call(library: str, what: str,
 
 
 def library_version(library: str) -> str:
-    """The installed version of ``library`` (its distribution: ``torch.onnx`` -> torch), or
-    ``?``."""
+    """The version of ``library`` (its package: ``torch.onnx`` -> torch) as the loaded
+    module says it (``2.9.1+cu128``), else as installed, else ``?``."""
     from importlib import metadata
 
+    loaded = getattr(sys.modules.get(library.split(".")[0]), "__version__", None)
+    if isinstance(loaded, str):
+        return loaded
     try:
         return metadata.version(library.split(".")[0].replace("_", "-"))
     except metadata.PackageNotFoundError:

@@ -126,12 +126,13 @@ def test_nonstrict_static_cache_fails_from_a_file_as_in_memory(built, saved):
     from torch.export.load's program; from rewrite's loader it fails the same way (before:
     with an assertion about the size of one storage over the whole file)."""
     program = built("static-cache-nonstrict")[3]
-    with pytest.raises(rewrite.LibraryError) as memory:
+    failed = (rewrite.LibraryError, rewrite.InputError)  # torch's crash or verdict, by release
+    with pytest.raises(failed) as memory:
         rewrite.apply(MODULARIZE, program).to_onnx()
-    with pytest.raises(rewrite.LibraryError) as file:
+    with pytest.raises(failed) as file:
         rewrite.apply(MODULARIZE, saved("static-cache-nonstrict")).to_onnx()
-    assert "torch.onnx" in str(memory.value) and "cause: AssertionError" in str(memory.value)
-    assert str(file.value) == str(memory.value)
+    assert "torch.onnx" in str(memory.value) and "cause: " in str(memory.value)
+    assert type(file.value) is type(memory.value) and str(file.value) == str(memory.value)
 
 
 TORCH_LOADER_UNFREEZES = tuple(int(p) for p in torch.__version__.split(".")[:2]) < (2, 10)

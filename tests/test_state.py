@@ -192,7 +192,8 @@ def test_static_cache_decoder_onnx(static_cache_llama):
     assert names["LlamaRotaryEmbedding"] == 1, names  # its no-grad region keeps its module
     np.testing.assert_allclose(run_onnx(onnx_model, (ids, pos))[0],
                                run_onnx(flat, (ids, pos))[0], atol=1e-5)
-    # an assertion inside torch's decomposition: torch's crash, exit 3, torch named
-    with pytest.raises(rewrite.LibraryError, match=r"torch\.onnx \S+ failed converting the "
-                       r"program: ConversionError: .*\n  cause: AssertionError"):
+    # torch 2.13: an assertion inside its decomposition (torch's crash: exit 3, torch named);
+    # torch 2.9: "duplicated inputs that are mutated" (its verdict on the program: exit 2)
+    with pytest.raises((rewrite.LibraryError, rewrite.InputError),
+                       match=r"torch\.onnx.*(failed converting the program|cannot convert)"):
         rewrite.apply(LLAMA_RULES, make(False)).to_onnx()
