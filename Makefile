@@ -27,8 +27,10 @@ demo: $(STAMP)
 WORKERS ?= auto
 PYTEST := $(PY) -m pytest -q -n $(WORKERS) --dist loadfile
 
+# ruff, and the layering of the package as import contracts (.importlinter)
 lint: $(STAMP)
 	$(PY) -m ruff check rewrite bench tests tools
+	$(VENV)/bin/lint-imports
 
 test: lint
 	$(PYTEST) -m "not slow"

@@ -122,14 +122,14 @@ COLD_SCRIPT = """
 import contextlib, io, sys, time
 import torch
 import rewrite
-from rewrite.backends.onnx.lowering import quiet_exporter
+from rewrite.cli.logs import quiet_libraries
 program = torch.export.load(sys.argv[1])
 rules = rewrite.load_rules(sys.argv[2])
 start = time.perf_counter()
 if sys.argv[3] == "rewrite":
     rewrite.apply(rules, program).to_onnx()
 else:
-    with contextlib.redirect_stdout(io.StringIO()), quiet_exporter():
+    with contextlib.redirect_stdout(io.StringIO()), quiet_libraries():
         torch.onnx.export(program, dynamo=True, verbose=False)
 print(time.perf_counter() - start)
 """
@@ -243,7 +243,7 @@ def time_in_memory(program, rules, api_first: bool) -> tuple[float, float]:
     import torch
 
     import rewrite
-    from rewrite.backends.onnx.lowering import quiet_exporter
+    from rewrite.cli.logs import quiet_libraries
 
     def api() -> float:
         start = time.perf_counter()
@@ -252,7 +252,7 @@ def time_in_memory(program, rules, api_first: bool) -> tuple[float, float]:
 
     def plain() -> float:
         start = time.perf_counter()
-        with contextlib.redirect_stdout(io.StringIO()), quiet_exporter():
+        with contextlib.redirect_stdout(io.StringIO()), quiet_libraries():
             torch.onnx.export(program, dynamo=True, verbose=False)
         return time.perf_counter() - start
 

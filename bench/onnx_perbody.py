@@ -48,11 +48,11 @@ def _time(side: str, program, rules) -> float:
     import torch
 
     import rewrite
-    from rewrite.backends.onnx.lowering import quiet_exporter
+    from rewrite.cli.logs import quiet_libraries
 
     gc.collect()
     start = time.perf_counter()
-    with contextlib.redirect_stdout(io.StringIO()), quiet_exporter():
+    with contextlib.redirect_stdout(io.StringIO()), quiet_libraries():
         if side == "torch.onnx.export":
             torch.onnx.export(program, dynamo=True, verbose=False, report=False)
         else:

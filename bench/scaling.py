@@ -11,7 +11,7 @@ more for smaller ones, up to 5x; per round the bare passes 5 times and each grou
 back to back, so both meet warm caches):
 
 * **bare FX pass**: one Python loop over the FX graph's nodes and their input nodes;
-* **IR build**: :func:`rewrite.frontends.fx.from_fx_graph` (target: within 10x of the bare
+* **IR build**: :func:`rewrite.frontends.fx.graph.from_fx_graph` (target: within 10x of the bare
   FX pass). ``Node`` records are built on first access; building all of them is reported
   separately (``nodes``);
 * **bare IR pass**: one Python loop over the IR's nodes and their inputs (after the records
@@ -37,7 +37,7 @@ import torch
 from tools.synthetic import synthetic_graph
 from rewrite import parse_rules
 from rewrite.compile import RuleSet, load_rules
-from rewrite.frontends.fx import from_fx_graph
+from rewrite.frontends.fx.graph import from_fx_graph
 from rewrite.grouping import group_graph
 from rewrite.ir import Graph
 

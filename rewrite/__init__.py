@@ -12,8 +12,16 @@
 
 from rewrite.api import Result, apply
 from rewrite.compile import Rule, RuleSet, load_rules, parse_rules
-from rewrite.errors import Diagnostic, GroupingError, InputError, RewriteError, RuleError
-from rewrite.torch_export import export
+from rewrite.errors import (
+    Diagnostic,
+    GroupingError,
+    InputError,
+    LibraryError,
+    RewriteError,
+    RuleError,
+    VerificationError,
+)
+from rewrite.exporting import export
 from rewrite.grouping import Group, GroupTree
 
 __version__ = "0.1.0"
@@ -46,7 +54,9 @@ __all__ = [
     "Diagnostic",
     "GroupingError",
     "InputError",
+    "LibraryError",
     "RewriteError",
     "RuleError",
+    "VerificationError",
     "__version__",
 ]

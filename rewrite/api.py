@@ -5,10 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from attrs import field, frozen
+from attrs import frozen
 
 from rewrite.compile import RuleSet, load_rules, parse_rules
-from rewrite.grouping import GroupTree, group_graph
+from rewrite.grouping import Grouped, group_graph
 
 if TYPE_CHECKING:
     import onnx_ir
@@ -16,21 +16,14 @@ if TYPE_CHECKING:
 
 
 @frozen
-class Result:
-    """Groups of one model under one rule set, ready to lower to ONNX or FX."""
-
-    rules: RuleSet = field(repr=False)
-    tree: GroupTree
-    model: Any = field(repr=False, eq=False)
-    """What ``apply`` was given (a path is kept as given)."""
-
-    @property
-    def warnings(self) -> tuple:
-        return self.tree.warnings
+class Result(Grouped):
+    """Groups of one model under one rule set (``rules``, ``tree``, ``model``: see
+    :class:`~rewrite.grouping.Grouped`), ready to lower to ONNX or FX. A value: lowering it
+    never changes it, and lowering it twice gives equal models."""
 
     def explain(self) -> dict:
         """The group tree as plain data (what ``rewrite explain --json`` prints)."""
-        from rewrite.report import tree_to_dict
+        from rewrite.grouping.report import tree_to_dict
 
         return tree_to_dict(self.tree)
 

@@ -4,7 +4,7 @@
 >>> onnx_program.model = rewrite.RewritePass("rules/gpt2.rules")(onnx_program.model).model
 
 The model must carry the node metadata ``torch.onnx`` writes (``pkg.torch.onnx.name_scopes``,
-``pkg.torch.onnx.class_hierarchy``); :mod:`rewrite.frontends.onnx` rebuilds the module calls
+``pkg.torch.onnx.class_hierarchy``); :mod:`rewrite.frontends.onnx.graph` rebuilds the module calls
 from it and says where nodes without metadata go. The pass groups the main graph exactly like
 ``rewrite.apply(rules, model).to_onnx()`` and outlines the groups into nested, deduplicated
 model-local functions. Run it after torch.onnx's optimizer (``optimize=True``, the default):

@@ -31,6 +31,14 @@ FAMILIES: dict[str, tuple[str, dict]] = {
 }
 """model_type -> (transformers config class, its settings)."""
 
+OTHER_DECODERS: dict[str, tuple[str, dict]] = {
+    # positions start after the padding index: fed 0, 1, ... it is not the eager model
+    "roberta": ("RobertaConfig", dict(vocab_size=96, hidden_size=32, num_hidden_layers=2,
+                                      num_attention_heads=4, intermediate_size=48,
+                                      max_position_embeddings=64, is_decoder=True)),
+}
+"""Causal LMs the family tests do not run (tests of one behaviour each)."""
+
 TINY = dict(vocab_size=96, max_position_embeddings=64)
 ENCODERS: dict[str, tuple[str, dict, str]] = {
     "bert": ("BertConfig", {**TINY, "hidden_size": 32, "num_hidden_layers": LAYERS,
@@ -66,7 +74,7 @@ def write(family: str, folder: Path, *, shard: str | None = None, seed: int = 0,
         config = getattr(transformers, name)(**settings)
         cls = getattr(transformers, model_class)
     else:
-        name, settings = FAMILIES[family]
+        name, settings = {**FAMILIES, **OTHER_DECODERS}[family]
         config = getattr(transformers, name)(**settings)
         cls = architecture(config)
     torch.manual_seed(seed)

@@ -302,7 +302,7 @@ def test_output_unknown_type(run_cli, work):
 
 def test_output_written_atomically(tmp_path):
     """A writer that fails half-way leaves neither the output nor a temporary file."""
-    from rewrite.outputs import atomic_path
+    from rewrite.files.outputs import atomic_path
 
     out = tmp_path / "out.onnx"
     out.write_text("previous result")
@@ -315,7 +315,7 @@ def test_output_written_atomically(tmp_path):
 
 
 def test_output_mode_is_not_the_private_temp_mode(tmp_path):
-    from rewrite.outputs import write_text_atomic
+    from rewrite.files.outputs import write_text_atomic
 
     out = tmp_path / "new.py"
     write_text_atomic(out, "x = 1\n")

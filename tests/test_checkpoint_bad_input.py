@@ -109,8 +109,8 @@ def test_library_call_raises_input_error(sharded, tmp_path):
     _remote_code(folder)
     with pytest.raises(rewrite.InputError, match="auto_map"):
         rewrite.export(folder, output=tmp_path / "out.onnx")
-    with pytest.raises(rewrite.InputError, match="cache='static'"):
-        rewrite.export(sharded, cache="static")
+    with pytest.raises(rewrite.InputError, match="cache='paged'"):
+        rewrite.export(sharded, cache="paged")
     with pytest.raises(rewrite.InputError, match="checkpoint folder is exported with its own"):
         rewrite.export(sharded, (1,))
     assert not (tmp_path / "out.onnx").exists()

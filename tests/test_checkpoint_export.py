@@ -23,7 +23,7 @@ from safetensors import safe_open
 
 import rewrite
 from rewrite.cli.steps import Steps
-from rewrite.checkpoint.cache import kv_shapes
+from rewrite.exporting.checkpoint.cache import cache_layout
 from tests import checkpoints
 
 DECODE_STEPS = 3
@@ -87,7 +87,8 @@ def decode_and_compare(folder: Path, onnx_path: Path, batch: int = 3) -> list[fl
     from transformers import DynamicCache
 
     eager = _eager(folder)
-    layers, kv_heads, head_dim = kv_shapes(eager.config)
+    layout = cache_layout(eager)
+    layers, kv_heads, head_dim = len(layout), layout[0].key_heads, layout[0].key_dim
     session = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
     names = [o.name for o in session.get_outputs()]
     torch.manual_seed(1)
@@ -167,7 +168,8 @@ def test_dimensions_carry_the_names_decoders_use(exported):
     saved = onnx.load(str(out), load_external_data=False)
     dims = {v.name: [d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim]
             for v in [*saved.graph.input, *saved.graph.output]}
-    _, kv_heads, head_dim = kv_shapes(_eager(folder).config)
+    layout = cache_layout(_eager(folder))
+    kv_heads, head_dim = layout[0].key_heads, layout[0].key_dim
     tokens = ["batch_size", "sequence_length"]
     assert dims["input_ids"] == dims["position_ids"] == tokens
     assert dims["attention_mask"] == ["batch_size", "total_sequence_length"]
@@ -248,9 +250,9 @@ def test_a_bf16_checkpoint_keeps_bf16_weights_and_cache(tmp_path):
 
 def test_prefill_only_with_suggested_rules(tmp_path, monkeypatch):
     """--cache none: logits only; no shipped rules: the suggested ones, sent as a note."""
-    import rewrite.checkpoint
+    import rewrite.exporting.checkpoint
 
-    monkeypatch.setattr(rewrite.checkpoint, "default_rules", lambda checkpoint: None)
+    monkeypatch.setattr(rewrite.exporting.checkpoint, "default_rules", lambda checkpoint: None)
     folder = checkpoints.write("gpt2", tmp_path / "gpt2")
     progress = Recorder()
     model = rewrite.export(folder, output=tmp_path / "prefill.onnx", cache="none",
@@ -308,12 +310,13 @@ def test_the_decode_program_converts_from_its_saved_file_as_in_memory(tmp_path):
     """The program ``rewrite export`` makes, saved by ``torch.export.save`` and applied from
     the file by rewrite's loader, gives the same logits and present cache in onnxruntime as
     the one converted in memory (which equals eager: the tests above)."""
-    from rewrite.checkpoint.build import grouped_query_attention
-    from rewrite.checkpoint.cache import calling, causal_lm_call
+    from rewrite._private.transformers_attention import grouped_query_attention
+    from rewrite.exporting.checkpoint.cache import calling, causal_lm_call
 
     folder = checkpoints.write("llama", tmp_path / "checkpoint")
     model = _eager(folder)
-    call = causal_lm_call(model.config, "kv", model.dtype)
+    layout = cache_layout(model)
+    call = causal_lm_call(model, layout)
     with calling(model, call), grouped_query_attention():
         program = torch.export.export(model, call.args, dynamic_shapes=call.dynamic_shapes,
                                       strict=False)
@@ -322,7 +325,7 @@ def test_the_decode_program_converts_from_its_saved_file_as_in_memory(tmp_path):
     sessions = [ort.InferenceSession(_serialized(rewrite.apply("llama", source)),
                                      providers=["CPUExecutionProvider"])
                 for source in (program, str(pt2))]
-    layers, kv_heads, head_dim = kv_shapes(model.config)
+    layers, kv_heads, head_dim = len(layout), layout[0].key_heads, layout[0].key_dim
     generator = torch.Generator().manual_seed(5)
     past = [(torch.randn(3, kv_heads, 4, head_dim, generator=generator).numpy(),
              torch.randn(3, kv_heads, 4, head_dim, generator=generator).numpy())] * layers

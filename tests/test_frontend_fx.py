@@ -127,7 +127,7 @@ def test_synthetic_graph_with_odd_metadata():
     dicts: read node by node as the columns say (runs of equal neighbours are read once)."""
     from tools.synthetic import synthetic_graph
 
-    from rewrite.frontends.fx import EMPTY_STACK_KEY, from_fx_graph
+    from rewrite.frontends.fx.graph import EMPTY_STACK_KEY, from_fx_graph
 
     fx_graph = synthetic_graph(600)
     for i, node in enumerate(fx_graph.nodes):
@@ -165,7 +165,7 @@ def test_synthetic_graph_with_odd_metadata():
 
 
 def test_empty_graph_and_foreign_inputs():
-    from rewrite.frontends.fx import from_fx_graph
+    from rewrite.frontends.fx.graph import from_fx_graph
 
     graph = from_fx_graph(torch.fx.Graph())
     assert len(graph.nodes) == 0 and graph.columns.size == 0 and graph.calls == ()

@@ -10,7 +10,7 @@
   is written from memory, with the bytes the model holds.
 
 The checkpoints are written by the test, so their modification time is set back a day: the
-writer trusts only files last modified before the process started (see rewrite._file_maps).
+writer trusts only files last modified before the process started (see rewrite.files.file_maps).
 """
 
 from __future__ import annotations

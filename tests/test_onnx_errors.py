@@ -9,34 +9,37 @@ import pytest
 
 import rewrite
 from rewrite.backends.onnx import OnnxOptions, lower
-from rewrite.errors import DependencyError, InputError
+from rewrite.errors import InputError, LibraryError
 from tests.onnx_fixtures import MODULARIZE
 
 
-def test_an_optimizer_failure_chains_what_onnxscript_raised(shared_program, monkeypatch):
+def test_an_optimizer_failure_is_onnxscripts_exit_3_with_its_cause(shared_program, monkeypatch):
+    """The optimizer runs on rewrite's own, valid program: its failure is the library's
+    (exit 3, onnxscript and its version named), never the input's (exit 2)."""
     from rewrite.backends.onnx.finishing import _optimize as optimize_module
 
     def broken(model, **_):
         raise RuntimeError("folding exploded")
 
     monkeypatch.setattr(optimize_module, "optimize_ir", broken)
-    with pytest.raises(DependencyError, match="onnxscript's optimizer failed on function ") as e:
+    with pytest.raises(LibraryError, match=r"onnxscript \S+ failed optimizing function ") as e:
         lower(rewrite.apply(MODULARIZE, shared_program))
+    assert e.value.exit_code == 3 and not isinstance(e.value, InputError)
     assert isinstance(e.value.__cause__, RuntimeError)
     assert str(e.value.__cause__) == "folding exploded"
 
 
 def test_a_bug_in_rewrite_while_optimizing_is_not_the_optimizers(shared_program, monkeypatch):
     """An error raised in rewrite's own code around the optimizer (here: a call with the wrong
-    arguments) surfaces as it is (exit 3), not as "onnxscript's optimizer failed" (exit 2,
-    with the advice to turn the optimizer off)."""
+    arguments) surfaces as it is (exit 3, a bug in rewrite), not as "onnxscript failed"
+    (with the advice to turn the optimizer off)."""
     from rewrite.backends.onnx.finishing import _optimize as optimize_module
     from rewrite.errors import first_line
 
     monkeypatch.setattr(optimize_module, "_optimize_body", first_line)  # one argument, not two
     with pytest.raises(Exception) as e:
         lower(rewrite.apply(MODULARIZE, shared_program))
-    assert not isinstance(e.value, InputError)  # the CLI: exit 3, "internal error"
+    assert not isinstance(e.value, (InputError, LibraryError))  # exit 3, "internal error"
     assert "OptimizeBodies" in str(e.value)  # the finishing pass that failed, named
     assert isinstance(e.value.__cause__, TypeError)
 

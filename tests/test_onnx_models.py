@@ -15,7 +15,7 @@ import torch
 import rewrite
 from rewrite.backends.onnx import OnnxOptions
 from rewrite.backends.onnx.outlining._naming import GROUP_KEY, RULE_KEY
-from rewrite.frontends.onnx import NAMESPACE as NAMESPACE_KEY
+from rewrite.frontends.onnx.graph import NAMESPACE as NAMESPACE_KEY
 from tests.onnx_fixtures import (
     assert_matches_eager,
     callees,

@@ -137,14 +137,15 @@ def test_body_nodes_keep_their_names_and_metadata(gpt2_lowered):
 
 def test_an_optimizer_failure_names_the_function_and_the_way_around(gpt2_lowered, monkeypatch):
     from rewrite.backends.onnx.finishing import _optimize as optimize_module
-    from rewrite.errors import InputError
+    from rewrite.errors import LibraryError
 
     def broken(model, **_):
         raise RuntimeError("folding exploded")
 
     monkeypatch.setattr(optimize_module, "optimize_ir", broken)
-    with pytest.raises(InputError, match=r"optimizer failed on function pkg\.[a-z]+::\w+: "
-                       r"folding exploded; lower without it \(rewrite apply --no-optimize"):
+    with pytest.raises(LibraryError, match=r"onnxscript \S+ failed optimizing function "
+                       r"pkg\.[a-z]+::\w+ \(lower without its optimizer: rewrite apply "
+                       r"--no-optimize.*: RuntimeError: folding exploded"):
         lower(gpt2_lowered[0])
 
 

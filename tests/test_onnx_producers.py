@@ -8,7 +8,7 @@ random models (``tests/producers.py``; nothing downloaded):
 
 Each is grouped by one path rule (a layer per call) and must give one function per distinct
 layer body, called once per layer; the output is checked as the input is
-(:func:`rewrite.frontends.onnx_check.check_onnx`: ops onnx has no schema for left out), loads in
+(:func:`rewrite.frontends.onnx.check.check_onnx`: ops onnx has no schema for left out), loads in
 onnxruntime and equals the input model there within 1e-5, and its weights are the input's (not
 copied into the function bodies: initializers of the main graph, function inputs).
 """
@@ -30,7 +30,7 @@ import pytest
 
 import rewrite
 from rewrite.backends.onnx import save_onnx
-from rewrite.frontends.onnx_check import check_onnx
+from rewrite.frontends.onnx.check import check_onnx
 from tests import producers
 from tests.onnx_fixtures import ROOT, session
 
@@ -266,7 +266,7 @@ def test_scopes_from_node_names():
     a scope, names that are no scope (a tool's node), the top level."""
     import onnx.helper as oh
 
-    from rewrite.frontends.onnx import from_onnx_model
+    from rewrite.frontends.onnx.graph import from_onnx_model
 
     x = oh.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2])
     nodes = [

@@ -14,8 +14,8 @@ import pytest
 
 from rewrite.backends.onnx.outlining._repeats import Reference, Repeats
 from rewrite.backends.onnx.outlining._body_keys import Keyer
-from rewrite.frontends.onnx import CLASS_HIERARCHY, NAME_SCOPES, from_onnx_model
-from rewrite.ir.columns import columns_of
+from rewrite.frontends.onnx.graph import CLASS_HIERARCHY, NAME_SCOPES, from_onnx_model
+from rewrite.ir.stacks import columns_of
 
 IDENTITY = ("pkg", "Block")
 

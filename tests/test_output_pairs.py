@@ -18,7 +18,7 @@ import pytest
 import torch
 
 import rewrite
-from rewrite import outputs
+from rewrite.files import outputs
 from rewrite.backends.onnx import save_onnx
 from rewrite.errors import InputError
 from tests.onnx_fixtures import assert_matches_eager

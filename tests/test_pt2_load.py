@@ -13,7 +13,7 @@ from torch._export.serde import schema, serialize, union
 
 from rewrite._private._pt2_decode import SchemaDecoder
 from rewrite.errors import InputError
-from rewrite.frontends.pt2 import load_pt2
+from rewrite.frontends.pt2.program import load_pt2
 
 TORCH_DECODE = serialize._dict_to_dataclass
 

@@ -300,7 +300,7 @@ def test_without_the_private_api_torch_loads_it_with_a_note(monkeypatch, gpt2_pt
     import warnings
 
     from rewrite.errors import ModelWarning
-    from rewrite.frontends import pt2
+    from rewrite.frontends.pt2 import program as pt2
 
     monkeypatch.setattr(pt2, "deserialize_program", _unavailable)
     with warnings.catch_warnings(record=True) as notes:
@@ -315,7 +315,7 @@ def test_without_the_private_api_torch_loads_it_with_a_note(monkeypatch, gpt2_pt
 
 @pytest.mark.parametrize("broken", ["deserialize_program", "pt2_dtype"])
 def test_without_the_private_api_a_crafted_file_is_still_refused(monkeypatch, crafted, broken):
-    from rewrite.frontends import pt2
+    from rewrite.frontends.pt2 import program as pt2
 
     path, marker = crafted
     monkeypatch.setattr(pt2, broken, _unavailable)

@@ -21,8 +21,7 @@ import pytest
 import torch
 
 import rewrite
-from rewrite._mapped import file_range
-from rewrite.frontends.pt2 import load_pt2
+from rewrite.frontends.pt2.program import read_pt2
 from tests.onnx_fixtures import assert_matches_eager
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -124,7 +123,8 @@ def test_optimized_output_equals_eager(run_cli, stores_pt2, tmp_path):
 
 
 def test_loaded_weights_are_views_of_the_file_and_equal_torchs(stores_pt2):
-    ours = load_pt2(stores_pt2)
+    loaded = read_pt2(stores_pt2)
+    ours, (mapped,) = loaded.program, loaded.mapped
     theirs = torch.export.load(str(stores_pt2))
     tensors = {**ours.state_dict, **ours.constants}
     assert set(tensors) == {*theirs.state_dict, *theirs.constants}
@@ -132,7 +132,7 @@ def test_loaded_weights_are_views_of_the_file_and_equal_torchs(stores_pt2):
         got = tensors[name]
         assert got.dtype == want.dtype and got.shape == want.shape, name
         assert torch.equal(got.view(torch.uint8), want.view(torch.uint8)), name
-        where = file_range(got)
+        where = mapped.file_range(got)
         assert where is not None and where.path == stores_pt2.resolve(), name
         with open(stores_pt2, "rb") as f:
             f.seek(where.offset)

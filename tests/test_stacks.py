@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from rewrite.frontends.fx import from_exported_program, from_graph_module
+from rewrite.frontends.fx.graph import from_exported_program, from_graph_module
 from rewrite.grouping.stacks import StackTable
-from rewrite.ir.columns import columns_of
+from rewrite.ir.stacks import columns_of
 from rewrite.ir.stacks import EMPTY, UNKNOWN, StackTreeBuilder
 from tools import models
 from tests.ir_builder import GraphBuilder, call, call_columns_of

@@ -163,7 +163,7 @@ MUTANTS = (
     Mutant(
         "publish-data-first",
         "publishing: the new data replaces the old before the new model is committed",
-        "rewrite/outputs.py",
+        "rewrite/files/outputs.py",
         "        if staged.first is not None:\n",
         "        if staged.first is not None:\n            _place_data(staged)\n",
         PUBLISHING,
@@ -171,7 +171,7 @@ MUTANTS = (
     Mutant(
         "publish-model-first",
         "publishing: the final model (reading OUT.onnx.data) goes in before its data",
-        "rewrite/outputs.py",
+        "rewrite/files/outputs.py",
         "                _place_data(staged)\n                _fsync(folder)\n"
         "                _reached(\"linked\")\n"
         "                _replace(staged.model, output, mode)\n",
@@ -183,7 +183,7 @@ MUTANTS = (
     Mutant(
         "no-lock",
         "publishing: no folder lock (two writers interleave their steps)",
-        "rewrite/outputs.py",
+        "rewrite/files/outputs.py",
         "    return _locked(folder)\n",
         "    return contextlib.nullcontext(True)\n",
         PUBLISHING,
@@ -191,17 +191,17 @@ MUTANTS = (
     Mutant(
         "live-staging-cleaned",
         "publishing: a writer's staging folder is not locked (another run's cleaning takes it)",
-        "rewrite/outputs.py",
+        "rewrite/files/outputs.py",
         "        with _locked(folder):\n            yield folder\n",
         "        yield folder\n",
         PUBLISHING,
     ),
     Mutant(
         "torch-logs",
-        "loading a .pt2: torch's log records keep their own handlers (reach stderr)",
-        "rewrite/frontends/pt2.py",
-        "        logger.handlers[:] = [capture]\n",
-        "        logger.handlers[:] = [*logger.handlers, capture]\n",
+        "the CLI: torch.export's log records keep their own handlers (reach stderr)",
+        "rewrite/cli/logs.py",
+        "        logger.handlers[:] = [sink]\n",
+        "        logger.handlers[:] = [*logger.handlers, sink]\n",
         ("tests/test_cli_errors_process.py",),
     ),
 )

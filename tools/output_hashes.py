@@ -213,13 +213,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--write", type=Path, help="write the lines to this file")
     parser.add_argument("--compare", type=Path, help="compare with an earlier --write")
     args = parser.parse_args(argv)
-    from rewrite.backends.onnx.lowering import quiet_exporter
+    from rewrite.cli.logs import quiet_libraries
 
     lines: list[tuple[str, str, str]] = []
     for name in args.only or MODELS:
         start = time.perf_counter()
         with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), \
-                quiet_exporter():
+                quiet_libraries():
             warnings.simplefilter("ignore")
             found = hashes(name)
         for path, digest in found:

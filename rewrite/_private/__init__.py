@@ -1,5 +1,5 @@
-"""The one layer of private APIs of other libraries (torch, onnxscript, onnx_ir) that rewrite
-uses: nothing outside this package reaches into another library's internals.
+"""The one layer of private APIs of other libraries (torch, onnxscript, onnx_ir, transformers)
+that rewrite uses: nothing outside this package reaches into another library's internals.
 
 Each shim uses the private API where it is what the shim was written against, and otherwise
 either falls back to the public API (same result, slower) or raises :class:`errors.Unavailable`
@@ -23,6 +23,9 @@ shim                   private API                                     without i
 ``transformers_onnx``  transformers' ``exporters.exporter_onnx.``       no MoE translation
                        ``_ONNX_TRANSLATION_TABLE`` (its grouped          (torch.onnx's error
                        matmul ops)                                      names the op)
+``transformers_        transformers' ``integrations.sdpa_attention.``   ``repeat_kv`` (same
+attention``            ``use_gqa_in_sdpa``, answering yes for one        values, slower
+                       export's context (``enable_gqa``)                export)
 ``onnx_ir_attrs``      the ``data`` dict of ``Node.attributes``         the mapping (slower)
 ``onnx_files``         onnx_ir's ``_shard_filename`` (chunk names)      stale chunks stay
 ``torch_graphs``       ``ExportedProgram._graph_module``, op schemas    --
@@ -36,7 +39,9 @@ shim                   private API                                     without i
                        ``_pickle_load_obj`` (TorchBind, trusted only)
 =====================  ==============================================  ====================
 
-``_swap`` is the one way a shim replaces another library's function while a block runs.
+``_swap`` is the one way a shim replaces another library's function while a block runs;
+such blocks, and the others that drive process-wide state of torch or transformers (building
+a model, ``torch.export``, a lowering), hold one lock (:mod:`exclusive`).
 """
 
 CHECKED_WITH: dict[str, tuple[str, ...]] = {

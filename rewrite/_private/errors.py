@@ -1,15 +1,12 @@
-"""The errors of the private-API layer (:mod:`rewrite._private`)."""
+"""The errors of the private-API layer (:mod:`rewrite._private`); whose fault a failure is
+comes from the one rule, :func:`rewrite.errors.blame`."""
 
 from __future__ import annotations
 
 import contextlib
-from pathlib import Path
 from typing import Callable, Iterator
 
-from rewrite.errors import first_line
-
-_REWRITE = Path(__file__).resolve().parents[1]
-"""The ``rewrite`` package's folder: an error raised by a file in it is rewrite's own."""
+from rewrite.errors import blame, first_line
 
 
 class Unavailable(Exception):
@@ -29,29 +26,18 @@ class TorchFailed(Exception):
         return cls(f"{type(error).__name__}: {line}" if line else type(error).__name__)
 
 
-def raised_by_rewrite(error: BaseException) -> bool:
-    """Whether the innermost Python frame of ``error``'s traceback is in ``rewrite``'s code
-    (a bug of rewrite's, or a deliberate error of its own), not in the library it called."""
-    tb = error.__traceback__
-    if tb is None:
-        return False
-    while tb.tb_next is not None:
-        tb = tb.tb_next
-    return Path(tb.tb_frame.f_code.co_filename).resolve().is_relative_to(_REWRITE)
-
-
 @contextlib.contextmanager
 def library_code(wrap: Callable[[Exception], Exception],
                  passing: tuple[type[Exception], ...] = ()) -> Iterator[None]:
-    """Around a call into a library's code for a program: an error raised in that code
-    becomes ``wrap(error)``, raised from it (the library's exception chained); the errors in
-    ``passing``, and any error raised in rewrite's own code (a bug: exit 3), pass unchanged."""
+    """Inside the private layer: an error raised in a library's code becomes
+    ``wrap(error)``, raised from it; the errors in ``passing``, and rewrite's own
+    (:func:`blame`), pass unchanged."""
     try:
         yield
     except passing:
         raise
     except Exception as e:
-        if raised_by_rewrite(e):
+        if blame(e) == "rewrite":
             raise
         raise wrap(e) from e
 

@@ -96,7 +96,7 @@ def _apis() -> dict[str, Any]:
             "torchlib_opset": _constants.TORCHLIB_OPSET,
         }
     except (ImportError, AttributeError) as e:
-        raise Unavailable(f"torch {torch.__version__}: {e}") from None
+        raise Unavailable(f"torch {torch.__version__}: {e}") from e
 
 
 def available() -> str | None:
@@ -117,7 +117,7 @@ def _registry_and_tables():
         registry = from_torchlib(max(api["default_opset"], api["torchlib_opset"]))
         _with_invoke_subgraph(registry)
     except (ImportError, AttributeError) as e:  # pragma: no cover - not in the checked versions
-        raise Unavailable(f"torch {torch.__version__}: {e}") from None
+        raise Unavailable(f"torch {torch.__version__}: {e}") from e
     return (registry, *_tables(registry))
 
 

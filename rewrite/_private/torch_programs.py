@@ -16,7 +16,7 @@ working, slower or with a plainer result, instead of failing to import:
   each graph's code twice, and rewrite reads graphs). Fallback: eager (same modules).
 * ``torch._higher_order_ops.passes.inline_invoke_subgraph.inline_invoke_subgraph_nodes``
   (2.10+): each ``invoke_subgraph`` call replaced by its body's nodes
-  (:mod:`rewrite.frontends.regions`). Fallback: the same copy made here (bodies without
+  (:mod:`rewrite.frontends.fx.regions`). Fallback: the same copy made here (bodies without
   submodules; torch 2.9 makes none).
 * ``torch.fx.graph._PyTreeCodeGen`` / ``_PyTreeInfo``: the lowered GraphModule takes the
   program's (nested) arguments like ``ExportedProgram.module()``. Fallback: the default
@@ -34,7 +34,7 @@ working, slower or with a plainer result, instead of failing to import:
 * ``torch._export.serde.serialize`` (``_bytes_to_dataclass``, ``ExportedProgramDeserializer``,
   ``_SERIALIZE_TO_TORCH_DTYPE``) and ``schema.ExportedProgram``: a ``.pt2``'s program is
   deserialized around weights that rewrite made as views of the file
-  (:func:`deserialize_program`, :mod:`rewrite.frontends.pt2`), instead of
+  (:func:`deserialize_program`, :mod:`rewrite.frontends.pt2.program`), instead of
   ``torch.export.load`` copying each out of the zip and unpickling sample inputs with a
   full-pickle fallback. Fallback (:class:`Unavailable`): ``torch.export.load`` once rewrite's
   own checks found nothing that needs pickle (same program, weights copied into memory).
@@ -43,7 +43,7 @@ working, slower or with a plainer result, instead of failing to import:
   Fallback: none (an error naming the object: such a file then needs torch.export.load).
 
 Texts torch prints are parsed in two places, each falling back to the plain message when the
-text changes: :mod:`rewrite.frontends.pt2` (``torch.export.load``'s reasons) and
+text changes: :mod:`rewrite.frontends.pt2.program` (``torch.export.load``'s reasons) and
 :mod:`rewrite.backends.onnx.lowering._torch_failure` (``torch.onnx.export``'s step and causes).
 """
 
@@ -190,7 +190,7 @@ def _serde() -> tuple[Any, Any]:
     try:
         from torch._export.serde import schema, serialize
     except ImportError as e:  # pragma: no cover - not in the checked versions
-        raise Unavailable(f"torch._export.serde: {e}") from None
+        raise Unavailable(f"torch._export.serde: {e}") from e
     needed = ("_bytes_to_dataclass", "ExportedProgramDeserializer", "_SERIALIZE_TO_TORCH_DTYPE")
     missing = [name for name in needed if not hasattr(serialize, name)]
     if missing or not hasattr(schema, "ExportedProgram"):  # pragma: no cover
@@ -203,8 +203,8 @@ def pt2_dtype(code: int) -> torch.dtype:
     serialize, schema = _serde()
     try:
         return serialize._SERIALIZE_TO_TORCH_DTYPE[schema.ScalarType(code)]
-    except (ValueError, KeyError):
-        raise ValueError(f"unknown dtype code {code!r}") from None
+    except (ValueError, KeyError) as e:
+        raise ValueError(f"unknown dtype code {code!r}") from e
 
 
 def deserialize_program(program_json: bytes, state_dict: dict[str, Any],

@@ -189,14 +189,37 @@ def _add_export(sub, common: argparse.ArgumentParser) -> None:
                         help="a .rules file or a shipped name; default: the shipped rules of "
                         "the config's model_type, else what rewrite suggest writes for the "
                         "model (printed, to keep)")
-    export.add_argument("--cache", choices=("kv", "none"),
+    export.add_argument("--cache", choices=("kv", "none", "static"),
                         help="kv: decode-ready, the KV cache as inputs and outputs (the "
                         "default for causal LMs); none: prefill only (the default and the "
-                        "only choice for encoders and encoder-decoders)")
+                        "only choice for encoders and encoder-decoders); static: a cache of "
+                        "--context tokens written in place at position_ids (fixed shapes "
+                        "for NPU compilers)")
+    export.add_argument("--context", type=int, metavar="C",
+                        help="--cache static: the cache's length in tokens")
+    export.add_argument("--static", type=static_sizes, metavar="batch=B,seq=S",
+                        help="--cache static: fix the batch and chunk sizes too (every "
+                        "shape static)")
     export.add_argument("--trust-model", action="store_true",
                         help="load model code from the folder (a config with auto_map) or "
                         "pickled *.bin weights: both run code from the folder, only for "
                         "checkpoints you trust. Without it such a folder is refused (exit 2)")
+    export.add_argument("--no-verify", dest="verify", action="store_false",
+                        help="publish without first running the written model in onnxruntime "
+                        "against eager PyTorch on a few tokens (by default a mismatch is an "
+                        "error, exit 1, and nothing is written)")
+    export.add_argument("--precision", choices=("fp32", "fp16", "bf16", "int4"),
+                        help="fp32, fp16, bf16: build and export the model in that dtype "
+                        "(default: the checkpoint's); int4: blockwise 4-bit weights for every "
+                        "MatMul (the decoder layers' linears and the lm_head; embeddings stay "
+                        "float), dequantized inside each layer's function "
+                        "(DequantizeLinear, opset 21)")
+    export.add_argument("--block-size", type=int, metavar="B",
+                        help="--precision int4: values per scale along the input dimension "
+                        "(16, 32, 64, 128 or 256; default 32)")
+    export.add_argument("--asymmetric", action="store_true", default=None,
+                        help="--precision int4: uint4 with zero points (default: symmetric "
+                        "int4, as the builder's default)")
     onnx_output_options(export)
 
 
@@ -259,8 +282,18 @@ def _add_diff(sub, common: argparse.ArgumentParser) -> None:
     _trust(diff)
 
 
+def _add_check_static(sub, common: argparse.ArgumentParser) -> None:
+    static = sub.add_parser(
+        "check-static", parents=[common], help="what would stop a static-shape compiler",
+        description="List what an NPU compiler that wants every shape fixed would reject in "
+        "MODEL.onnx: data-dependent ops (NonZero, If, Loop), shapes read at run time, "
+        "reductions over axes that are not constants, dimensions that are not numbers. "
+        "Exit 0 when there is none, 1 when there are.")
+    static.add_argument("model", metavar="MODEL.onnx")
+
+
 COMMAND_PARSERS = (_add_check, _add_explain, _add_apply, _add_suggest, _add_export,
-                   _add_lock, _add_verify, _add_diff)
+                   _add_check_static, _add_lock, _add_verify, _add_diff)
 """One function per command, each adding its subparser (in ``--help`` order)."""
 
 
@@ -319,3 +352,16 @@ def version_text() -> str:
     except ImportError:  # pragma: no cover - a dependency
         pass
     return f"rewrite {rewrite.__version__} ({', '.join(parts)})"
+
+
+def static_sizes(text: str) -> dict[str, int]:
+    """``batch=1,seq=128`` -> ``{"batch": 1, "seq": 128}``."""
+    sizes: dict[str, int] = {}
+    for part in text.split(","):
+        key, _, value = part.partition("=")
+        if key.strip() not in ("batch", "seq") or not value.strip().isdigit() \
+                or int(value) < 1 or key.strip() in sizes:
+            raise argparse.ArgumentTypeError(
+                f"not batch=B,seq=S (positive sizes, each once): {text!r}")
+        sizes[key.strip()] = int(value)
+    return sizes

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import warnings
 
 import rewrite
 from rewrite.cli.args import EXIT_OK
@@ -13,24 +12,12 @@ from rewrite.cli.imports import import_modules
 from rewrite.cli.paths import check_model_path
 from rewrite.cli.render import Calls, FunctionUse, print_tree, print_variants, summary_line
 from rewrite.cli.steps import Steps
-from rewrite.errors import InputError, ModelWarning, RuleError
-from rewrite.frontends.onnx_check import check_onnx_input, unwritable_input
-from rewrite.grouping.build import NO_STRUCTURE
-from rewrite.grouping.classless import NO_CLASSES
-from rewrite.outputs import check_output_path
+from rewrite.errors import InputError
+from rewrite.cli.pipeline import group_model, load_rules, lower_model
+from rewrite.frontends.onnx.check import unwritable_input
+from rewrite.files.outputs import check_output_path
 
 OUTPUT_SUFFIXES = (".onnx", ".py")
-
-
-def load_rules(arg: str) -> rewrite.RuleSet:
-    """``rewrite.load_rules``; a RULES argument that is no readable file is an input error
-    (exit 2, like a missing model), while errors inside the rules keep exit 1."""
-    try:
-        return rewrite.load_rules(arg)
-    except RuleError as e:
-        if all(d.span is None for d in e.diagnostics):  # about the file, not its text
-            raise InputError("\n".join(d.message for d in e.diagnostics)) from None
-        raise
 
 
 def weights_options(external_data: str, chunk: int | None) -> dict:
@@ -54,38 +41,6 @@ def cmd_check(args: argparse.Namespace, io: Consoles) -> int:
     for name in rules.files[1:]:
         io.detail(f"  includes {name}")
     return EXIT_OK
-
-
-def _group(rules: rewrite.RuleSet, model: str, io: Consoles, steps: Steps,
-           trust_model: bool = False) -> rewrite.Result:
-    """Load and group ``model`` (already checked), printing the warnings."""
-    with steps.step(f"reading {model} and grouping it"), \
-            warnings.catch_warnings(record=True) as notes:
-        warnings.simplefilter("always", ModelWarning)
-        if model.lower().endswith(".onnx"):
-            check_onnx_input(model)
-        result = rewrite.apply(rules, model, trust_model=trust_model)
-    for note in notes:
-        if issubclass(note.category, ModelWarning):
-            io.warning(str(note.message))
-    io.detail(summary_line(result.tree))
-    for warning in result.warnings:
-        if warning.span is None and warning.message.startswith((NO_STRUCTURE, NO_CLASSES)):
-            io.warning(f"{model}: {warning.message}")  # about the model: name it
-        else:
-            io.warning(warning)
-    return result
-
-
-def _lower(result: rewrite.Result, io: Consoles, **options):
-    """Lower to ONNX (no file written; ``options``: ``OnnxOptions`` fields): the backend's
-    ``Lowering``."""
-    from rewrite.backends.onnx import OnnxOptions, lower
-
-    lowering = lower(result, OnnxOptions(**options), Steps.backend(io))
-    for warning in lowering.warnings:
-        io.warning(warning)
-    return lowering
 
 
 def calls_of(lowering) -> Calls:
@@ -137,8 +92,8 @@ def cmd_explain(args: argparse.Namespace, io: Consoles) -> int:
         report = check_report_path(args.html, [args.model, args.rules, *rules.files])
     import_modules(args.imports)
     steps = Steps.of(io)
-    result = _group(rules, args.model, io, steps, args.trust_model)
-    lowering = _lower(result, io) if args.onnx or report else None
+    result = group_model(rules, args.model, io, steps, args.trust_model)
+    lowering = lower_model(result, io) if args.onnx or report else None
     data = _json(result, args, lowering) if args.json or report else None
     if report is not None:
         from rewrite.cli.html import write_report
@@ -172,7 +127,7 @@ def cmd_apply(args: argparse.Namespace, io: Consoles) -> int:
         )
     import_modules(args.imports)
     steps = Steps.of(io)
-    result = _group(rules, args.model, io, steps, args.trust_model)
+    result = group_model(rules, args.model, io, steps, args.trust_model)
     if suffix == ".onnx":
         from onnx_ir.serde import SerdeError
 

@@ -5,8 +5,10 @@ from __future__ import annotations
 import argparse
 
 from rewrite.cli.args import EXIT_OK
-from rewrite.cli.commands import load_rules, weights_options
+from rewrite.cli.commands import weights_options
+from rewrite.cli.pipeline import load_rules
 from rewrite.cli.console import Consoles
+from rewrite.cli.logs import no_progress_bars
 from rewrite.cli.steps import Steps
 from rewrite.errors import InputError
 
@@ -21,9 +23,14 @@ def cmd_export(args: argparse.Namespace, io: Consoles) -> int:
     options = weights_options(args.external_data, args.weights_chunk)
     import rewrite
 
-    rewrite.export(args.folder, rules=rules, cache=args.cache, output=output,
-                   trust_model=args.trust_model, progress=Steps.backend(io),
-                   constants=args.constants, optimize=args.optimize,
-                   body_node_names=args.body_node_names, **options)
+    with no_progress_bars():
+        rewrite.export(args.folder, rules=rules, cache=args.cache, context=args.context,
+                       static=args.static, output=output,
+                       trust_model=args.trust_model, verify=args.verify,
+                       precision=args.precision, block_size=args.block_size,
+                       symmetric=False if args.asymmetric else None,
+                       progress=Steps.backend(io),
+                       constants=args.constants, optimize=args.optimize,
+                       body_node_names=args.body_node_names, **options)
     io.info(f"wrote {output}")
     return EXIT_OK

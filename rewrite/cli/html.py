@@ -18,7 +18,7 @@ import jinja2
 
 import rewrite
 from rewrite.errors import InputError
-from rewrite.outputs import check_output_path, write_text_atomic
+from rewrite.files.outputs import check_output_path, write_text_atomic
 
 SUFFIXES = (".html", ".htm")
 OPEN_ALL_UP_TO = 60
@@ -27,7 +27,7 @@ OPEN_ALL_UP_TO = 60
 
 def check_report_path(output: str, inputs: Iterable[str | Path]) -> Path:
     """Raise :class:`InputError` unless ``output`` is an ``.html`` file that can be written
-    (see :func:`rewrite.outputs.check_output_path`)."""
+    (see :func:`rewrite.files.outputs.check_output_path`)."""
     path = check_output_path(output, inputs)
     if path.suffix.lower() not in SUFFIXES:
         raise InputError(f"{path}: the report is an HTML page; give a name ending in .html")

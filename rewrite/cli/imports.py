@@ -18,8 +18,8 @@ def import_modules(modules: list[str]) -> None:
         try:
             importlib.import_module(module)
         except ModuleNotFoundError as e:
-            raise InputError(f"--import {module}: no module named {e.name!r}") from None
+            raise InputError(f"--import {module}: no module named {e.name!r}") from e
         except (Exception, SystemExit) as e:  # the module's own code failed (or exited)
             raise InputError(
                 f"--import {module}: importing it failed: {type(e).__name__}: {first_line(e)}"
-            ) from None
+            ) from e

@@ -11,13 +11,13 @@ import argparse
 from pathlib import Path
 
 from rewrite.cli.args import EXIT_OK, EXIT_RULES
-from rewrite.cli.commands import _group, _lower, load_rules
+from rewrite.cli.pipeline import group_model, load_rules, lower_model
 from rewrite.cli.console import Consoles
 from rewrite.cli.imports import import_modules
 from rewrite.cli.paths import check_model_path
 from rewrite.cli.steps import Steps
 from rewrite.errors import InputError
-from rewrite.outputs import check_output_path
+from rewrite.files.outputs import check_output_path
 
 EXIT_DIFFERENT = EXIT_RULES
 """A structure that differs from the lock (or the other model): 1, like a grouping error."""
@@ -34,15 +34,15 @@ def structure(rules_arg: str | None, model: str, args: argparse.Namespace, io: C
         if path.suffix.lower() != ".onnx":
             raise InputError(f"{model}: a .pt2 is read with rules: give RULES before it (or "
                              "--rules for diff); only an .onnx file is read as it is")
-        from rewrite.frontends.onnx_check import check_onnx_input
+        from rewrite.frontends.onnx.check import check_onnx_input
 
         with steps.step(f"reading {model}"):
             check_onnx_input(model)
             return locks.of_model(locks.read_onnx(model))
     rules = load_rules(rules_arg)
     import_modules(args.imports)
-    result = _group(rules, model, io, steps, args.trust_model)
-    return locks.of_lowering(_lower(result, io, check_weights=False))
+    result = group_model(rules, model, io, steps, args.trust_model)
+    return locks.of_lowering(lower_model(result, io, check_weights=False))
 
 
 def _inputs(args: argparse.Namespace) -> list[str]:

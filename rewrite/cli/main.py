@@ -8,6 +8,7 @@ never a traceback; ``--verbose`` adds the traceback of internal errors.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import traceback
@@ -18,12 +19,17 @@ from rewrite.cli.commands import cmd_apply, cmd_check, cmd_explain
 from rewrite.cli.console import Consoles
 from rewrite.cli.export import cmd_export
 from rewrite.cli.lock import cmd_diff, cmd_lock, cmd_verify
+from rewrite.cli.static import cmd_check_static
+from rewrite.cli.logs import quiet_libraries
 from rewrite.cli.suggest import cmd_suggest
 from rewrite.errors import RewriteError, first_line
 
 COMMANDS = {"check": cmd_check, "explain": cmd_explain, "apply": cmd_apply,
             "suggest": cmd_suggest, "export": cmd_export, "lock": cmd_lock,
-            "verify": cmd_verify, "diff": cmd_diff}
+            "verify": cmd_verify, "diff": cmd_diff, "check-static": cmd_check_static}
+WITHOUT_TORCH = ("check", "check-static")
+"""Commands that run neither torch nor what it drives (their logs are not quieted: no torch
+import for them)."""
 
 
 def _os_error(e: OSError) -> str:
@@ -41,7 +47,8 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_INPUT
     io = Consoles.create(quiet=args.quiet, verbose=args.verbose)
     try:
-        with warnings.catch_warnings():
+        quiet = contextlib.nullcontext() if args.command in WITHOUT_TORCH else quiet_libraries()
+        with warnings.catch_warnings(), quiet:  # stderr: the command's own lines
             if not sys.warnoptions:  # library chatter (torch, transformers); -W shows it
                 warnings.simplefilter("ignore")
             return COMMANDS[args.command](args, io)

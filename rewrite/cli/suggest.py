@@ -10,7 +10,7 @@ from rewrite.cli.imports import import_modules
 from rewrite.cli.paths import check_model_path
 from rewrite.cli.steps import Steps
 from rewrite.errors import InputError
-from rewrite.outputs import check_output_path, write_text_atomic
+from rewrite.files.outputs import check_output_path, write_text_atomic
 
 
 def cmd_suggest(args: argparse.Namespace, io: Consoles) -> int:

@@ -20,7 +20,7 @@ from collections import Counter
 
 import numpy as np
 
-from rewrite._gc import gc_paused
+from rewrite._shared.gc import gc_paused
 from rewrite.compile import RuleSet
 from rewrite.errors import Diagnostic
 from rewrite.grouping.cycles import (

@@ -1,6 +1,6 @@
 """Rules that select by class, on a graph whose module calls have no class.
 
-A graph read from ONNX node names (:mod:`rewrite.frontends.onnx_names`) knows each module's
+A graph read from ONNX node names (:mod:`rewrite.frontends.onnx.names`) knows each module's
 path, not its class: a ``class`` selector matches nothing there. Instead of one "matches
 nothing" warning per such rule, grouping says it once, names the rules, and shows a ``path``
 rule that selects the model's most repeated modules (its layers), as ``rewrite suggest``

@@ -1,11 +1,12 @@
-"""A columnar view of a :class:`~rewrite.ir.model.Graph` for whole-graph passes.
+"""A columnar view of a :class:`~rewrite.ir.graph.Graph` for whole-graph passes.
 
 Graphs repeat a few distinct module stacks, op targets and tag sets over many nodes. The
 columns intern each of them once and give every node small integer ids, plus the edges as a
 CSR array, so that grouping runs its per-node work as numpy array operations and its
 per-*distinct-value* work in Python. Frontends fill them while they read a model (stacks
-and calls through :class:`~rewrite.ir.stacks.StackTreeBuilder`, then :func:`build_columns`);
-:func:`columns_of` derives them from the nodes of any graph. Every field is always filled.
+and calls through :class:`~rewrite.ir.stacks.StackTreeBuilder`, then
+:func:`~rewrite.ir.stacks.build_columns`); :func:`~rewrite.ir.stacks.columns_of` derives them
+from the nodes of any graph. Every field is always filled.
 """
 
 from __future__ import annotations
@@ -17,8 +18,7 @@ import numpy as np
 from attrs import field, frozen
 
 if TYPE_CHECKING:
-    from rewrite.ir.model import ModuleCall, Node, Stack
-    from rewrite.ir.stacks import StackTreeBuilder
+    from rewrite.ir.model import Stack
 
 EMPTY_TAGS: Mapping[str, str] = MappingProxyType({})
 """The tag set of an untagged node (shared, read-only)."""
@@ -177,46 +177,3 @@ class TagSets:
     def get(self, tags: Mapping[str, str]) -> Mapping[str, str]:
         """The shared mapping equal to ``tags``."""
         return self.values[self.id(tags)]
-
-
-def build_columns(
-    tree: "StackTreeBuilder", stack_id: Sequence[int], targets: Sequence[str],
-    target_id: Sequence[int], tag_sets: Sequence[Mapping[str, str]], tags_id: Sequence[int],
-    is_io: Sequence[bool], input_start: Sequence[int], input_index: Sequence[int],
-) -> Columns:
-    """Freeze what a frontend collected (the stacks and calls in ``tree``) into
-    :class:`Columns`."""
-    wide = np.int64
-    columns = Columns(
-        tree.stacks, frozen_array(stack_id), tuple(targets), frozen_array(target_id),
-        tuple(tag_sets), frozen_array(tags_id), frozen_array(is_io, bool),
-        frozen_array(input_start, wide), frozen_array(input_index, wide), tree.stack_calls,
-        frozen_array(tree.parent, wide), frozen_array(tree.last, wide),
-        frozen_array(tree.depth, wide), tree.call_columns(),
-    )
-    columns.edges()  # part of the IR: every whole-graph pass reads them
-    return columns
-
-
-def columns_of(nodes: Sequence["Node"], calls: Sequence["ModuleCall"] | None = None
-               ) -> Columns:
-    """Columns derived from nodes (for graphs whose frontend did not build them). ``calls``
-    (a graph's ``Graph.calls``) keep their ids and must hold every call of the stacks;
-    without them, calls are numbered in order of first appearance."""
-    from rewrite.ir.stacks import StackTreeBuilder
-
-    tree = StackTreeBuilder(calls or ())
-    stack_id = tree.ids([node.stack for node in nodes])
-    if calls is not None and len(tree.calls) != len(calls):
-        raise ValueError(f"a node's stack holds the call {tree.calls[len(calls)]}, which "
-                         "the graph's calls do not list")
-    targets, tag_sets = Interner(), TagSets()
-    target_id, tags_id, is_io, start, flat = [], [], [], [0], []
-    for node in nodes:
-        target_id.append(targets.id(node.target))
-        tags_id.append(tag_sets.id(node.tags))
-        is_io.append(node.is_io)
-        flat.extend(node.inputs)
-        start.append(len(flat))
-    return build_columns(tree, stack_id, targets.values, target_id, tag_sets.values, tags_id,
-                         is_io, start, flat)

@@ -2,26 +2,26 @@
 
 * :class:`ModuleCall` -- one call of one module (path, qualified class, call index);
 * :class:`Node` -- one operation: inputs as node indices, its stack of calls, its tags;
-* :class:`Graph` -- the nodes in topological order and every distinct call.
+* :class:`~rewrite.ir.graph.Graph` -- the nodes in topological order and every distinct call.
 
-A graph also has :attr:`Graph.columns` (:mod:`rewrite.ir.columns`): the same facts as flat
-integer arrays over distinct stacks, targets and tag sets, which whole-graph passes such as
-grouping use instead of the records. Frontends may fill the columns as they read and hand
-over ``nodes`` as a :class:`~rewrite.ir.nodes.LazyNodes` (records built on first access);
+A graph also has :attr:`~rewrite.ir.graph.Graph.columns` (:mod:`rewrite.ir.columns`): the
+same facts as flat integer arrays over distinct stacks, targets and tag sets, which
+whole-graph passes such as grouping use instead of the records. Frontends may fill the
+columns as they read and hand over ``nodes`` as a :class:`~rewrite.ir.nodes.LazyNodes`
+(records built on first access);
 a graph made of a plain tuple of nodes gets its columns derived on first use.
 """
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping
 
 from attrs import field, frozen
 
-from rewrite.ir.columns import Columns, columns_of
 
 
 METADATA, NODE_NAMES = "metadata", "node names"
-"""Where an ONNX graph's module calls came from (:attr:`Graph.structure`)."""
+"""Where an ONNX graph's module calls came from (:attr:`~rewrite.ir.graph.Graph.structure`)."""
 
 UNKNOWN_PACKAGE = "local"
 """The package of a call whose class is unknown (default domain ``pkg.local``)."""
@@ -86,7 +86,7 @@ class Node:
     """One operation of the source graph."""
 
     index: int
-    """Position in topological order; also the node's id in its :class:`Graph`."""
+    """Position in topological order; also the node's id in its :class:`~rewrite.ir.graph.Graph`."""
     name: str
     op: str
     """``placeholder``, ``call_function``, ``get_attr``, ``output``...
@@ -102,39 +102,3 @@ class Node:
     """Graph inputs and outputs always stay at the top level."""
     source: Any = field(default=None, eq=False, repr=False)
     """The frontend's node (``torch.fx.Node`` or ``onnx_ir.Node``)."""
-
-
-@frozen
-class Graph:
-    """A whole source graph in topological order, with its distinct module calls."""
-
-    nodes: Sequence[Node] = field(repr=False)
-    """In topological order; ``nodes[i].index == i``. A tuple, or a
-    :class:`~rewrite.ir.nodes.LazyNodes` that builds each record on first access."""
-    calls: tuple[ModuleCall, ...] = field(repr=False)
-    """Every distinct module call, in order of first appearance."""
-    kind: str
-    """``fx`` or ``onnx``."""
-    root_class: str | None = None
-    source: Any = field(default=None, eq=False, repr=False)
-    """What the frontend read: an ExportedProgram, a GraphModule or an onnx_ir.Model."""
-    _columns: Columns | None = field(default=None, eq=False, repr=False, alias="columns")
-    structure: str | None = None
-    """Where an ONNX graph's module calls came from: ``metadata`` (torch.onnx's) or ``node
-    names`` (their scopes: paths, no classes); None for FX graphs and graphs without calls."""
-
-    @property
-    def columns(self) -> Columns:
-        """Per-node ids and edges as arrays (see :mod:`rewrite.ir.columns`); built on demand
-        when the frontend did not supply them."""
-        if self._columns is None:
-            object.__setattr__(self, "_columns", columns_of(self.nodes, self.calls))
-        return self._columns  # type: ignore[return-value]
-
-    def users(self) -> list[list[int]]:
-        """For each node, the indices of the nodes that read it (in graph order)."""
-        producer, consumer = self.columns.edges()
-        users: list[list[int]] = [[] for _ in range(self.columns.size)]
-        for p, c in zip(producer.tolist(), consumer.tolist()):
-            users[p].append(c)
-        return users

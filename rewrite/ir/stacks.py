@@ -16,12 +16,12 @@ stacks, and grouping reads the tree as arrays.
 
 from __future__ import annotations
 
-from typing import Iterable, Sequence
+from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 
-from rewrite.ir.columns import CallColumns, frozen_array
-from rewrite.ir.model import ModuleCall, Stack
+from rewrite.ir.columns import CallColumns, Columns, Interner, TagSets, frozen_array
+from rewrite.ir.model import ModuleCall, Node, Stack
 
 EMPTY = 0
 """The id of the empty stack (the top level) in every graph."""
@@ -200,3 +200,44 @@ class StackTreeBuilder:
                            frozen_array(self._class_id, np.int64),
                            frozen_array(self._index, np.int64),
                            frozen_array(self._path_id, np.int64), self._path_ids)
+
+
+def build_columns(
+    tree: "StackTreeBuilder", stack_id: Sequence[int], targets: Sequence[str],
+    target_id: Sequence[int], tag_sets: Sequence[Mapping[str, str]], tags_id: Sequence[int],
+    is_io: Sequence[bool], input_start: Sequence[int], input_index: Sequence[int],
+) -> Columns:
+    """Freeze what a frontend collected (the stacks and calls in ``tree``) into
+    :class:`Columns`."""
+    wide = np.int64
+    columns = Columns(
+        tree.stacks, frozen_array(stack_id), tuple(targets), frozen_array(target_id),
+        tuple(tag_sets), frozen_array(tags_id), frozen_array(is_io, bool),
+        frozen_array(input_start, wide), frozen_array(input_index, wide), tree.stack_calls,
+        frozen_array(tree.parent, wide), frozen_array(tree.last, wide),
+        frozen_array(tree.depth, wide), tree.call_columns(),
+    )
+    columns.edges()  # part of the IR: every whole-graph pass reads them
+    return columns
+
+
+def columns_of(nodes: Sequence["Node"], calls: Sequence["ModuleCall"] | None = None
+               ) -> Columns:
+    """Columns derived from nodes (for graphs whose frontend did not build them). ``calls``
+    (a graph's ``Graph.calls``) keep their ids and must hold every call of the stacks;
+    without them, calls are numbered in order of first appearance."""
+    tree = StackTreeBuilder(calls or ())
+    stack_id = tree.ids([node.stack for node in nodes])
+    if calls is not None and len(tree.calls) != len(calls):
+        raise ValueError(f"a node's stack holds the call {tree.calls[len(calls)]}, which "
+                         "the graph's calls do not list")
+    targets, tag_sets = Interner(), TagSets()
+    target_id, tags_id, is_io, start, flat = [], [], [], [0], []
+    for node in nodes:
+        target_id.append(targets.id(node.target))
+        tags_id.append(tag_sets.id(node.tags))
+        is_io.append(node.is_io)
+        flat.extend(node.inputs)
+        start.append(len(flat))
+    return build_columns(tree, stack_id, targets.values, target_id, tag_sets.values, tags_id,
+                         is_io, start, flat)

@@ -24,7 +24,7 @@ from rewrite.backends.onnx import (
     label,
     summarize,
 )
-from rewrite.errors import InputError, first_line
+from rewrite.errors import InputError, first_line, library_call
 from rewrite.structure._digest import body_digest, histograms, value_type
 from rewrite.structure._lock import Lock, Section, histogram_text
 
@@ -159,12 +159,10 @@ def read_onnx(path: str | Path) -> ir.Model:
     nodes make, not for its inputs)."""
     import onnx
 
-    try:
+    with library_call("onnx_ir", f"reading {path}", lambda e: _unreadable(path, e),
+                      parses_input=True):
         proto = onnx.load(str(path), load_external_data=False)
         model = ir.serde.deserialize_model(proto)
-    except Exception as e:  # protobuf and onnx_ir raise many types here; all mean unreadable
-        reason = first_line(e) or type(e).__name__
-        raise InputError(f"{path}: not a readable ONNX model ({reason})") from None
     for function_proto in proto.functions:
         function = model.functions.get((function_proto.domain, function_proto.name,
                                         getattr(function_proto, "overload", "")))
@@ -181,3 +179,8 @@ def of_lowering(lowering) -> Lock:
     sections = (_main(lowering.model), *_functions(lowering.model),
                 *_rules(lowering.tree, outlined.function_of))
     return Lock(sections, variants=tuple(outlined.variants))
+
+
+def _unreadable(path: str | Path, error: BaseException) -> InputError:
+    reason = first_line(error) or type(error).__name__
+    return InputError(f"{path}: not a readable ONNX model ({reason})")

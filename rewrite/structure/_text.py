@@ -24,14 +24,14 @@ from __future__ import annotations
 from pathlib import Path
 
 from rewrite.errors import InputError
-from rewrite.outputs import atomic_path
+from rewrite.files.outputs import atomic_path
 from rewrite.structure._lock import HISTOGRAMS, KINDS, Lock, Section, parse_histogram
 
 FORMAT = "1"
 HEADER = (
     "# rewrite structure lock: `rewrite verify` compares a model with it, `--update` rewrites "
-    "it.\n# Review a change to it like code. What each line means: README, \"Holding the "
-    "structure in CI\".\n"
+    "it.\n# Review a change to it like code. What each line means: docs/structure.md, \"The "
+    "lock file\".\n"
 )
 
 

@@ -3,11 +3,12 @@
 A call's *body* is its nodes, those of nested calls included, in graph order. Two calls have
 the same body when the backend that lowers the model would say so, by its own definition:
 
-* FX-sourced graphs (``.pt2``, ExportedProgram, GraphModule): :func:`rewrite._fx_keys.body_key`,
-  the key by which the per-body ONNX lowering shares one decomposed body between calls (same
-  ops, constant arguments, data flow, input types and shapes). The FX backend's own key,
-  :func:`rewrite.backends.fx.compile.code_key`, is not used: it compares generated code, node
-  names included, which only the FX backend's renaming makes equal between blocks.
+* FX-sourced graphs (``.pt2``, ExportedProgram, GraphModule):
+  :func:`rewrite._shared.fx_keys.body_key`, the key by which the per-body ONNX lowering
+  shares one decomposed body between calls (same ops, constant arguments, data flow, input
+  types and shapes). The FX backend's own key, :func:`rewrite.backends.fx.compile.code_key`,
+  is not used: it compares generated code, node names included, which only the FX backend's
+  renaming makes equal between blocks.
 * ONNX-sourced graphs: :meth:`rewrite.backends.onnx.outlining._body_keys.Keyer.body` over the body's
   inputs and outputs (``boundary``), small constants compared by content as the default
   constant policy embeds them (``ConstantPolicy``): the key the outliner gives a body in graph
@@ -25,7 +26,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Callable, Hashable, Iterable, Sequence
 
-from rewrite._fx_keys import body_key
+from rewrite._shared.fx_keys import body_key
 from rewrite.ir import Graph, ModuleCall, Node
 
 if TYPE_CHECKING:

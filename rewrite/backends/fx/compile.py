@@ -20,7 +20,7 @@ from typing import Hashable, Iterable
 
 import torch
 
-from rewrite._fx_keys import freeze, target_key
+from rewrite._shared.fx_keys import freeze, target_key
 from rewrite._private.torch_programs import real_recompile
 from rewrite.backends.fx.module import LoweredModule
 
@@ -30,7 +30,7 @@ _CODE_FIELDS = ("_code", "_lineno_map", "_prologue_start")
 def code_key(graph: torch.fx.Graph) -> Hashable | None:
     """Everything the generated (non-verbose) code of ``graph`` depends on, or None.
 
-    Not :func:`rewrite._fx_keys.body_key`: two modules share compiled code only when their
+    Not :func:`rewrite._shared.fx_keys.body_key`: two modules share compiled code only when their
     code *text* is the same, so node names, stack traces and code comments count here,
     where a structural body key ignores them (arguments are compared alike: ``freeze``)."""
     if os.environ.get("FX_GRAPH_SHOW_META", "0") == "1":

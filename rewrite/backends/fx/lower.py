@@ -8,14 +8,12 @@ distinct body once (:mod:`compile`).
 
 from __future__ import annotations
 
-import itertools
-
 from typing import TYPE_CHECKING
 
 import torch
 
-from rewrite._gc import gc_paused
-from rewrite._mapped import verify
+from rewrite._shared.gc import gc_paused
+from rewrite.files.mapped import verify
 from rewrite.backends.fx.build import build_modules
 from rewrite.backends.fx.compile import compile_tree
 from rewrite.backends.fx.flow import Flow, plan_flow
@@ -26,7 +24,7 @@ from rewrite.backends.fx.source import FxSource, read_source
 from rewrite.errors import InputError
 
 if TYPE_CHECKING:
-    from rewrite.api import Result
+    from rewrite.grouping import Grouped
 
 
 def _reserved(h: Hierarchy, layout: Layout, flow: Flow, source: FxSource) -> list[set[str]]:
@@ -44,15 +42,15 @@ def _reserved(h: Hierarchy, layout: Layout, flow: Flow, source: FxSource) -> lis
     return reserved
 
 
-def to_fx(result: "Result") -> torch.fx.GraphModule:
+def to_fx(result: "Grouped") -> torch.fx.GraphModule:
     """Lower ``result``'s groups to nested GraphModules (see the package docstring)."""
     with gc_paused():
         module = _lower(result)
-    verify(itertools.chain(module.parameters(), module.buffers()))  # views of a .pt2: intact
+    verify(result.tree.graph.mapped)  # the .pt2 the weights are views of: intact
     return module
 
 
-def _lower(result: "Result") -> torch.fx.GraphModule:
+def _lower(result: "Grouped") -> torch.fx.GraphModule:
     tree = result.tree
     graph = tree.graph
     if graph.kind != "fx":

@@ -6,13 +6,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rewrite.backends.fx.lower import to_fx
-from rewrite.outputs import write_text_atomic
+from rewrite.files.outputs import write_text_atomic
 
 if TYPE_CHECKING:
-    from rewrite.api import Result
+    from rewrite.grouping import Grouped
 
 
-def python_text(result: "Result") -> str:
+def python_text(result: "Grouped") -> str:
     """A header naming the model and rules, then ``print_readable()`` of ``to_fx()``."""
     module = to_fx(result)
     model = result.model if isinstance(result.model, (str, Path)) else type(result.model).__name__
@@ -29,6 +29,6 @@ def python_text(result: "Result") -> str:
     return "\n".join(header) + "\n\n" + body.rstrip() + "\n"
 
 
-def save_python(result: "Result", output_path: str | Path) -> None:
+def save_python(result: "Grouped", output_path: str | Path) -> None:
     """Write :func:`python_text` to ``output_path`` atomically (never a partial file)."""
     write_text_atomic(output_path, python_text(result))

@@ -36,7 +36,7 @@ from rewrite.backends.onnx.summary import call_sites, label, summarize
 if TYPE_CHECKING:
     import onnx_ir as ir
 
-    from rewrite.api import Result
+    from rewrite.grouping import Grouped
     from rewrite.backends.onnx.pipeline import Lowered, Lowering, lower
 
 
@@ -50,7 +50,7 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def to_onnx(result: "Result", *, progress: Progress | None = None,
+def to_onnx(result: "Grouped", *, progress: Progress | None = None,
             **options: Any) -> "ir.Model":
     """An ``onnx_ir.Model`` whose groups are nested, deduplicated model-local functions.
 
@@ -58,14 +58,14 @@ def to_onnx(result: "Result", *, progress: Progress | None = None,
     ``optimize``); ``progress`` hears about the long steps (the CLI's
     :class:`rewrite.cli.steps.Steps` draws them on a console)."""
     from rewrite.backends.onnx.pipeline import lower
-    from rewrite.backends.onnx.save import verify_weights
+    from rewrite.files.mapped import verify
 
-    model = lower(result, OnnxOptions(**options), progress or SILENT).model
-    verify_weights(model)
-    return model
+    lowering = lower(result, OnnxOptions(**options), progress or SILENT)
+    verify(lowering.mapped)  # the .pt2 the weights are views of: intact
+    return lowering.model
 
 
-def save_onnx(result: "Result", output_path: str | Path, *, progress: Progress | None = None,
+def save_onnx(result: "Grouped", output_path: str | Path, *, progress: Progress | None = None,
               **options: Any) -> Lowered:
     """Lower ``result`` and write it to ``output_path`` (never a partial file).
 
@@ -74,7 +74,7 @@ def save_onnx(result: "Result", output_path: str | Path, *, progress: Progress |
     through memory. ``progress`` hears about the steps, the warnings and what was written."""
     from rewrite.backends.onnx.pipeline import lower
     from rewrite.backends.onnx.save import write_model
-    from rewrite.outputs import check_output_path
+    from rewrite.files.outputs import check_output_path
 
     given = [result.model] if isinstance(result.model, (str, Path)) else []
     output = check_output_path(output_path, given)
@@ -85,7 +85,7 @@ def save_onnx(result: "Result", output_path: str | Path, *, progress: Progress |
         report.note(warning.render())
     with report.step(f"writing {output}"):
         data = write_model(lowering.model, output, threshold=opts.external_data_threshold,
-                           chunk=opts.weights_chunk, progress=report)
+                           chunk=opts.weights_chunk, progress=report, mapped=lowering.mapped)
     calls = lowering.outlined.calls
     text = f"{len(lowering.model.functions)} functions, {sum(calls.values())} call sites"
     if data:

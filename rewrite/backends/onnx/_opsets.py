@@ -7,7 +7,7 @@ from typing import Iterable, Mapping
 
 import onnx_ir as ir
 
-from rewrite._onnx_ir import inner_nodes
+from rewrite._shared.onnx_ir_nodes import inner_nodes
 
 FUNCTION_DOMAIN_VERSION = 1
 FUNCTION_VALUE_INFO_IR = 10

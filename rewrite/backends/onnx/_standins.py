@@ -27,8 +27,8 @@ import numpy as np
 import onnx_ir as ir
 from attrs import field, frozen
 
-from rewrite._onnx_ir import holds_graphs
-from rewrite.frontends.onnx import Expansion, NodeFacts, expanded_rows
+from rewrite._shared.onnx_ir_nodes import holds_graphs
+from rewrite.frontends.onnx.graph import Expansion, NodeFacts, expanded_rows
 from rewrite.grouping import GroupTree
 
 DOMAIN = "pkg.rewrite.standin"

@@ -40,7 +40,7 @@ from attrs import evolve, frozen
 from rewrite.backends.onnx.summary import FunctionId, label
 
 if TYPE_CHECKING:  # outlining imports this module (Outlined.variants)
-    from rewrite.backends.onnx.outlining import BodyKey, Key, NodeKey
+    from rewrite.backends.onnx._keys import BodyKey, Key, NodeKey
 
 Identity = tuple[str, str]
 """A group's ``(domain, base name)``: the functions made for it are one class."""

@@ -3,7 +3,7 @@
 ``torch.export`` and lowering keep one core busy for seconds; copying the weights is the
 kernel's work (``copy_file_range``) and the disk's. When a module's weights lie in files
 (``from_pretrained`` maps the safetensors shards), :func:`early_data` starts writing them,
-file to file, into the output's staging folder (:mod:`rewrite.outputs`) in a background
+file to file, into the output's staging folder (:mod:`rewrite.files.outputs`) in a background
 thread, in the module's own order, before the graph exists; then fsyncs them. Offsets
 follow the rule :func:`rewrite.backends.onnx.save.write_model` gives onnx_ir (packed, weights
 over 1 MiB at 64 KiB). The thread makes one ``copy_file_range`` call per weight and takes the
@@ -11,7 +11,7 @@ GIL only between them: onnx_ir's writer, Python at every step, waited for the ex
 thread at each (2.47 GB in 5 s instead of 1.6 s next to a busy thread).
 
 When the model is written, :meth:`EarlyData.placing` finds each initializer that is one of
-those file ranges (still provably equal to the file, :func:`rewrite._mapped.file_ranges`) in
+those file ranges (still provably equal to the file, :func:`rewrite.files.mapped.file_ranges`) in
 the data written early, and the writer refers to it there. It is used only when it covers the model
 exactly: every initializer over ``EXTERNAL_TENSOR_BYTES`` written early, and every
 byte written early used (no dead bytes in the output). Otherwise (a weight made in memory, a
@@ -31,8 +31,8 @@ from typing import TYPE_CHECKING, Iterator
 
 import onnx_ir as ir
 
-from rewrite._mapped import FileRange, file_ranges
-from rewrite.outputs import staging_folder
+from rewrite.files.mapped import FileRange, file_ranges
+from rewrite.files.outputs import staging_folder
 
 if TYPE_CHECKING:
     import torch

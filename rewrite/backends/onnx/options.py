@@ -73,7 +73,7 @@ class OnnxOptions:
     unnamed bodies stay unnamed there. Their ``namespace`` / ``name_scopes`` metadata stays."""
     check_weights: bool = True
     """Start checking the mapped ``.pt2``'s weights (checksums, on a thread) when lowering
-    begins, for the writer to wait on (``_mapped``). ``False`` for a lowering whose weights
+    begins, for the writer to wait on (``files.mapped``). ``False`` for a lowering whose weights
     are never handed on (``rewrite lock`` / ``verify`` / ``diff``): no weight is read."""
     external_data_threshold: int = field(default=EXTERNAL_DATA_THRESHOLD,
                                          validator=validators.ge(0))

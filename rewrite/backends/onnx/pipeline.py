@@ -1,4 +1,5 @@
-"""From a :class:`Result` to an ``onnx_ir.Model`` with functions: the backend's pipeline.
+"""From a :class:`~rewrite.grouping.Grouped` (a :class:`rewrite.Result`) to an
+``onnx_ir.Model`` with functions: the backend's pipeline.
 
 * ``.pt2`` / ExportedProgram: strategies tried in order (``OnnxOptions.lowering``), each
   returning a :class:`Lowered` or a :class:`NotHere` with its reason, like torch.onnx's
@@ -20,23 +21,27 @@
   (:mod:`finishing._merge`), onnxscript's optimizer once per distinct function body and
   over the main graph (``OnnxOptions.optimize``, :mod:`finishing._optimize`), equal
   functions merged, the opset imports fixed (:mod:`_opsets`).
-* ``.onnx`` / onnx_ir.Model: outlined with the tree ``apply`` made. A model the caller
-  gave is copied first (``Model.clone``: tensors shared; the input is never changed); one ``apply``
-  loaded from a path belongs to rewrite alone, so the first lowering outlines it as it is (no copy),
-  and later lowerings of the same result read the file again.
+* ``.onnx`` / onnx_ir.Model: outlined with the tree ``apply`` made, on a copy
+  (``Model.clone``: tensors shared): the model the result holds, given or loaded from a path,
+  is never changed, so every lowering of a result starts from the same model.
+
+A lowering runs holding :func:`rewrite._private.exclusive.exclusive` (torch's tracing and
+rewrite's swaps of private functions keep process-wide state while they run); the files a
+``.pt2``'s weights are views of (``Graph.mapped``) are handed on in :attr:`Lowered.mapped`,
+for the writer.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import TYPE_CHECKING, overload
 
 import onnx_ir as ir
 import torch
 from attrs import evolve, frozen
 
-from rewrite._gc import gc_paused
-from rewrite._mapped import start_checks
+from rewrite._private.exclusive import exclusive
+from rewrite._shared.gc import gc_paused
+from rewrite.files.mapped import MappedFile, start_checks
 from rewrite.backends.onnx._standins import MustInline, Plan
 from rewrite.backends.onnx.finishing import finish
 from rewrite.backends.onnx.lowering import (
@@ -46,7 +51,6 @@ from rewrite.backends.onnx.lowering import (
     export_program,
     functional,
     in_place,
-    quiet_exporter,
     regroup,
     regroup_with,
 )
@@ -59,7 +63,7 @@ from rewrite.grouping import GroupTree, group_graph
 from rewrite.ir import Graph
 
 if TYPE_CHECKING:
-    from rewrite.api import Result
+    from rewrite.grouping import Grouped
 
 
 @frozen
@@ -79,49 +83,43 @@ class Lowered:
     inlined: int | None = None
     """``per-body``: the number of grouped calls inlined (the first of each body, and those
     that could not stand in, see ``_standins``); the others were never materialized."""
+    mapped: tuple[MappedFile, ...] = ()
+    """The files the model's weights are views of, as the frontend mapped them (a ``.pt2``:
+    :attr:`rewrite.ir.Graph.mapped`): the writer copies those weights from them."""
 
 
 Lowering = Lowered
 """The former name of :class:`Lowered` (code outside the backend imports it)."""
 
-_OUTLINED = "rewrite.outlined"
-"""``Model.meta`` key: this model loaded from a path has been outlined in place."""
+def _onnx_copy(result: "Grouped") -> ir.Model:
+    """A copy of the result's ONNX model to outline in place (see the module docstring)."""
+    # outlining reads the copy's main-graph nodes in order, as the tree's ONNX nodes; the
+    # copy shares the tensors (most of its cost was the garbage collector)
+    with gc_paused():
+        return result.tree.graph.source.clone()
 
 
-def _onnx_model(result: "Result") -> tuple[ir.Model, GroupTree]:
-    """The ONNX model to outline in place, and its tree (see the module docstring)."""
-    tree = result.tree
-    if not isinstance(result.model, (str, Path)):
-        # outlining reads the copy's main-graph nodes in order, as the tree's ONNX nodes;
-        # the copy shares the tensors (most of its cost was the garbage collector)
-        with gc_paused():
-            return tree.graph.source.clone(), tree
-    model: ir.Model = tree.graph.source
-    if model.meta.get(_OUTLINED):  # read the file again and group it as ``apply`` did
-        tree = group_graph(result.rules, load_graph(result.model))
-        model = tree.graph.source
-    model.meta[_OUTLINED] = True
-    return model, tree
-
-
-def lower(result: "Result", options: OnnxOptions | None = None,
+def lower(result: "Grouped", options: OnnxOptions | None = None,
           progress: Progress | None = None) -> Lowered:
-    """Lower ``result`` (see the module docstring)."""
+    """Lower ``result`` (see the module docstring); ``result`` is left as it was."""
     options = options or OnnxOptions()
     progress = progress or SILENT
     tree = result.tree
     source = tree.graph.source
     if tree.graph.kind == "onnx":
-        return outline_in_place(*_onnx_model(result), options, progress)
+        with exclusive():
+            return outline_in_place(_onnx_copy(result), tree, options, progress)
     if not isinstance(source, torch.export.ExportedProgram):
         raise InputError(
             "ONNX output needs an ExportedProgram, a .pt2 file or an ONNX model; export this "
             "GraphModule with torch.export.export first"
         )
     if options.check_weights:
-        start_checks([*source.state_dict.values(), *source.constants.values()])  # see _mapped
-    return _finished(_lower_program(result, source, options, progress), options, progress,
-                     options.optimize)
+        start_checks(tree.graph.mapped)  # see files.mapped
+    with exclusive():
+        lowered = _lower_program(result, source, options, progress)
+        return evolve(_finished(lowered, options, progress, options.optimize),
+                      mapped=tree.graph.mapped)
 
 
 def outline_in_place(model: ir.Model, tree: GroupTree, options: OnnxOptions,
@@ -180,7 +178,7 @@ class NotHere:
         return first_line(self.error) if self.error is not None else ""
 
 
-def _lower_program(result: "Result", program: torch.export.ExportedProgram,
+def _lower_program(result: "Grouped", program: torch.export.ExportedProgram,
                    options: OnnxOptions, progress: Progress) -> Lowered:
     """ONNX ops for ``program`` grouped like ``result.tree``, outlined: the strategies of
     ``options.lowering`` tried in order (per body, :func:`_per_body`; the flat program,
@@ -202,7 +200,7 @@ def _lower_program(result: "Result", program: torch.export.ExportedProgram,
     raise AssertionError("the flat strategy applies to every program")
 
 
-def _flat(result: "Result", program: torch.export.ExportedProgram, tree: GroupTree,
+def _flat(result: "Grouped", program: torch.export.ExportedProgram, tree: GroupTree,
           options: OnnxOptions, progress: Progress) -> Lowered:
     """``torch.onnx.export`` of the flat program, grouped again (:mod:`lowering._regroup`),
     outlined."""
@@ -214,7 +212,7 @@ def _flat(result: "Result", program: torch.export.ExportedProgram, tree: GroupTr
     return Lowered(exported.model, onnx_tree, outlined, tuple(warnings), "flat")
 
 
-def _per_body(result: "Result", program: torch.export.ExportedProgram, tree: GroupTree,
+def _per_body(result: "Grouped", program: torch.export.ExportedProgram, tree: GroupTree,
               options: OnnxOptions, progress: Progress) -> Lowered | NotHere:
     """Each distinct body decomposed and translated once (:mod:`lowering._perbody`; a program with
     in-place ops first in its functional form, grouped again), or why not."""
@@ -225,14 +223,13 @@ def _per_body(result: "Result", program: torch.export.ExportedProgram, tree: Gro
                 program, tree = _functional(result, program)
         with progress.step("torch.onnx: decomposing each distinct body once"):
             check(program)
-            with quiet_exporter():
-                decomposed = DecomposedProgram(program, tree, options.custom_translation_table)
+            decomposed = DecomposedProgram(program, tree, options.custom_translation_table)
         return _inlining_until_all_fit(result, decomposed, options, progress)
     except NOT_HERE as e:
         return NotHere(e, program, tree)
 
 
-def _inlining_until_all_fit(result: "Result", decomposed: DecomposedProgram,
+def _inlining_until_all_fit(result: "Grouped", decomposed: DecomposedProgram,
                             options: OnnxOptions, progress: Progress) -> Lowered:
     """The one loop of the per-body path: translate with the first call of each body and the
     calls in ``must_inline`` inlined, the others standing in where they can (not under the
@@ -250,14 +247,13 @@ def _inlining_until_all_fit(result: "Result", decomposed: DecomposedProgram,
         must_inline = grown
 
 
-def _translate_and_outline(result: "Result", decomposed: DecomposedProgram,
+def _translate_and_outline(result: "Grouped", decomposed: DecomposedProgram,
                            options: OnnxOptions,
                            progress: Progress, must_inline: frozenset[int]
                            ) -> Lowered | MustInline:
     """One round of :func:`_inlining_until_all_fit`."""
     again = f", {len(must_inline)} more calls inlined" if must_inline else ""
-    with progress.step(f"torch.onnx: translating each distinct body once{again}"), \
-            quiet_exporter():
+    with progress.step(f"torch.onnx: translating each distinct body once{again}"):
         lowered = decomposed.translate(must_inline, stand_ins=options.constants != "input")
     if isinstance(lowered, MustInline):
         return lowered
@@ -273,12 +269,11 @@ def _translate_and_outline(result: "Result", decomposed: DecomposedProgram,
                     planned.inlined)
 
 
-def _functional(result: "Result", program: torch.export.ExportedProgram
+def _functional(result: "Grouped", program: torch.export.ExportedProgram
                 ) -> tuple[torch.export.ExportedProgram, GroupTree]:
     """``program`` without in-place ops (:func:`lowering.functional`), grouped with the same
     rules (its nodes are new; module stacks and tags are kept)."""
-    with quiet_exporter():
-        program = functional(program)
+    program = functional(program)
     return program, group_graph(result.rules, load_graph(program))
 
 

@@ -2,15 +2,17 @@
 
 Above a size threshold the weights go to external data beside the model (``OUT.onnx.data``,
 or numbered chunks of at most ``chunk`` bytes). A weight that is a view of a mapped file (a
-``.pt2`` weight, a safetensors shard transformers mapped: :mod:`rewrite._mapped`) or already
-external (an ``.onnx`` input's data) is written by onnx_ir as an
-:class:`onnx_ir.ExternalTensor`: ``copy_file_range``, file to file, never through the
-process's memory; other tensors are written from where they are (no intermediate copy).
+``.pt2`` weight, in the file the lowering hands on with the model; a safetensors shard
+transformers mapped: :mod:`rewrite.files.mapped`) or already external (an ``.onnx``
+input's data) is written by onnx_ir as an :class:`onnx_ir.ExternalTensor`:
+``copy_file_range``, file to file, never through the process's memory; other tensors are
+written from where they are (no intermediate copy).
 The summary note says how many went file to file. Large tensors start at 64 KiB-aligned
 offsets, so runtimes can map them. Weights under ``EXTERNAL_TENSOR_BYTES`` stay in the model
 whatever the threshold. The model and its data files are written in a staging folder beside
-the output and published crash-safe (:func:`rewrite.outputs.publish`): killed at any instant,
-the output is the old pair or the new one, never a mix.
+the output and published crash-safe (:func:`rewrite.files.outputs.publish`): killed at any instant,
+the output is the old pair or the new one, never a mix. Files that belong with the model
+(``beside``: ``genai_config.json``, tokenizer files) are staged and published with it.
 """
 
 from __future__ import annotations
@@ -18,17 +20,17 @@ from __future__ import annotations
 import contextlib
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Iterator
+from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
 import onnx
 import onnx_ir as ir
 
-from rewrite._mapped import FileRange, file_ranges, verify
+from rewrite.files.mapped import FileRange, MappedFile, file_ranges, verify
 from rewrite._private.onnx_files import chunk_names
 from rewrite.backends.onnx.early_data import EarlyData, early_data
 from rewrite.backends.onnx.progress import SILENT, Progress
 from rewrite.errors import InputError
-from rewrite.outputs import Staged, publish, staging_folder
+from rewrite.files.outputs import Beside, Staged, publish, staging_folder
 
 if TYPE_CHECKING:
     import torch
@@ -56,12 +58,6 @@ def _initializers(model: ir.Model) -> list[ir.Value]:
             if v.const_value is not None]
 
 
-def verify_weights(model: ir.Model) -> None:
-    """Wait for the checksums of the input file the model's weights are views of (an
-    ``InputError`` if it is corrupt): before they are written or handed on."""
-    verify(getattr(v.const_value, "raw", None) for v in _initializers(model))
-
-
 def data_path(output: str | Path) -> Path:
     """Where external data of ``output`` goes: ``OUT.onnx.data`` beside it."""
     out = Path(output)
@@ -70,7 +66,7 @@ def data_path(output: str | Path) -> Path:
 
 def by_reference(tensor: ir.TensorProtocol, where: FileRange | None) -> ir.TensorProtocol:
     """``tensor`` as an external tensor over ``where``, the file range its bytes lie in
-    (:func:`rewrite._mapped.file_ranges` of its ``raw``); else ``tensor``."""
+    (:func:`rewrite.files.mapped.file_ranges` of its ``raw``); else ``tensor``."""
     if where is None or where.length != tensor.nbytes:
         return tensor
     return ir.ExternalTensor(where.path.name, where.offset, where.length, tensor.dtype,
@@ -91,13 +87,21 @@ def weights_early(module: "torch.nn.Module", output: Path, *, threshold: int,
 
 def write_model(model: ir.Model, output: str | Path, *, threshold: int,
                 chunk: int | None = None, progress: Progress = SILENT,
-                early: EarlyData | None = None) -> list[Path]:
+                early: EarlyData | None = None,
+                check: Callable[[Path], str] | None = None,
+                beside: Beside = Beside(),
+                mapped: Sequence[MappedFile] = ()) -> list[Path]:
     """Write ``model`` to ``output``; returns the external data files written (none when
     the weights are embedded: at most ``threshold`` bytes and no ``chunk`` given).
     ``early``: its weights written while the model was made (:func:`weights_early`), used
-    when they are exactly the model's."""
+    when they are exactly the model's. ``check``: run on the staged model file before it is
+    published (its note is reported; what it raises leaves the output as it was).
+    ``beside``: files published with the model.
+    ``mapped``: the files the model's weights may be views of, as the frontend mapped them
+    (``Lowered.mapped``), checked before they are copied (an ``InputError`` if one is
+    corrupt)."""
     out = Path(output)
-    verify_weights(model)
+    verify(mapped)
     total = tensor_bytes(model)
     external = total > threshold or chunk is not None
     if not external and total > MAX_PROTO_BYTES:
@@ -108,7 +112,8 @@ def write_model(model: ir.Model, output: str | Path, *, threshold: int,
             staged = folder / out.name
             if external:
                 with progress.step("writing weights"):
-                    note = _save_external(model, staged, total, chunk, progress, early)
+                    note = _save_external(model, staged, total, chunk, progress, early,
+                                          mapped)
                 progress.note(note)
             else:
                 if early is not None:  # embedded after all: the early data is not needed
@@ -117,16 +122,23 @@ def write_model(model: ir.Model, output: str | Path, *, threshold: int,
                     ir.save(model, staged)
             data = tuple(sorted(p.name for p in folder.iterdir()  # empty: no tensor in it
                                 if p.name != out.name and p.stat().st_size))
+            if check is not None:
+                with progress.step("checking the written model against eager PyTorch"):
+                    progress.note(check(staged))
             first = _reading_folder(staged, folder.name) if data else None
-            publish(out, Staged(folder, staged, first, data), stale=_stale_data(out))
+            for companion in beside.files:
+                companion.write(folder)
+            companions = tuple(c.name for c in beside.files)
+            publish(out, Staged(folder, staged, first, data, companions),
+                    stale=[*_stale_data(out), *beside.stale])
             return [out.parent / name for name in data]
     except OSError as e:
-        raise InputError(f"{out}: cannot write ({e.strerror or e})") from None
+        raise InputError(f"{out}: cannot write ({e.strerror or e})") from e
 
 
 def _reading_folder(model: Path, folder: str) -> Path:
     """A copy of the saved ``model`` whose external data is read inside ``folder`` (the
-    staging folder, beside the output): the model published first (:mod:`rewrite.outputs`)."""
+    staging folder, beside the output): the model published first (:mod:`rewrite.files.outputs`)."""
     proto = onnx.load(str(model), load_external_data=False)
     for graph in _graphs(proto.graph):  # onnx_ir writes initializers only as external data
         for tensor in graph.initializer:
@@ -158,12 +170,13 @@ def _stale_data(output: Path) -> list[str]:
 
 
 @contextlib.contextmanager
-def _weights_by_reference(model: ir.Model) -> Iterator[str]:
-    """Within the block, the model's initializers that lie in a mapped file are
+def _weights_by_reference(model: ir.Model, mapped: Sequence[MappedFile]) -> Iterator[str]:
+    """Within the block, the model's initializers that lie in a mapped file (one of
+    ``mapped``, or another found by :func:`file_ranges`) are
     :class:`onnx_ir.ExternalTensor`\\ s over it (the model is restored afterwards); yields
     how many (``12 of 14 tensors (0.52 GB) copied file to file``)."""
     def over_files(tensors: list) -> list:
-        ranges = file_ranges([getattr(t, "raw", None) for t in tensors])
+        ranges = file_ranges([getattr(t, "raw", None) for t in tensors], mapped)
         return [by_reference(t, where) for t, where in zip(tensors, ranges)]
 
     with _swapped(model, over_files) as swapped:
@@ -203,7 +216,8 @@ def _staging(output: Path, early: EarlyData | None
 
 
 def _save_external(model: ir.Model, staged: Path, total: int, chunk: int | None,
-                   progress: Progress, early: EarlyData | None) -> str:
+                   progress: Progress, early: EarlyData | None,
+                   mapped: Sequence[MappedFile]) -> str:
     """Tensors of ``EXTERNAL_TENSOR_BYTES`` or more go to the data file(s); smaller ones
     (shapes, axes, scalars: what shape inference reads) stay in the model. The model's
     weights written early are used when they are exactly those; else they are written now,
@@ -220,7 +234,7 @@ def _save_external(model: ir.Model, staged: Path, total: int, chunk: int | None,
                 f"({gb / max(early.seconds, 1e-9):.2f} GB/s, synced; waited "
                 f"{time.perf_counter() - start:.1f}s); {len(early.offsets)} of {len(places)} "
                 f"tensors ({gb:.2f} GB) copied file to file")
-    with _weights_by_reference(model) as copied:
+    with _weights_by_reference(model, mapped) as copied:
         ir.save(model, staged, external_data=data_path(staged).name,
                 size_threshold_bytes=EXTERNAL_TENSOR_BYTES, max_shard_size_bytes=chunk,
                 alignment=ALIGNMENT, callback=_byte_counter(total, progress))

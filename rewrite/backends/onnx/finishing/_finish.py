@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 import onnx_ir as ir
 
-from rewrite._gc import gc_paused
+from rewrite._shared.gc import gc_paused
 from rewrite.backends.onnx.finishing._passes import (
     DropBodyNodeNames,
     Finishing,

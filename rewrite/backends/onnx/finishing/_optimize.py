@@ -33,10 +33,9 @@ from typing import Collection, Iterator
 import onnx_ir as ir
 from onnxscript.optimizer import optimize_ir
 
-from rewrite._logs import muted
 from rewrite._private.errors import library_code
 from rewrite.backends.onnx.summary import FunctionId
-from rewrite.errors import DependencyError, first_line
+from rewrite.errors import LibraryError
 
 
 def optimize(model: ir.Model, made: Collection[FunctionId], *, fold_weights: bool = True
@@ -47,14 +46,12 @@ def optimize(model: ir.Model, made: Collection[FunctionId], *, fold_weights: boo
     functions = dict(model.functions)
     where = "the main graph"
 
-    def failed(e: Exception) -> DependencyError:
-        cause = first_line(e) or type(e).__name__
-        return DependencyError(f"onnxscript's optimizer failed on {where}: {cause}; lower "
-                               "without it (rewrite apply --no-optimize, "
-                               "OnnxOptions(optimize=False))")
+    def failed(e: Exception) -> LibraryError:
+        return LibraryError("onnxscript", f"optimizing {where} (lower without its optimizer: "
+                            "rewrite apply --no-optimize, OnnxOptions(optimize=False))", e)
 
-    try:  # the optimizer's errors: DependencyError; rewrite's own (a bug) surface
-        with library_code(failed), muted("onnxscript", "onnx_ir"):
+    try:  # the optimizer's errors: LibraryError (exit 3); rewrite's own (a bug) surface
+        with library_code(failed):
             for fid, function in functions.items():
                 if fid in made:
                     where = f"function {fid[0]}::{fid[1]}"

@@ -15,7 +15,7 @@ turns into a :class:`~rewrite.backends.onnx.pipeline.NotHere`):
 is, never lowered).
 """
 
-from rewrite.backends.onnx.lowering._flat import export_program, quiet_exporter
+from rewrite.backends.onnx.lowering._flat import export_program
 from rewrite.backends.onnx.lowering._invoke_subgraph import Unsupported
 from rewrite.backends.onnx.lowering._perbody import (
     Translation,
@@ -34,4 +34,4 @@ own code failing on it (:class:`TorchFailed`)."""
 
 __all__ = ["NOT_HERE", "Translation", "DecomposedProgram", "TorchFailed", "Unavailable",
            "Unsupported", "check", "export_program", "functional", "in_place",
-           "quiet_exporter", "regroup", "regroup_with"]
+           "regroup", "regroup_with"]

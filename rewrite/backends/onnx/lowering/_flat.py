@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, ContextManager, Mapping
+from typing import TYPE_CHECKING, Mapping
 
 import torch
 from attrs import frozen
 
-from rewrite._logs import muted
+from rewrite.errors import library_call
 from rewrite.backends.onnx.lowering._torch_failure import torch_onnx_failure
 from rewrite.errors import InputError
 
@@ -24,22 +24,14 @@ class Exported:
     """The program after ``run_decompositions``: ONNX node metadata names its nodes."""
 
 
-def quiet_exporter() -> ContextManager[None]:
-    """Mute the exporter's log chatter (torchvision notices, failed folding attempts)."""
-    return muted("torch.onnx", "onnxscript")
-
-
 def export_program(program: torch.export.ExportedProgram, *, optimize: bool = True,
                    custom_translation_table: Mapping | None = None) -> Exported:
     """``torch.onnx.export(program, dynamo=True, optimize=optimize)``; decomposes only once."""
-    try:
-        with quiet_exporter():
-            onnx_program = torch.onnx.export(
-                program, dynamo=True, optimize=optimize, verbose=False, report=False,
-                custom_translation_table=custom_translation_table,
-            )
-    except Exception as e:  # the exporter raises its own error types; all mean "cannot lower"
-        raise torch_onnx_failure(e) from e
+    with library_call("torch.onnx", "converting the program", torch_onnx_failure):
+        onnx_program = torch.onnx.export(
+            program, dynamo=True, optimize=optimize, verbose=False, report=False,
+            custom_translation_table=custom_translation_table,
+        )
     decomposed = onnx_program.exported_program
     if decomposed is None:  # pragma: no cover - torch always records it
         raise InputError("torch.onnx.export did not record the program it translated")

@@ -4,7 +4,7 @@
 The outermost groups whose bodies repeat become calls of one shared subgraph per distinct
 body: ``torch.ops.higher_order.invoke_subgraph(body, identifier, *inputs)``, weights and every
 value from outside passed as inputs (:func:`rebuild`). Bodies are the same when their nodes
-are (ops, arguments, scalars; the shapes and types of their inputs: ``_fx_keys.body_key``),
+are (ops, arguments, scalars; the shapes and types of their inputs: ``_shared.fx_keys.body_key``),
 their groups are (which body node sits in which group of the subtree, by position; the groups'
 function names and domains), their nodes' tags are, and the same nodes leave the body
 (:func:`_group_key`). Calls of one body then give the same function (all but the first are
@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from attrs import frozen
 
-from rewrite._fx_keys import body_key
+from rewrite._shared.fx_keys import body_key
 from rewrite._private.torch_graphs import (
     is_higher_order,
     is_metadata_only,

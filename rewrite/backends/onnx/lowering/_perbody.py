@@ -42,7 +42,7 @@ import torch
 from attrs import evolve, field, frozen
 from onnx_ir.passes import common as common_passes
 
-from rewrite._gc import gc_paused
+from rewrite._shared.gc import gc_paused
 from rewrite._private import torch_exporter
 from rewrite._private.errors import Unavailable, torch_code
 from rewrite._private.torch_graphs import is_higher_order, is_in_place
@@ -59,7 +59,7 @@ from rewrite.backends.onnx._standins import (
 )
 from rewrite.backends.onnx.lowering._invoke_subgraph import Unsupported, rebuild
 from rewrite.backends.onnx.lowering._provenance import nearest, node_facts
-from rewrite.frontends.onnx import (
+from rewrite.frontends.onnx.graph import (
     CLASS_HIERARCHY,
     NAME_SCOPES,
     NAMESPACE,
@@ -235,7 +235,9 @@ class _Translator:
         uncopied = [i for i in standing if templates[calls[i].first] is None]
         if uncopied:
             return MustInline(uncopied, "a first call's inlined nodes cannot be copied")
-        at = {f: [facts.position(f, n) for n in templates[f].nodes] for f in firsts}
+        # a first call whose stand-ins were all inlined (inside another body) needs no copy
+        templates = {f: t for f, t in templates.items() if t is not None}
+        at = {f: [facts.position(f, n) for n in t.nodes] for f, t in templates.items()}
         expansions = {}
         for index, node in standing.items():
             first = calls[index].first

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any, Mapping, TypeVar
 
 import torch
 
-from rewrite.frontends.onnx import NodeFacts, onnx_target
+from rewrite.frontends.onnx.graph import NodeFacts, onnx_target
 
 if TYPE_CHECKING:
     import onnx_ir as ir

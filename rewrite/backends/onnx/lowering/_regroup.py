@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Mapping
 from rewrite.backends.onnx.lowering._provenance import nearest, node_facts
 from rewrite.compile import RuleSet
 from rewrite.errors import Diagnostic
-from rewrite.frontends.fx import from_exported_program
-from rewrite.frontends.onnx import (
+from rewrite.frontends.fx.graph import from_exported_program
+from rewrite.frontends.onnx.graph import (
     Expansion,
     NodeFacts,
     Resolver,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 
-from rewrite.errors import DependencyError, causes
+from rewrite.errors import InputError, causes
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _STEP = re.compile(r"This is step (\d)/(\d)")
@@ -19,9 +19,10 @@ _MAX_CAUSES = 4
 _MAX_LINE = 400
 
 
-def torch_onnx_failure(error: BaseException) -> DependencyError:
-    """The :class:`DependencyError` for a failed ``torch.onnx.export``: which step of torch's
-    exporter failed (not the rules), then one line per cause, the root cause last."""
+def torch_onnx_failure(error: BaseException) -> InputError:
+    """The :class:`InputError` for a program ``torch.onnx.export`` rejects (an op it cannot
+    translate, a shape it cannot decompose): which step of torch's exporter failed (not the
+    rules), then one line per cause, the root cause last."""
     chain = causes(error)
     head = _first_line(chain[0])
     step = _STEP.search(head)
@@ -36,7 +37,7 @@ def torch_onnx_failure(error: BaseException) -> DependencyError:
     if len(said) > _MAX_CAUSES:  # the outermost wrappers say least; keep the root causes
         said = said[-_MAX_CAUSES:]
     lines += [f"  cause: {c}" for c in said]
-    return DependencyError("\n".join(lines))
+    return InputError("\n".join(lines))
 
 
 def _first_line(error: BaseException) -> str:

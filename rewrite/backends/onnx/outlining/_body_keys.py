@@ -26,49 +26,17 @@ from __future__ import annotations
 import hashlib
 import heapq
 from collections import ChainMap
-from typing import Callable, Hashable, Mapping, NamedTuple
+from typing import Callable, Mapping
 
 import onnx_ir as ir
 
-from rewrite._onnx_ir import holds_graphs
+from rewrite._shared.onnx_ir_nodes import holds_graphs
+from rewrite.backends.onnx._keys import BodyKey, Key, NodeKey, Refs
 from rewrite._private.onnx_ir_attrs import attribute_dict
 
-Key = Hashable
 _KIND_NAMES = {kind: kind.name for kind in ir.AttributeType}
 _SCALARS = (ir.AttributeType.INT, ir.AttributeType.STRING)
 _LISTS = (ir.AttributeType.INTS, ir.AttributeType.STRINGS)
-Refs = Mapping[int, Key]
-"""``id(value)`` -> how the body refers to it."""
-
-
-class NodeKey(NamedTuple):
-    """A member's key: :meth:`Keyer.head` (domain, op, overload, number of outputs), then what
-    it reads (:meth:`Keyer.input` per input) and its attributes (sorted ``(name, key)``)."""
-
-    domain: str
-    op_type: str
-    overload: str
-    outputs: int
-    inputs: tuple
-    attributes: tuple
-
-    @property
-    def head(self) -> tuple[str, str, str, int]:
-        """:meth:`Keyer.head` of the node."""
-        return (self.domain, self.op_type, self.overload, self.outputs)
-
-
-class BodyKey(NamedTuple):
-    """A function body's key (:meth:`Keyer.body`)."""
-
-    identity: tuple[str, str]
-    """The group's domain and base name."""
-    nodes: tuple[NodeKey, ...]
-    """The members' keys, in member order."""
-    returned: tuple
-    """How the body refers to each value it returns."""
-    types: tuple[tuple[str, str], ...]
-    """:meth:`Keyer.types` of its inputs."""
 
 
 class Keyer:
@@ -259,7 +227,7 @@ def canonical_order(
 def _read_values(node: ir.Node):
     yield from (v for v in node.inputs if v is not None)
     if holds_graphs(node):
-        from rewrite._onnx_ir import subgraph_captures
+        from rewrite._shared.onnx_ir_nodes import subgraph_captures
 
         yield from subgraph_captures(node)
 

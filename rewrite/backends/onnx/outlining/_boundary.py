@@ -10,7 +10,7 @@ from typing import Collection, Mapping
 
 import onnx_ir as ir
 
-from rewrite._onnx_ir import graph_kinds, holds_graphs, inner_nodes, subgraph_captures
+from rewrite._shared.onnx_ir_nodes import graph_kinds, holds_graphs, inner_nodes, subgraph_captures
 from rewrite._private.onnx_ir_attrs import attribute_dict
 
 

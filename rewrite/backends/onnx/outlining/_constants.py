@@ -11,7 +11,7 @@ the graph's ``pkg.torch.export.ExportedProgram.graph_signature``, and initialize
 folded from one of those (``pkg.onnxscript.optimizer.folded_from``, e.g. a transposed weight).
 Everything else was made by the export or its optimizer (shapes, scales, masks); an initializer
 of no known origin (another producer's file, a quantizer's new weights) is a weight when it looks
-like one (``_onnx_ir.looks_like_weight``: not a scalar, not an index or mask type).
+like one (``_shared.onnx_ir_nodes.looks_like_weight``: not a scalar, not an index or mask type).
 
 Each function that reads such a value gets its own ``Constant`` node, so functions never
 depend on nodes hoisted or shared across blocks by the optimizer; the value is part of the
@@ -32,7 +32,7 @@ import onnx_ir as ir
 from attrs import frozen
 
 from rewrite.backends.onnx.outlining._membership import Membership
-from rewrite._onnx_ir import looks_like_weight
+from rewrite._shared.onnx_ir_nodes import looks_like_weight
 from rewrite.backends.onnx.options import OnnxOptions
 from rewrite.backends.onnx.outlining._body_keys import Key, Keyer
 
@@ -50,7 +50,7 @@ def weight_names(model: ir.Model) -> set[str]:
     """Names of the torch program's parameters, buffers and lifted constants."""
     signature = model.graph.metadata_props.get(SIGNATURE_KEY, "")
     # bytes when the file's text is not UTF-8 (a corrupt file): no names from it here; writing
-    # the model refuses it (``frontends.onnx_check.unwritable_input``)
+    # the model refuses it (``frontends.onnx.check.unwritable_input``)
     names = set(_TARGET.findall(signature)) if isinstance(signature, str) else set()
     for name, value in model.graph.initializers.items():
         if any(mark in value.metadata_props for mark in WEIGHT_MARKS):

@@ -9,7 +9,7 @@ from typing import Iterable, Iterator
 import onnx_ir as ir
 
 from rewrite.errors import GroupingError
-from rewrite.frontends.onnx import NAMESPACE
+from rewrite.frontends.onnx.graph import NAMESPACE
 from rewrite.grouping import Group
 
 RULE_KEY = "pkg.rewrite.rule"

@@ -29,7 +29,7 @@ import onnx_ir as ir
 import onnx_ir.passes.common
 from attrs import field, frozen
 
-from rewrite._gc import gc_paused
+from rewrite._shared.gc import gc_paused
 from rewrite.backends.onnx._opsets import fix_opsets
 from rewrite.backends.onnx._standins import MustInline, Plan, Reuse
 from rewrite.backends.onnx.distinct import Variant

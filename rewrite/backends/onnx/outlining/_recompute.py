@@ -26,7 +26,7 @@ import onnx_ir as ir
 from rewrite.backends.onnx.outlining._boundary import detach, owners
 from rewrite.backends.onnx.outlining._constants import is_weight
 from rewrite.backends.onnx.outlining._membership import Membership
-from rewrite._onnx_ir import holds_graphs
+from rewrite._shared.onnx_ir_nodes import holds_graphs
 
 LIMIT = 8
 """Most nodes copied for one shared value."""

@@ -1,0 +1,432 @@
+"""Blockwise int4 weights in a lowered model, one function per layer class kept.
+
+:func:`quantize_int4` (and :class:`QuantizeInt4`, the same as an onnx_ir pass) rewrites,
+in the main graph and in every function body, each ``MatMul`` whose weight operand is a
+2-D float weight (``MatMul(x, W)``, or ``MatMul(x, Transpose(W))``: a Linear's ``[out,
+in]`` weight) into ``MatMul(x, DequantizeLinear(q, scale[, zero_point], axis=0,
+block_size=B))`` (opset 21). The weight is found where it arrives:
+
+- in the main graph, an initializer (the lm_head's); its other uses (a tied embedding's
+  ``Gather``) keep the float initializer, which stays only for them;
+- in a function, one of its inputs, when every use of that input is such a weight operand
+  (or is passed on to a function whose input is one), and either every call is in the main
+  graph and passes a 2-D float initializer (an *entry*: the decoder layer) or every call is
+  in a function and passes an input of it that is quantized (*inner*: the attention or MLP
+  inside the layer). An entry takes ``q`` in that input's place and ``scale`` (and
+  ``zero_point``) as new inputs at its end, every call passing the main graph's quantized
+  initializers, and dequantizes: before the MatMul when the MatMul is in its own body,
+  else before the call that passes the weight on (onnxruntime 1.32 refuses a 4-bit value
+  passed from a function to another, and has no 4-bit ``Identity``); an inner input then
+  receives the float ``[K, N]`` weight (its ``Transpose`` goes). Either way one body
+  serves every layer of its class, and once onnxruntime inlines the functions the
+  ``DequantizeLinear`` feeds the ``MatMul`` directly.
+- a plain ``Gemm`` (GPT-2's Conv1D) whose B is such a weight becomes ``MatMul`` + ``Add``.
+
+The quantized tensors are stored ``[K, N]`` (in, out), blocks along K (axis 0): what
+onnxruntime fuses with the ``MatMul`` into ``MatMulNBits`` after it inlines the functions
+(:mod:`_blockwise` computes them when they are written, one weight at a time). A float
+initializer no use reads any more is dropped. What is quantized and what is not is
+returned as :class:`Quantized`.
+"""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+import onnx_ir as ir
+from attrs import frozen
+
+from rewrite.backends.onnx._blockwise import Blockwise
+
+OPSET = 21
+"""The first opset of ``DequantizeLinear`` with ``block_size`` and of int4 / uint4."""
+FLOATS = (ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16)
+
+FunctionId = tuple[str, str, str]
+Slot = tuple[FunctionId, int]
+"""A function's input, by position."""
+Container = "ir.Graph | ir.Function"
+
+
+@frozen
+class Quantized:
+    """What :func:`quantize_int4` did."""
+
+    weights: int
+    """Main-graph initializers quantized."""
+    in_functions: dict[str, int]
+    """Function name -> MatMuls of its body that now dequantize their weight."""
+    in_main: int
+    """MatMuls of the main graph that now dequantize their weight (the lm_head)."""
+    kept_float: tuple[str, ...]
+    """Float initializers still in the model with more than one dimension (embeddings)."""
+    block: int
+    symmetric: bool
+
+    def note(self) -> str:
+        kind = "int4, symmetric" if self.symmetric else "uint4 with zero points"
+        bodies = ", ".join(f"{name} {n}" for name, n in sorted(self.in_functions.items()))
+        kept = ", ".join(self.kept_float) or "none"
+        return (f"int4 ({kind}, blocks of {self.block}, round to nearest): {self.weights} "
+                f"weights; MatMuls dequantizing in functions: {bodies or 'none'}; in the "
+                f"main graph: {self.in_main}; kept in float: {kept}")
+
+
+class QuantizeInt4(ir.passes.InPlacePass):
+    """:func:`quantize_int4` as an onnx_ir pass."""
+
+    def __init__(self, block: int = 32, symmetric: bool = True) -> None:
+        super().__init__()
+        self.block, self.symmetric = block, symmetric
+        self.result: Quantized | None = None
+
+    def call(self, model: ir.Model) -> ir.passes.PassResult:
+        self.result = quantize_int4(model, block=self.block, symmetric=self.symmetric)
+        return ir.passes.PassResult(model, modified=self.result.weights > 0)
+
+
+def quantize_int4(model: ir.Model, *, block: int = 32, symmetric: bool = True) -> Quantized:
+    """Quantize ``model``'s MatMul weights in place (see the module); what was done."""
+    functions = {f.identifier(): f for f in model.functions.values()}
+    calls, opaque = _call_sites(model, functions)
+    slots = _quantizable_slots(model, functions, calls, opaque)
+    rewriter = _Rewriter(model, functions, slots, calls, block, symmetric)
+    rewriter.run()
+    if rewriter.initializers.created:
+        _raise_opsets(model)
+    made = {v.name for values in rewriter.initializers.created.values() for v in values}
+    kept = tuple(sorted(
+        name for name, v in model.graph.initializers.items()
+        if name not in made and v.const_value is not None
+        and v.const_value.dtype in FLOATS and len(v.const_value.shape) >= 2))
+    return Quantized(len(rewriter.initializers.created), dict(rewriter.in_functions),
+                     rewriter.in_main, kept, block, symmetric)
+
+
+def _containers(model: ir.Model) -> Iterator[Container]:
+    yield model.graph
+    yield from model.functions.values()
+
+
+def _top(container: Container) -> ir.Graph:
+    return container if isinstance(container, ir.Graph) else container.graph
+
+
+def _callee(node: ir.Node) -> FunctionId:
+    return (node.domain, node.op_type, node.overload)
+
+
+def _call_sites(model: ir.Model, functions: dict[FunctionId, ir.Function]
+                ) -> tuple[dict[FunctionId, list[tuple[Container, ir.Node]]], set[FunctionId]]:
+    """Each function's calls (with the graph or function they are in), and the functions
+    also called from a subgraph (``If``, ``Loop``: their inputs are not quantized)."""
+    calls: dict[FunctionId, list[tuple[Container, ir.Node]]] = {f: [] for f in functions}
+    opaque: set[FunctionId] = set()
+    for container in _containers(model):
+        top = _top(container)
+        for node in ir.traversal.RecursiveGraphIterator(top):
+            callee = _callee(node)
+            if callee not in functions:
+                continue
+            if node.graph is top:
+                calls[callee].append((container, node))
+            else:
+                opaque.add(callee)
+    return calls, opaque
+
+
+def _weight_use(node: ir.Node, index: int) -> str | None:
+    """``"KN"``: the use is a MatMul's weight operand; ``"NK"``: a ``Transpose`` whose every
+    use is one (a Linear's weight); else None."""
+    if node.op_type == "MatMul" and node.domain == "" and index == 1:
+        return "KN"
+    if node.op_type == "Gemm" and node.domain == "" and index == 1 and _plain_gemm(node):
+        return "KN"  # GPT-2's Conv1D: x @ W + b, W [in, out]
+    if node.op_type != "Transpose" or node.domain != "" or index != 0:
+        return None
+    perm = node.attributes.get("perm")
+    output = node.outputs[0]
+    if perm is None or list(perm.as_ints()) != [1, 0] or output.is_graph_output():
+        return None
+    uses = list(output.uses())
+    if uses and all(u.op_type == "MatMul" and u.domain == "" and i == 1 for u, i in uses):
+        return "NK"
+    return None
+
+
+def _plain_gemm(node: ir.Node) -> bool:
+    """A ``Gemm`` that is ``A @ B + C`` (no transposes, factors of 1)."""
+    def attribute(name: str, default: float) -> float:
+        found = node.attributes.get(name)
+        return default if found is None else found.value
+    return (attribute("transA", 0) == 0 and attribute("transB", 0) == 0
+            and attribute("alpha", 1.0) == 1.0 and attribute("beta", 1.0) == 1.0)
+
+
+def _as_matmul(container: "ir.Graph | ir.Function", node: ir.Node) -> ir.Node:
+    """A plain ``Gemm`` as ``MatMul`` (and ``Add`` of its C): onnxruntime fuses
+    ``DequantizeLinear`` with a ``MatMul`` only; another node as it is."""
+    if node.op_type != "Gemm":
+        return node
+    a, b, *rest = node.inputs
+    matmul = ir.node("MatMul", [a, b])
+    new = [matmul]
+    if rest and rest[0] is not None:
+        new.append(ir.node("Add", [matmul.outputs[0], rest[0]]))
+    new[-1].outputs[0].type, new[-1].outputs[0].shape = node.outputs[0].type, \
+        node.outputs[0].shape
+    container.insert_before(node, new)
+    ir.convenience.replace_all_uses_with(node.outputs[0], new[-1].outputs[0])
+    container.remove(node, safe=True)
+    return matmul
+
+
+def _use_layout(node: ir.Node, index: int, slots: dict[Slot, str]) -> str | None:
+    """The layout a use wants (see :func:`_weight_use`; a call: its callee input's)."""
+    layout = _weight_use(node, index)
+    if layout is None:
+        layout = slots.get((_callee(node), index))
+    return layout
+
+
+def _input_layout(function: ir.Function, index: int, slots: dict[Slot, str]) -> str | None:
+    """The one layout every use of the function's input wants, or None."""
+    value = function.inputs[index]
+    uses = list(value.uses())
+    if not uses or value.is_graph_output():
+        return None
+    layouts = {_use_layout(node, i, slots) if node.graph is function.graph else None
+               for node, i in uses}
+    return layouts.pop() if len(layouts) == 1 and None not in layouts else None
+
+
+def _is_weight(value: ir.Value | None) -> bool:
+    """A 2-D float initializer of the main graph with its tensor."""
+    tensor = value.const_value if value is not None and value.is_initializer() else None
+    return (tensor is not None and tensor.dtype in FLOATS and len(tensor.shape) == 2
+            and all(isinstance(d, int) and d > 0 for d in tensor.shape))
+
+
+def _quantizable_slots(model: ir.Model, functions: dict[FunctionId, ir.Function],
+                       calls: dict, opaque: set[FunctionId]) -> dict[Slot, str]:
+    """Function inputs to quantize, with their layout: the largest set where every use
+    wants one layout and either every call is in the main graph and passes a weight (an
+    entry: the function dequantizes) or every call is in a function and passes an input of
+    it in the set (inner: it receives the dequantized ``[K, N]`` weight)."""
+    slots: dict[Slot, str] = {}
+    changed = True
+    while changed:  # grow: inputs used only as weights, inner functions first
+        changed = False
+        for fid, function in functions.items():
+            if fid in opaque or not calls[fid]:
+                continue
+            for index in range(len(function.inputs)):
+                layout = _input_layout(function, index, slots)
+                if (fid, index) not in slots and layout is not None:
+                    slots[(fid, index)] = layout
+                    changed = True
+    changed = True
+    while changed:  # shrink: a call that passes no weight, calls from both kinds of places
+        changed = False
+        for (fid, index) in list(slots):
+            sites = calls[fid]
+            main = [isinstance(c, ir.Graph) for c, _ in sites]
+            ok = (all(main) or not any(main)) and all(
+                _passes_weight(container, node, index, slots) for container, node in sites)
+            if ok and _input_layout(functions[fid], index, slots) == slots[(fid, index)]:
+                continue
+            del slots[(fid, index)]
+            changed = True
+    return slots
+
+
+def _passes_weight(container: Container, node: ir.Node, index: int,
+                   slots: dict[Slot, str]) -> bool:
+    arg = node.inputs[index] if index < len(node.inputs) else None
+    if isinstance(container, ir.Graph):
+        return _is_weight(arg)
+    if arg is None or not arg.is_graph_input():
+        return False
+    position = list(container.inputs).index(arg)
+    return (container.identifier(), position) in slots
+
+
+Sources = dict[ir.Value, tuple[tuple[ir.Value, ...], str]]
+"""A function's entry inputs: old input -> (its q, scale[, zero point] inputs, layout)."""
+
+
+class _Initializers:
+    """The quantized initializers of main-graph weights, made once per weight and layout."""
+
+    def __init__(self, model: ir.Model, block: int, symmetric: bool) -> None:
+        self.model, self.block, self.symmetric = model, block, symmetric
+        self.created: dict[tuple[str, str], tuple[ir.Value, ...]] = {}
+
+    def of(self, value: ir.Value, layout: str) -> tuple[ir.Value, ...]:
+        """``(q, scale[, zero point])`` of the weight ``value`` read as ``layout``."""
+        key = (value.name or "", layout)
+        if key in self.created:
+            return self.created[key]
+        tensor = value.const_value
+        if tensor is None:
+            raise ValueError(f"{value.name}: a weight without a value cannot be quantized")
+        name = value.name if layout == "NK" else f"{value.name}_KN"
+        parts = Blockwise(tensor.numpy, tuple(tensor.shape), transposed=layout == "NK",
+                          block=self.block, symmetric=self.symmetric,
+                          scale_dtype=tensor.dtype, name=name)
+        values = []
+        for part in (parts.q, parts.scale, parts.zero_point):
+            if part is None:
+                continue
+            new = ir.Value(name=part.name, shape=part.shape, type=ir.TensorType(part.dtype),
+                           const_value=part)
+            self.model.graph.register_initializer(new)
+            values.append(new)
+        self.created[key] = tuple(values)
+        return self.created[key]
+
+
+class _Rewriter:
+    """The rewrite of every container, given the slots to quantize."""
+
+    def __init__(self, model: ir.Model, functions: dict[FunctionId, ir.Function],
+                 slots: dict[Slot, str], calls: dict, block: int, symmetric: bool) -> None:
+        self.model, self.functions, self.slots = model, functions, slots
+        self.block, self.symmetric = block, symmetric
+        self.entries = {slot for slot in slots
+                        if all(isinstance(c, ir.Graph) for c, _ in calls[slot[0]])}
+        self.initializers = _Initializers(model, block, symmetric)
+        self.in_functions: dict[str, int] = {}
+        self.in_main = 0
+
+    def run(self) -> None:
+        sources = {fid: self._new_signature(fid, f) for fid, f in self.functions.items()}
+        self._rewrite(self.model.graph, None, set())
+        for fid, function in self.functions.items():
+            inner = {function.inputs[i]: layout for (f, i), layout in self.slots.items()
+                     if f == fid and (f, i) not in self.entries}
+            self._rewrite(function, sources[fid], inner)
+        graph = self.model.graph
+        for name, value in list(graph.initializers.items()):
+            if any(key[0] == name for key in self.initializers.created) \
+                    and not list(value.uses()):
+                del graph.initializers[name]
+
+    def _new_signature(self, fid: FunctionId, function: ir.Function) -> Sources:
+        """An entry input becomes ``q`` in place, its scale (and zero point) at the end,
+        in input order."""
+        found: Sources = {}
+        extra: list[ir.Value] = []
+        for index, old in enumerate(list(function.inputs)):
+            if (fid, index) not in self.entries:
+                continue
+            q_type = ir.DataType.INT4 if self.symmetric else ir.DataType.UINT4
+            q = ir.Value(name=f"{old.name}_Q4G{self.block}", type=ir.TensorType(q_type))
+            new = [q, ir.Value(name=f"{old.name}_scale", type=old.type)]
+            if not self.symmetric:
+                new.append(ir.Value(name=f"{old.name}_zp",
+                                    type=ir.TensorType(ir.DataType.UINT4)))
+            function.inputs[index] = q
+            extra.extend(new[1:])
+            found[old] = (tuple(new), self.slots[(fid, index)])
+        function.inputs.extend(extra)
+        return found
+
+    def _rewrite(self, container: Container, sources: Sources | None,
+                 inner: dict[ir.Value, str]) -> None:
+        """Each weight use of ``container``; ``sources``: a function's entry inputs (None:
+        the main graph, whose weights are initializers); ``inner``: its inner inputs."""
+        passed: dict[ir.Value, ir.Value] = {}
+        for node in list(container):
+            callee = _callee(node)
+            if callee in self.functions:
+                self._call(container, node, callee, sources, passed)
+                continue
+            for index, value in enumerate(node.inputs):
+                layout = _weight_use(node, index) if value is not None else None
+                if layout is None or value is None:
+                    continue
+                if value in inner or self._source(value, layout, sources) is not None:
+                    node = _as_matmul(container, node)
+                if value in inner:
+                    if layout == "NK":  # it arrives as [K, N] already
+                        ir.convenience.replace_all_uses_with(node.outputs[0], value)
+                        container.remove(node, safe=True)
+                    continue
+                triple = self._source(value, layout, sources)
+                if triple is not None:
+                    self._dequantize(container, node, triple, layout)
+
+    def _source(self, value: ir.Value, layout: str, sources: Sources | None
+                ) -> tuple[ir.Value, ...] | None:
+        if sources is not None:
+            found = sources.get(value)
+            return found[0] if found is not None and found[1] == layout else None
+        return self.initializers.of(value, layout) if _is_weight(value) else None
+
+    def _dq(self, container: Container, before: ir.Node, triple: tuple[ir.Value, ...]
+            ) -> ir.Value:
+        """A ``DequantizeLinear`` of ``triple`` inserted before ``before``: its output."""
+        dq = ir.node("DequantizeLinear", list(triple),
+                     attributes={"axis": 0, "block_size": self.block})
+        dq.outputs[0].type = triple[1].type
+        dq.outputs[0].name = f"{triple[0].name}_dequantized"
+        container.insert_before(before, dq)
+        return dq.outputs[0]
+
+    def _dequantize(self, container: Container, node: ir.Node, triple: tuple[ir.Value, ...],
+                    layout: str) -> None:
+        """A dequantized weight in place of the one ``node`` reads (a MatMul's operand, or
+        a Transpose's input: the Transpose goes)."""
+        weight = self._dq(container, node, triple)
+        if layout == "NK":  # the Transpose: every use is a MatMul
+            ir.convenience.replace_all_uses_with(node.outputs[0], weight)
+            container.remove(node, safe=True)
+            matmuls = len(list(weight.uses()))
+        else:
+            node.replace_input_with(1, weight)
+            matmuls = 1
+        self._count(container, matmuls)
+
+    def _count(self, container: Container, matmuls: int) -> None:
+        if isinstance(container, ir.Graph):
+            self.in_main += matmuls
+        else:
+            self.in_functions[container.name] = self.in_functions.get(container.name, 0) \
+                + matmuls
+
+    def _call(self, container: Container, node: ir.Node, callee: FunctionId,
+              sources: Sources | None, passed: dict[ir.Value, ir.Value]) -> None:
+        """A call of a function with quantized inputs. From the main graph (entries):
+        ``q`` in place, the scales (and zero points) appended in input order. From a
+        function: its entry input dequantized once (``passed``) and the ``[K, N]`` weight
+        passed on (onnxruntime 1.32 refuses a 4-bit value passed from function to
+        function); its inner input, as it is."""
+        extra: list[ir.Value] = []
+        for index in range(len(node.inputs)):
+            layout = self.slots.get((callee, index))
+            value = node.inputs[index]
+            if layout is None or value is None:
+                continue
+            if sources is None:
+                triple = self._source(value, layout, None)
+                assert triple is not None, f"{node.op_type} input {index}: no weight"
+                node.replace_input_with(index, triple[0])
+                extra.extend(triple[1:])
+            elif value in sources:
+                if value not in passed:
+                    passed[value] = self._dq(container, node, sources[value][0])
+                    self._count(container, 1)
+                node.replace_input_with(index, passed[value])
+        if extra:
+            node.resize_inputs(len(node.inputs) + len(extra))
+            for offset, value in enumerate(extra):
+                node.replace_input_with(len(node.inputs) - len(extra) + offset, value)
+
+
+def _raise_opsets(model: ir.Model) -> None:
+    """The default domain at :data:`OPSET` at least, in the model and every function."""
+    version = max(model.opset_imports.get("", OPSET), OPSET)
+    model.opset_imports[""] = version
+    for function in model.functions.values():  # onnxruntime types a function's inputs by
+        function.opset_imports[""] = version      # its default opset: int4 needs 21

@@ -1,0 +1,178 @@
+"""A Hugging Face checkpoint folder in front of ``rewrite.export``: ``rewrite export DIR``.
+
+The folder is checked (:mod:`folder`: config, weights, shards; code and pickles refused
+unless trusted), its model built by transformers offline with the weights mapped
+(:mod:`build`), called with its KV cache explicit (:mod:`cache`: the inputs, dynamic shapes
+and I/O names; an encoder or encoder-decoder, prefill only: :mod:`encoders`), then
+exported, grouped, lowered and written by the one pipeline of
+:func:`rewrite.exporting.module.export_module`, with ``genai_config.json`` and the tokenizer
+files beside it (:mod:`genai`: the folder onnxruntime-genai runs as is). Rules: the given
+ones, else the shipped rules of the config's ``model_type``, else what ``rewrite suggest``
+writes for the program.
+
+Nothing of the process changes for it: no environment variable, no logger, no progress bar
+(the CLI turns transformers' off for its own process). The model is built holding
+:func:`rewrite._private.exclusive.exclusive` (transformers sets torch's default dtype and
+replaces ``torch.nn.init``'s functions for the process while it builds one), and exported
+with transformers' SDPA attention passing ``enable_gqa`` for this export only
+(:func:`rewrite._private.transformers_attention.grouped_query_attention`).
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from pathlib import Path
+from typing import TYPE_CHECKING, Mapping
+
+from rewrite._private.exclusive import exclusive
+from rewrite._private.transformers_attention import grouped_query_attention
+from rewrite.exporting.checkpoint.build import is_causal_lm, load_model, model_class
+from rewrite.exporting.checkpoint.cache import (
+    CACHES,
+    Call,
+    LayerCache,
+    cache_layout,
+    calling,
+    causal_lm_call,
+)
+from rewrite.exporting.checkpoint.checks import (
+    causal_lm_check,
+    encoder_check,
+    fixed_cache_check,
+)
+from rewrite.exporting.checkpoint.fixed_cache import fixed_cache_call
+from rewrite.exporting.checkpoint.encoders import encoder_call, takes_text
+from rewrite.exporting.checkpoint.folder import Checkpoint, read_checkpoint
+from rewrite.exporting.checkpoint.genai import beside, plan
+from rewrite.api import as_ruleset
+from rewrite.compile import RuleSet, shipped_rules
+from rewrite.errors import InputError
+from rewrite.exporting.module import export_module
+from rewrite.exporting.precision import Precision, refuse_quantized
+from rewrite.files.outputs import check_output_path
+
+if TYPE_CHECKING:
+    import onnx_ir as ir
+    import torch
+
+    from rewrite.backends.onnx import OnnxOptions, Progress
+    from rewrite.exporting.verify import Check
+
+
+def export_checkpoint(folder: str | Path, *, rules: RuleSet | str | Path | None,
+                      cache: str | None, output: str | Path | None, trust_model: bool,
+                      progress: "Progress", options: "OnnxOptions", verify: bool = True,
+                      context: int | None = None, static: Mapping[str, int] | None = None,
+                      precision: Precision = Precision(None)) -> "ir.Model":
+    """``rewrite.export`` of a checkpoint folder (see :func:`rewrite.export`); ``verify``:
+    the written model is run in onnxruntime and compared with eager before it is published
+    (:mod:`rewrite.exporting.checkpoint.checks`); ``context`` and ``static``: the fixed
+    cache of ``cache="static"`` (:mod:`rewrite.exporting.checkpoint.fixed_cache`);
+    ``precision``: the dtype it is built in, or int4 weights
+    (:mod:`rewrite.exporting.precision`)."""
+    _check_cache_options(cache, context, static)
+    checkpoint = read_checkpoint(folder, trust_model=trust_model)
+    refuse_quantized(checkpoint)
+    inputs = [checkpoint.path, *checkpoint.weights]
+    if output is not None:
+        check_output_path(output, inputs)
+    shipped = default_rules(checkpoint) if rules is None else None
+    chosen = rules if rules is not None else shipped
+    ruleset = as_ruleset(chosen) if chosen is not None else None
+    cls = model_class(checkpoint)
+    causal = _check_kind(checkpoint, cls, cache)
+    if shipped is not None:
+        progress.note(f"rules: {shipped.name}, shipped for model_type "
+                      f"{checkpoint.model_type!r}")
+    with progress.step(f"loading {checkpoint.path}"), exclusive():
+        model = load_model(checkpoint, cls, precision.dtype())
+    kind = cache or ("kv" if causal else "none")
+    call, check, layout = _call_and_check(model, causal, kind, context,
+                                          dict(static or {}), verify and output is not None)
+    check = precision.check(check)
+    if verify and output is not None and check is None:
+        progress.note("not verified against eager: onnxruntime is fed from numpy, which "
+                      "has no bfloat16")
+    options = _with_moe_translations(options)
+    genai = plan(checkpoint, model.config, call if causal else None, layout, kind)
+    published = None if output is None else partial(beside, genai, Path(output))
+    with calling(model, call), grouped_query_attention():
+        exported = export_module(
+            model, call.args, None, rules=ruleset, dynamic_shapes=call.dynamic_shapes,
+            strict=False, output=output, input_names=call.input_names,
+            output_names=call.output_names, progress=progress, options=options,
+            inputs=inputs, axis_names=call.axis_names, check=check, beside=published,
+            finish=precision.finish(progress.note))
+    if output is not None:
+        progress.note(genai.note(Path(output)))
+    return exported
+
+
+def _check_cache_options(cache: str | None, context: int | None,
+                         static: Mapping[str, int] | None) -> None:
+    """:class:`InputError` for cache options that do not go together."""
+    if cache is not None and cache not in CACHES:
+        raise InputError(f"cache={cache!r}: expected one of {', '.join(CACHES)}")
+    if cache == "static" and (context is None or context < 1):
+        raise InputError("--cache static needs --context C, the cache's length in tokens")
+    if context is not None and cache != "static":
+        raise InputError("--context sets the length of a fixed cache: it goes with "
+                         "--cache static")
+    if static and cache != "static":
+        raise InputError("--static fixes every shape of a fixed cache: it goes with "
+                         "--cache static")
+    unknown = set(static or {}) - {"batch", "seq"}
+    if unknown:
+        raise InputError(f"--static takes batch=B and seq=S, not {', '.join(sorted(unknown))}")
+
+
+def _call_and_check(model: "torch.nn.Module", causal: bool, cache: str, context: int | None,
+                    static: dict[str, int], verify: bool
+                    ) -> tuple[Call, "Check | None", "tuple[LayerCache, ...] | None"]:
+    """How ``model`` is called while exporting, what the written model must reproduce
+    (None: not checked) and the model's own cache layout (None: no cache)."""
+    if not causal:
+        call = encoder_call(model)
+        return call, encoder_check(model, call) if verify else None, None
+    if cache == "static":
+        layout = cache_layout(model)
+        call = fixed_cache_call(model, layout, context, static)
+        return (call, fixed_cache_check(model, layout, context, static) if verify else None,
+                layout)
+    layout = cache_layout(model) if cache == "kv" else None
+    return (causal_lm_call(model, layout),
+            causal_lm_check(model, layout) if verify else None, layout)
+
+
+def _check_kind(checkpoint: Checkpoint, cls: type, cache: str | None) -> bool:
+    """Whether ``cls`` is a causal LM (else an encoder or an encoder-decoder, prefill only);
+    InputError for a model without text input, or a KV cache asked of a non-causal one."""
+    if is_causal_lm(cls):
+        return True
+    if not takes_text(cls):
+        raise InputError(f"{checkpoint.path}: {cls.__name__} does not take input_ids; "
+                         "rewrite export takes text models (causal LMs, encoders, "
+                         "encoder-decoders)")
+    if cache in ("kv", "static"):
+        raise InputError(f"{checkpoint.path}: {cls.__name__} is not a causal language "
+                         f"model: --cache {cache} needs one (use --cache none)")
+    return False
+
+
+def _with_moe_translations(options: "OnnxOptions") -> "OnnxOptions":
+    """``options`` with transformers' translations of its MoE ops (the caller's win)."""
+    from attrs import evolve
+
+    from rewrite._private.transformers_onnx import moe_translations
+
+    table = {**moe_translations(), **(options.custom_translation_table or {})}
+    return evolve(options, custom_translation_table=table or None)
+
+
+def default_rules(checkpoint: Checkpoint) -> Path | None:
+    """The shipped rules of the checkpoint's ``model_type``, or None (then suggested)."""
+    return shipped_rules(checkpoint.model_type) if checkpoint.model_type else None
+
+
+__all__ = ["CACHES", "Call", "Checkpoint", "default_rules", "export_checkpoint",
+           "read_checkpoint"]

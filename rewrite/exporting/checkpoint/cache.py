@@ -1,0 +1,191 @@
+"""What ``torch.export`` is given for a causal LM: the call, example inputs, dynamic shapes
+and the ONNX input/output names.
+
+``kv`` (decode-ready): the model is called with its KV cache explicit, the names optimum and
+onnxruntime-genai use::
+
+    inputs   input_ids [batch_size, sequence_length],
+             attention_mask [batch_size, total_sequence_length],
+             position_ids [batch_size, sequence_length],
+             past_key_values.N.key / .value
+                 [batch_size, kv_heads, past_sequence_length, head_dim]   (N = 0, 1, ...)
+    outputs  logits [batch_size, sequence_length, vocab],
+             present.N.key / .value
+                 [batch_size, kv_heads, past_sequence_length + sequence_length, head_dim]
+
+(the ONNX model's dimension names; ``total_sequence_length`` is the past and the new tokens).
+
+The past is a transformers ``DynamicCache`` made of the given tensors (one full layer each):
+each attention appends its new keys and values inside its own module, so a decoder layer's
+function takes its layer's cache and returns the updated one, and one function still serves
+every layer of a class. The past length may be 0 (the first step). ``none`` (prefill only):
+``input_ids``, ``attention_mask``, ``position_ids`` in, ``logits`` out.
+
+The call is the model's own: its ``forward`` is replaced on the instance while exporting
+(:func:`decode_forward`), so module paths and weight names stay those of the checkpoint.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import types
+from typing import TYPE_CHECKING, Any, Callable, Iterator
+
+from attrs import frozen
+
+from rewrite.errors import InputError, first_line, library_call
+
+if TYPE_CHECKING:
+    import torch
+
+CACHES = ("kv", "none", "static")
+EXAMPLE_BATCH, EXAMPLE_SEQUENCE, EXAMPLE_PAST = 2, 3, 4
+
+
+@frozen(eq=False)
+class Call:
+    """What ``rewrite.export`` needs to export a model in one calling convention."""
+
+    args: tuple
+    dynamic_shapes: tuple
+    input_names: tuple[str, ...]
+    output_names: tuple[str, ...]
+    axis_names: tuple
+    """``dynamic_shapes`` with the ONNX names of the dimensions (``batch_size``, ...)."""
+    forward: Callable[..., tuple]
+    """The forward the model is exported with (:func:`calling`): :func:`decode_forward` for
+    a causal LM."""
+
+
+@frozen
+class LayerCache:
+    """The shapes of one layer's cache, read from the model itself (:func:`cache_layout`):
+    keys ``[batch, key_heads, length, key_dim]``, values ``[batch, value_heads, length,
+    value_dim]`` (multi-head latent attention has keys wider than values)."""
+
+    key_heads: int
+    key_dim: int
+    value_heads: int
+    value_dim: int
+
+    def empty(self, batch: int, length: int, dtype: "torch.dtype | None" = None
+              ) -> tuple["torch.Tensor", "torch.Tensor"]:
+        """Zero keys and values of ``length`` positions."""
+        import torch
+
+        return (torch.zeros(batch, self.key_heads, length, self.key_dim, dtype=dtype),
+                torch.zeros(batch, self.value_heads, length, self.value_dim, dtype=dtype))
+
+
+def cache_layout(model: "torch.nn.Module") -> tuple[LayerCache, ...]:
+    """Per layer, the shapes of the KV cache ``model`` itself returns for one token (config
+    fields mean different things per family: multi-head latent attention, per-layer head
+    sizes, multi-query). :class:`InputError` when the model's forward fails on one token or
+    its cache holds a state other than keys and values (Mamba, linear attention)."""
+    import torch
+
+    cache = model_cache(model)
+    ids = torch.zeros(1, 1, dtype=torch.long)
+    name = type(model).__name__
+
+    def failed(e: BaseException) -> InputError:
+        return InputError(f"{name}'s own forward failed on one token with a cache, before "
+                          f"any export: {type(e).__name__}: {first_line(e)}")
+
+    with library_call("transformers", f"running {name} on one token", failed), \
+            torch.no_grad():
+        type(model).forward(model, input_ids=ids, attention_mask=torch.ones_like(ids),
+                            use_cache=True, **{cache_keyword(model): cache})
+    layers = []
+    for n, layer in enumerate(getattr(cache, "layers", ())):
+        keys, values = getattr(layer, "keys", None), getattr(layer, "values", None)
+        if not (isinstance(keys, torch.Tensor) and isinstance(values, torch.Tensor)
+                and keys.dim() == 4 and values.dim() == 4):
+            raise InputError(
+                f"{name}: layer {n}'s cache is a {type(layer).__name__}, not keys and values: "
+                "--cache kv exports key/value caches only (use --cache none for the prefill)")
+        layers.append(LayerCache(keys.shape[1], keys.shape[3], values.shape[1],
+                                 values.shape[3]))
+    if not layers:
+        raise InputError(f"{name} returned no key/value cache: use --cache none")
+    return tuple(layers)
+
+
+def model_cache(model: "torch.nn.Module") -> Any:
+    """An empty ``DynamicCache`` for ``model`` (per-layer kinds, such as sliding windows, from
+    its config)."""
+    from transformers import DynamicCache
+
+    try:
+        return DynamicCache(config=model.config)
+    except TypeError:  # transformers 4.x: no config argument
+        return DynamicCache()
+
+
+def causal_lm_call(model: "torch.nn.Module", layout: tuple[LayerCache, ...] | None) -> Call:
+    """Example inputs, dynamic shapes and I/O names: with a cache (``layout``, the model's own:
+    :func:`cache_layout`) decode-ready, without it the prefill; the example cache in the
+    model's dtype (a bf16 checkpoint keeps a bf16 cache)."""
+    import torch
+    from torch.export import Dim
+
+    config = model.config
+    batch, sequence = Dim("batch_size"), Dim("sequence_length")
+    named = {0: "batch_size", 1: "sequence_length"}
+    b, s, p = EXAMPLE_BATCH, EXAMPLE_SEQUENCE, EXAMPLE_PAST if layout is not None else 0
+    vocab = config.get_text_config(decoder=True).vocab_size
+    args: list = [torch.randint(0, vocab, (b, s)), torch.ones(b, p + s, dtype=torch.long),
+                  torch.arange(p, p + s).repeat(b, 1)]
+    # the mask's length is named in ``names`` only: as a named Dim, torch.export refuses
+    # the lower bound it guards (the example's past length)
+    shapes: list = [{0: batch, 1: sequence}, {0: batch, 1: Dim.DYNAMIC},
+                    {0: batch, 1: sequence}]
+    names: list = [named, {0: "batch_size", 1: "total_sequence_length"}, named]
+    inputs = ["input_ids", "attention_mask", "position_ids"]
+    outputs = ["logits"]
+    if layout is not None:
+        past = Dim("past_sequence_length")
+        args.append([layer.empty(b, p, model.dtype) for layer in layout])
+        shapes.append([({0: batch, 2: past}, {0: batch, 2: past}) for _ in layout])
+        named_past = {0: "batch_size", 2: "past_sequence_length"}
+        names.append([(named_past, named_past) for _ in layout])
+        entries = [f"{n}.{kv}" for n in range(len(layout)) for kv in ("key", "value")]
+        inputs += [f"past_key_values.{entry}" for entry in entries]
+        outputs += [f"present.{entry}" for entry in entries]
+    return Call(tuple(args), tuple(shapes), tuple(inputs), tuple(outputs), tuple(names),
+                decode_forward)
+
+
+def decode_forward(self: "torch.nn.Module", input_ids: "torch.Tensor",
+                   attention_mask: "torch.Tensor", position_ids: "torch.Tensor",
+                   past_key_values: list | None = None) -> tuple:
+    """The model's forward with the cache as tensors: ``(logits, [(key, value), ...])``,
+    or ``(logits,)`` without a past."""
+    from transformers import DynamicCache
+
+    cls_forward = type(self).forward
+    if past_key_values is None:
+        out = cls_forward(self, input_ids=input_ids, attention_mask=attention_mask,
+                          position_ids=position_ids, use_cache=False)
+        return (out.logits,)
+    cache = DynamicCache([(key, value) for key, value in past_key_values])
+    out = cls_forward(self, input_ids=input_ids, attention_mask=attention_mask,
+                      position_ids=position_ids, use_cache=True, **{cache_keyword(self): cache})
+    return out.logits, [(layer.keys, layer.values) for layer in cache.layers]
+
+
+def cache_keyword(model: "torch.nn.Module") -> str:
+    """``cache`` (transformers 5) or ``past_key_values`` (4.x): how forward takes the cache."""
+    return "cache" if "cache" in inspect.signature(type(model).forward).parameters \
+        else "past_key_values"
+
+
+@contextlib.contextmanager
+def calling(model: "torch.nn.Module", call: Call) -> Iterator["torch.nn.Module"]:
+    """``model`` with ``call``'s forward as its forward while the block runs."""
+    model.forward = types.MethodType(call.forward, model)
+    try:
+        yield model
+    finally:
+        del model.forward

@@ -1,0 +1,165 @@
+"""What a checkpoint's exported model must reproduce before it is published
+(:class:`rewrite.exporting.verify.Check`), computed from the eager model on a few tokens.
+
+A causal LM is called as users call it: its own ``forward`` with ``input_ids``,
+``attention_mask`` and a cache, positions left to the model (so a family whose positions are
+not ``0, 1, ...``, such as RoBERTa's after the padding index, is caught), then one greedy
+decode step; the ONNX model is fed the documented inputs (``position_ids`` from the mask,
+its own ``present`` cache fed back). An encoder or encoder-decoder is checked on its
+example call.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Mapping
+
+from rewrite.exporting.checkpoint.cache import Call, LayerCache, cache_keyword, model_cache
+from rewrite.exporting.verify import Check, Step, as_numpy, tolerances
+
+if TYPE_CHECKING:
+    import torch
+
+PROMPT = 5
+
+
+def causal_lm_check(model: "torch.nn.Module", layout: tuple[LayerCache, ...] | None
+                    ) -> Check | None:
+    """A prefill of :data:`PROMPT` tokens, then (with a cache: ``layout``) one decode step;
+    None for a bfloat16 model (numpy, which onnxruntime is fed from, has no bfloat16)."""
+    import torch
+
+    if model.dtype == torch.bfloat16:
+        return None
+    vocab = model.config.get_text_config(decoder=True).vocab_size
+    ids = torch.randint(0, vocab, (1, PROMPT), generator=torch.Generator().manual_seed(0))
+    cache = model_cache(model) if layout is not None else None
+    logits, prefill_cache = _own_call(model, ids, PROMPT, cache)
+    feeds = _feeds(ids, PROMPT)
+    expected = {"logits": logits}
+    if layout is None:
+        steps = (Step(feeds, expected, name="prefill"),)
+        return Check(steps, *tolerances(model.dtype), what=f"prefill of {PROMPT} tokens")
+    for n, layer in enumerate(layout):
+        key, value = layer.empty(1, 0, model.dtype)
+        feeds[f"past_key_values.{n}.key"] = as_numpy(key)
+        feeds[f"past_key_values.{n}.value"] = as_numpy(value)
+    expected.update(_presents(prefill_cache, PROMPT))
+    token = torch.from_numpy(logits[:, -1:]).argmax(-1)
+    logits_next, decode_cache = _own_call(model, token, PROMPT + 1, cache)
+    carried = {f"past_key_values.{n}.{kv}": f"present.{n}.{kv}"
+               for n in range(len(layout)) for kv in ("key", "value")}
+    steps = (Step(feeds, expected, name="prefill"),
+             Step(_feeds(token, PROMPT + 1), {"logits": logits_next,
+                                              **_presents(decode_cache, PROMPT + 1)},
+                  carried, name="decode step"))
+    return Check(steps, *tolerances(model.dtype),
+                 what=f"prefill of {PROMPT} tokens and one decode step")
+
+
+def fixed_cache_check(model: "torch.nn.Module", layout: tuple[LayerCache, ...],
+                      context: int, static: Mapping[str, int]) -> Check | None:
+    """The fixed cache's prefill of :data:`PROMPT` tokens (or what the context holds) and
+    one decode step, against the model's own call: the logits (the buffers' other slots are
+    zeros, not the eager cache's). With ``static`` shapes: one chunk of exactly ``seq``
+    tokens in ``batch`` equal rows."""
+    import torch
+
+    if model.dtype == torch.bfloat16:
+        return None
+    batch = static.get("batch", 1)
+    prompt = static.get("seq", min(PROMPT, context - 1))
+    vocab = model.config.get_text_config(decoder=True).vocab_size
+    ids = torch.randint(0, vocab, (1, prompt), generator=torch.Generator().manual_seed(0))
+    cache = model_cache(model)
+    logits, _ = _own_call(model, ids, prompt, cache)
+    runs = [(ids, prompt, logits)]
+    if "seq" not in static:
+        token = torch.from_numpy(logits[:, -1:]).argmax(-1)
+        runs.append((token, prompt + 1, _own_call(model, token, prompt + 1, cache)[0]))
+    steps = [_fixed_step(n, tokens, total, expected, layout, context, batch, model.dtype)
+             for n, (tokens, total, expected) in enumerate(runs)]
+    what = f"prefill of {prompt} tokens into a cache of {context}" + (
+        " and one decode step" if len(steps) > 1 else "")
+    return Check(tuple(steps), *tolerances(model.dtype), what=what)
+
+
+def _fixed_step(n: int, tokens: "torch.Tensor", total: int, expected: Any,
+                layout: tuple[LayerCache, ...], context: int, batch: int,
+                dtype: "torch.dtype") -> Step:
+    """Step ``n`` of :func:`fixed_cache_check`: the first feeds empty buffers, the next its
+    ``present`` outputs."""
+    import numpy as np
+
+    feeds = {k: np.repeat(v, batch, axis=0) for k, v in _feeds(tokens, total).items()}
+    feeds["attention_mask"] = np.repeat((np.arange(context) < total).astype(np.int64)[None],
+                                        batch, axis=0)
+    carried = {}
+    for k, layer in enumerate(layout):
+        if n == 0:
+            key, value = layer.empty(batch, context, dtype)
+            feeds[f"past_key_values.{k}.key"] = as_numpy(key)
+            feeds[f"past_key_values.{k}.value"] = as_numpy(value)
+        else:
+            carried.update({f"past_key_values.{k}.{kv}": f"present.{k}.{kv}"
+                            for kv in ("key", "value")})
+    return Step(feeds, {"logits": np.repeat(expected, batch, axis=0)}, carried,
+                name=("prefill", "decode step")[n])
+
+
+def encoder_check(model: "torch.nn.Module", call: Call) -> Check | None:
+    """The example call of an encoder or encoder-decoder, its tensors compared by name."""
+    import torch
+
+    if model.dtype == torch.bfloat16:
+        return None
+    with torch.no_grad():
+        outputs = call.forward(model, *call.args)
+    feeds = {name: as_numpy(arg) for name, arg in zip(call.input_names, call.args)}
+    expected = {name: as_numpy(out) for name, out in zip(call.output_names, outputs)}
+    return Check((Step(feeds, expected, name="prefill"),), *tolerances(model.dtype),
+                 what="the example inputs")
+
+
+def _own_call(model: "torch.nn.Module", ids: "torch.Tensor", total: int, cache: Any
+              ) -> tuple[Any, Any]:
+    """The class's forward as a user calls it (no positions given); (logits, cache)."""
+    import torch
+
+    keywords: dict[str, Any] = {"input_ids": ids,
+                                "attention_mask": torch.ones(1, total, dtype=torch.long)}
+    if cache is not None:
+        keywords.update(use_cache=True, **{cache_keyword(model): cache})
+    else:
+        keywords["use_cache"] = False
+    with torch.no_grad():
+        out = type(model).forward(model, **keywords)
+    return as_numpy(out.logits), _snapshot(cache)
+
+
+def _snapshot(cache: Any) -> list[tuple[Any, Any]] | None:
+    """Copies of the cache's keys and values now (the next call appends to them)."""
+    if cache is None:
+        return None
+    return [(as_numpy(layer.keys), as_numpy(layer.values)) for layer in cache.layers]
+
+
+def _presents(cache: list | None, total: int) -> dict[str, Any]:
+    """The expected ``present`` outputs: every layer whose eager cache holds all ``total``
+    positions (a sliding-window layer's keeps only its window; its logits are still
+    compared)."""
+    presents: dict[str, Any] = {}
+    for n, (key, value) in enumerate(cache or ()):
+        if key.shape[2] == total and value.shape[2] == total:
+            presents[f"present.{n}.key"], presents[f"present.{n}.value"] = key, value
+    return presents
+
+
+def _feeds(ids: "torch.Tensor", total: int) -> dict[str, Any]:
+    """``input_ids``, ``attention_mask`` (all ones) and ``position_ids`` from the mask, as
+    documented."""
+    import numpy as np
+
+    length = ids.shape[1]
+    return {"input_ids": ids.numpy().astype(np.int64),
+            "attention_mask": np.ones((1, total), np.int64),
+            "position_ids": np.arange(total - length, total, dtype=np.int64)[None]}

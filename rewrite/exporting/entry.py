@@ -1,0 +1,96 @@
+"""``rewrite.export``: the one entry point for an ``nn.Module`` or a checkpoint folder.
+
+A module goes to :func:`rewrite.exporting.module.export_module`; a folder to
+:func:`rewrite.exporting.checkpoint.export_checkpoint`, which builds the model and hands it
+to the same function.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
+
+from rewrite.compile import RuleSet
+from rewrite.errors import InputError
+from rewrite.exporting.module import export_module
+
+if TYPE_CHECKING:
+    import onnx_ir as ir
+    import torch
+
+    from rewrite.backends.onnx import OnnxOptions, Progress
+
+
+def export(
+    model: "torch.nn.Module | str | Path",
+    args: tuple = (),
+    kwargs: Mapping[str, Any] | None = None,
+    *,
+    rules: RuleSet | str | Path | None = None,
+    dynamic_shapes: Any = None,
+    strict: bool = False,
+    output: str | Path | None = None,
+    input_names: Sequence[str] | None = None,
+    output_names: Sequence[str] | None = None,
+    cache: str | None = None,
+    context: int | None = None,
+    static: Mapping[str, int] | None = None,
+    trust_model: bool = False,
+    verify: bool = True,
+    precision: str | None = None,
+    block_size: int | None = None,
+    symmetric: bool | None = None,
+    progress: "Progress | None" = None,
+    **onnx_options: Any,
+) -> "ir.Model":
+    """Export ``model`` with ``torch.export``, group it by ``rules`` and lower it to ONNX.
+
+    ``model``: an ``nn.Module`` called with ``args`` / ``kwargs`` (``dynamic_shapes``,
+    ``strict``: ``torch.export.export``'s; ``input_names`` / ``output_names`` rename the
+    graph's first inputs / outputs), or a Hugging Face checkpoint folder, built by
+    transformers with its weights mapped and called as ``cache`` says: ``"kv"`` (causal LMs'
+    default), ``"none"`` (prefill), ``"static"`` (a cache of ``context`` tokens written in
+    place; ``static={"batch": B, "seq": S}`` fixes those too); ``trust_model`` lets it run
+    its own code; ``verify`` compares the written model with eager in onnxruntime before it
+    is published; ``precision``: ``fp32``, ``fp16``, ``bf16`` or ``int4`` (``block_size``,
+    ``symmetric``; :mod:`rewrite.exporting.precision`). ``rules``: a :class:`RuleSet` or what
+    :func:`rewrite.load_rules` takes (None: a checkpoint's shipped rules, else suggested).
+    ``onnx_options``: :class:`~rewrite.backends.onnx.OnnxOptions`'s fields. ``output``: also
+    written there, crash-safe. ``progress`` hears of each step.
+
+    Raises :class:`RuleError`, :class:`InputError` (an unusable folder, what torch.export
+    rejects, an unwritable output), :class:`VerificationError`, :class:`GroupingError`."""
+    from rewrite.backends.onnx import SILENT, OnnxOptions
+
+    folder = isinstance(model, (str, Path))
+    options = OnnxOptions(**{"fold_weights": not folder, **onnx_options})
+    report = progress or SILENT
+    for_folders = dict(cache=cache, context=context, static=static, trust_model=trust_model,
+                       verify=verify, precision=precision, block_size=block_size,
+                       symmetric=symmetric)
+    if folder:
+        if args or kwargs or dynamic_shapes is not None or input_names or output_names:
+            raise InputError("a checkpoint folder is exported with its own inputs: args, "
+                             "kwargs, dynamic_shapes and input/output names are not taken")
+        return _checkpoint(model, rules, output, report, options, **for_folders)
+    given = [k for k, v in for_folders.items() if v not in (None, False) and k != "verify"]
+    if given:
+        raise InputError(f"{', '.join(given)}: options of a checkpoint folder, not of a "
+                         f"{type(model).__name__}")
+    return export_module(model, args, kwargs, rules=rules, dynamic_shapes=dynamic_shapes,
+                         strict=strict, output=output, input_names=input_names,
+                         output_names=output_names, progress=report, options=options)
+
+
+def _checkpoint(folder: str | Path, rules: RuleSet | str | Path | None,
+                output: str | Path | None, progress: "Progress", options: "OnnxOptions",
+                *, precision: str | None, block_size: int | None, symmetric: bool | None,
+                **choices: Any) -> "ir.Model":
+    """:func:`export` of a checkpoint folder (``choices``: cache, context, static,
+    trust_model, verify)."""
+    from rewrite.exporting.checkpoint import export_checkpoint
+    from rewrite.exporting.precision import Precision
+
+    chosen = Precision.parse(precision, block_size, symmetric)
+    return export_checkpoint(folder, rules=rules, output=output, progress=progress,
+                             options=options, precision=chosen, **choices)

@@ -1,0 +1,202 @@
+"""``rewrite.export`` of an ``nn.Module``: a grouped ONNX model out, in one call.
+
+The drop-in for ``torch.onnx.export(model, args, dynamo=True)`` in scripts and exporters:
+``torch.export.export`` (with ``preserve_node_meta``, so ``torch.fx.traceback.annotate`` tags
+survive), then :func:`rewrite.apply` and the ONNX backend, then graph input/output names
+(:func:`export_module`). A checkpoint folder's model comes here too, from
+:mod:`rewrite.exporting.checkpoint`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
+
+from rewrite._private.exclusive import exclusive
+from rewrite.api import apply, as_ruleset
+from rewrite.compile import RuleSet, parse_rules
+from rewrite.exporting.dim_names import dim_names, rename_dims
+from rewrite.errors import library_call
+from rewrite.errors import InputError, first_line
+from rewrite.files.outputs import Beside
+
+if TYPE_CHECKING:
+    import onnx_ir as ir
+    import torch
+
+    from rewrite.backends.onnx import OnnxOptions, Progress
+    from rewrite.exporting.verify import Check
+
+
+def export_module(model: "torch.nn.Module", args: tuple, kwargs: Mapping[str, Any] | None,
+                  *, rules: RuleSet | str | Path | None, dynamic_shapes: Any, strict: bool,
+                  output: str | Path | None, input_names: Sequence[str] | None,
+                  output_names: Sequence[str] | None, progress: "Progress",
+                  options: "OnnxOptions", inputs: Sequence[str | Path] = (),
+                  axis_names: Any = None, check: "Check | None" = None,
+                  beside: "Callable[[ir.Model], Beside] | None" = None,
+                  finish: "Callable[[ir.Model], None] | None" = None) -> "ir.Model":
+    """:func:`rewrite.export` of an ``nn.Module``; ``output`` must not be one of ``inputs``. The
+    model's symbolic dimensions take the names of the ``Dim``\\ s of ``dynamic_shapes``, or
+    of ``axis_names`` (the same form, with names) when given. ``check``: what onnxruntime
+    must reproduce before the output is published (:mod:`rewrite.exporting.verify`).
+    ``beside``: given the finished model, the files to publish with it beside ``output`` (a
+    checkpoint's ``genai_config.json`` and tokenizer files). ``finish``: done to the lowered
+    model before it is written (int4 weights); its weights are then not written early."""
+    from rewrite.backends.onnx.save import weights_early, write_model
+    from rewrite.files.outputs import check_output_path
+
+    ruleset = as_ruleset(rules) if rules is not None else None
+    out = check_output_path(output, inputs) if output is not None else None
+    early = contextlib.nullcontext() if out is None or finish is not None else weights_early(
+        model, out, threshold=options.external_data_threshold, chunk=options.weights_chunk)
+    with early as data:  # the weights in files are written while the graph is made
+        program, onnx_model = _lowered(model, args, kwargs, ruleset, dynamic_shapes, strict,
+                                       options, progress)
+        rename_dims(onnx_model, dim_names(program, axis_names
+                                          if axis_names is not None else dynamic_shapes))
+        rename_values(onnx_model, input_names, output_names)
+        if finish is not None:
+            finish(onnx_model)
+        if out is not None:
+            files = beside(onnx_model) if beside is not None else Beside()
+            with progress.step(f"writing {out}"):
+                write_model(onnx_model, out, threshold=options.external_data_threshold,
+                            chunk=options.weights_chunk, progress=progress, early=data,
+                            check=check, beside=files)
+    return onnx_model
+
+
+def _lowered(model: "torch.nn.Module", args: tuple, kwargs: Mapping[str, Any] | None,
+             ruleset: RuleSet | None, dynamic_shapes: Any, strict: bool,
+             options: "OnnxOptions", progress: "Progress"
+             ) -> tuple["torch.export.ExportedProgram", "ir.Model"]:
+    """``model`` exported by ``torch.export``, grouped and lowered: (program, ONNX model)."""
+    from rewrite.backends.onnx import lower
+
+    with progress.step(f"exporting {type(model).__name__} with torch.export"), exclusive():
+        program = _torch_export(model, args, kwargs, dynamic_shapes, strict)
+    if ruleset is None:
+        ruleset = suggested_rules(program, type(model).__name__, progress)
+    lowering = lower(apply(ruleset, program), options, progress)
+    for warning in lowering.warnings:
+        progress.note(warning.render())
+    return program, lowering.model
+
+
+def _torch_export(model: "torch.nn.Module", args: tuple, kwargs: Mapping[str, Any] | None,
+                  dynamic_shapes: Any, strict: bool) -> "torch.export.ExportedProgram":
+    """``torch.export.export`` keeping node metadata. What it rejects in the model is an
+    :class:`InputError`; a failure in rewrite's own code that it traces (a checkpoint's
+    decode-ready forward) is rewrite's bug, a crash of torch's own a ``LibraryError``
+    (:func:`~rewrite.errors.library_call`)."""
+    import torch
+
+    name = type(model).__name__
+
+    def rejected(e: BaseException) -> InputError:
+        first = first_line(e) or type(e).__name__
+        return InputError(f"torch.export could not export {name}: {type(e).__name__}: {first}")
+
+    with library_call("torch.export", f"exporting {name}", rejected), \
+            torch.fx.traceback.preserve_node_meta():
+        return torch.export.export(model, tuple(args), kwargs=dict(kwargs or {}),
+                                   dynamic_shapes=dynamic_shapes, strict=strict)
+
+
+CYCLE_POLICY = """
+# rewrite export: a group that cannot be outlined (data leaves it and comes back) is flattened
+# into its parent with a warning, as in the shipped rules: never a stop on an exported model.
+on cycle flatten
+"""
+
+
+def suggested_rules(program: "torch.export.ExportedProgram", name: str,
+                    progress: "Progress") -> RuleSet:
+    """What ``rewrite suggest`` writes for ``program`` with :data:`CYCLE_POLICY`, compiled;
+    its text goes to ``progress.note`` so that the user can keep it."""
+    from rewrite.suggest import render, suggest
+
+    text = render(suggest(program, name)) + CYCLE_POLICY
+    progress.note(text.rstrip("\n"))
+    return parse_rules(text, f"<rules suggested for {name}>")
+
+
+def rename_values(model: "ir.Model", input_names: Sequence[str] | None,
+                  output_names: Sequence[str] | None) -> None:
+    """Give the graph's first inputs and outputs the given names, in place.
+
+    Call nodes of functions refer to the values themselves, so renaming a value that a
+    function call produces renames it at the call too. An output that cannot carry its own
+    name (it is also a graph input, an initializer, or another output) gets an ``Identity``
+    of that name. A name another value of the graph already has moves that value aside
+    (``name_1``)."""
+    graph = model.graph
+    for kind, names, values in (("input", input_names, graph.inputs),
+                                ("output", output_names, graph.outputs)):
+        if names is None:
+            continue
+        names = list(names)
+        if len(names) > len(values):
+            raise InputError(f"{len(names)} {kind}_names given, but the graph has "
+                             f"{len(values)} {kind}s")
+        if len(set(names)) != len(names):
+            raise InputError(f"{kind}_names has a name twice: {names}")
+    both = set(input_names or ()) & set(output_names or ())
+    if both:
+        raise InputError(f"names given to both an input and an output: {sorted(both)}")
+    wanted = {*(input_names or ()), *(output_names or ())}
+    taken = _value_names(graph)
+    for value, name in zip(list(graph.inputs), input_names or ()):
+        _rename(value, name, taken, wanted)
+    for k, name in enumerate(output_names or ()):
+        value = graph.outputs[k]
+        if _shared(graph, value, k):
+            value = _identity(graph, value, k)
+        _rename(value, name, taken, wanted)
+
+
+def _value_names(graph: "ir.Graph") -> dict[str, "ir.Value"]:
+    names = {v.name: v for v in graph.inputs if v.name}
+    names.update({n: v for n, v in graph.initializers.items()})
+    for node in graph:
+        names.update({v.name: v for v in node.outputs if v.name})
+    return names
+
+
+def _shared(graph: "ir.Graph", value: "ir.Value", k: int) -> bool:
+    """Whether output ``k`` is a value that must keep another role's name."""
+    others = [v for i, v in enumerate(graph.outputs) if i != k]
+    return (value.is_graph_input() or value.is_initializer()
+            or any(v is value for v in others))
+
+
+def _identity(graph: "ir.Graph", value: "ir.Value", k: int) -> "ir.Value":
+    """A fresh value equal to ``value`` (an ``Identity`` node), as graph output ``k``."""
+    import onnx_ir as ir
+
+    node = ir.node("Identity", [value])
+    graph.append(node)
+    copy = node.outputs[0]
+    copy.type, copy.shape = value.type, value.shape
+    graph.outputs[k] = copy
+    return copy
+
+
+def _rename(value: "ir.Value", name: str, taken: dict, wanted: set) -> None:
+    if value.name == name:
+        return
+    other = taken.get(name)
+    if other is not None and other is not value:
+        free = next(f"{name}_{i}" for i in range(1, len(taken) + 2)
+                    if f"{name}_{i}" not in taken and f"{name}_{i}" not in wanted)
+        _move(other, free, taken)
+    _move(value, name, taken)
+
+
+def _move(value: "ir.Value", name: str, taken: dict) -> None:
+    """Rename ``value`` (onnx_ir renames an initializer's entry too)."""
+    taken.pop(value.name, None)
+    value.name = name
+    taken[name] = value

@@ -1,0 +1,117 @@
+"""Before a model is published: onnxruntime runs the written file on a few tokens and its
+outputs are compared with the eager model's. A mismatch is a :class:`VerificationError`
+(exit 1, the largest difference and the output it is in); the model is never published.
+
+A :class:`Check` is made before exporting, from the eager model (cheap: a few tokens), and
+run on the staged file by the writer (:func:`rewrite.backends.onnx.save.write_model`), after
+the weights are written and before the output's name is given to it. Each :class:`Step`
+feeds the graph inputs by name (a step may take inputs from the previous step's outputs:
+a decode step feeds back the ``present`` cache) and compares named outputs.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Mapping
+
+import numpy as np
+from attrs import frozen
+
+from rewrite.errors import VerificationError
+
+if TYPE_CHECKING:
+    import torch
+
+
+@frozen
+class Step:
+    """One run of the model: its feeds, the eager outputs it must give."""
+
+    feeds: Mapping[str, np.ndarray]
+    expected: Mapping[str, np.ndarray]
+    carried: Mapping[str, str] = {}
+    """Input name -> the previous step's output fed to it (the cache fed back)."""
+    name: str = "run"
+
+
+@frozen
+class Check:
+    """What onnxruntime must reproduce before a model is published."""
+
+    steps: tuple[Step, ...]
+    atol: float
+    rtol: float
+    """Allowed: ``|onnx - eager| <= atol + rtol * max|eager|`` per output."""
+    what: str
+    """For the note: ``prefill of 4 tokens and one decode step``."""
+
+    def __call__(self, model_path: Path) -> str:
+        """Run the staged file; a note, or :class:`VerificationError` on a mismatch."""
+        try:
+            import onnxruntime as ort
+        except ImportError:
+            return ("not verified against eager: onnxruntime is not installed "
+                    "(pip install onnxruntime)")
+        options = ort.SessionOptions()
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        options.add_session_config_entry("session.disable_prepacking", "1")
+        try:
+            session = ort.InferenceSession(str(model_path), options,
+                                           providers=["CPUExecutionProvider"])
+        except Exception as e:  # noqa: BLE001 - a kernel onnxruntime lacks (bf16 on CPU)
+            return f"not verified against eager: onnxruntime cannot run it ({_short(e)})"
+        names = [o.name for o in session.get_outputs()]
+        worst = 0.0
+        previous: dict[str, np.ndarray] = {}
+        for step in self.steps:
+            feeds = {**step.feeds, **{i: previous[o] for i, o in step.carried.items()}}
+            previous = dict(zip(names, session.run(None, feeds)))
+            worst = max(worst, self._compare(step, previous))
+        return f"verified against eager in onnxruntime ({self.what}): max |difference| " \
+               f"{worst:.2g}"
+
+    def _compare(self, step: Step, got: Mapping[str, np.ndarray]) -> float:
+        worst = 0.0
+        for name, expected in step.expected.items():
+            value = got[name]
+            if value.shape != expected.shape:
+                raise VerificationError(
+                    f"the exported model disagrees with eager PyTorch: {name} ({step.name}) "
+                    f"has shape {list(value.shape)}, eager {list(expected.shape)}")
+            if not value.size:
+                continue
+            a, b = value.astype(np.float64), expected.astype(np.float64)
+            difference = float(np.max(np.abs(a - b)))
+            allowed = self.atol + self.rtol * float(np.max(np.abs(b)))
+            if not difference <= allowed:  # NaN is a mismatch too
+                raise VerificationError(
+                    f"the exported model disagrees with eager PyTorch: {name} ({step.name}) "
+                    f"differs by up to {difference:.3g} (allowed {allowed:.2g}); nothing "
+                    "was written")
+            worst = max(worst, difference)
+        return worst
+
+
+def tolerances(dtype: "torch.dtype") -> tuple[float, float]:
+    """(atol, rtol) for a model computing in ``dtype``: float32 tight, half types loose."""
+    import torch
+
+    if dtype in (torch.float16, torch.bfloat16):
+        return 5e-2, 5e-2
+    return 1e-4, 1e-3
+
+
+def as_numpy(tensor: "torch.Tensor") -> np.ndarray:
+    """A detached CPU copy (bfloat16, which numpy lacks, as float32: compared as numbers)."""
+    import torch
+
+    tensor = tensor.detach().cpu()
+    if tensor.dtype == torch.bfloat16:
+        return tensor.to(torch.float32).numpy()
+    return tensor.numpy().copy()
+
+
+def _short(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    line = text[0] if text else type(error).__name__
+    return line if len(line) <= 200 else line[:197] + "..."

@@ -1,0 +1,51 @@
+"""Causal LMs that once failed ``rewrite export`` (issue 42), from tiny random configs built
+as the coverage tool builds them (``tools/coverage.py``): each converts, decode-ready, and
+equals eager (the export itself runs the written model against eager before publishing it);
+one that cannot be exported says so in one line, exit 2."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import onnx
+import pytest
+
+from tools.coverage import write_checkpoint
+
+
+def _checkpoint(model_type: str, tmp_path: Path) -> Path:
+    folder = tmp_path / model_type
+    why = write_checkpoint(model_type, folder)
+    if why is not None:  # pragma: no cover - the tiny config itself broke
+        pytest.fail(f"{model_type}: the eager model is unusable: {why}")
+    return folder
+
+
+@pytest.mark.slow  # three exports of tiny checkpoints built from their configs
+@pytest.mark.parametrize("model_type, why", [
+    ("deepseek_v3", "multi-head latent attention: keys wider than values, from the cache"),
+    ("apertus", "a first call whose stand-ins were all inlined had no copyable template"),
+    ("gemma4_text", "head sizes per layer"),
+])
+def test_once_failing_families_convert_and_equal_eager(model_type, why, tmp_path, run_cli):
+    out = tmp_path / "out" / "model.onnx"
+    out.parent.mkdir()
+    r = run_cli("export", _checkpoint(model_type, tmp_path), "-o", out)
+    assert r.code == 0, r.err
+    assert "verified against eager in onnxruntime (prefill of 5 tokens and one decode step)" \
+        in r.out + r.err
+    model = onnx.load(str(out), load_external_data=False)
+    assert any(i.name == "past_key_values.0.key" for i in model.graph.input)
+    assert model.functions  # grouped
+
+
+def test_a_cache_that_is_not_keys_and_values_is_refused_in_one_line(tmp_path, run_cli):
+    """Mamba keeps a convolution and an SSM state, not keys and values: exit 2, one line,
+    nothing written (before any export runs)."""
+    out = tmp_path / "out" / "model.onnx"
+    out.parent.mkdir()
+    r = run_cli("export", _checkpoint("mamba", tmp_path), "-o", out)
+    assert r.code == 2, r.err
+    assert "cache is a" in r.err and "not keys and values" in r.err
+    assert "Traceback" not in r.err
+    assert not list(out.parent.iterdir())

@@ -1,0 +1,197 @@
+"""Which causal LMs ``rewrite export`` converts: every ``model_type`` of transformers'
+causal-LM mapping, as a tiny random checkpoint, exported as a user runs it.
+
+    .venv/bin/python -m tools.coverage [--only TYPE ...] [--jobs N] [--timeout 300]
+        [--table docs/COVERAGE.md] [--json FILE]
+
+Per model type: its config class with small sizes (2 layers, hidden 64, 4 heads / 2 KV heads,
+4 experts / top-2 where the family has experts; nested text configs likewise), random normal
+weights (fixed seed), ``save_pretrained``; the eager model called with a cache on 6 tokens
+first (a model whose own forward fails is not counted against rewrite); then ``rewrite export
+DIR -o model.onnx`` in a fresh process. That command runs the written model in onnxruntime
+against the eager model (a prefill and a decode step) before publishing it, so exit 0 means
+"equal to eager"; exit 1 is a model that disagreed and was not written; exit 2 a refusal with
+its one line; exit 3 a bug in rewrite. The table lists each type with its result and the
+line that says why.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SIZES = {
+    "num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4,
+    "num_key_value_heads": 2, "intermediate_size": 128, "vocab_size": 128,
+    "max_position_embeddings": 128, "head_dim": 16, "num_experts": 4, "num_local_experts": 4,
+    "n_routed_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 64,
+    "shared_expert_intermediate_size": 64, "n_layer": 2, "n_embd": 64, "n_head": 4,
+    "d_model": 64, "n_positions": 128, "decoder_layers": 2, "decoder_attention_heads": 4,
+    "decoder_ffn_dim": 128, "encoder_layers": 2, "encoder_attention_heads": 4,
+    "encoder_ffn_dim": 128, "num_layers": 2, "num_heads": 4, "ffn_dim": 128,
+}
+"""Small values for the config fields that set sizes, applied where a config has the field."""
+
+RESULTS = {0: "converted, equal to eager", 1: "disagrees with eager (not written)",
+           2: "refused (exit 2)", 3: "bug in rewrite (exit 3)"}
+
+
+MLA = {"qk_rope_head_dim": 8, "qk_nope_head_dim": 8, "v_head_dim": 16, "kv_lora_rank": 32,
+       "q_lora_rank": 32, "qk_head_dim": 16}
+"""Multi-head latent attention's sizes (DeepSeek-V2/V3 and their kin), where present."""
+
+
+def tiny_config(model_type: str):
+    """The config of ``model_type`` with :data:`SIZES` wherever it has those fields (hybrid
+    models keep the first four layers of their pattern, so that both kinds occur)."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.for_model(model_type)
+    try:  # given at construction, so that derived fields (MLA's head_dim) follow
+        config = AutoConfig.for_model(model_type, **_small(config.to_dict()))
+    except Exception:  # noqa: BLE001 - a validator refusing a combination: set them after
+        pass
+    for part in [config, *(getattr(config, k, None) for k in ("text_config", "decoder"))]:
+        if part is not None and hasattr(part, "to_dict"):
+            for key, value in _small(part.to_dict()).items():
+                _set(part, key, value)
+    return config
+
+
+def _small(fields: dict) -> dict:
+    """The small values for the size fields among ``fields``."""
+    sizes = {**SIZES, **MLA} if "kv_lora_rank" in fields else SIZES
+    small = {key: value for key, value in sizes.items() if key in fields
+             and not (key == "head_dim" and "qk_rope_head_dim" in fields)}
+    pattern = fields.get("layer_types")
+    if isinstance(pattern, list) and pattern:
+        small["num_hidden_layers"] = min(len(pattern), 4)
+        small["layer_types"] = pattern[:small["num_hidden_layers"]]
+    per_layer = fields.get("per_layer_config")
+    if isinstance(per_layer, dict):
+        layers = small.get("num_hidden_layers", fields.get("num_hidden_layers", 2))
+        small["per_layer_config"] = {k: v for k, v in per_layer.items() if int(k) < layers}
+    return small
+
+
+def _set(config, key: str, value) -> None:
+    try:
+        setattr(config, key, value)
+    except (AttributeError, TypeError, ValueError):  # a derived property: left as it is
+        pass
+
+
+def write_checkpoint(model_type: str, folder: Path) -> str | None:
+    """A tiny random checkpoint; None, or why the eager model cannot be used."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    try:
+        config = tiny_config(model_type)
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_config(config).eval()
+        with torch.no_grad():
+            for parameter in model.parameters():
+                parameter.normal_(0.0, 0.2)
+        model.save_pretrained(folder)
+        model = AutoModelForCausalLM.from_pretrained(folder).eval()  # as rewrite will
+        with torch.no_grad():
+            ids = torch.randint(0, 100, (1, 6))
+            model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=True)
+    except Exception as e:  # noqa: BLE001 - any failure: the eager model is unusable
+        return f"{type(e).__name__}: {_first(str(e))}"
+    return None
+
+
+def _first(text: str) -> str:
+    lines = [line for line in text.strip().splitlines() if line.strip()]
+    return (lines[0] if lines else "")[:240]
+
+
+def run_one(model_type: str, timeout: float) -> dict:
+    """Build, export and classify one model type (each in its own processes)."""
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix=f"coverage-{model_type}-") as tmp:
+        folder = Path(tmp) / "checkpoint"
+        build = subprocess.run(
+            [sys.executable, "-c", "import sys; from tools.coverage import write_checkpoint; "
+             "from pathlib import Path; why = write_checkpoint(sys.argv[1], Path(sys.argv[2]));"
+             " print(why or ''); sys.exit(3 if why else 0)", model_type, str(folder)],
+            cwd=ROOT, capture_output=True, text=True, timeout=timeout,
+            env={**os.environ, "HF_HUB_OFFLINE": "1"})
+        if build.returncode != 0:
+            why = _first(build.stdout) or _first(build.stderr.splitlines()[-1]
+                                                 if build.stderr else "")
+            return {"type": model_type, "result": "eager unusable", "why": why,
+                    "seconds": round(time.perf_counter() - start, 1)}
+        try:
+            run = subprocess.run([sys.executable, "-m", "rewrite", "export", str(folder), "-o",
+                                  str(Path(tmp) / "model.onnx")], cwd=ROOT,
+                                 capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return {"type": model_type, "result": "timeout", "why": f"over {timeout:.0f} s",
+                    "seconds": round(time.perf_counter() - start, 1)}
+    err = run.stderr.strip().splitlines()
+    said = [line for line in err if "error" in line.lower() or "disagrees" in line]
+    verified = re.search(r"max \|difference\| (\S+)", run.stderr + run.stdout)
+    why = verified.group(0) if run.returncode == 0 and verified else _first(
+        (said or err or [""])[-1])
+    return {"type": model_type, "result": RESULTS.get(run.returncode, f"exit {run.returncode}"),
+            "code": run.returncode, "why": why,
+            "seconds": round(time.perf_counter() - start, 1)}
+
+
+def table(rows: list[dict]) -> str:
+    """The markdown table, with the counts per result first."""
+    import transformers
+
+    counts: dict[str, int] = {}
+    for row in rows:
+        counts[row["result"]] = counts.get(row["result"], 0) + 1
+    lines = [f"transformers {transformers.__version__}, {len(rows)} causal-LM model types "
+             f"(`python -m tools.coverage --table docs/COVERAGE.md`):", ""]
+    lines += [f"- {result}: {n}" for result, n in sorted(counts.items(), key=lambda x: -x[1])]
+    lines += ["", "| model type | result | why | seconds |", "|---|---|---|---|"]
+    for row in rows:
+        why = row["why"].replace("|", "\\|")
+        lines.append(f"| {row['type']} | {row['result']} | {why} | {row['seconds']} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--only", nargs="+", metavar="TYPE")
+    parser.add_argument("--timeout", type=float, default=300)
+    parser.add_argument("--jobs", type=int, default=1, help="model types run at once")
+    parser.add_argument("--table", type=Path, help="write the markdown table here")
+    parser.add_argument("--json", type=Path, help="write the rows as JSON here")
+    args = parser.parse_args(argv)
+    types = args.only or sorted(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
+    rows = []
+    with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:  # each runs processes
+        for n, row in enumerate(pool.map(lambda t: run_one(t, args.timeout), types), 1):
+            rows.append(row)
+            print(f"[{n}/{len(types)}] {row['type']}: {row['result']} ({row['seconds']} s) "
+                  f"{row['why']}", flush=True)
+            if args.json:
+                args.json.write_text(json.dumps(rows, indent=1))
+    text = table(rows)
+    if args.table:
+        args.table.write_text(text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
