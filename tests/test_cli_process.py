@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import onnx
+import pytest
 
 from rewrite.cli.main import main
 from rewrite.cli.process import THRESHOLDS
@@ -41,6 +42,7 @@ def test_entry_point_exits_with_the_commands_code(tmp_path):
     assert "missing.rules" in proc.stderr
 
 
+@pytest.mark.slow  # a process
 def test_python_dash_m_is_the_entry_point(gpt2_pt2, gpt2_model, tmp_path):
     out = tmp_path / "gpt2.onnx"
     proc = subprocess.run([sys.executable, "-m", "rewrite", "-q", "apply", str(GPT2_RULES),

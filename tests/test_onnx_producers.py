@@ -96,6 +96,7 @@ PRODUCED = ["bert-torchscript", "gpt2-torchscript", "whisper-torchscript", "bert
             *[f"{a}-{p}" for a, p in GENAI]]
 
 
+@pytest.mark.slow  # every producer's models (the torchscript exporter, genai's builder), made once
 @pytest.mark.parametrize("name", PRODUCED)
 def test_one_function_per_distinct_layer(made, name, tmp_path):
     source, layers = made[name]
@@ -131,6 +132,7 @@ def test_one_function_per_distinct_layer(made, name, tmp_path):
             assert node.domain in function.opset_imports
 
 
+@pytest.mark.slow
 def test_external_weights_embedded_when_small(made, tmp_path):
     """The builder writes its weights as external data; a small output embeds them (before,
     the output kept the input's relative location, a file its folder does not have)."""
@@ -169,6 +171,7 @@ def _assert_weights_are_inputs(source: Path, model: ir.Model) -> None:
                         (function.name, node.name)
 
 
+@pytest.mark.slow
 def test_explain_says_where_structure_came_from(made):
     source, layers = made["llama-fp32"]
     rules = ROOT / "rules" / "llama.rules"
@@ -189,6 +192,7 @@ def test_explain_says_where_structure_came_from(made):
     assert json.loads(done.stdout)["graph"]["structure"] == "node names"
 
 
+@pytest.mark.slow
 def test_suggest_writes_path_rules(made, tmp_path):
     source, _ = made["qwen2-fp32"]
     rules = tmp_path / "suggested.rules"
@@ -203,6 +207,7 @@ def test_suggest_writes_path_rules(made, tmp_path):
     assert {f"model.layers.{i}" for i in range(5)} <= keys
 
 
+@pytest.mark.slow
 def test_quantized_dynamo_export(tmp_path):
     """Every MatMulNBits of a dynamo export quantized after the fact is in the function of the
     module whose Linear it replaced (attention or MLP), not in the decoder layer."""

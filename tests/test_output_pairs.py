@@ -173,6 +173,7 @@ def test_an_unrelated_data_file_beside_a_new_output_is_replaced(pairs, tmp_path)
     assert _is_pair_of(out, new_triple)
 
 
+@pytest.mark.slow  # two processes at once
 def test_two_runs_writing_the_same_output_leave_one_whole_pair(pairs, tmp_path):
     """Two processes at once: the result is one run's model with that run's data."""
     out = tmp_path / "model.onnx"

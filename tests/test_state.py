@@ -114,6 +114,7 @@ def test_cache_model_fx_equals_module(strict):
     assert len({attribute(gm, n).data_ptr() for n in names}) == 1
 
 
+@pytest.mark.slow  # torch.onnx.export too, for the comparison
 def test_cache_model_onnx_equals_torch_onnx_export():
     """Strict export: torch.onnx.export cannot decompose this non-strict program (nor the
     non-strict static-cache decoder below)."""
