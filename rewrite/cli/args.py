@@ -166,7 +166,15 @@ the ONNX model's inputs and outputs (the names optimum and onnxruntime-genai use
                                 past_sequence_length + sequence_length, head_dim]:
                                 feed them back as past_key_values.N.*
   --cache none          inputs  input_ids, attention_mask, position_ids; outputs logits
-Each decoder layer's function takes its layer's cache and returns the updated one.
+  --cache static        inputs  input_ids, position_ids [batch_size, sequence_length],
+    --context C                 attention_mask [batch_size, C] (1: a slot holding a token),
+                                past_key_values.N.key / .value [batch_size, kv_heads, C,
+                                head_dim]; outputs logits, present.N.key / .value: the
+                                whole buffers, the new tokens written at position_ids
+Each decoder layer's function takes its layer's cache and returns the updated one. Before
+the model is published, onnxruntime runs it against eager PyTorch on a few tokens
+(--no-verify skips it). Beside a decode-ready model: genai_config.json and the
+checkpoint's tokenizer files, a folder onnxruntime-genai runs as is.
 An encoder: input_ids, attention_mask [batch_size, sequence_length] (and token_type_ids
 where the model takes them); an encoder-decoder: input_ids, attention_mask
 [batch_size, encoder_sequence_length], decoder_input_ids [batch_size,
