@@ -122,24 +122,24 @@ def run_one(model_type: str, timeout: float) -> dict:
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix=f"coverage-{model_type}-") as tmp:
         folder = Path(tmp) / "checkpoint"
-        build = subprocess.run(
-            [sys.executable, "-c", "import sys; from tools.coverage import write_checkpoint; "
-             "from pathlib import Path; why = write_checkpoint(sys.argv[1], Path(sys.argv[2]));"
-             " print(why or ''); sys.exit(3 if why else 0)", model_type, str(folder)],
-            cwd=ROOT, capture_output=True, text=True, timeout=timeout,
-            env={**os.environ, "HF_HUB_OFFLINE": "1"})
-        if build.returncode != 0:
-            why = _first(build.stdout) or _first(build.stderr.splitlines()[-1]
-                                                 if build.stderr else "")
-            return {"type": model_type, "result": "eager unusable", "why": why,
-                    "seconds": round(time.perf_counter() - start, 1)}
         try:
-            run = subprocess.run([sys.executable, "-m", "rewrite", "export", str(folder), "-o",
-                                  str(Path(tmp) / "model.onnx")], cwd=ROOT,
+            build = subprocess.run(
+                [sys.executable, "-c", "import sys; from tools.coverage import "
+                 "write_checkpoint; from pathlib import Path; why = write_checkpoint("
+                 "sys.argv[1], Path(sys.argv[2])); print(why or ''); sys.exit(3 if why else 0)",
+                 model_type, str(folder)],
+                cwd=ROOT, capture_output=True, text=True, timeout=timeout,
+                env={**os.environ, "HF_HUB_OFFLINE": "1"})
+            if build.returncode != 0:
+                why = _first(build.stdout) or _first(build.stderr.splitlines()[-1]
+                                                     if build.stderr else "")
+                return _row(model_type, "eager unusable", why, start)
+            run = subprocess.run([sys.executable, "-m", "rewrite", "export", str(folder),
+                                  "-o", str(Path(tmp) / "model.onnx")], cwd=ROOT,
                                  capture_output=True, text=True, timeout=timeout)
-        except subprocess.TimeoutExpired:
-            return {"type": model_type, "result": "timeout", "why": f"over {timeout:.0f} s",
-                    "seconds": round(time.perf_counter() - start, 1)}
+        except subprocess.TimeoutExpired as e:
+            step = "building the checkpoint" if e.cmd[1] == "-c" else "rewrite export"
+            return _row(model_type, "timeout", f"{step} over {timeout:.0f} s", start)
     err = run.stderr.strip().splitlines()
     said = [line for line in err if "error" in line.lower() or "disagrees" in line]
     verified = re.search(r"max \|difference\| (\S+)", run.stderr + run.stdout)
@@ -147,6 +147,11 @@ def run_one(model_type: str, timeout: float) -> dict:
         (said or err or [""])[-1])
     return {"type": model_type, "result": RESULTS.get(run.returncode, f"exit {run.returncode}"),
             "code": run.returncode, "why": why,
+            "seconds": round(time.perf_counter() - start, 1)}
+
+
+def _row(model_type: str, result: str, why: str, start: float) -> dict:
+    return {"type": model_type, "result": result, "why": why,
             "seconds": round(time.perf_counter() - start, 1)}
 
 
