@@ -53,8 +53,10 @@ def test_bad_rules(tmp_path, gpt2_pt2):
     assert files(tmp_path) == ["bad.rules"]
 
 
-@pytest.mark.parametrize("name", ["truncated.pt2", "corrupt.pt2", "foreign.pt2", "saved.pt2",
-                                  "junk.onnx"])
+@pytest.mark.parametrize("name", [  # a process each: make test runs two of them
+    *(pytest.param(n, marks=pytest.mark.slow)
+      for n in ("truncated.pt2", "foreign.pt2", "saved.pt2")),
+    "corrupt.pt2", "junk.onnx"])
 def test_bad_model(tmp_path, gpt2_pt2, name):
     """torch.export.load logs tracebacks of what it could not read: none reaches stderr."""
     model = make_bad_model(name, tmp_path, gpt2_pt2)
@@ -177,7 +179,8 @@ def _quote(part) -> str:
 
 @pytest.mark.parametrize(("body", "reason"), [
     ("raise RuntimeError('boom')", "importing it failed: RuntimeError: boom"),
-    ("raise SystemExit('bye')", "importing it failed: SystemExit: bye"),
+    pytest.param("raise SystemExit('bye')", "importing it failed: SystemExit: bye",
+                 marks=pytest.mark.slow),  # a process each
 ])
 def test_import_of_a_module_that_raises(tmp_path, gpt2_pt2, body, reason):
     (tmp_path / "custom_ops.py").write_text(body + "\n")

@@ -227,6 +227,7 @@ def test_a_fixed_cache_is_written_without_genai_config(exported, tmp_path):
     assert len(notes) == 1 and "not written" in notes[0] and "--cache static" in notes[0]
 
 
+@pytest.mark.slow
 def test_an_encoder_is_written_without_genai_config(tmp_path):
     folder = checkpoints.write("bert", tmp_path / "checkpoint")
     (tmp_path / "out").mkdir()
@@ -307,6 +308,7 @@ def test_companions_are_published_with_the_model(tmp_path, monkeypatch, data):
     assert [p.name for p in tmp_path.iterdir() if p.is_dir()] == []
 
 
+@pytest.mark.slow  # a second family's export and generation
 def test_the_cli_writes_the_folder(tmp_path, run_cli):
     """``rewrite export`` writes the same folder, and says so in one line."""
     folder = checkpoints.write("qwen2", tmp_path / "checkpoint")

@@ -89,7 +89,8 @@ def _same_result(fast, flat, *, main_calls_only: bool = False) -> None:
         {g.id: (g.function_name, g.domain) for g in flat.tree.groups()}
 
 
-@pytest.mark.parametrize("name", ["gpt2", "llama", "bert"])
+@pytest.mark.parametrize("name", ["gpt2", *(pytest.param(n, marks=pytest.mark.slow)
+                                             for n in ("llama", "bert"))])
 def test_transformers_per_body_equals_flat_and_eager(name, request):
     triple = request.getfixturevalue(f"{name}_model")
     program = request.getfixturevalue(f"{name}_program")

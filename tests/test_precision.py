@@ -31,7 +31,9 @@ FUSED = 0.02
 to the largest logit (it rounds activations too): measured 0.011-0.014."""
 
 
-@pytest.fixture(scope="module", params=list(INT4_FAMILIES))
+@pytest.fixture(scope="module", params=[  # the families but llama: make test-all
+    family if family == "llama" else pytest.param(family, marks=pytest.mark.slow)
+    for family in INT4_FAMILIES])
 def int4(request, tmp_path_factory):
     family = request.param
     folder = checkpoints.write(family, tmp_path_factory.mktemp(family) / "ckpt")
@@ -130,6 +132,7 @@ def test_runs_in_onnxruntime_fused_and_close_to_fp32(int4, tmp_path):
     assert difference.max() > 1e-4  # quantized: not the float model
 
 
+@pytest.mark.slow
 def test_weights_are_quantized_when_written(tmp_path):
     folder = checkpoints.write("llama", tmp_path / "ckpt")
     model = rewrite.export(folder, precision="int4", block_size=16, symmetric=False)

@@ -95,6 +95,7 @@ def no_network(monkeypatch):
     return tried
 
 
+@pytest.mark.slow  # four exports, two of them in threads
 def test_exports_in_threads_equal_one_after_another_and_leave_the_process_alone(
         tmp_path, no_network):
     # an fp32 and a bf16 checkpoint (transformers builds each under its own default dtype),

@@ -71,7 +71,7 @@ def assert_equals_eager(onnx_model, model, args, kwargs) -> None:
 
 
 @pytest.mark.parametrize("name", ["cond-strict", "cond", "static-cache"])
-@pytest.mark.parametrize("rules", ["modularize", "block"])
+@pytest.mark.parametrize("rules", ["modularize", pytest.param("block", marks=pytest.mark.slow)])
 def test_the_issues_programs_convert_from_a_file(run_cli, saved, built, tmp_path, name, rules):
     """``rewrite apply RULES FILE -o out.onnx``, as the issue ran it."""
     model, args, kwargs, _ = built(name)
