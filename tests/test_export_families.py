@@ -49,3 +49,15 @@ def test_a_cache_that_is_not_keys_and_values_is_refused_in_one_line(tmp_path, ru
     assert "cache is a" in r.err and "not keys and values" in r.err
     assert "Traceback" not in r.err
     assert not list(out.parent.iterdir())
+
+
+@pytest.mark.slow  # a tiny checkpoint built from its config, then its eager calls
+def test_a_model_whose_own_decode_fails_is_refused_before_export(tmp_path, run_cli):
+    """CPM-Ant's own forward fails on a cached decode step (the eager reference the written
+    model is checked against): exit 2 naming the model's forward, not a bug in rewrite."""
+    out = tmp_path / "out" / "model.onnx"
+    out.parent.mkdir()
+    r = run_cli("export", _checkpoint("cpmant", tmp_path), "-o", out)
+    assert r.code == 2, r.err
+    assert "CpmAntForCausalLM's own forward failed on a decode step" in r.err
+    assert not list(out.parent.iterdir())

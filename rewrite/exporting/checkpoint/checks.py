@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Mapping
 
+from rewrite.errors import InputError, first_line, library_call
 from rewrite.exporting.checkpoint.cache import Call, LayerCache, cache_keyword, model_cache
 from rewrite.exporting.verify import Check, Step, as_numpy, tolerances
 
@@ -131,7 +132,16 @@ def _own_call(model: "torch.nn.Module", ids: "torch.Tensor", total: int, cache: 
         keywords.update(use_cache=True, **{cache_keyword(model): cache})
     else:
         keywords["use_cache"] = False
-    with torch.no_grad():
+    name = type(model).__name__
+
+    def failed(e: BaseException) -> InputError:
+        step = "a decode step" if cache is not None and total > ids.shape[1] else "a prefill"
+        return InputError(f"{name}'s own forward failed on {step} of {ids.shape[1]} token(s), "
+                          "the eager reference the written model is checked against, before "
+                          f"any export: {type(e).__name__}: {first_line(e)}")
+
+    with library_call("transformers", f"running {name}", failed), \
+            torch.no_grad():
         out = type(model).forward(model, **keywords)
     return as_numpy(out.logits), _snapshot(cache)
 
