@@ -61,3 +61,18 @@ def test_a_model_whose_own_decode_fails_is_refused_before_export(tmp_path, run_c
     assert r.code == 2, r.err
     assert "CpmAntForCausalLM's own forward failed on a decode step" in r.err
     assert not list(out.parent.iterdir())
+
+
+@pytest.mark.slow  # a tiny hybrid checkpoint built from its config
+def test_a_cache_keeping_state_beside_keys_and_values_is_refused_before_export(tmp_path,
+                                                                              run_cli):
+    """Falcon-H1's layers keep convolution and recurrent states beside their keys and values:
+    refused in one line before torch.export runs (it used to fail inside torch.export, which
+    the message then blamed)."""
+    out = tmp_path / "out" / "model.onnx"
+    out.parent.mkdir()
+    r = run_cli("export", _checkpoint("falcon_h1", tmp_path), "-o", out)
+    assert r.code == 2, r.err
+    assert "keeps conv_states, recurrent_states beside its keys and values" in r.err
+    assert "torch.export" not in r.err
+    assert not list(out.parent.iterdir())

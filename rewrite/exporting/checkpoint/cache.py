@@ -105,11 +105,31 @@ def cache_layout(model: "torch.nn.Module") -> tuple[LayerCache, ...]:
             raise InputError(
                 f"{name}: layer {n}'s cache is a {type(layer).__name__}, not keys and values: "
                 "--cache kv exports key/value caches only (use --cache none for the prefill)")
+        beside = sorted(k for k, v in vars(layer).items()
+                        if not k.startswith("_") and k not in ("keys", "values")
+                        and _holds_tensors(v))
+        if beside:
+            raise InputError(
+                f"{name}: layer {n}'s cache ({type(layer).__name__}) keeps {', '.join(beside)} "
+                "beside its keys and values: --cache kv carries keys and values only (use "
+                "--cache none for the prefill)")
         layers.append(LayerCache(keys.shape[1], keys.shape[3], values.shape[1],
                                  values.shape[3]))
     if not layers:
         raise InputError(f"{name} returned no key/value cache: use --cache none")
     return tuple(layers)
+
+
+def _holds_tensors(value: Any) -> bool:
+    """Whether ``value`` is a tensor, or a dict, list or tuple holding one (a cache layer's
+    state: Mamba's and linear attention's convolution and recurrent states are dicts)."""
+    import torch
+
+    if isinstance(value, dict):
+        value = list(value.values())
+    if isinstance(value, (list, tuple)):
+        return any(isinstance(v, torch.Tensor) for v in value)
+    return isinstance(value, torch.Tensor)
 
 
 def model_cache(model: "torch.nn.Module") -> Any:
