@@ -86,17 +86,9 @@ def cache_layout(model: "torch.nn.Module") -> tuple[LayerCache, ...]:
     import torch
 
     cache = model_cache(model)
-    ids = torch.zeros(1, 1, dtype=torch.long)
+    own_forward(model, torch.zeros(1, 1, dtype=torch.long), 1, cache,
+                "one token with a cache")
     name = type(model).__name__
-
-    def failed(e: BaseException) -> InputError:
-        return InputError(f"{name}'s own forward failed on one token with a cache, before "
-                          f"any export: {type(e).__name__}: {first_line(e)}")
-
-    with library_call("transformers", f"running {name} on one token", failed), \
-            torch.no_grad():
-        type(model).forward(model, input_ids=ids, attention_mask=torch.ones_like(ids),
-                            use_cache=True, **{cache_keyword(model): cache})
     layers = []
     for n, layer in enumerate(getattr(cache, "layers", ())):
         keys, values = getattr(layer, "keys", None), getattr(layer, "values", None)
@@ -118,6 +110,30 @@ def cache_layout(model: "torch.nn.Module") -> tuple[LayerCache, ...]:
     if not layers:
         raise InputError(f"{name} returned no key/value cache: use --cache none")
     return tuple(layers)
+
+
+def own_forward(model: "torch.nn.Module", ids: "torch.Tensor", total: int, cache: Any,
+                situation: str) -> Any:
+    """The class's forward as a user calls it: ``ids`` after ``total - len(ids)`` cached
+    tokens, all attended, no positions given, ``cache`` (None: no cache). The model's own
+    failure is an :class:`InputError` naming ``situation`` (the error rule:
+    :func:`~rewrite.errors.library_call`)."""
+    import torch
+
+    keywords: dict[str, Any] = {"input_ids": ids,
+                                "attention_mask": torch.ones(1, total, dtype=torch.long)}
+    if cache is not None:
+        keywords.update(use_cache=True, **{cache_keyword(model): cache})
+    else:
+        keywords["use_cache"] = False
+    name = type(model).__name__
+
+    def failed(e: BaseException) -> InputError:
+        return InputError(f"{name}'s own forward failed on {situation}, before any export: "
+                          f"{type(e).__name__}: {first_line(e)}")
+
+    with library_call("transformers", f"running {name}", failed), torch.no_grad():
+        return type(model).forward(model, **keywords)
 
 
 def _holds_tensors(value: Any) -> bool:

@@ -13,8 +13,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Mapping
 
-from rewrite.errors import InputError, first_line, library_call
-from rewrite.exporting.checkpoint.cache import Call, LayerCache, cache_keyword, model_cache
+from rewrite.exporting.checkpoint.cache import Call, LayerCache, model_cache, own_forward
 from rewrite.exporting.verify import Check, Step, as_numpy, tolerances
 
 if TYPE_CHECKING:
@@ -123,26 +122,11 @@ def encoder_check(model: "torch.nn.Module", call: Call) -> Check | None:
 
 def _own_call(model: "torch.nn.Module", ids: "torch.Tensor", total: int, cache: Any
               ) -> tuple[Any, Any]:
-    """The class's forward as a user calls it (no positions given); (logits, cache)."""
-    import torch
-
-    keywords: dict[str, Any] = {"input_ids": ids,
-                                "attention_mask": torch.ones(1, total, dtype=torch.long)}
-    if cache is not None:
-        keywords.update(use_cache=True, **{cache_keyword(model): cache})
-    else:
-        keywords["use_cache"] = False
-    name = type(model).__name__
-
-    def failed(e: BaseException) -> InputError:
-        step = "a decode step" if cache is not None and total > ids.shape[1] else "a prefill"
-        return InputError(f"{name}'s own forward failed on {step} of {ids.shape[1]} token(s), "
-                          "the eager reference the written model is checked against, before "
-                          f"any export: {type(e).__name__}: {first_line(e)}")
-
-    with library_call("transformers", f"running {name}", failed), \
-            torch.no_grad():
-        out = type(model).forward(model, **keywords)
+    """The eager reference: the model's own call (:func:`own_forward`); (logits, cache)."""
+    step = "a decode step" if cache is not None and total > ids.shape[1] else "a prefill"
+    out = own_forward(model, ids, total, cache,
+                      f"{step} of {ids.shape[1]} token(s), the eager reference the written "
+                      "model is checked against")
     return as_numpy(out.logits), _snapshot(cache)
 
 
