@@ -145,9 +145,8 @@ def run_one(model_type: str, timeout: float) -> dict:
     verified = re.search(r"max \|difference\| (\S+)", run.stderr + run.stdout)
     why = verified.group(0) if run.returncode == 0 and verified else _first(
         (said or err or [""])[-1])
-    return {"type": model_type, "result": RESULTS.get(run.returncode, f"exit {run.returncode}"),
-            "code": run.returncode, "why": why,
-            "seconds": round(time.perf_counter() - start, 1)}
+    result = RESULTS.get(run.returncode, f"exit {run.returncode}")
+    return {**_row(model_type, result, why, start), "code": run.returncode}
 
 
 def _row(model_type: str, result: str, why: str, start: float) -> dict:
