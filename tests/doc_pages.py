@@ -16,7 +16,9 @@ tests/test_docs_static.py checks the rest):
   must read as the lines under it: timings (``1.2s``) are normalized, a ``...`` line stands
   for any number of lines and ``...`` inside a line for any text, the shipped rules' folder
   prints as ``/path/to/rewrite/rules``. A command ending in ``# exit N`` must exit with N,
-  any other with 0.
+  any other with 0. A console block right under a ``<!-- output of torch X.Y -->`` line shows
+  what that torch release prints (counts that follow torch's decompositions): on another
+  release its commands must still exit as shown, their output is not compared.
 - A ``.rules`` file a console block names, that no command of the block writes and that is
   not shipped, is the plain block just above the console block (written into the working
   copy before any console block runs).
@@ -90,6 +92,17 @@ def commands(block: Block) -> list[tuple[str, list[str]]]:
         command, *expected = chunk.rstrip("\n").split("\n")
         found.append((command, expected))
     return found
+
+
+OUTPUT_OF = re.compile(r"<!-- output of torch (\d+\.\d+) -->\n+```console\n$")
+
+
+def output_release(block: Block) -> str | None:
+    """The torch release whose output the console block shows, when the page says so."""
+    text = read(block.page)
+    start = sum(len(line) for line in text.splitlines(keepends=True)[:block.line - 1])
+    said = OUTPUT_OF.search(text[max(0, start - 200):start])
+    return said[1] if said else None
 
 
 def expected_exit(command: str) -> int:

@@ -95,11 +95,14 @@ def run(command: str, folder: Path) -> tuple[int, str]:
 def test_console_block_prints_what_the_page_shows(block, tmp_path_factory, tmp_path):
     folder = tmp_path / "copy"
     shutil.copytree(page_copy(block.page, tmp_path_factory), folder, symlinks=True)
+    release = doc_pages.output_release(block)
+    compared = release is None or torch.__version__.startswith(f"{release}.")
     wrong = []
     for command, expected in doc_pages.commands(block):
         code, output = run(command, folder)
         got = doc_pages.normalized(output)
         want = [doc_pages.TIME.sub("0.0s", line) for line in expected]
-        if code != doc_pages.expected_exit(command) or not doc_pages.matches(want, got):
+        if code != doc_pages.expected_exit(command) or (
+                compared and not doc_pages.matches(want, got)):
             wrong.append(f"$ {command}  (exit {code})\n" + "\n".join(got))
     assert not wrong, f"{block.id}:\n" + "\n\n".join(wrong)

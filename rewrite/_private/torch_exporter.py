@@ -41,9 +41,11 @@ fallback).
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+import logging
+from typing import TYPE_CHECKING, Any, Iterator, Mapping, Sequence
 
 import torch
 
@@ -290,8 +292,28 @@ def translate(decomposed: torch.export.ExportedProgram, tables: tuple) -> "ir.Mo
     the registry of :func:`lowering_tables`."""
     registry = tables[0]
     to_onnx_program = _apis()["to_onnx_program"]
-    with torch_code():
+    with torch_code(), _without_call_metadata_warnings():
         return to_onnx_program(decomposed, registry=registry).model
+
+
+class _CallMetadataWarnings(logging.Filter):
+    """Drops torch.onnx's warning that an ``invoke_subgraph`` call has no ``nn_module_stack``:
+    the calls are rewrite's (each one a layer's), their metadata is set after translation."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("nn_module_stack not found for node")
+
+
+@contextlib.contextmanager
+def _without_call_metadata_warnings() -> Iterator[None]:
+    """``_CallMetadataWarnings`` on torch.onnx's exporter logger while the block runs."""
+    logger = logging.getLogger("torch.onnx._internal.exporter._core")
+    quiet = _CallMetadataWarnings()
+    logger.addFilter(quiet)
+    try:
+        yield
+    finally:
+        logger.removeFilter(quiet)
 
 
 def convert_opset(model: "ir.Model") -> None:
