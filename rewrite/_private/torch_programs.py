@@ -156,6 +156,25 @@ def _inline_invoke_subgraph_nodes(gm: torch.fx.GraphModule, nodes: list[torch.fx
             gm.graph.erase_node(getter)
 
 
+def own_values(nodes: list[torch.fx.Node]) -> None:
+    """Give each node of ``nodes`` a ``val`` of its own: fake tensors of the same sizes,
+    strides and dtype (an inlined body's copies share its nodes' values; the per-body
+    lowering tells calls apart by their values). A value that is not a fake tensor stays."""
+    import torch.utils._pytree as pytree
+
+    def fresh(value: Any) -> Any:
+        mode = getattr(value, "fake_mode", None)
+        if mode is None or not isinstance(value, torch.Tensor):
+            return value
+        with mode:
+            return torch.empty_strided(value.shape, value.stride(), dtype=value.dtype,
+                                       device=value.device)
+
+    for node in nodes:
+        if "val" in node.meta:
+            node.meta["val"] = pytree.tree_map(fresh, node.meta["val"])
+
+
 def codegen_of(graph: torch.fx.Graph) -> torch.fx.graph.CodeGen:
     """The code generation ``graph`` uses."""
     return getattr(graph, "_codegen", None) or torch.fx.graph.CodeGen()

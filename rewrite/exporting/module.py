@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 from pathlib import Path
+from functools import partial
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from rewrite._private.exclusive import exclusive
@@ -28,6 +29,10 @@ if TYPE_CHECKING:
     from rewrite.backends.onnx import OnnxOptions, Progress
     from rewrite.exporting.verify import Check
 
+Tracing = Callable[[Callable[[], "torch.export.ExportedProgram"]],
+                   "torch.export.ExportedProgram"]
+"""A way of running ``torch.export``: given the call that exports, the program."""
+
 
 def export_module(model: "torch.nn.Module", args: tuple, kwargs: Mapping[str, Any] | None,
                   *, rules: RuleSet | str | Path | None, dynamic_shapes: Any, strict: bool,
@@ -36,14 +41,17 @@ def export_module(model: "torch.nn.Module", args: tuple, kwargs: Mapping[str, An
                   options: "OnnxOptions", inputs: Sequence[str | Path] = (),
                   axis_names: Any = None, check: "Check | None" = None,
                   beside: "Callable[[ir.Model], Beside] | None" = None,
-                  finish: "Callable[[ir.Model], None] | None" = None) -> "ir.Model":
+                  finish: "Callable[[ir.Model], None] | None" = None,
+                  trace: "Tracing | None" = None) -> "ir.Model":
     """:func:`rewrite.export` of an ``nn.Module``; ``output`` must not be one of ``inputs``. The
     model's symbolic dimensions take the names of the ``Dim``\\ s of ``dynamic_shapes``, or
     of ``axis_names`` (the same form, with names) when given. ``check``: what onnxruntime
     must reproduce before the output is published (:mod:`rewrite.exporting.verify`).
     ``beside``: given the finished model, the files to publish with it beside ``output`` (a
     checkpoint's ``genai_config.json`` and tokenizer files). ``finish``: done to the lowered
-    model before it is written (int4 weights); its weights are then not written early."""
+    model before it is written (int4 weights); its weights are then not written early.
+    ``trace``: runs the ``torch.export`` call it is given its own way (a checkpoint's layers
+    traced once: :func:`rewrite.exporting.checkpoint.once.traced_once`)."""
     from rewrite.backends.onnx.save import weights_early, write_model
     from rewrite.files.outputs import check_output_path
 
@@ -53,7 +61,7 @@ def export_module(model: "torch.nn.Module", args: tuple, kwargs: Mapping[str, An
         model, out, threshold=options.external_data_threshold, chunk=options.weights_chunk)
     with early as data:  # the weights in files are written while the graph is made
         program, onnx_model = _lowered(model, args, kwargs, ruleset, dynamic_shapes, strict,
-                                       options, progress)
+                                       options, progress, trace)
         rename_dims(onnx_model, dim_names(program, axis_names
                                           if axis_names is not None else dynamic_shapes))
         rename_values(onnx_model, input_names, output_names)
@@ -70,13 +78,15 @@ def export_module(model: "torch.nn.Module", args: tuple, kwargs: Mapping[str, An
 
 def _lowered(model: "torch.nn.Module", args: tuple, kwargs: Mapping[str, Any] | None,
              ruleset: RuleSet | None, dynamic_shapes: Any, strict: bool,
-             options: "OnnxOptions", progress: "Progress"
+             options: "OnnxOptions", progress: "Progress", trace: "Tracing | None" = None
              ) -> tuple["torch.export.ExportedProgram", "ir.Model"]:
-    """``model`` exported by ``torch.export``, grouped and lowered: (program, ONNX model)."""
+    """``model`` exported by ``torch.export`` (through ``trace`` when given), grouped and
+    lowered: (program, ONNX model)."""
     from rewrite.backends.onnx import lower
 
+    export = partial(_torch_export, model, args, kwargs, dynamic_shapes, strict)
     with progress.step(f"exporting {type(model).__name__} with torch.export"), exclusive():
-        program = _torch_export(model, args, kwargs, dynamic_shapes, strict)
+        program = trace(export) if trace is not None else export()
     if ruleset is None:
         ruleset = suggested_rules(program, type(model).__name__, progress)
     lowering = lower(apply(ruleset, program), options, progress)

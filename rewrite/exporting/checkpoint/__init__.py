@@ -43,6 +43,7 @@ from rewrite.exporting.checkpoint.checks import (
 from rewrite.exporting.checkpoint.fixed_cache import fixed_cache_call
 from rewrite.exporting.checkpoint.encoders import encoder_call, takes_text
 from rewrite.exporting.checkpoint.folder import Checkpoint, read_checkpoint
+from rewrite.exporting.checkpoint.once import traced_once
 from rewrite.exporting.checkpoint.genai import beside, plan
 from rewrite.api import as_ruleset
 from rewrite.compile import RuleSet, shipped_rules
@@ -102,7 +103,8 @@ def export_checkpoint(folder: str | Path, *, rules: RuleSet | str | Path | None,
             strict=False, output=output, input_names=call.input_names,
             output_names=call.output_names, progress=progress, options=options,
             inputs=inputs, axis_names=call.axis_names, check=check, beside=published,
-            finish=precision.finish(progress.note))
+            finish=precision.finish(progress.note),
+            trace=partial(traced_once, model, call.args, progress) if kind == "kv" else None)
     if output is not None:
         progress.note(genai.note(Path(output)))
     return exported

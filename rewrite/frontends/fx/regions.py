@@ -150,17 +150,22 @@ def readable_program(program: torch.export.ExportedProgram) -> torch.export.Expo
         for node, stack in stacks.items():
             copies[node].meta[_STACK] = stack
     if calls:
-        from rewrite._private.torch_programs import inline_invoke_subgraph_nodes
+        from rewrite._private.torch_programs import inline_invoke_subgraph_nodes, own_values
 
+        inlined: set[str] = set()
         for node in list(gm.graph.find_nodes(op="call_function", target=hop)):
             body = _attr(gm, node.args[0].target)
             base = _common_stack(body) if isinstance(body, torch.fx.GraphModule) else []
             call = _items(node)
             before = set(gm.graph.nodes)
             inline_invoke_subgraph_nodes(gm, [node])
-            for new in gm.graph.nodes:
-                if new not in before and _STACK in new.meta:
-                    new.meta[_STACK] = _rerooted(_items(new), base, call)
+            new = [n for n in gm.graph.nodes if n not in before]
+            for n in new:
+                if _STACK in n.meta:
+                    n.meta[_STACK] = _rerooted(_items(n), base, call)
+            if node.args[1] in inlined:  # a body inlined before: its values are taken
+                own_values(new)
+            inlined.add(node.args[1])
     gm.recompile()
     return _with_graph_module(program, gm)
 

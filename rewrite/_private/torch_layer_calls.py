@@ -1,0 +1,143 @@
+"""A layer's calls in a ``torch.export`` trace: the first traced once as an
+``invoke_subgraph`` call, the others recorded as calls of that subgraph, not traced (private
+make_fx internals: the proxy mode's tracer, ``track_tensor_tree``, the invoke_subgraph cache,
+symbolic sizes' expressions and hints; checked against the torch versions of
+:data:`rewrite._private.CHECKED_WITH`).
+
+torch.export traces every layer of a model again (its symbolic-shape reasoning grows with the
+depth), and dispatching ``invoke_subgraph`` costs more than that at each call (a schema made
+by tracing the body again, an autograd function, a fake run). :class:`LayerCalls` dispatches
+one ``invoke_subgraph`` call per identifier (torch traces the body and keeps it); a later call
+whose operands have the first call's dtypes and sizes (symbolic sizes of the same hint are
+declared equal with ``torch._check``, as tracing the body would guard them) is recorded as the
+node the tracer would make, its outputs fresh fake tensors shaped as the first call's. Outside
+a trace the body runs as is. Missing APIs raise :class:`Unavailable` (the caller traces the
+whole model).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable, Sequence
+
+import torch
+
+from rewrite._private.errors import Unavailable
+
+
+@functools.lru_cache(maxsize=1)
+def _apis() -> dict[str, Any]:
+    try:
+        from torch._guards import detect_fake_mode
+        from torch._higher_order_ops.invoke_subgraph import (
+            get_invoke_subgraph_cache,
+            invoke_subgraph,
+        )
+        from torch.fx.experimental.proxy_tensor import (
+            disable_proxy_modes_tracing,
+            get_proxy_mode,
+            track_tensor_tree,
+        )
+    except ImportError as e:  # pragma: no cover - not in the checked versions
+        raise Unavailable(f"torch {torch.__version__}: {e}") from e
+    return {"hop": invoke_subgraph, "cache": get_invoke_subgraph_cache,
+            "proxy_mode": get_proxy_mode, "track": track_tensor_tree,
+            "fake_mode": detect_fake_mode, "untraced": disable_proxy_modes_tracing}
+
+
+def available() -> bool:
+    """Whether this torch has what :class:`LayerCalls` uses."""
+    try:
+        _apis()
+    except Unavailable:
+        return False
+    return True
+
+
+class _First:
+    """A traced call: its identifier, operands, outputs and the path of its subgraph."""
+
+    __slots__ = ("name", "operands", "outputs", "path")
+
+    def __init__(self, name: str, operands: Sequence[torch.Tensor],
+                 outputs: Sequence[torch.Tensor], path: str) -> None:
+        self.name, self.path = name, path
+        self.operands, self.outputs = tuple(operands), tuple(outputs)
+
+
+class LayerCalls:
+    """The layer calls of one ``torch.export`` trace (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self._first: dict[str, list[_First]] = {}
+        self.traced: list[str] = []
+        """The identifiers whose bodies were traced, in order."""
+        self.recorded = 0
+        """How many calls were recorded without tracing."""
+
+    def call(self, identifier: str, body: Callable[..., tuple], operands: Sequence[Any]
+             ) -> tuple:
+        """``body(*operands)`` (a tuple of tensors): traced at the first call of
+        ``identifier`` in an export, recorded at the later ones (a call with other sizes
+        is traced again, as ``identifier.N``)."""
+        api = _apis()
+        mode = api["proxy_mode"]()
+        if mode is None:
+            return tuple(body(*operands))
+        firsts = self._first.setdefault(identifier, [])
+        for first in firsts:
+            if _same_sizes(first.operands, operands):
+                self.recorded += 1
+                return self._record(mode.tracer, first, operands)
+        name = f"{identifier}.{len(firsts)}" if firsts else identifier
+        outputs = tuple(api["hop"](body, name, *operands))
+        graph = api["cache"]().get_proxy_dispatch_entry(name)
+        path = next((path for path, m in mode.tracer.root.named_modules() if m is graph), None)
+        if path is None:
+            raise Unavailable(f"the traced body of {name} is not on the tracer's root")
+        firsts.append(_First(name, operands, outputs, path))
+        self.traced.append(name)
+        return outputs
+
+    def _record(self, tracer: Any, first: _First, operands: Sequence[Any]) -> tuple:
+        """The call node the tracer would make for ``operands``, its outputs shaped as the
+        first call's."""
+        api = _apis()
+        fake = api["fake_mode"](operands)
+        with api["untraced"](), fake:
+            outputs = tuple(torch.empty_strided(t.shape, t.stride(), dtype=t.dtype,
+                                                device=t.device) for t in first.outputs)
+        args = []
+        for operand in operands:
+            proxy = tracer.unwrap_proxy(operand)
+            if not isinstance(proxy, torch.fx.Proxy):
+                raise Unavailable(f"an operand of {first.name} is not traced")
+            args.append(proxy.node)
+        getter = tracer.create_node("get_attr", first.path, (), {})
+        node = tracer.create_node("call_function", api["hop"], (getter, first.name, *args), {})
+        api["track"](outputs, tracer.proxy(node), constant=None, tracer=tracer)
+        return outputs
+
+
+def _same_sizes(first: Sequence[torch.Tensor], now: Sequence[Any]) -> bool:
+    """Whether ``now`` has ``first``'s dtypes and sizes; symbolic sizes that differ only by
+    their symbol (each input's own, of the same hint) are declared equal (``torch._check``)."""
+    if len(first) != len(now):
+        return False
+    pairs = []
+    for a, b in zip(first, now):
+        if not isinstance(b, torch.Tensor) or a.dtype != b.dtype or a.dim() != b.dim():
+            return False
+        if a is b:
+            continue
+        for x, y in zip((*a.shape, *a.stride()), (*b.shape, *b.stride())):
+            if isinstance(x, int) or isinstance(y, int):
+                if not (isinstance(x, int) and isinstance(y, int) and x == y):
+                    return False
+            elif x.node.expr != y.node.expr:
+                if x.node.hint is None or x.node.hint != y.node.hint:
+                    return False
+                pairs.append((x, y))
+    for x, y in pairs:
+        torch._check(y == x)
+    return True

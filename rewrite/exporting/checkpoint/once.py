@@ -1,0 +1,289 @@
+"""Each distinct decoder layer traced once by ``torch.export``: the export's cost flat in depth.
+
+torch.export traces every layer of a model again; from a checkpoint that is most of the
+export's time (~0.6 s per layer). While exporting, each decoder layer's ``forward`` is
+replaced on the instance (module paths and weight names stay the checkpoint's): its call
+becomes one call of a function of the layer's weights, its tensor arguments and its layer's
+cache (keys and values in, updated keys and values out), which
+:class:`rewrite._private.torch_layer_calls.LayerCalls` traces at the first layer of each kind
+and records, not traced, at the others. The program holds one ``invoke_subgraph`` body per
+kind, which rewrite's reader inlines at each call with that call's module paths
+(:func:`rewrite.frontends.fx.regions.readable_program`): grouping, lowering and the ONNX
+output are those of the whole-model trace.
+
+A kind is the layer's class, the names, shapes and dtypes of its weights, the settings of
+its modules (their plain attributes: a sliding or a full attention, dense or MoE; the layer's
+index aside) and the non-tensor arguments of its call. The export is checked after: every
+layer is run through its kind's traced body on the cached inputs of a one-token forward, and
+must give what the layer gives (a layer whose code reads its index or other state per layer
+would not). Where the model cannot be cut this way (no list of decoder layers, a cache other
+than transformers' ``DynamicCache``, a failure of the cut trace, a layer its body does not
+reproduce), :func:`traced_once` says why in one line and traces the whole model.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import types
+from typing import TYPE_CHECKING, Any, Callable, Iterator
+
+from rewrite._private.errors import Unavailable
+from rewrite._private.torch_layer_calls import LayerCalls, available
+from rewrite.errors import first_line
+
+if TYPE_CHECKING:
+    import torch
+
+    from rewrite.backends.onnx import Progress
+
+_INDEX_NAMES = frozenset({"layer_idx", "layer_id", "layer_index", "layer_number", "idx"})
+"""Attributes that number a layer (the layer's index; checked by running every layer)."""
+
+
+def decoder_layers(model: "torch.nn.Module") -> "torch.nn.ModuleList | None":
+    """The model's list of decoder layers: its one ``ModuleList`` of ``num_hidden_layers``
+    modules of one base class (None when there is not exactly one)."""
+    import torch
+
+    config = model.config.get_text_config(decoder=True)
+    count = getattr(config, "num_hidden_layers", None)
+    found = [m for m in model.modules() if isinstance(m, torch.nn.ModuleList)
+             and len(m) == count and count and any(True for _ in m[0].parameters())]
+    return found[0] if len(found) == 1 else None
+
+
+def kind(layer: "torch.nn.Module") -> str:
+    """The layer's kind (see the module docstring), as a short identifier."""
+    parts = [type(layer).__qualname__]
+    for name, tensor in (*layer.named_parameters(), *layer.named_buffers()):
+        parts.append(f"{name}:{tuple(tensor.shape)}:{tensor.dtype}")
+    for path, module in layer.named_modules():
+        settings = {k: v for k, v in vars(module).items()
+                    if not k.startswith("_") and k not in _INDEX_NAMES and _plain(v)}
+        parts.append(f"{path}:{type(module).__qualname__}:{sorted(settings.items())!r}")
+    digest = hashlib.sha1("\n".join(parts).encode()).hexdigest()[:10]
+    return f"{type(layer).__name__}_{digest}"
+
+
+def _plain(value: Any) -> bool:
+    if isinstance(value, (tuple, list)):
+        return all(_plain(v) for v in value)
+    return value is None or isinstance(value, (bool, int, float, str))
+
+
+def traced_once(model: "torch.nn.Module", example: tuple, progress: "Progress",
+                export: Callable[[], "torch.export.ExportedProgram"]
+                ) -> "torch.export.ExportedProgram":
+    """``export()`` with each distinct decoder layer of ``model`` traced once (``example``:
+    the export's example inputs); where the model cannot be cut so, a one-line note of why,
+    and ``export()`` as it is."""
+    layers = decoder_layers(model)
+    reason = _cannot_cut(model, layers)
+    if reason is None:
+        calls = LayerCalls()
+        try:
+            with cut(layers, calls):
+                program = export()
+            reason = check_bodies(model, layers, program, example)
+        except Exception as e:  # noqa: BLE001 - any failure of the cut trace: the whole one
+            reason = f"the cut trace failed: {type(e).__name__}: {first_line(e)}"
+        if reason is None:
+            progress.note(f"torch.export: {len(layers)} layers, {len(calls.traced)} traced "
+                          f"({', '.join(calls.traced)}), {calls.recorded} recorded")
+            return program
+    progress.note(f"torch.export traces every layer: {reason}")
+    return export()
+
+
+def _cannot_cut(model: "torch.nn.Module", layers: Any) -> str | None:
+    if not available():
+        return "this torch lacks what tracing a layer once needs"
+    if layers is None:
+        return (f"{type(model).__name__} has no one list of num_hidden_layers decoder "
+                "layers")
+    return None
+
+
+@contextlib.contextmanager
+def cut(layers: "torch.nn.ModuleList", calls: "LayerCalls | Recorder") -> Iterator[None]:
+    """While inside, each layer's call goes through ``calls`` (see the module docstring)."""
+    kinds = [kind(layer) for layer in layers]
+    outputs_of: dict = {}
+    for index, (layer, identifier) in enumerate(zip(layers, kinds)):
+        layer.forward = types.MethodType(_layer_forward(calls, index, identifier, outputs_of),
+                                         layer)
+    try:
+        yield
+    finally:
+        for layer in layers:
+            del layer.forward
+
+
+def _layer_forward(calls: "LayerCalls | Recorder", index: int, kind: str, outputs_of: dict
+                   ) -> Callable[..., Any]:
+    """The forward of layer ``index``: one call of its kind's body through ``calls``
+    (``outputs_of``: the structure of each body's outputs, shared by the layers)."""
+
+    def forward(self: "torch.nn.Module", *args: Any, **kwargs: Any) -> Any:
+        call = LayerCall(self, index, kind, args, dict(kwargs), outputs_of)
+        return call.finish(calls.call(call.identifier, call.body, call.operands))
+
+    return forward
+
+
+class LayerCall:
+    """One call of a layer, as a function of tensors: its weights, its tensor arguments and
+    its layer's past keys and values in; its tensor outputs and updated keys and values
+    out. The call's other arguments are constants of the function (:attr:`constants`)."""
+
+    def __init__(self, layer: "torch.nn.Module", index: int, kind: str, args: tuple,
+                 kwargs: dict, outputs_of: dict) -> None:
+        import torch
+        import torch.utils._pytree as pytree
+
+        from transformers.cache_utils import Cache
+
+        self.layer, self.index, self._outputs_of = layer, index, outputs_of
+        places = [*(k for k, v in enumerate(args) if isinstance(v, Cache)),
+                  *(k for k, v in kwargs.items() if isinstance(v, Cache))]
+        self.cache_at: int | str | None = places[0] if places else None
+        """Where the call passes the cache: a position, a keyword, or None."""
+        self.cache = None
+        if isinstance(self.cache_at, int):
+            args = list(args)
+            self.cache, args[self.cache_at] = args[self.cache_at], None
+        elif self.cache_at is not None:
+            self.cache = kwargs.pop(self.cache_at)
+        self.past = self._past() if self.cache is not None else ()
+        self.leaves, self.spec = pytree.tree_flatten((args, kwargs))
+        self.tensors = [k for k, v in enumerate(self.leaves) if isinstance(v, torch.Tensor)]
+        named = [*layer.named_parameters(), *layer.named_buffers()]
+        self.names = [name for name, _ in named]
+        self.operands = (*(t for _, t in named), *(self.leaves[k] for k in self.tensors),
+                         *self.past)
+        others = [repr(v) for k, v in enumerate(self.leaves) if k not in self.tensors]
+        text = f"{self.spec}|{others}|{self.cache_at}"
+        self.identifier = f"{kind}_{hashlib.sha1(text.encode()).hexdigest()[:8]}"
+        """The function's identifier: the layer's kind and the call's constants."""
+
+    def _past(self) -> tuple:
+        layers = getattr(self.cache, "layers", None)
+        state = layers[self.index] if layers is not None and self.index < len(layers) else None
+        keys, values = getattr(state, "keys", None), getattr(state, "values", None)
+        if not (type(self.cache).__name__ == "DynamicCache" and keys is not None
+                and values is not None):
+            raise Unavailable(f"layer {self.index}'s cache is not a filled DynamicCache layer")
+        return keys, values
+
+    def body(self, *operands: "torch.Tensor") -> tuple:
+        """The layer's call on ``operands`` (see the class docstring)."""
+        import torch
+        import torch.utils._pytree as pytree
+
+        weights = dict(zip(self.names, operands))
+        given = operands[len(self.names):len(operands) - len(self.past)]
+        leaves = list(self.leaves)
+        for k, tensor in zip(self.tensors, given):
+            leaves[k] = tensor
+        args, kwargs = pytree.tree_unflatten(leaves, self.spec)
+        if self.cache is not None:
+            state = self.cache.layers[self.index]
+            saved = state.keys, state.values
+            state.keys, state.values = operands[len(operands) - 2:]
+            if isinstance(self.cache_at, int):
+                args[self.cache_at] = self.cache
+            else:
+                kwargs[self.cache_at] = self.cache
+        forward = self.layer.__dict__.pop("forward")  # the class's, for this call
+        try:
+            out = torch.func.functional_call(self.layer, weights, tuple(args), kwargs)
+        finally:
+            self.layer.forward = forward
+        out_leaves, out_spec = pytree.tree_flatten(out)
+        self._outputs_of[self.identifier] = (out_leaves, out_spec)
+        tensors = [v for v in out_leaves if isinstance(v, torch.Tensor)]
+        if self.cache is not None:
+            tensors += [state.keys, state.values]
+            state.keys, state.values = saved
+        return tuple(tensors)
+
+    def finish(self, outputs: tuple) -> Any:
+        """The layer's return value from the function's ``outputs``; the layer's cache
+        updated."""
+        import torch
+        import torch.utils._pytree as pytree
+
+        if self.cache is not None:
+            state = self.cache.layers[self.index]
+            state.keys, state.values = outputs[-2:]
+            outputs = outputs[:-2]
+        leaves, spec = self._outputs_of[self.identifier]
+        given = iter(outputs)
+        leaves = [next(given) if isinstance(v, torch.Tensor) else v for v in leaves]
+        return pytree.tree_unflatten(leaves, spec)
+
+
+class Recorder:
+    """Runs each layer's function as is and keeps its identifier, operands and outputs."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, tuple, tuple]] = []
+
+    def call(self, identifier: str, body: Callable[..., tuple], operands: tuple) -> tuple:
+        outputs = tuple(body(*operands))
+        self.calls.append((identifier, tuple(operands), outputs))
+        return outputs
+
+
+def check_bodies(model: "torch.nn.Module", layers: "torch.nn.ModuleList",
+                 program: "torch.export.ExportedProgram", example: tuple) -> str | None:
+    """Why ``program``'s traced bodies do not compute every layer (None when they do): each
+    layer's function is run eagerly on ``example`` (the export's example inputs, the cache
+    made random), and its kind's body must give the same outputs."""
+    import torch
+
+    bodies = _bodies(program)
+    recorder = Recorder()
+    with cut(layers, recorder), torch.no_grad():
+        model(*_randomized(example))
+    for index, (identifier, operands, outputs) in enumerate(recorder.calls):
+        candidates = [body for name, body in bodies.items()
+                      if name == identifier or name.startswith(f"{identifier}.")]
+        if not any(_same(body, operands, outputs) for body in candidates):
+            return (f"layer {index}'s traced body does not compute it (its code differs "
+                    f"from its kind's first layer: {identifier})")
+    return None
+
+
+def _bodies(program: "torch.export.ExportedProgram") -> dict[str, "torch.fx.GraphModule"]:
+    """The program's ``invoke_subgraph`` bodies by identifier."""
+    import torch
+
+    hop = torch.ops.higher_order.invoke_subgraph
+    gm = program.graph_module
+    return {node.args[1]: gm.get_submodule(node.args[0].target)
+            for node in gm.graph.find_nodes(op="call_function", target=hop)}
+
+
+def _same(body: "torch.fx.GraphModule", operands: tuple, outputs: tuple) -> bool:
+    import torch
+
+    try:
+        got = body(*operands)
+    except Exception:  # noqa: BLE001 - a body traced for other sizes
+        return False
+    return len(got) == len(outputs) and all(
+        a.shape == b.shape and torch.allclose(a, b, rtol=1e-4, atol=1e-5)
+        for a, b in zip(got, outputs))
+
+
+def _randomized(example: tuple) -> tuple:
+    """``example`` with its floating-point tensors (the cache) random normal."""
+    import torch
+    import torch.utils._pytree as pytree
+
+    generator = torch.Generator().manual_seed(0)
+    return pytree.tree_map(
+        lambda t: torch.randn(t.shape, generator=generator, dtype=t.dtype)
+        if isinstance(t, torch.Tensor) and t.is_floating_point() else t, example)
