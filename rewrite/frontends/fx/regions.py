@@ -158,16 +158,42 @@ def readable_program(program: torch.export.ExportedProgram) -> torch.export.Expo
             base = _common_stack(body) if isinstance(body, torch.fx.GraphModule) else []
             call = _items(node)
             before = set(gm.graph.nodes)
+            marker = gm.graph.call_function(operator.getitem, ((), 0))  # where it was
+            node.prepend(marker)
             inline_invoke_subgraph_nodes(gm, [node])
-            new = [n for n in gm.graph.nodes if n not in before]
+            new = [n for n in gm.graph.nodes if n not in before and n is not marker]
             for n in new:
                 if _STACK in n.meta:
                     n.meta[_STACK] = _rerooted(_items(n), base, call)
             if node.args[1] in inlined:  # a body inlined before: its values are taken
                 own_values(new)
             inlined.add(node.args[1])
+            _sizes_from_before(gm.graph, new, marker)
+            gm.graph.erase_node(marker)
     gm.recompile()
     return _with_graph_module(program, gm)
+
+
+def _sizes_from_before(graph: torch.fx.Graph, new: list, call: torch.fx.Node) -> None:
+    """An inlined body's symbolic sizes (``sym_size``, their sums...) computed again where a
+    node before the ``call`` it replaced computes the same size: that node's, as a trace of
+    the whole program gives them (its tracer computes each symbolic size once)."""
+    fresh = set(new)
+    sizes: dict[str, torch.fx.Node] = {}
+    for node in graph.nodes:
+        if node is call or node in fresh:
+            break
+        value = node.meta.get("val")
+        if isinstance(value, torch.SymInt):
+            sizes.setdefault(str(value), node)
+    for node in new:
+        value = node.meta.get("val")
+        earlier = sizes.get(str(value)) if isinstance(value, torch.SymInt) else None
+        if earlier is not None:
+            node.replace_all_uses_with(earlier)
+            graph.erase_node(node)
+        elif isinstance(value, torch.SymInt):
+            sizes[str(value)] = node
 
 
 def _rerooted(items: list, base: list, call: list) -> dict:
