@@ -212,6 +212,11 @@ def _add_export(sub, common: argparse.ArgumentParser) -> None:
                         help="load model code from the folder (a config with auto_map) or "
                         "pickled *.bin weights: both run code from the folder, only for "
                         "checkpoints you trust. Without it such a folder is refused (exit 2)")
+    export.add_argument("--trace", choices=("layers", "whole"), default="layers",
+                        help="layers (default): torch.export traces each distinct decoder "
+                        "layer once, the other layers are calls of its trace (the export's "
+                        "cost flat in depth; where a model cannot be cut so, the whole trace, "
+                        "said in one line); whole: torch.export traces every layer")
     export.add_argument("--no-verify", dest="verify", action="store_false",
                         help="publish without first running the written model in onnxruntime "
                         "against eager PyTorch on a few tokens (by default a mismatch is an "

@@ -26,7 +26,7 @@ def cmd_export(args: argparse.Namespace, io: Consoles) -> int:
     with no_progress_bars():
         rewrite.export(args.folder, rules=rules, cache=args.cache, context=args.context,
                        static=args.static, output=output,
-                       trust_model=args.trust_model, verify=args.verify,
+                       trust_model=args.trust_model, verify=args.verify, trace=args.trace,
                        precision=args.precision, block_size=args.block_size,
                        symmetric=False if args.asymmetric else None,
                        progress=Steps.backend(io),

@@ -37,6 +37,7 @@ def export(
     static: Mapping[str, int] | None = None,
     trust_model: bool = False,
     verify: bool = True,
+    trace: str = "layers",
     precision: str | None = None,
     block_size: int | None = None,
     symmetric: bool | None = None,
@@ -52,8 +53,10 @@ def export(
     default), ``"none"`` (prefill), ``"static"`` (a cache of ``context`` tokens written in
     place; ``static={"batch": B, "seq": S}`` fixes those too); ``trust_model`` lets it run
     its own code; ``verify`` compares the written model with eager in onnxruntime before it
-    is published; ``precision``: ``fp32``, ``fp16``, ``bf16`` or ``int4`` (``block_size``,
-    ``symmetric``; :mod:`rewrite.exporting.precision`). ``rules``: a :class:`RuleSet` or what
+    is published; ``trace``: ``"layers"`` (torch.export traces each distinct decoder layer
+    once, the whole model where it cannot be cut so) or ``"whole"``; ``precision``:
+    ``fp32``, ``fp16``, ``bf16`` or ``int4`` (``block_size``, ``symmetric``;
+    :mod:`rewrite.exporting.precision`). ``rules``: a :class:`RuleSet` or what
     :func:`rewrite.load_rules` takes (None: a checkpoint's shipped rules, else suggested).
     ``onnx_options``: :class:`~rewrite.backends.onnx.OnnxOptions`'s fields. ``output``: also
     written there, crash-safe. ``progress`` hears of each step.
@@ -66,20 +69,26 @@ def export(
     options = OnnxOptions(**{"fold_weights": not folder, **onnx_options})
     report = progress or SILENT
     for_folders = dict(cache=cache, context=context, static=static, trust_model=trust_model,
-                       verify=verify, precision=precision, block_size=block_size,
-                       symmetric=symmetric)
+                       verify=verify, trace=trace, precision=precision,
+                       block_size=block_size, symmetric=symmetric)
     if folder:
         if args or kwargs or dynamic_shapes is not None or input_names or output_names:
             raise InputError("a checkpoint folder is exported with its own inputs: args, "
                              "kwargs, dynamic_shapes and input/output names are not taken")
         return _checkpoint(model, rules, output, report, options, **for_folders)
-    given = [k for k, v in for_folders.items() if v not in (None, False) and k != "verify"]
-    if given:
-        raise InputError(f"{', '.join(given)}: options of a checkpoint folder, not of a "
-                         f"{type(model).__name__}")
+    _refuse_folder_options(for_folders, model)
     return export_module(model, args, kwargs, rules=rules, dynamic_shapes=dynamic_shapes,
                          strict=strict, output=output, input_names=input_names,
                          output_names=output_names, progress=report, options=options)
+
+
+def _refuse_folder_options(for_folders: dict, model: Any) -> None:
+    """:class:`InputError` naming the options of a checkpoint folder given for a module."""
+    given = [k for k, v in for_folders.items()
+             if v not in (None, False) and k not in ("verify", "trace")]
+    if given:
+        raise InputError(f"{', '.join(given)}: options of a checkpoint folder, not of a "
+                         f"{type(model).__name__}")
 
 
 def _checkpoint(folder: str | Path, rules: RuleSet | str | Path | None,
@@ -87,7 +96,7 @@ def _checkpoint(folder: str | Path, rules: RuleSet | str | Path | None,
                 *, precision: str | None, block_size: int | None, symmetric: bool | None,
                 **choices: Any) -> "ir.Model":
     """:func:`export` of a checkpoint folder (``choices``: cache, context, static,
-    trust_model, verify)."""
+    trust_model, verify, trace)."""
     from rewrite.exporting.checkpoint import export_checkpoint
     from rewrite.exporting.precision import Precision
 

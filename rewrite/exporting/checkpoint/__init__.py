@@ -43,7 +43,7 @@ from rewrite.exporting.checkpoint.checks import (
 from rewrite.exporting.checkpoint.fixed_cache import fixed_cache_call
 from rewrite.exporting.checkpoint.encoders import encoder_call, takes_text
 from rewrite.exporting.checkpoint.folder import Checkpoint, read_checkpoint
-from rewrite.exporting.checkpoint.once import traced_once
+from rewrite.exporting.checkpoint.once import TRACES, traced_once
 from rewrite.exporting.checkpoint.genai import beside, plan
 from rewrite.api import as_ruleset
 from rewrite.compile import RuleSet, shipped_rules
@@ -64,14 +64,18 @@ def export_checkpoint(folder: str | Path, *, rules: RuleSet | str | Path | None,
                       cache: str | None, output: str | Path | None, trust_model: bool,
                       progress: "Progress", options: "OnnxOptions", verify: bool = True,
                       context: int | None = None, static: Mapping[str, int] | None = None,
-                      precision: Precision = Precision(None)) -> "ir.Model":
+                      precision: Precision = Precision(None), trace: str = "layers"
+                      ) -> "ir.Model":
     """``rewrite.export`` of a checkpoint folder (see :func:`rewrite.export`); ``verify``:
     the written model is run in onnxruntime and compared with eager before it is published
     (:mod:`rewrite.exporting.checkpoint.checks`); ``context`` and ``static``: the fixed
     cache of ``cache="static"`` (:mod:`rewrite.exporting.checkpoint.fixed_cache`);
     ``precision``: the dtype it is built in, or int4 weights
-    (:mod:`rewrite.exporting.precision`)."""
+    (:mod:`rewrite.exporting.precision`); ``trace``: ``"layers"``, each distinct decoder
+    layer traced once (:mod:`rewrite.exporting.checkpoint.once`), or ``"whole"``."""
     _check_cache_options(cache, context, static)
+    if trace not in TRACES:
+        raise InputError(f"trace={trace!r}: expected one of {', '.join(TRACES)}")
     checkpoint = read_checkpoint(folder, trust_model=trust_model)
     refuse_quantized(checkpoint)
     inputs = [checkpoint.path, *checkpoint.weights]
@@ -104,7 +108,8 @@ def export_checkpoint(folder: str | Path, *, rules: RuleSet | str | Path | None,
             output_names=call.output_names, progress=progress, options=options,
             inputs=inputs, axis_names=call.axis_names, check=check, beside=published,
             finish=precision.finish(progress.note),
-            trace=partial(traced_once, model, call.args, progress) if kind == "kv" else None)
+            trace=partial(traced_once, model, call.args, progress)
+            if trace == "layers" and kind != "static" else None)
     if output is not None:
         progress.note(genai.note(Path(output)))
     return exported

@@ -37,6 +37,9 @@ if TYPE_CHECKING:
 
     from rewrite.backends.onnx import Progress
 
+TRACES = ("layers", "whole")
+"""``rewrite export --trace``: each distinct layer once (where the model can be cut so), or
+the whole model."""
 _INDEX_NAMES = frozenset({"layer_idx", "layer_id", "layer_index", "layer_number", "idx"})
 """Attributes that number a layer (the layer's index; checked by running every layer)."""
 
@@ -135,7 +138,7 @@ def _layer_forward(calls: "LayerCalls | Recorder", index: int, kind: str, output
 class LayerCall:
     """One call of a layer, as a function of tensors: its weights, its tensor arguments and
     its layer's past keys and values in; its tensor outputs and updated keys and values
-    out. The call's other arguments are constants of the function (:attr:`constants`)."""
+    out. The call's other arguments are constants of the function (in :attr:`identifier`)."""
 
     def __init__(self, layer: "torch.nn.Module", index: int, kind: str, args: tuple,
                  kwargs: dict, outputs_of: dict) -> None:
@@ -250,6 +253,9 @@ def check_bodies(model: "torch.nn.Module", layers: "torch.nn.ModuleList",
     for index, (identifier, operands, outputs) in enumerate(recorder.calls):
         candidates = [body for name, body in bodies.items()
                       if name == identifier or name.startswith(f"{identifier}.")]
+        if not candidates:
+            return (f"layer {index} took another path in eager than in the trace: its "
+                    "traced body could not be checked")
         if not any(_same(body, operands, outputs) for body in candidates):
             return (f"layer {index}'s traced body does not compute it (its code differs "
                     f"from its kind's first layer: {identifier})")
@@ -279,11 +285,16 @@ def _same(body: "torch.fx.GraphModule", operands: tuple, outputs: tuple) -> bool
 
 
 def _randomized(example: tuple) -> tuple:
-    """``example`` with its floating-point tensors (the cache) random normal."""
+    """``example`` (``input_ids``, ``attention_mask``, ...) with its floating-point tensors
+    (the cache) random normal, and the first row's first token masked: the mask is a tensor
+    in eager as it is in the trace (transformers skips an all-ones mask when not tracing)."""
     import torch
     import torch.utils._pytree as pytree
 
     generator = torch.Generator().manual_seed(0)
-    return pytree.tree_map(
+    example = pytree.tree_map(
         lambda t: torch.randn(t.shape, generator=generator, dtype=t.dtype)
         if isinstance(t, torch.Tensor) and t.is_floating_point() else t, example)
+    mask = example[1].clone()
+    mask[0, 0] = 0
+    return (example[0], mask, *example[2:])
