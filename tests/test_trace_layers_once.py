@@ -1,0 +1,90 @@
+"""``rewrite export --trace layers`` (the default): torch.export traces each distinct decoder
+layer once, the other layers are recorded as calls of its trace. The model written is the
+whole-model trace's (``--trace whole``): the same functions, calls and I/O (their structure
+locks are equal) and the same numerics; where the model cannot be cut so, the whole trace,
+said in one line.
+
+The decode numerics of the default path for every family are tests/test_checkpoint_export.py's
+(prefill and 3 decode steps against eager, a left-padded row).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+import rewrite
+from rewrite.errors import InputError
+from rewrite.structure import compare, of_model, render
+from tests import checkpoints
+from tests.test_checkpoint_export import Recorder, decode_and_compare
+
+KINDS = {"llama": 1, "qwen2": 1, "qwen3": 1, "mistral": 1, "phi3": 1, "gemma2": 2, "gpt2": 1,
+         "qwen2_moe": 1}
+"""Family -> its distinct layer kinds (Gemma-2: sliding and full attention)."""
+FAMILIES = [family if family == "llama" else pytest.param(family, marks=pytest.mark.slow)
+            for family in KINDS]
+
+
+@pytest.fixture(scope="module")
+def both(request, tmp_path_factory):
+    """(family, folder, (model, progress, path) per trace) of one family's checkpoint."""
+    family = request.param
+    root = tmp_path_factory.mktemp(f"once-{family}")
+    folder = checkpoints.write(family, root / "checkpoint")
+    made = {}
+    for trace in ("layers", "whole"):
+        progress = Recorder()
+        out = root / trace / "model.onnx"
+        out.parent.mkdir()
+        made[trace] = (rewrite.export(folder, output=out, trace=trace, progress=progress),
+                       progress, out)
+    return family, folder, made
+
+
+@pytest.mark.parametrize("both", FAMILIES, indirect=True)
+def test_each_distinct_layer_is_traced_once(both):
+    family, _, made = both
+    text = made["layers"][1].text
+    kinds = KINDS[family]
+    layers = checkpoints.LAYERS
+    assert (f"torch.export: {layers} layers, {kinds} traced" in text
+            and f"{layers - kinds} recorded" in text), text
+    assert "traces every layer" not in made["whole"][1].text  # whole: no cut, no note
+
+
+@pytest.mark.parametrize("both", FAMILIES, indirect=True)
+def test_the_model_is_the_whole_traces(both):
+    _, _, made = both
+    whole, layers = of_model(made["whole"][0]), of_model(made["layers"][0])
+    changes = compare(whole, layers)
+    assert not changes, render(changes)
+    names = [(v.name, str(v.shape)) for v in made["layers"][0].graph.inputs]
+    assert names == [(v.name, str(v.shape)) for v in made["whole"][0].graph.inputs]
+
+
+@pytest.mark.slow
+def test_a_layer_whose_code_reads_its_index_falls_back_to_the_whole_trace(tmp_path,
+                                                                          monkeypatch):
+    from transformers.models.llama import modeling_llama
+
+    forward = modeling_llama.LlamaDecoderLayer.forward
+
+    def scaled(self, hidden_states, *args, **kwargs):  # each layer's code differs by its index
+        out = forward(self, hidden_states, *args, **kwargs)
+        return out * (1.0 + 0.1 * self.self_attn.layer_idx)
+
+    monkeypatch.setattr(modeling_llama.LlamaDecoderLayer, "forward", scaled)
+    folder = checkpoints.write("llama", tmp_path / "checkpoint")
+    progress = Recorder()
+    out = tmp_path / "model.onnx"
+    rewrite.export(folder, output=out, progress=progress)
+    note = next(line for line in progress.text.splitlines() if "traces every layer" in line)
+    assert "layer 1's traced body does not compute it" in note
+    assert max(decode_and_compare(folder, out)) < 1e-4
+
+
+def test_an_unknown_trace_is_refused(tmp_path):
+    folder = checkpoints.write("llama", tmp_path / "checkpoint")
+    with pytest.raises(InputError, match="trace='all'"):
+        rewrite.export(folder, trace="all")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint"]
