@@ -47,8 +47,8 @@ def test_each_distinct_layer_is_traced_once(both):
     text = made["layers"][1].text
     kinds = KINDS[family]
     layers = checkpoints.LAYERS
-    assert (f"torch.export: {layers} layers, {kinds} traced" in text
-            and f"{layers - kinds} recorded" in text), text
+    assert (f"torch.export: {kinds} of {layers} layers traced" in text
+            and f"{layers - kinds} recorded as calls of their traces" in text), text
     assert "traces every layer" not in made["whole"][1].text  # whole: no cut, no note
 
 

@@ -92,11 +92,19 @@ def traced_once(model: "torch.nn.Module", example: tuple, progress: "Progress",
         except Exception as e:  # noqa: BLE001 - any failure of the cut trace: the whole one
             reason = f"the cut trace failed: {type(e).__name__}: {first_line(e)}"
         if reason is None:
-            progress.note(f"torch.export: {len(layers)} layers, {len(calls.traced)} traced "
-                          f"({', '.join(calls.traced)}), {calls.recorded} recorded")
+            progress.note(f"torch.export: {len(calls.traced)} of {len(layers)} layers traced "
+                          f"({_classes(calls.traced)}), {calls.recorded} recorded as calls of "
+                          "their traces")
             return program
     progress.note(f"torch.export traces every layer: {reason}")
     return export()
+
+
+def _classes(identifiers: list[str]) -> str:
+    """``Gemma2DecoderLayer x2`` for the identifiers of :class:`LayerCall` s."""
+    names = [identifier.split(".")[0].rsplit("_", 2)[0] for identifier in identifiers]
+    return ", ".join(f"{name} x{names.count(name)}" if names.count(name) > 1 else name
+                     for name in dict.fromkeys(names))
 
 
 def _cannot_cut(model: "torch.nn.Module", layers: Any) -> str | None:
