@@ -108,8 +108,8 @@ def export_checkpoint(folder: str | Path, *, rules: RuleSet | str | Path | None,
             output_names=call.output_names, progress=progress, options=options,
             inputs=inputs, axis_names=call.axis_names, check=check, beside=published,
             finish=precision.finish(progress.note),
-            trace=partial(traced_once, model, call.args, progress)
-            if trace == "layers" and kind != "static" else None)
+            trace=partial(traced_once, model, call.args, progress) if trace == "layers"
+            else None)
     if output is not None:
         progress.note(genai.note(Path(output)))
     return exported

@@ -179,13 +179,13 @@ class LayerCall:
         """The function's identifier: the layer's kind and the call's constants."""
 
     def _past(self) -> tuple:
-        layers = getattr(self.cache, "layers", None)
-        state = layers[self.index] if layers is not None and self.index < len(layers) else None
-        keys, values = getattr(state, "keys", None), getattr(state, "values", None)
-        if not (type(self.cache).__name__ == "DynamicCache" and keys is not None
-                and values is not None):
-            raise Unavailable(f"layer {self.index}'s cache is not a filled DynamicCache layer")
-        return keys, values
+        self.slots = _slots(self.cache)
+        if self.slots is None:
+            raise Unavailable(f"the cache is a {type(self.cache).__name__}")
+        past = self.slots.read(self.cache, self.index)
+        if any(t is None for t in past):
+            raise Unavailable(f"layer {self.index}'s cache holds no keys and values")
+        return past
 
     def body(self, *operands: "torch.Tensor") -> tuple:
         """The layer's call on ``operands`` (see the class docstring)."""
@@ -199,9 +199,8 @@ class LayerCall:
             leaves[k] = tensor
         args, kwargs = pytree.tree_unflatten(leaves, self.spec)
         if self.cache is not None:
-            state = self.cache.layers[self.index]
-            saved = state.keys, state.values
-            state.keys, state.values = operands[len(operands) - 2:]
+            saved = self.slots.read(self.cache, self.index)
+            self.slots.install(self.cache, self.index, operands[len(operands) - len(saved):])
             if isinstance(self.cache_at, int):
                 args[self.cache_at] = self.cache
             else:
@@ -215,8 +214,8 @@ class LayerCall:
         self._outputs_of[self.identifier] = (out_leaves, out_spec)
         tensors = [v for v in out_leaves if isinstance(v, torch.Tensor)]
         if self.cache is not None:
-            tensors += [state.keys, state.values]
-            state.keys, state.values = saved
+            tensors += self.slots.updated(self.cache, self.index)
+            self.slots.install(self.cache, self.index, saved)
         return tuple(tensors)
 
     def finish(self, outputs: tuple) -> Any:
@@ -226,13 +225,58 @@ class LayerCall:
         import torch.utils._pytree as pytree
 
         if self.cache is not None:
-            state = self.cache.layers[self.index]
-            state.keys, state.values = outputs[-2:]
+            rest = self.slots.read(self.cache, self.index)[2:]  # read-only state: unchanged
+            self.slots.install(self.cache, self.index, (*outputs[-2:], *rest))
             outputs = outputs[:-2]
         leaves, spec = self._outputs_of[self.identifier]
         given = iter(outputs)
         leaves = [next(given) if isinstance(v, torch.Tensor) else v for v in leaves]
         return pytree.tree_unflatten(leaves, spec)
+
+
+class _DynamicSlots:
+    """A ``DynamicCache`` layer's state: its keys and values (updated by the layer)."""
+
+    @staticmethod
+    def read(cache: Any, index: int) -> tuple:
+        layer = cache.layers[index]
+        return getattr(layer, "keys", None), getattr(layer, "values", None)
+
+    @staticmethod
+    def install(cache: Any, index: int, tensors: tuple) -> None:
+        cache.layers[index].keys, cache.layers[index].values = tensors
+
+    updated = read
+
+
+class _FixedSlots:
+    """A :class:`~rewrite.exporting.checkpoint.fixed_cache.FixedCache` layer's state: its
+    key and value buffers (updated), then the positions written at (read only)."""
+
+    @staticmethod
+    def read(cache: Any, index: int) -> tuple:
+        return (*cache.buffers[index], cache.positions)
+
+    @staticmethod
+    def install(cache: Any, index: int, tensors: tuple) -> None:
+        cache.buffers[index] = [tensors[0], tensors[1]]
+        cache.positions = tensors[2]
+
+    @staticmethod
+    def updated(cache: Any, index: int) -> tuple:
+        return tuple(cache.buffers[index])
+
+
+def _slots(cache: Any) -> "type[_DynamicSlots] | type[_FixedSlots] | None":
+    """How a layer's state is read from ``cache`` and written back (None: a cache not
+    known here)."""
+    from rewrite.exporting.checkpoint.fixed_cache import FixedCache
+
+    if type(cache) is FixedCache:
+        return _FixedSlots
+    if type(cache).__name__ == "DynamicCache" and hasattr(cache, "layers"):
+        return _DynamicSlots
+    return None
 
 
 class Recorder:
