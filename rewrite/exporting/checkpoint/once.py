@@ -337,16 +337,22 @@ def _same(body: "torch.fx.GraphModule", operands: tuple, outputs: tuple) -> bool
 
 
 def _randomized(example: tuple) -> tuple:
-    """``example`` (``input_ids``, ``attention_mask``, ...) with its floating-point tensors
-    (the cache) random normal, and the first row's first token masked: the mask is a tensor
-    in eager as it is in the trace (transformers skips an all-ones mask when not tracing)."""
+    """``example`` (``input_ids``, ``attention_mask``, ``position_ids``, the cache...) cut to
+    its first row, its floating-point tensors (the cache) random normal, and
+    its first slot masked: the mask is a tensor in eager as it is in the trace (transformers
+    skips an all-ones mask when not tracing)."""
     import torch
     import torch.utils._pytree as pytree
 
     generator = torch.Generator().manual_seed(0)
-    example = pytree.tree_map(
-        lambda t: torch.randn(t.shape, generator=generator, dtype=t.dtype)
-        if isinstance(t, torch.Tensor) and t.is_floating_point() else t, example)
-    mask = example[1].clone()
+
+    def cut(t: Any) -> Any:
+        if not isinstance(t, torch.Tensor):
+            return t
+        t = t[:1]
+        return torch.randn(t.shape, generator=generator, dtype=t.dtype) \
+            if t.is_floating_point() else t.clone()
+
+    ids, mask, *rest = pytree.tree_map(cut, example)
     mask[0, 0] = 0
-    return (example[0], mask, *example[2:])
+    return (ids, mask, *rest)
