@@ -269,7 +269,8 @@ def test_quantized_weights_stay_in_their_linear(tmp_path):
 
     result = _outline(source, "group class *Linear\n", tmp_path / "out.onnx")
     tree = result.tree
-    group_of = {node.name: tree.records[int(tree.group_of[node.index])] for node in tree.graph.nodes}
+    group_of = {node.name: tree.records[int(tree.group_of[node.index])]
+                for node in tree.graph.nodes}
     for n in range(3):
         linear = group_of[f"node_linear_{n}" if n else "node_linear"]
         assert linear.call is not None and linear.call.path == f"blocks.{n}.lin"
