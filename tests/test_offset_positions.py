@@ -21,7 +21,8 @@ PROMPT, DECODE_STEPS, BATCH = 5, 3, 3
 LAYER_CLASSES = {"roberta": "RobertaLayer", "xlm-roberta": "XLMRobertaLayer"}
 
 
-@pytest.fixture(scope="module", params=list(LAYER_CLASSES))
+@pytest.fixture(scope="module", params=["roberta", pytest.param("xlm-roberta",
+                                                                marks=pytest.mark.slow)])
 def exported(request, tmp_path_factory):
     """(family, checkpoint folder, ONNX path, onnx_ir model), exported once per family."""
     root = tmp_path_factory.mktemp(request.param)
@@ -111,3 +112,14 @@ def test_genai_context_leaves_out_the_offset(exported):
     eager = _eager(folder)
     context = eager.config.max_position_embeddings - position_offset(eager)
     assert config["model"]["context_length"] == config["search"]["max_length"] == context
+
+
+@pytest.mark.slow
+def test_the_fixed_cache_adds_the_offset_too(tmp_path):
+    """``--cache static``: the slots are the positions from 0, the model is given them from
+    ``padding_idx + 1``; the export's own check (prefill and a decode step against the
+    model's own call) passes, so the file is written."""
+    folder = checkpoints.write("roberta", tmp_path / "checkpoint")
+    out = tmp_path / "static.onnx"
+    rewrite.export(folder, output=out, cache="static", context=16)
+    onnx.checker.check_model(str(out), full_check=True)
