@@ -31,11 +31,12 @@ FAMILIES: dict[str, tuple[str, dict]] = {
 }
 """model_type -> (transformers config class, its settings)."""
 
+ROBERTA = dict(vocab_size=96, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+               intermediate_size=48, max_position_embeddings=64, is_decoder=True)
 OTHER_DECODERS: dict[str, tuple[str, dict]] = {
-    # positions start after the padding index: fed 0, 1, ... it is not the eager model
-    "roberta": ("RobertaConfig", dict(vocab_size=96, hidden_size=32, num_hidden_layers=2,
-                                      num_attention_heads=4, intermediate_size=48,
-                                      max_position_embeddings=64, is_decoder=True)),
+    # positions start after the padding index (the graph adds it to position_ids)
+    "roberta": ("RobertaConfig", ROBERTA),
+    "xlm-roberta": ("XLMRobertaConfig", ROBERTA),
 }
 """Causal LMs the family tests do not run (tests of one behaviour each)."""
 

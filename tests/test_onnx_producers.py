@@ -248,6 +248,46 @@ def test_quantized_dynamo_export(tmp_path):
     assert len([f for f in out.functions.values() if f.name == "LlamaAttention"]) == 1
 
 
+def test_quantized_weights_stay_in_their_linear(tmp_path):
+    """onnxruntime's static QDQ quantizer puts each Linear's weight behind a
+    ``DequantizeLinear`` without metadata, at the top of the graph: grouped by ``Linear``
+    (class), the weight's node is in its own Linear's group (the call its ``Gemm`` is in), not
+    in the Block above it nor in a call of its own; the three Linears share one function."""
+    import torch
+    from onnxruntime.quantization import QuantFormat, QuantType, quantize_static
+
+    from tools import models
+
+    model, args, _ = models.chain()  # Blocks of one Linear each: blocks.N -> blocks.N.lin
+    flat, source = tmp_path / "flat.onnx", tmp_path / "qdq.onnx"
+    torch.onnx.export(model, args, str(flat), dynamo=True, external_data=False)
+    calibration = iter([{"x": np.random.default_rng(n).standard_normal((2, 4), np.float32)}
+                        for n in range(4)])
+    reader = type("Reader", (), {"get_next": lambda self: next(calibration, None)})()
+    quantize_static(str(flat), str(source), reader, quant_format=QuantFormat.QDQ,
+                    weight_type=QuantType.QInt8, op_types_to_quantize=["Gemm"])
+
+    result = _outline(source, "group class *Linear\n", tmp_path / "out.onnx")
+    tree = result.tree
+    group_of = {node.name: tree.records[int(tree.group_of[node.index])]
+                for node in tree.graph.nodes}
+    for n in range(3):
+        linear = group_of[f"node_linear_{n}" if n else "node_linear"]
+        assert linear.call is not None and linear.call.path == f"blocks.{n}.lin"
+        weight = group_of[f"blocks.{n}.lin.weight_DequantizeLinear"]
+        assert weight is linear, (n, weight.call)
+    check_onnx(tmp_path / "out.onnx")
+    _assert_same_in_onnxruntime(source, tmp_path / "out.onnx")
+    out = ir.load(tmp_path / "out.onnx")
+    calls = _layer_calls(out)
+    # one function: the int32 quantized biases are weights (inputs), not constants of a body
+    assert [call.op_type for call in calls] == ["Linear"] * 3
+    for n, call in enumerate(calls):  # the weight, an initializer, passed to its Linear
+        assert f"blocks.{n}.lin.weight_quantized" in [v.name for v in call.inputs if v]
+        body = out.functions[call.op_identifier()]
+        assert Counter(node.op_type for node in body)["DequantizeLinear"] == 2  # weight, bias
+
+
 def _linear_owners(proto: onnx.ModelProto) -> dict[str, str]:
     """The MatMul nodes of Linear modules -> the Linear's path (from torch.onnx's metadata,
     before the quantizer drops it)."""

@@ -2,7 +2,7 @@
 causal-LM mapping, as a tiny random checkpoint, exported as a user runs it.
 
     .venv/bin/python -m tools.coverage [--only TYPE ...] [--jobs N] [--timeout 300]
-        [--table docs/COVERAGE.md] [--json FILE]
+        [--table docs/COVERAGE.md | --update docs/COVERAGE.md] [--json FILE]
 
 Per model type: its config class with small sizes (2 layers, hidden 64, 4 heads / 2 KV heads,
 4 experts / top-2 where the family has experts; nested text configs likewise), random normal
@@ -12,7 +12,9 @@ DIR -o model.onnx`` in a fresh process. That command runs the written model in o
 against the eager model (a prefill and a decode step) before publishing it, so exit 0 means
 "equal to eager"; exit 1 is a model that disagreed and was not written; exit 2 a refusal with
 its one line; exit 3 a bug in rewrite. The table lists each type with its result and the
-line that says why.
+line that says why. ``--table`` writes the table of this run; ``--update`` puts this run's rows
+(``--only`` some types, after a fix) in place of the same types' rows of an existing page,
+its counts redone and the text above them kept.
 """
 
 from __future__ import annotations
@@ -149,9 +151,11 @@ def run_one(model_type: str, timeout: float) -> dict:
     return {**_row(model_type, result, why, start), "code": run.returncode}
 
 
-def _row(model_type: str, result: str, why: str, start: float) -> dict:
+def _row(model_type: str, result: str, why: str, start: float, seconds: float | None = None
+         ) -> dict:
+    """One row: its seconds since ``start`` (a ``time.perf_counter()``), or ``seconds``."""
     return {"type": model_type, "result": result, "why": why,
-            "seconds": round(time.perf_counter() - start, 1)}
+            "seconds": round(time.perf_counter() - start if seconds is None else seconds, 1)}
 
 
 def table(rows: list[dict]) -> str:
@@ -171,6 +175,25 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+HEADING = re.compile(r"^transformers \S+, \d+ causal-LM model types", re.M)
+
+
+def update(page: str, rows: list[dict]) -> str:
+    """``page`` (a ``--table`` page) with ``rows`` in place of its rows of the same types:
+    the counts and the table redone, the text above them kept."""
+    heading = HEADING.search(page)
+    if heading is None:
+        raise SystemExit("--update: the page has no table written by --table")
+    kept = {}
+    for line in page[heading.start():].splitlines():
+        cells = [c.strip() for c in re.split(r"(?<!\\)\|", line)[1:-1]]
+        if len(cells) == 4 and cells[3] not in ("seconds", "---"):
+            kept[cells[0]] = _row(*cells[:2], cells[2].replace("\\|", "|"), 0.0,
+                                  float(cells[3]))
+    kept.update({row["type"]: row for row in rows})
+    return page[:heading.start()] + table([kept[t] for t in sorted(kept)])
+
+
 def main(argv: list[str] | None = None) -> int:
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
@@ -179,6 +202,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=300)
     parser.add_argument("--jobs", type=int, default=1, help="model types run at once")
     parser.add_argument("--table", type=Path, help="write the markdown table here")
+    parser.add_argument("--update", type=Path,
+                        help="put the rows in place of the same types' rows of this page")
     parser.add_argument("--json", type=Path, help="write the rows as JSON here")
     args = parser.parse_args(argv)
     types = args.only or sorted(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
@@ -193,6 +218,8 @@ def main(argv: list[str] | None = None) -> int:
     text = table(rows)
     if args.table:
         args.table.write_text(text)
+    if args.update:
+        args.update.write_text(update(args.update.read_text(), rows))
     print(text)
     return 0
 

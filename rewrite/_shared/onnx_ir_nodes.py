@@ -88,9 +88,15 @@ def inner_nodes(node: "ir.Node") -> Iterator["ir.Node"]:
 def looks_like_weight(value: "ir.Value") -> bool:
     """An initializer of more than one element that is not of an index or mask type (int64,
     int32, bool: shapes, axes, positions): floats, and the integer types quantized weights
-    use. For files that mark no weights (other producers'; quantizers' new initializers)."""
+    use; or int32 data only ``DequantizeLinear`` reads (a QDQ quantizer's bias). For files
+    that mark no weights (other producers'; quantizers' new initializers)."""
     import onnx_ir as ir
 
     tensor = value.const_value
-    return (tensor is not None and tensor.size > 1
-            and tensor.dtype not in (ir.DataType.INT64, ir.DataType.INT32, ir.DataType.BOOL))
+    if tensor is None or tensor.size <= 1:
+        return False
+    if tensor.dtype == ir.DataType.INT32:
+        uses = list(value.uses())
+        return bool(uses) and all(use.node.op_type == "DequantizeLinear" and use.idx == 0
+                                  for use in uses)
+    return tensor.dtype not in (ir.DataType.INT64, ir.DataType.BOOL)

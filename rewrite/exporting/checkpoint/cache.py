@@ -15,6 +15,11 @@ onnxruntime-genai use::
 
 (the ONNX model's dimension names; ``total_sequence_length`` is the past and the new tokens).
 
+``position_ids`` count from 0 in every model, as onnxruntime-genai feeds them (from the
+attention mask). A family that numbers its positions from elsewhere has the offset added
+inside the graph (:func:`position_offset`: RoBERTa's family starts after its padding index),
+so the documented inputs give the model's own logits.
+
 The past is a transformers ``DynamicCache`` made of the given tensors (one full layer each):
 each attention appends its new keys and values inside its own module, so a decoder layer's
 function takes its layer's cache and returns the updated one, and one function still serves
@@ -56,6 +61,8 @@ class Call:
     forward: Callable[..., tuple]
     """The forward the model is exported with (:func:`calling`): :func:`decode_forward` for
     a causal LM."""
+    position_offset: int = 0
+    """What the graph adds to ``position_ids`` (:func:`position_offset`)."""
 
 
 @frozen
@@ -190,7 +197,29 @@ def causal_lm_call(model: "torch.nn.Module", layout: tuple[LayerCache, ...] | No
         inputs += [f"past_key_values.{entry}" for entry in entries]
         outputs += [f"present.{entry}" for entry in entries]
     return Call(tuple(args), tuple(shapes), tuple(inputs), tuple(outputs), tuple(names),
-                decode_forward)
+                decode_forward, position_offset(model))
+
+
+def position_offset(model: "torch.nn.Module") -> int:
+    """The model's first position when ``position_ids`` are not given: RoBERTa's family
+    (RoBERTa, XLM-RoBERTa, CamemBERT, Data2Vec-Text...) numbers tokens from
+    ``padding_idx + 1`` (its embeddings' ``create_position_ids_from_input_ids``); 0 for
+    every other model. The exported graph adds it to the ``position_ids`` it is fed."""
+    offsets = {module.padding_idx + 1 for module in model.modules()
+               if hasattr(module, "create_position_ids_from_input_ids")
+               and isinstance(getattr(module, "padding_idx", None), int)}
+    if len(offsets) > 1:
+        raise InputError(f"{type(model).__name__} numbers positions from several padding "
+                         f"indices ({', '.join(str(o - 1) for o in sorted(offsets))})")
+    return offsets.pop() if offsets else 0
+
+
+def model_positions(model: "torch.nn.Module", position_ids: "torch.Tensor"
+                    ) -> "torch.Tensor":
+    """``position_ids`` (from 0, as documented) as ``model`` numbers them
+    (:func:`position_offset`); unchanged, no node added, for a model that counts from 0."""
+    offset = position_offset(model)
+    return position_ids + offset if offset else position_ids
 
 
 def decode_forward(self: "torch.nn.Module", input_ids: "torch.Tensor",
@@ -201,6 +230,7 @@ def decode_forward(self: "torch.nn.Module", input_ids: "torch.Tensor",
     from transformers import DynamicCache
 
     cls_forward = type(self).forward
+    position_ids = model_positions(self, position_ids)
     if past_key_values is None:
         out = cls_forward(self, input_ids=input_ids, attention_mask=attention_mask,
                           position_ids=position_ids, use_cache=False)

@@ -3,7 +3,8 @@
 
 A causal LM is called as users call it: its own ``forward`` with ``input_ids``,
 ``attention_mask`` and a cache, positions left to the model (so a family whose positions are
-not ``0, 1, ...``, such as RoBERTa's after the padding index, is caught), then one greedy
+not ``0, 1, ...`` and whose offset the graph does not add, as it adds RoBERTa's:
+:func:`~rewrite.exporting.checkpoint.cache.position_offset`, is caught), then one greedy
 decode step; the ONNX model is fed the documented inputs (``position_ids`` from the mask,
 its own ``present`` cache fed back). An encoder or encoder-decoder is checked on its
 example call.

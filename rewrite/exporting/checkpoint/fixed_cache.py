@@ -30,6 +30,8 @@ from rewrite.exporting.checkpoint.cache import (
     Call,
     LayerCache,
     cache_keyword,
+    model_positions,
+    position_offset,
 )
 
 if TYPE_CHECKING:
@@ -145,7 +147,8 @@ def fixed_cache_call(model: "torch.nn.Module", layout: tuple[LayerCache, ...],
     return Call(tuple(args), tuple(shapes),
                 ("input_ids", "attention_mask", "position_ids",
                  *[f"past_key_values.{e}" for e in entries]),
-                ("logits", *[f"present.{e}" for e in entries]), tuple(names), fixed_forward)
+                ("logits", *[f"present.{e}" for e in entries]), tuple(names), fixed_forward,
+                position_offset(model))
 
 
 def fixed_forward(self: "torch.nn.Module", input_ids: "torch.Tensor",
@@ -156,6 +159,6 @@ def fixed_forward(self: "torch.nn.Module", input_ids: "torch.Tensor",
     config = self.config.get_text_config(decoder=True)
     masks = slot_masks(config, attention_mask, position_ids, self.dtype)
     out = type(self).forward(self, input_ids=input_ids, attention_mask=masks,
-                             position_ids=position_ids, use_cache=True,
+                             position_ids=model_positions(self, position_ids), use_cache=True,
                              **{cache_keyword(self): cache})
     return out.logits, [tuple(pair) for pair in cache.buffers]

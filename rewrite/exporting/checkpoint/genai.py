@@ -12,7 +12,8 @@ exported graph, with the field names of onnxruntime-genai's model builder:
   config: multi-head latent attention, per-layer sizes);
   ``inputs`` / ``outputs``: the graph's names (``input_ids``, ``attention_mask``,
   ``position_ids``, ``past_key_values.%d.key`` ... ``logits``, ``present.%d.key`` ...);
-- ``model.context_length`` (``seq_length``, else ``max_position_embeddings``), ``vocab_size``,
+- ``model.context_length`` (``seq_length``, else ``max_position_embeddings``, less the
+  positions the model numbers its tokens after: RoBERTa's ``padding_idx + 1``), ``vocab_size``,
   ``bos`` / ``eos`` / ``pad_token_id`` (the generation config's, else the config's; the
   tokenizer's ``eos_token`` is added to the end ids as the builder does; no pad id: the first
   end id; ids outside the vocabulary, which the runtime refuses, are left out);
@@ -155,6 +156,7 @@ def _config(checkpoint: Checkpoint, model_config: Any, call: Call,
     context = getattr(text, "seq_length", None) or getattr(text, "max_position_embeddings", None)
     if not isinstance(context, int):
         raise _NotDerived("its config gives no context length (max_position_embeddings)")
+    context -= call.position_offset  # RoBERTa's first positions are not the tokens'
     generation = _json(checkpoint.path / GENERATION_CONFIG)
     ids = _token_ids(generation, (model_config, text), tokenizer, text.vocab_size)
     model_type = checkpoint.model_type

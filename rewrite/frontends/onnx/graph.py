@@ -285,8 +285,8 @@ def _read(model: "ir.Model", resolve: Resolver | None, root_class: str | None,
             named = names.read(onnx_nodes)
             if names.found:
                 raw, structure = named, NODE_NAMES
-        place_weighted(onnx_nodes, raw)
         stacks = split_runs(raw)
+        place_weighted(onnx_nodes, stacks)
         tag_ids: list[int] = [0] * count
         root_class = root_class or reader.root_class
     else:

@@ -11,10 +11,16 @@ here, before grouping, a node without a stack that reads a weight (an initialize
   (onnxruntime's optimizer fuses a layer's ``Add`` + ``LayerNormalization`` into an unnamed
   ``SkipLayerNormalization`` reading ``bert.encoder.layer.0.output.LayerNorm.weight``: it goes
   into ``bert.encoder.layer.0.output``, not into the next layer that reads it);
+  A module called more than once: the call its users are in (a quantizer's
+  ``DequantizeLinear`` stands at the top of the graph, far from the ``Gemm`` that reads it,
+  yet it is that call's, not a call of its own);
 * else, when its data comes from inside a call *below* the one its users share, into that
   call's child through which the data came (the attention, the MLP). A node fed from its
   users' own level or beside it (``q_proj`` after the layer norm) is left to grouping, which
   places it with its users.
+
+It runs on the numbered stacks (:func:`rewrite.frontends.calls.split_runs`, where a node
+without a stack is transparent), so a placed node joins an existing call and never starts one.
 """
 
 from __future__ import annotations
@@ -29,8 +35,8 @@ if TYPE_CHECKING:
 
 
 def place_weighted(nodes: Sequence["ir.Node"], stacks: list[Stack | None]) -> None:
-    """Give the weighted nodes without a stack the stack described above (in place; raw
-    stacks, before calls are numbered)."""
+    """Give the weighted nodes without a stack the stack described above (in place; numbered
+    stacks: one call per run)."""
     index: dict["ir.Node", int] | None = None
     calls: dict[str, Stack] = {}
     for i, node in enumerate(nodes):
@@ -43,21 +49,32 @@ def place_weighted(nodes: Sequence["ir.Node"], stacks: list[Stack | None]) -> No
         if index is None:
             index = {n: k for k, n in enumerate(nodes)}
             calls = _calls(stacks)
+        users = _common([stacks[index[u.node]] for out in node.outputs for u in out.uses()
+                         if u.node in index])
         named = _common([_owner(v.name or "", calls) for v in weights])
         if named:
-            stacks[i] = named
+            stacks[i] = _as_users_see(named, users)
             continue
         fed = _common([stacks[index[v.producer()]] for v in node.inputs
                        if v is not None and v.producer() in index])
-        users = _common([stacks[index[u.node]] for out in node.outputs for u in out.uses()
-                         if u.node in index])
         if fed is not None and users is not None and len(fed) > len(users) \
                 and fed[:len(users)] == users:
             stacks[i] = fed[:len(users) + 1]
 
 
+def _as_users_see(named: Stack, users: Stack | None) -> Stack:
+    """``named`` (the first call of its module) as the call of that module its users are
+    in, when they are in one: the users' stack up to that call."""
+    path = named[-1].path
+    for k, call in enumerate(users or ()):
+        if call.path == path:
+            return users[:k + 1]  # type: ignore[index]
+    return named
+
+
 def _calls(stacks: list[Stack | None]) -> dict[str, Stack]:
-    """Each known call's path -> its stack (the calls around it and itself)."""
+    """Each known call's path -> its stack (the calls around it and itself; of a module
+    called more than once, its first call's)."""
     out: dict[str, Stack] = {}
     for stack in dict.fromkeys(s for s in stacks if s):
         for k in range(len(stack)):

@@ -11,7 +11,8 @@ the graph's ``pkg.torch.export.ExportedProgram.graph_signature``, and initialize
 folded from one of those (``pkg.onnxscript.optimizer.folded_from``, e.g. a transposed weight).
 Everything else was made by the export or its optimizer (shapes, scales, masks); an initializer
 of no known origin (another producer's file, a quantizer's new weights) is a weight when it looks
-like one (``_shared.onnx_ir_nodes.looks_like_weight``: not a scalar, not an index or mask type).
+like one (``_shared.onnx_ir_nodes.looks_like_weight``: not a scalar, not an index or mask type,
+or int32 data only ``DequantizeLinear`` reads: a QDQ quantizer's bias).
 
 Each function that reads such a value gets its own ``Constant`` node, so functions never
 depend on nodes hoisted or shared across blocks by the optimizer; the value is part of the

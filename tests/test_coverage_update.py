@@ -1,0 +1,37 @@
+"""``python -m tools.coverage --only TYPE --update PAGE``: the rerun types' rows replace theirs
+on the page, the counts follow, every other row and the text above the table stay."""
+
+from __future__ import annotations
+
+from tools.coverage import main, table, update
+
+
+def _page() -> str:
+    rows = [{"type": "llama", "result": "converted, equal to eager",
+             "why": "max |difference| 3e-07", "seconds": 20.1},
+            {"type": "roberta", "result": "disagrees with eager (not written)",
+             "why": "logits (prefill) differs", "seconds": 8.8}]
+    return "# Coverage\n\nSome text.\n\n" + table(rows)
+
+
+def test_a_rerun_row_replaces_its_own_and_the_counts_follow():
+    rerun = {"type": "roberta", "result": "converted, equal to eager",
+             "why": "max |difference| 4e-07", "seconds": 15.3, "code": 0}
+    page = update(_page(), [rerun])
+    assert page.startswith("# Coverage\n\nSome text.\n\n")
+    assert "- converted, equal to eager: 2\n" in page and "disagrees" not in page
+    assert "| llama | converted, equal to eager | max \\|difference\\| 3e-07 | 20.1 |" in page
+    assert "| roberta | converted, equal to eager | max \\|difference\\| 4e-07 | 15.3 |" in page
+    assert update(page, []) == page  # rows read back as written
+
+
+def test_the_option_writes_the_page(tmp_path, monkeypatch):
+    import tools.coverage as coverage
+
+    rerun = {"type": "roberta", "result": "converted, equal to eager", "why": "fine",
+             "seconds": 1.0}
+    monkeypatch.setattr(coverage, "run_one", lambda model_type, timeout: rerun)
+    path = tmp_path / "COVERAGE.md"
+    path.write_text(_page())
+    assert main(["--only", "roberta", "--update", str(path)]) == 0
+    assert "| roberta | converted, equal to eager | fine | 1.0 |" in path.read_text()
