@@ -25,6 +25,8 @@ checkpoint         1.24B bf16 checkpoint folder: rewrite vs onnxruntime-genai's 
                    builder vs ``cp``: wall, peak RssAnon, weights step             <= 1.5x
 lock               ``rewrite lock`` on the 1.24B Llama ``.pt2``: its cost beyond   reads no
                    grouping, how much of the file it reads                        weight
+depth              ``rewrite export`` of 8/32/80-layer checkpoints, each layer    80 layers
+                   traced once vs every layer traced: graph time, torch.export    <= 1.3x 8
 =================  =============================================================  ==========
 
 ``weights`` (issue 22; targets: apply >= 4x the plain path, its weights part <= 2x ``cp``,
@@ -64,6 +66,7 @@ SUITE: dict[str, tuple[str, list[str], list[str]]] = {
     "html_report": ("bench.html_report", [], ["--blocks", "12", "--rules", "gpt2", "--loads", "2"]),
     "checkpoint": ("bench.checkpoint", [], ["--quick"]),
     "lock": ("bench.lock", [], ["--quick"]),
+    "depth": ("bench.depth", [], ["--quick"]),
 }
 
 
