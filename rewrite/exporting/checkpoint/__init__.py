@@ -39,9 +39,18 @@ from rewrite.exporting.checkpoint.checks import (
     causal_lm_check,
     encoder_check,
     fixed_cache_check,
+    seq2seq_checks,
 )
 from rewrite.exporting.checkpoint.fixed_cache import fixed_cache_call
 from rewrite.exporting.checkpoint.encoders import encoder_call, takes_text
+from rewrite.exporting.checkpoint.seq2seq import (
+    DECODER,
+    ENCODER,
+    decoder_call,
+    is_encoder_decoder,
+    seq2seq_layout,
+)
+from rewrite.exporting.checkpoint.seq2seq import encoder_call as seq2seq_encoder_call
 from rewrite.exporting.checkpoint.folder import Checkpoint, read_checkpoint
 from rewrite.exporting.checkpoint.genai import beside, plan
 from rewrite.api import as_ruleset
@@ -74,18 +83,22 @@ def export_checkpoint(folder: str | Path, *, rules: RuleSet | str | Path | None,
     checkpoint = read_checkpoint(folder, trust_model=trust_model)
     refuse_quantized(checkpoint)
     inputs = [checkpoint.path, *checkpoint.weights]
-    if output is not None:
-        check_output_path(output, inputs)
+    cls = model_class(checkpoint)
+    causal = _check_kind(checkpoint, cls, cache)
+    pair = not causal and cache == "kv"  # an encoder-decoder's two graphs
+    for path in ([] if output is None else written(output, checkpoint.config, cache)):
+        check_output_path(path, inputs)
     shipped = default_rules(checkpoint) if rules is None else None
     chosen = rules if rules is not None else shipped
     ruleset = as_ruleset(chosen) if chosen is not None else None
-    cls = model_class(checkpoint)
-    causal = _check_kind(checkpoint, cls, cache)
     if shipped is not None:
         progress.note(f"rules: {shipped.name}, shipped for model_type "
                       f"{checkpoint.model_type!r}")
     with progress.step(f"loading {checkpoint.path}"), exclusive():
         model = load_model(checkpoint, cls, precision.dtype())
+    if pair:
+        return _export_pair(model, ruleset, output, progress, options,
+                            verify and output is not None, precision)
     kind = cache or ("kv" if causal else "none")
     call, check, layout = _call_and_check(model, causal, kind, context,
                                           dict(static or {}), verify and output is not None)
@@ -106,6 +119,43 @@ def export_checkpoint(folder: str | Path, *, rules: RuleSet | str | Path | None,
     if output is not None:
         progress.note(genai.note(Path(output)))
     return exported
+
+
+def written(output: str | Path, config: dict, cache: str | None) -> tuple[Path, ...]:
+    """The models ``rewrite export`` writes for ``output``: ``output``, or for an
+    encoder-decoder with ``--cache kv`` the two graphs in ``output``'s folder
+    (:mod:`rewrite.exporting.checkpoint.seq2seq`)."""
+    if cache == "kv" and is_encoder_decoder(config):
+        folder = Path(output).parent
+        return folder / ENCODER, folder / DECODER
+    return (Path(output),)
+
+
+def _export_pair(model: "torch.nn.Module", ruleset: RuleSet | None,
+                 output: str | Path | None, progress: "Progress", options: "OnnxOptions",
+                 verify: bool, precision: Precision) -> "ir.Model":
+    """An encoder-decoder's encoder and decoder step, each exported, then written with one
+    data file; returns the decoder's model."""
+    from rewrite.backends.onnx.save import write_models
+
+    layout = seq2seq_layout(model)
+    calls = (seq2seq_encoder_call(model), decoder_call(model, layout))
+    checks = seq2seq_checks(model, layout) if verify else (None, None)
+    options = _with_moe_translations(options)
+    exported = []
+    for call in calls:
+        with calling(model, call), grouped_query_attention():
+            exported.append(export_module(
+                model, call.args, None, rules=ruleset, dynamic_shapes=call.dynamic_shapes,
+                strict=False, output=None, input_names=call.input_names,
+                output_names=call.output_names, progress=progress, options=options,
+                axis_names=call.axis_names, finish=precision.finish(progress.note)))
+    if output is not None:
+        paths = written(output, {"is_encoder_decoder": True}, "kv")
+        data = write_models([(path, model, precision.check(check)) for path, model, check
+                             in zip(paths, exported, checks)], progress=progress)
+        progress.note(f"wrote {paths[0]} and {paths[1]}, their weights in {data.name}")
+    return exported[1]
 
 
 def _check_cache_options(cache: str | None, context: int | None,
@@ -153,9 +203,12 @@ def _check_kind(checkpoint: Checkpoint, cls: type, cache: str | None) -> bool:
         raise InputError(f"{checkpoint.path}: {cls.__name__} does not take input_ids; "
                          "rewrite export takes text models (causal LMs, encoders, "
                          "encoder-decoders)")
+    if cache == "kv" and is_encoder_decoder(checkpoint.config):
+        return False
     if cache in ("kv", "static"):
         raise InputError(f"{checkpoint.path}: {cls.__name__} is not a causal language "
-                         f"model: --cache {cache} needs one (use --cache none)")
+                         f"model: --cache {cache} needs one (use --cache none; --cache kv "
+                         "takes causal LMs and encoder-decoders)")
     return False
 
 

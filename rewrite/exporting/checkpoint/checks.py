@@ -13,7 +13,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Mapping
 
-from rewrite.exporting.checkpoint.cache import Call, LayerCache, model_cache, own_forward
+from rewrite.exporting.checkpoint.cache import (
+    Call,
+    LayerCache,
+    cache_keyword,
+    model_cache,
+    model_call,
+    own_forward,
+)
 from rewrite.exporting.verify import Check, Step, as_numpy, tolerances
 
 if TYPE_CHECKING:
@@ -157,3 +164,68 @@ def _feeds(ids: "torch.Tensor", total: int) -> dict[str, Any]:
     return {"input_ids": ids.numpy().astype(np.int64),
             "attention_mask": np.ones((1, total), np.int64),
             "position_ids": np.arange(total - length, total, dtype=np.int64)[None]}
+
+
+def seq2seq_checks(model: "torch.nn.Module", layout: tuple[tuple[LayerCache, ...], ...]
+                   ) -> tuple[Check | None, Check | None]:
+    """The encoder on :data:`PROMPT` tokens, then the decoder's first step (both pasts
+    empty) and one greedy step (its ``present`` outputs fed back), against the model's own
+    calls: (encoder's check, decoder's); None for a bfloat16 model."""
+    import torch
+    from transformers import EncoderDecoderCache
+    from transformers.modeling_outputs import BaseModelOutput
+
+    from rewrite.exporting.checkpoint.seq2seq import start
+
+    if model.dtype == torch.bfloat16:
+        return None, None
+    vocab = model.config.get_text_config(decoder=True).vocab_size
+    inputs = start(model, PROMPT)
+    inputs["input_ids"] = torch.randint(0, vocab, (1, PROMPT),
+                                        generator=torch.Generator().manual_seed(0))
+    encoder = model.get_encoder()
+    states = model_call(encoder, {"input_ids": inputs["input_ids"],
+                                  "attention_mask": inputs["attention_mask"],
+                                  "return_dict": True},
+                        "the encoder, the eager reference").last_hidden_state
+    encoded = {"input_ids": as_numpy(inputs["input_ids"]),
+               "attention_mask": as_numpy(inputs["attention_mask"])}
+    encoder_check = Check((Step(encoded, {"encoder_hidden_states": as_numpy(states)},
+                                name="encoder"),), *tolerances(model.dtype),
+                          what=f"the encoder on {PROMPT} tokens")
+    cache = EncoderDecoderCache(model_cache(model), model_cache(model))
+    fixed = {"encoder_hidden_states": as_numpy(states),
+             "encoder_attention_mask": encoded["attention_mask"]}
+    steps, token = [], inputs["decoder_input_ids"]
+    for n in range(2):
+        out = model_call(model, {"attention_mask": inputs["attention_mask"],
+                                 "decoder_input_ids": token, "use_cache": True,
+                                 "encoder_outputs": BaseModelOutput(last_hidden_state=states),
+                                 cache_keyword(model): cache},
+                         f"decoder step {n + 1}, the eager reference")
+        feeds = {"input_ids": as_numpy(token), **fixed}
+        carried = {}
+        for k, (mine, cross) in enumerate(zip(*layout)):
+            for which, layer in (("decoder", mine), ("encoder", cross)):
+                names = [f"past_key_values.{k}.{which}.{kv}" for kv in ("key", "value")]
+                if n == 0:
+                    feeds.update(zip(names, map(as_numpy, layer.empty(1, 0, model.dtype))))
+                else:
+                    carried.update({name: name.replace("past_key_values", "present")
+                                    for name in names})
+        expected = {"logits": as_numpy(out.logits), **_both_presents(cache)}
+        steps.append(Step(feeds, expected, carried, name=("first step", "decode step")[n]))
+        token = out.logits[:, -1:].argmax(-1)
+    return encoder_check, Check(tuple(steps), *tolerances(model.dtype),
+                                what="the first decoder step and one decode step")
+
+
+def _both_presents(cache: Any) -> dict[str, Any]:
+    """The expected ``present.N.decoder`` / ``.encoder`` outputs: the eager cache now."""
+    presents = {}
+    for which, part in (("decoder", cache.self_attention_cache),
+                        ("encoder", cache.cross_attention_cache)):
+        for n, layer in enumerate(part.layers):
+            presents[f"present.{n}.{which}.key"] = as_numpy(layer.keys)
+            presents[f"present.{n}.{which}.value"] = as_numpy(layer.values)
+    return presents
