@@ -154,7 +154,8 @@ def _export_pair(model: "torch.nn.Module", ruleset: RuleSet | None,
         paths = written(output, {"is_encoder_decoder": True}, "kv")
         data = write_models([(path, model, precision.check(check)) for path, model, check
                              in zip(paths, exported, checks)], progress=progress)
-        progress.note(f"wrote {paths[0]} and {paths[1]}, their weights in {data.name}")
+        progress.note(f"{paths[0].name} and {paths[1].name}: their weights in one file, "
+                      f"{data.name}")
     return exported[1]
 
 
@@ -207,8 +208,7 @@ def _check_kind(checkpoint: Checkpoint, cls: type, cache: str | None) -> bool:
         return False
     if cache in ("kv", "static"):
         raise InputError(f"{checkpoint.path}: {cls.__name__} is not a causal language "
-                         f"model: --cache {cache} needs one (use --cache none; --cache kv "
-                         "takes causal LMs and encoder-decoders)")
+                         f"model: --cache {cache} needs one (use --cache none)")
     return False
 
 
@@ -228,4 +228,4 @@ def default_rules(checkpoint: Checkpoint) -> Path | None:
 
 
 __all__ = ["CACHES", "Call", "Checkpoint", "default_rules", "export_checkpoint",
-           "read_checkpoint"]
+           "read_checkpoint", "written"]
