@@ -50,7 +50,8 @@ ENCODERS: dict[str, tuple[str, dict, str]] = {
                             "decoder_ffn_dim": 48},
              "BartForConditionalGeneration"),
     "t5": ("T5Config", dict(vocab_size=96, d_model=32, d_kv=8, d_ff=48, num_layers=LAYERS,
-                            num_decoder_layers=LAYERS, num_heads=4),
+                            num_decoder_layers=LAYERS, num_heads=4,
+                            decoder_start_token_id=0),  # as T5's own checkpoints say
            "T5ForConditionalGeneration"),
 }
 """Encoders and encoder-decoders: model_type -> (config class, settings, model class)."""

@@ -20,11 +20,14 @@ from tests import checkpoints
 transformers = pytest.importorskip("transformers")
 
 STEPS = 8
-LAYERS = {"bart": ("BartEncoderLayer", "BartDecoderLayer")}
-"""The encoder's and the decoder's layer class, one function each."""
+LAYERS = {"bart": ({"BartEncoderLayer": checkpoints.LAYERS},
+                   {"BartDecoderLayer": checkpoints.LAYERS}),
+          "t5": ({"T5Block": 1, "T5Block_1": checkpoints.LAYERS - 1},) * 2}
+"""The encoder's and the decoder's layer functions and how often each is called (T5's first
+block of each stack computes the position bias the others take: two functions, rightly)."""
 
 
-@pytest.fixture(scope="module", params=["bart"])
+@pytest.fixture(scope="module", params=["bart", "t5"])
 def pair(request, tmp_path_factory) -> tuple[str, Path, Path]:
     """(family, checkpoint folder, output folder) of one family exported with --cache kv."""
     family = request.param
@@ -53,7 +56,7 @@ def _prompt() -> tuple[np.ndarray, np.ndarray]:
     return ids, mask
 
 
-def _greedy(out: Path, ids: np.ndarray, mask: np.ndarray, start: int, heads: int, dim: int
+def _greedy(out: Path, ids: np.ndarray, mask: np.ndarray, start: int
             ) -> tuple[np.ndarray, list[np.ndarray], np.ndarray]:
     """The encoder once, then :data:`STEPS` greedy decoder steps in onnxruntime: (tokens,
     each step's logits, the encoder's states)."""
@@ -61,8 +64,8 @@ def _greedy(out: Path, ids: np.ndarray, mask: np.ndarray, start: int, heads: int
         None, {"input_ids": ids, "attention_mask": mask})
     decoder = _session(out / "decoder_model.onnx")
     names = [o.name for o in decoder.get_outputs()]
-    empty = np.zeros((len(ids), heads, 0, dim), np.float32)
-    feeds = {i.name: empty for i in decoder.get_inputs() if i.name.startswith("past_")}
+    feeds = {i.name: np.zeros((len(ids), i.shape[1], 0, i.shape[3]), np.float32)
+             for i in decoder.get_inputs() if i.name.startswith("past_")}
     token = np.full((len(ids), 1), start, np.int64)
     tokens, logits = [], []
     for _ in range(STEPS):
@@ -81,10 +84,6 @@ def test_greedy_decoding_equals_generate(pair):
     family, folder, out = pair
     eager = _eager(family, folder)
     ids, mask = _prompt()
-    config = eager.config
-    heads = config.decoder_attention_heads
-    tokens, logits, states = _greedy(out, ids, mask, config.decoder_start_token_id, heads,
-                                     config.d_model // heads)
     with torch.no_grad():
         want_states = eager.get_encoder()(input_ids=torch.from_numpy(ids),
                                           attention_mask=torch.from_numpy(mask))
@@ -93,6 +92,8 @@ def test_greedy_decoding_equals_generate(pair):
             do_sample=False, num_beams=1, max_new_tokens=STEPS, min_new_tokens=STEPS,
             forced_bos_token_id=None, forced_eos_token_id=None, no_repeat_ngram_size=0,
             output_logits=True, return_dict_in_generate=True)
+    start = int(generated.sequences[0, 0])  # the decoder's start token, as generate has it
+    tokens, logits, states = _greedy(out, ids, mask, start)
     np.testing.assert_allclose(states, want_states.last_hidden_state.numpy(), atol=1e-4)
     np.testing.assert_array_equal(tokens, generated.sequences[:, 1:].numpy())
     assert len(generated.logits) == STEPS
@@ -124,14 +125,15 @@ def test_two_graphs_one_data_file_each_tensor_once(pair):
 @pytest.mark.slow
 def test_one_function_per_layer_class_taking_both_caches(pair):
     family, _, out = pair
-    for name, layer in zip(("encoder_model.onnx", "decoder_model.onnx"), LAYERS[family]):
+    for name, layers in zip(("encoder_model.onnx", "decoder_model.onnx"), LAYERS[family]):
         model = onnx.load(str(out / name), load_external_data=False)
-        assert [f.name for f in model.functions].count(layer) == 1, layer
-        calls = [n for f in model.functions for n in f.node if n.op_type == layer]
-        calls += [n for n in model.graph.node if n.op_type == layer]
-        assert len(calls) == checkpoints.LAYERS, layer
+        for layer, count in layers.items():
+            assert [f.name for f in model.functions].count(layer) == 1, layer
+            calls = [n for f in model.functions for n in f.node if n.op_type == layer]
+            calls += [n for n in model.graph.node if n.op_type == layer]
+            assert len(calls) == count, layer
     decoder = onnx.load(str(out / "decoder_model.onnx"), load_external_data=False)
-    first = next(n for n in decoder.graph.node if n.op_type == LAYERS[family][1])
+    first = next(n for n in decoder.graph.node if n.op_type in LAYERS[family][1])
     for which in ("decoder", "encoder"):
         assert {f"past_key_values.0.{which}.key", f"past_key_values.0.{which}.value"} <= set(
             first.input)

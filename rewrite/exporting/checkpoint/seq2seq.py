@@ -85,7 +85,9 @@ def start(model: "torch.nn.Module", length: int) -> dict[str, "torch.Tensor"]:
     """Encoder inputs of ``length`` tokens and the decoder's start token (a batch of one)."""
     import torch
 
-    first = getattr(model.config, "decoder_start_token_id", None) or 0
+    configs = (getattr(model, "generation_config", None), model.config)
+    first = next((c.decoder_start_token_id for c in configs
+                  if isinstance(getattr(c, "decoder_start_token_id", None), int)), 0)
     return {"input_ids": torch.zeros(1, length, dtype=torch.long),
             "attention_mask": torch.ones(1, length, dtype=torch.long),
             "decoder_input_ids": torch.full((1, 1), first, dtype=torch.long)}
