@@ -1,4 +1,5 @@
-"""``rewrite export DIR -o OUT.onnx [--rules R] [--cache kv|none]``: a checkpoint folder in."""
+"""``rewrite export DIR -o OUT.onnx [--rules R] [--cache kv|none]``: a checkpoint folder in
+(an encoder-decoder with ``--cache kv``: two graphs in OUT's folder)."""
 
 from __future__ import annotations
 

@@ -3,7 +3,8 @@
 The folder is checked (:mod:`folder`: config, weights, shards; code and pickles refused
 unless trusted), its model built by transformers offline with the weights mapped
 (:mod:`build`), called with its KV cache explicit (:mod:`cache`: the inputs, dynamic shapes
-and I/O names; an encoder or encoder-decoder, prefill only: :mod:`encoders`), then
+and I/O names; an encoder or encoder-decoder, prefill only: :mod:`encoders`; an
+encoder-decoder decode-ready, two graphs over one data file: :mod:`seq2seq`), then
 exported, grouped, lowered and written by the one pipeline of
 :func:`rewrite.exporting.module.export_module`, with ``genai_config.json`` and the tokenizer
 files beside it (:mod:`genai`: the folder onnxruntime-genai runs as is). Rules: the given
@@ -196,8 +197,9 @@ def _call_and_check(model: "torch.nn.Module", causal: bool, cache: str, context:
 
 
 def _check_kind(checkpoint: Checkpoint, cls: type, cache: str | None) -> bool:
-    """Whether ``cls`` is a causal LM (else an encoder or an encoder-decoder, prefill only);
-    InputError for a model without text input, or a KV cache asked of a non-causal one."""
+    """Whether ``cls`` is a causal LM (else an encoder or an encoder-decoder: prefill only,
+    or with ``--cache kv`` an encoder-decoder's two graphs); InputError for a model without
+    text input, or a cache asked of a model that cannot have it."""
     if is_causal_lm(cls):
         return True
     if not takes_text(cls):

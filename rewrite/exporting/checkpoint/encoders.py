@@ -1,5 +1,6 @@
 """What ``torch.export`` is given for a text model that is not a causal LM: an encoder (BERT,
-a classifier head over any body) or an encoder-decoder (BART, T5), prefill only.
+a classifier head over any body) or an encoder-decoder (BART, T5), prefill only (an
+encoder-decoder decode-ready: :mod:`rewrite.exporting.checkpoint.seq2seq`).
 
     encoder          inputs  input_ids, attention_mask [batch_size, sequence_length]
                              (and token_type_ids, where the model's forward takes them)
