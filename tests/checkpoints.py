@@ -56,6 +56,18 @@ ENCODERS: dict[str, tuple[str, dict, str]] = {
 }
 """Encoders and encoder-decoders: model_type -> (config class, settings, model class)."""
 
+AUDIO: dict[str, tuple[str, dict, str]] = {
+    "whisper": ("WhisperConfig", dict(vocab_size=96, num_mel_bins=8, d_model=32,
+                                      encoder_layers=LAYERS, decoder_layers=LAYERS,
+                                      encoder_attention_heads=4, decoder_attention_heads=4,
+                                      encoder_ffn_dim=48, decoder_ffn_dim=48,
+                                      max_source_positions=16, max_target_positions=32,
+                                      pad_token_id=0, bos_token_id=1, eos_token_id=2,
+                                      decoder_start_token_id=1, begin_suppress_tokens=None),
+                "WhisperForConditionalGeneration"),
+}
+"""Encoder-decoders over audio (``input_features``): model_type -> as :data:`ENCODERS`."""
+
 
 def architecture(config) -> type:
     """The causal LM class for ``config`` (what ``architectures`` will name)."""
@@ -70,8 +82,8 @@ def write(family: str, folder: Path, *, shard: str | None = None, seed: int = 0,
     ``"20KB"``), in ``dtype``; the folder."""
     import transformers
 
-    if family in ENCODERS:
-        name, settings, model_class = ENCODERS[family]
+    if family in ENCODERS or family in AUDIO:
+        name, settings, model_class = {**ENCODERS, **AUDIO}[family]
         config = getattr(transformers, name)(**settings)
         cls = getattr(transformers, model_class)
     else:

@@ -22,6 +22,7 @@ with transformers' SDPA attention passing ``enable_gqa`` for this export only
 from __future__ import annotations
 
 from functools import partial
+from inspect import signature
 from pathlib import Path
 from typing import TYPE_CHECKING, Mapping
 
@@ -202,12 +203,14 @@ def _check_kind(checkpoint: Checkpoint, cls: type, cache: str | None) -> bool:
     text input, or a cache asked of a model that cannot have it."""
     if is_causal_lm(cls):
         return True
+    pair = cache == "kv" and is_encoder_decoder(checkpoint.config)
+    if pair and (takes_text(cls) or "input_features" in signature(cls.forward).parameters):
+        return False
     if not takes_text(cls):
         raise InputError(f"{checkpoint.path}: {cls.__name__} does not take input_ids; "
                          "rewrite export takes text models (causal LMs, encoders, "
-                         "encoder-decoders)")
-    if cache == "kv" and is_encoder_decoder(checkpoint.config):
-        return False
+                         "encoder-decoders) and, with --cache kv, encoder-decoders over "
+                         "input_features (Whisper)")
     if cache in ("kv", "static"):
         raise InputError(f"{checkpoint.path}: {cls.__name__} is not a causal language "
                          f"model: --cache {cache} needs one (use --cache none)")

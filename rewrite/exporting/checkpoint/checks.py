@@ -179,27 +179,22 @@ def seq2seq_checks(model: "torch.nn.Module", layout: tuple[tuple[LayerCache, ...
 
     if model.dtype == torch.bfloat16:
         return None, None
-    vocab = model.config.get_text_config(decoder=True).vocab_size
     inputs = start(model, PROMPT)
-    inputs["input_ids"] = torch.randint(0, vocab, (1, PROMPT),
-                                        generator=torch.Generator().manual_seed(0))
-    encoder = model.get_encoder()
-    states = model_call(encoder, {"input_ids": inputs["input_ids"],
-                                  "attention_mask": inputs["attention_mask"],
-                                  "return_dict": True},
+    token = inputs.pop("decoder_input_ids")
+    states = model_call(model.get_encoder(), {**inputs, "return_dict": True},
                         "the encoder, the eager reference").last_hidden_state
-    encoded = {"input_ids": as_numpy(inputs["input_ids"]),
-               "attention_mask": as_numpy(inputs["attention_mask"])}
+    encoded = {name: as_numpy(value) for name, value in inputs.items()}
+    mask = {k: v for k, v in inputs.items() if k == "attention_mask"}  # Whisper: none
     encoder_check = Check((Step(encoded, {"encoder_hidden_states": as_numpy(states)},
                                 name="encoder"),), *tolerances(model.dtype),
-                          what=f"the encoder on {PROMPT} tokens")
+                          what="the encoder on " + ("random frames" if not mask
+                                                    else f"{PROMPT} tokens"))
     cache = EncoderDecoderCache(model_cache(model), model_cache(model))
     fixed = {"encoder_hidden_states": as_numpy(states),
-             "encoder_attention_mask": encoded["attention_mask"]}
-    steps, token = [], inputs["decoder_input_ids"]
+             **{"encoder_attention_mask": as_numpy(v) for v in mask.values()}}
+    steps = []
     for n in range(2):
-        out = model_call(model, {"attention_mask": inputs["attention_mask"],
-                                 "decoder_input_ids": token, "use_cache": True,
+        out = model_call(model, {**mask, "decoder_input_ids": token, "use_cache": True,
                                  "encoder_outputs": BaseModelOutput(last_hidden_state=states),
                                  cache_keyword(model): cache},
                          f"decoder step {n + 1}, the eager reference")

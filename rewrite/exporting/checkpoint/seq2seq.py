@@ -81,34 +81,57 @@ def seq2seq_layout(model: "torch.nn.Module"
     return mine, cross
 
 
+def audio(model: "torch.nn.Module") -> bool:
+    """Whether the model's encoder takes ``input_features`` (Whisper's log-mel frames, of the
+    one length its positions fit) rather than tokens."""
+    return getattr(model, "main_input_name", "input_ids") == "input_features"
+
+
+def encoder_inputs(model: "torch.nn.Module", batch: int, length: int,
+                   seed: int | None = None) -> dict[str, "torch.Tensor"]:
+    """The encoder's inputs: ``length`` random tokens and their mask (all ones), or
+    Whisper's frames (``2 * max_source_positions`` of them); ``seed``: a fixed draw."""
+    import torch
+
+    generator = torch.Generator().manual_seed(seed) if seed is not None else None
+    config = model.config
+    if audio(model):
+        shape = (batch, config.num_mel_bins, 2 * config.max_source_positions)
+        return {"input_features": torch.randn(*shape, generator=generator, dtype=model.dtype)}
+    vocab = config.get_text_config().vocab_size
+    return {"input_ids": torch.randint(0, vocab, (batch, length), generator=generator),
+            "attention_mask": torch.ones(batch, length, dtype=torch.long)}
+
+
 def start(model: "torch.nn.Module", length: int) -> dict[str, "torch.Tensor"]:
-    """Encoder inputs of ``length`` tokens and the decoder's start token (a batch of one)."""
+    """Encoder inputs (:func:`encoder_inputs`, a fixed draw) and the decoder's start token
+    (the generation config's, else the config's, else 0), a batch of one."""
     import torch
 
     configs = (getattr(model, "generation_config", None), model.config)
     first = next((c.decoder_start_token_id for c in configs
                   if isinstance(getattr(c, "decoder_start_token_id", None), int)), 0)
-    return {"input_ids": torch.zeros(1, length, dtype=torch.long),
-            "attention_mask": torch.ones(1, length, dtype=torch.long),
+    return {**encoder_inputs(model, 1, length, seed=0),
             "decoder_input_ids": torch.full((1, 1), first, dtype=torch.long)}
 
 
 def encoder_call(model: "torch.nn.Module") -> Call:
-    """Example inputs, dynamic shapes and I/O names of the encoder graph."""
-    import torch
+    """Example inputs, dynamic shapes and I/O names of the encoder graph (Whisper's frames:
+    only the batch is dynamic)."""
     from torch.export import Dim
 
     from rewrite.exporting.checkpoint.encoders import sequence_bound
 
-    vocab = model.config.get_text_config().vocab_size
-    b, e = EXAMPLE_BATCH, EXAMPLE_ENCODER
-    args = (torch.randint(0, vocab, (b, e)), torch.ones(b, e, dtype=torch.long))
+    inputs = encoder_inputs(model, EXAMPLE_BATCH, EXAMPLE_ENCODER)
     batch = Dim("batch_size")
     sequence = Dim("encoder_sequence_length", **sequence_bound(model.config))
-    named = {0: "batch_size", 1: "encoder_sequence_length"}
-    return Call(args, ({0: batch, 1: sequence}, {0: batch, 1: sequence}),
-                ("input_ids", "attention_mask"), ("encoder_hidden_states",), (named, named),
-                encoder_forward)
+    named = {0: "batch_size"} if audio(model) else {0: "batch_size",
+                                                    1: "encoder_sequence_length"}
+    shapes = tuple({0: batch, 1: sequence} if len(named) == 2 else {0: batch}
+                   for _ in inputs)
+    return Call(tuple(inputs.values()), shapes, tuple(inputs), ("encoder_hidden_states",),
+                tuple(named for _ in inputs),
+                audio_encoder_forward if audio(model) else encoder_forward)
 
 
 def encoder_forward(self: "torch.nn.Module", input_ids: "torch.Tensor",
@@ -116,6 +139,12 @@ def encoder_forward(self: "torch.nn.Module", input_ids: "torch.Tensor",
     """The model's encoder on the tokens: ``(encoder_hidden_states,)``."""
     out = self.get_encoder()(input_ids=input_ids, attention_mask=attention_mask,
                              return_dict=True)
+    return (out.last_hidden_state,)
+
+
+def audio_encoder_forward(self: "torch.nn.Module", input_features: "torch.Tensor") -> tuple:
+    """The model's encoder on Whisper's frames: ``(encoder_hidden_states,)``."""
+    out = self.get_encoder()(input_features=input_features, return_dict=True)
     return (out.last_hidden_state,)
 
 
@@ -134,25 +163,28 @@ def decoder_call(model: "torch.nn.Module", layout: tuple[tuple[LayerCache, ...],
                                          "encoder_sequence_length",
                                          "past_decoder_sequence_length",
                                          "past_encoder_sequence_length")}
-    names = [{0: "batch_size", 1: "decoder_sequence_length"},
-             {0: "batch_size", 1: "encoder_sequence_length"},
-             {0: "batch_size", 1: "encoder_sequence_length"}]
     pasts = {"decoder": "past_decoder_sequence_length",
              "encoder": "past_encoder_sequence_length"}
-    names.append([tuple({0: "batch_size", 2: pasts[w]} for w in pasts for _ in "kv")
-                  for _ in layout[0]])
+    names: list = [{0: "batch_size", 1: "decoder_sequence_length"},
+                   {0: "batch_size", 1: "encoder_sequence_length"},
+                   [tuple({0: "batch_size", 2: pasts[w]} for w in pasts for _ in "kv")
+                    for _ in layout[0]],
+                   {0: "batch_size", 1: "encoder_sequence_length"}]
     past = [(*mine.empty(b, EXAMPLE_PAST, model.dtype), *cross.empty(b, EXAMPLE_CROSS,
                                                                       model.dtype))
             for mine, cross in zip(*layout)]
-    args = (torch.randint(0, vocab, (b, s)), torch.randn(b, e, hidden, dtype=model.dtype),
-            torch.ones(b, e, dtype=torch.long), past)
-    shapes = _as_dims(names, dims)
+    args = [torch.randint(0, vocab, (b, s)), torch.randn(b, e, hidden, dtype=model.dtype),
+            past, torch.ones(b, e, dtype=torch.long)]
     entries = [f"{n}.{w}.{kv}" for n in range(len(layout[0])) for w in pasts
                for kv in ("key", "value")]
-    inputs = ("input_ids", "encoder_hidden_states", "encoder_attention_mask",
-              *(f"past_key_values.{entry}" for entry in entries))
+    inputs = ["input_ids", "encoder_hidden_states",
+              *(f"past_key_values.{entry}" for entry in entries), "encoder_attention_mask"]
+    if audio(model):  # Whisper's decoder attends to every frame: no mask
+        del args[-1], names[-1], inputs[-1]
+    shapes = _as_dims(names, dims)
     outputs = ("logits", *(f"present.{entry}" for entry in entries))
-    return Call(args, shapes, inputs, outputs, tuple(names), decoder_forward)
+    return Call(tuple(args), tuple(shapes), tuple(inputs), outputs, tuple(names),
+                decoder_forward)
 
 
 def _as_dims(names: Any, dims: dict) -> Any:
@@ -163,8 +195,8 @@ def _as_dims(names: Any, dims: dict) -> Any:
 
 
 def decoder_forward(self: "torch.nn.Module", input_ids: "torch.Tensor",
-                    encoder_hidden_states: "torch.Tensor",
-                    encoder_attention_mask: "torch.Tensor", past_key_values: list) -> tuple:
+                    encoder_hidden_states: "torch.Tensor", past_key_values: list,
+                    encoder_attention_mask: "torch.Tensor | None" = None) -> tuple:
     """One decoder step of the model with both caches as tensors: ``(logits, [(decoder key,
     decoder value, encoder key, encoder value), ...])``."""
     from transformers import DynamicCache, EncoderDecoderCache
@@ -176,10 +208,12 @@ def decoder_forward(self: "torch.nn.Module", input_ids: "torch.Tensor",
     cache.cross_attention_cache = cross
     cache.is_updated = dict.fromkeys(range(len(past_key_values)), False)
     with _extending(self, cross, encoder_hidden_states.shape[1]):
+        mask = {} if encoder_attention_mask is None else {
+            "attention_mask": encoder_attention_mask}
         out = type(self).forward(
-            self, attention_mask=encoder_attention_mask, decoder_input_ids=input_ids,
+            self, decoder_input_ids=input_ids, use_cache=True, **mask,
             encoder_outputs=BaseModelOutput(last_hidden_state=encoder_hidden_states),
-            use_cache=True, **{cache_keyword(self): cache})
+            **{cache_keyword(self): cache})
     return out.logits, [(a.keys, a.values, c.keys, c.values)
                         for a, c in zip(mine.layers, cross.layers)]
 
