@@ -22,12 +22,14 @@ transformers = pytest.importorskip("transformers")
 STEPS = 8
 LAYERS = {"bart": ({"BartEncoderLayer": checkpoints.LAYERS},
                    {"BartDecoderLayer": checkpoints.LAYERS}),
-          "t5": ({"T5Block": 1, "T5Block_1": checkpoints.LAYERS - 1},) * 2}
+          "t5": ({"T5Block": 1, "T5Block_1": checkpoints.LAYERS - 1},) * 2,
+          "whisper": ({"WhisperEncoderLayer": checkpoints.LAYERS},
+                      {"WhisperDecoderLayer": checkpoints.LAYERS})}
 """The encoder's and the decoder's layer functions and how often each is called (T5's first
 block of each stack computes the position bias the others take: two functions, rightly)."""
 
 
-@pytest.fixture(scope="module", params=["bart", "t5"])
+@pytest.fixture(scope="module", params=["bart", "t5", "whisper"])
 def pair(request, tmp_path_factory) -> tuple[str, Path, Path]:
     """(family, checkpoint folder, output folder) of one family exported with --cache kv."""
     family = request.param
@@ -44,34 +46,39 @@ def _session(path: Path) -> ort.InferenceSession:
 
 
 def _eager(family: str, folder: Path) -> torch.nn.Module:
-    model_class = getattr(transformers, checkpoints.ENCODERS[family][2])
+    model_class = getattr(transformers, {**checkpoints.ENCODERS, **checkpoints.AUDIO}[family][2])
     return model_class.from_pretrained(folder, local_files_only=True).eval()
 
 
-def _prompt() -> tuple[np.ndarray, np.ndarray]:
-    """Two rows of 7 tokens, the second padded at its end."""
-    ids = torch.randint(3, 96, (2, 7), generator=torch.Generator().manual_seed(5)).numpy()
+def _prompt(family: str) -> dict[str, np.ndarray]:
+    """The encoder's inputs: two rows of 7 tokens, the second padded at its end; or two
+    rows of Whisper's frames."""
+    generator = torch.Generator().manual_seed(5)
+    if family in checkpoints.AUDIO:
+        return {"input_features": torch.randn(2, 8, 32, generator=generator).numpy()}
+    ids = torch.randint(3, 96, (2, 7), generator=generator).numpy()
     mask = np.ones((2, 7), np.int64)
     mask[1, 5:] = 0
-    return ids, mask
+    return {"input_ids": ids, "attention_mask": mask}
 
 
-def _greedy(out: Path, ids: np.ndarray, mask: np.ndarray, start: int
+def _greedy(out: Path, prompt: dict[str, np.ndarray], start: int
             ) -> tuple[np.ndarray, list[np.ndarray], np.ndarray]:
     """The encoder once, then :data:`STEPS` greedy decoder steps in onnxruntime: (tokens,
     each step's logits, the encoder's states)."""
-    (states,) = _session(out / "encoder_model.onnx").run(
-        None, {"input_ids": ids, "attention_mask": mask})
+    (states,) = _session(out / "encoder_model.onnx").run(None, prompt)
     decoder = _session(out / "decoder_model.onnx")
     names = [o.name for o in decoder.get_outputs()]
-    feeds = {i.name: np.zeros((len(ids), i.shape[1], 0, i.shape[3]), np.float32)
+    batch = len(states)
+    feeds = {i.name: np.zeros((batch, i.shape[1], 0, i.shape[3]), np.float32)
              for i in decoder.get_inputs() if i.name.startswith("past_")}
-    token = np.full((len(ids), 1), start, np.int64)
+    fixed = {"encoder_hidden_states": states}
+    if "attention_mask" in prompt:
+        fixed["encoder_attention_mask"] = prompt["attention_mask"]
+    token = np.full((batch, 1), start, np.int64)
     tokens, logits = [], []
     for _ in range(STEPS):
-        got = dict(zip(names, decoder.run(None, {
-            **feeds, "input_ids": token, "encoder_hidden_states": states,
-            "encoder_attention_mask": mask})))
+        got = dict(zip(names, decoder.run(None, {**feeds, **fixed, "input_ids": token})))
         logits.append(got["logits"][:, -1])
         token = got["logits"][:, -1:].argmax(-1)
         tokens.append(token)
@@ -83,17 +90,16 @@ def _greedy(out: Path, ids: np.ndarray, mask: np.ndarray, start: int
 def test_greedy_decoding_equals_generate(pair):
     family, folder, out = pair
     eager = _eager(family, folder)
-    ids, mask = _prompt()
+    prompt = _prompt(family)
+    given = {name: torch.from_numpy(value) for name, value in prompt.items()}
     with torch.no_grad():
-        want_states = eager.get_encoder()(input_ids=torch.from_numpy(ids),
-                                          attention_mask=torch.from_numpy(mask))
+        want_states = eager.get_encoder()(**given)
         generated = eager.generate(
-            input_ids=torch.from_numpy(ids), attention_mask=torch.from_numpy(mask),
-            do_sample=False, num_beams=1, max_new_tokens=STEPS, min_new_tokens=STEPS,
+            **given, do_sample=False, num_beams=1, max_new_tokens=STEPS, min_new_tokens=STEPS,
             forced_bos_token_id=None, forced_eos_token_id=None, no_repeat_ngram_size=0,
             output_logits=True, return_dict_in_generate=True)
     start = int(generated.sequences[0, 0])  # the decoder's start token, as generate has it
-    tokens, logits, states = _greedy(out, ids, mask, start)
+    tokens, logits, states = _greedy(out, prompt, start)
     np.testing.assert_allclose(states, want_states.last_hidden_state.numpy(), atol=1e-4)
     np.testing.assert_array_equal(tokens, generated.sequences[:, 1:].numpy())
     assert len(generated.logits) == STEPS
@@ -104,7 +110,7 @@ def test_greedy_decoding_equals_generate(pair):
 
 @pytest.mark.slow
 def test_two_graphs_one_data_file_each_tensor_once(pair):
-    _, _, out = pair
+    family, folder, out = pair
     assert sorted(p.name for p in out.iterdir()) == [
         "decoder_model.onnx", "decoder_model.onnx.data", "encoder_model.onnx"]
     places = {}
@@ -117,7 +123,10 @@ def test_two_graphs_one_data_file_each_tensor_once(pair):
                 assert entries["location"] == "decoder_model.onnx.data"
                 places.setdefault((entries["offset"], entries["length"]), set()).add(name)
     shared = [where for where, names in places.items() if len(names) == 2]
-    assert shared  # the embedding both use, written once
+    eager = _eager(family, folder)
+    encoder = {p.data_ptr() for p in eager.get_encoder().parameters()}
+    both = [p for p in eager.get_decoder().parameters() if p.data_ptr() in encoder]
+    assert len(shared) == len(both)  # BART's and T5's embedding, written once; Whisper: none
     size = (out / "decoder_model.onnx.data").stat().st_size
     assert size <= sum(int(length) for _, length in places) + 65536 * len(places)
 
@@ -142,12 +151,15 @@ def test_one_function_per_layer_class_taking_both_caches(pair):
 
 @pytest.mark.slow
 def test_the_dimensions_are_named(pair):
-    _, _, out = pair
+    family, _, out = pair
     model = onnx.load(str(out / "decoder_model.onnx"), load_external_data=False)
     dims = {v.name: [d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim]
             for v in [*model.graph.input, *model.graph.output]}
     assert dims["input_ids"] == ["batch_size", "decoder_sequence_length"]
-    assert dims["encoder_attention_mask"] == ["batch_size", "encoder_sequence_length"]
+    if family in checkpoints.AUDIO:  # its decoder attends to every frame
+        assert "encoder_attention_mask" not in dims
+    else:
+        assert dims["encoder_attention_mask"] == ["batch_size", "encoder_sequence_length"]
     assert dims["encoder_hidden_states"][:2] == ["batch_size", "encoder_sequence_length"]
     assert dims["past_key_values.0.decoder.key"][:3] == [
         "batch_size", 4, "past_decoder_sequence_length"]
