@@ -180,8 +180,10 @@ where the model takes them); an encoder-decoder: input_ids, attention_mask
 [batch_size, encoder_sequence_length], decoder_input_ids [batch_size,
 decoder_sequence_length]; outputs: the model's own tensors by name (logits, ...).
 An encoder-decoder with --cache kv: two graphs in OUT's folder, one data file:
-  encoder_model.onnx    input_ids, attention_mask -> encoder_hidden_states
-  decoder_model.onnx    input_ids, encoder_hidden_states, encoder_attention_mask,
+  encoder_model.onnx    input_ids, attention_mask (Whisper: input_features)
+                        -> encoder_hidden_states
+  decoder_model.onnx    input_ids, encoder_hidden_states, encoder_attention_mask
+                        (not Whisper's),
                         past_key_values.N.decoder.key / .value,
                         past_key_values.N.encoder.key / .value -> logits,
                         present.N.decoder.* and present.N.encoder.*; the first step is

@@ -1,14 +1,17 @@
 """What ``torch.export`` is given for a decode-ready encoder-decoder (``--cache kv`` on BART,
-T5 and the ``*ForConditionalGeneration`` models built as they are): two calls of the one
-model, each exported to its own graph, the names optimum uses::
+T5, Whisper and the ``*ForConditionalGeneration`` models built as they are): two calls of
+the one model, each exported to its own graph, the names optimum uses::
 
     encoder_model.onnx
       inputs   input_ids, attention_mask [batch_size, encoder_sequence_length]
+               (Whisper: input_features [batch_size, mel bins, frames], only the batch
+               dynamic: its positions fit one length)
       outputs  encoder_hidden_states [batch_size, encoder_sequence_length, hidden]
     decoder_model.onnx
       inputs   input_ids [batch_size, decoder_sequence_length],
                encoder_hidden_states [batch_size, encoder_sequence_length, hidden],
-               encoder_attention_mask [batch_size, encoder_sequence_length],
+               encoder_attention_mask [batch_size, encoder_sequence_length] (not Whisper's:
+                   its decoder attends to every frame),
                past_key_values.N.decoder.key / .value
                    [batch_size, heads, past_decoder_sequence_length, head_dim]
                past_key_values.N.encoder.key / .value
