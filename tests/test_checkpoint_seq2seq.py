@@ -35,6 +35,7 @@ def pair(request, tmp_path_factory) -> tuple[str, Path, Path]:
     family = request.param
     root = tmp_path_factory.mktemp(family)
     folder = checkpoints.write(family, root / "checkpoint")
+    (folder / "tokenizer_config.json").write_text("{}\n")  # copied beside the graphs
     out = root / "out"
     out.mkdir()
     rewrite.export(folder, output=out / "model.onnx", cache="kv")
@@ -112,7 +113,8 @@ def test_greedy_decoding_equals_generate(pair):
 def test_two_graphs_one_data_file_each_tensor_once(pair):
     family, folder, out = pair
     assert sorted(p.name for p in out.iterdir()) == [
-        "decoder_model.onnx", "decoder_model.onnx.data", "encoder_model.onnx"]
+        "decoder_model.onnx", "decoder_model.onnx.data", "encoder_model.onnx",
+        "tokenizer_config.json"]
     places = {}
     for name in ("encoder_model.onnx", "decoder_model.onnx"):
         onnx.checker.check_model(str(out / name), full_check=True)

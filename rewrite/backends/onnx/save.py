@@ -256,12 +256,12 @@ def _byte_counter(total: int, progress: Progress) -> Callable:
 
 
 def write_models(models: Sequence[tuple[Path, ir.Model, Callable[[Path], str] | None]], *,
-                 progress: Progress = SILENT) -> Path:
+                 progress: Progress = SILENT, beside: Beside = Beside()) -> Path:
     """Write ``models`` (path, model, check; all in one folder) with their weights in one data
     file, that of the last (``LAST.onnx.data``): a tensor the models share (the same bytes,
     under any name) is written once and each model refers to it. Each check runs on its
-    staged model; they are published together (the others as companions of the last:
-    :func:`rewrite.files.outputs.publish`). Returns the data file."""
+    staged model; they are published together, with ``beside`` (the others as companions of
+    the last: :func:`rewrite.files.outputs.publish`). Returns the data file."""
     last = models[-1][0]
     data = data_path(last).name
     try:
@@ -275,10 +275,13 @@ def write_models(models: Sequence[tuple[Path, ir.Model, Callable[[Path], str] | 
                 if check is not None:
                     with progress.step(f"checking {path.name} against eager PyTorch"):
                         progress.note(check(folder / path.name))
+            for companion in beside.files:
+                companion.write(folder)
             first = _reading_folder(folder / last.name, folder.name)
-            publish(last, Staged(folder, folder / last.name, first, (data,),
-                                 tuple(path.name for path, _, _ in models[:-1])),
-                    stale=_stale_data(last))
+            companions = (*(path.name for path, _, _ in models[:-1]),
+                          *(c.name for c in beside.files))
+            publish(last, Staged(folder, folder / last.name, first, (data,), companions),
+                    stale=[*_stale_data(last), *beside.stale])
     except OSError as e:
         raise InputError(f"{last}: cannot write ({e.strerror or e})") from e
     return last.with_name(data)

@@ -99,7 +99,7 @@ def export_checkpoint(folder: str | Path, *, rules: RuleSet | str | Path | None,
     with progress.step(f"loading {checkpoint.path}"), exclusive():
         model = load_model(checkpoint, cls, precision.dtype())
     if pair:
-        return _export_pair(model, ruleset, output, progress, options,
+        return _export_pair(model, checkpoint, ruleset, output, progress, options,
                             verify and output is not None, precision)
     kind = cache or ("kv" if causal else "none")
     call, check, layout = _call_and_check(model, causal, kind, context,
@@ -133,11 +133,11 @@ def written(output: str | Path, config: dict, cache: str | None) -> tuple[Path, 
     return (Path(output),)
 
 
-def _export_pair(model: "torch.nn.Module", ruleset: RuleSet | None,
+def _export_pair(model: "torch.nn.Module", checkpoint: Checkpoint, ruleset: RuleSet | None,
                  output: str | Path | None, progress: "Progress", options: "OnnxOptions",
                  verify: bool, precision: Precision) -> "ir.Model":
     """An encoder-decoder's encoder and decoder step, each exported, then written with one
-    data file; returns the decoder's model."""
+    data file and the checkpoint's tokenizer files; returns the decoder's model."""
     from rewrite.backends.onnx.save import write_models
 
     layout = seq2seq_layout(model)
@@ -154,10 +154,12 @@ def _export_pair(model: "torch.nn.Module", ruleset: RuleSet | None,
                 axis_names=call.axis_names, finish=precision.finish(progress.note)))
     if output is not None:
         paths = written(output, {"is_encoder_decoder": True}, "kv")
+        genai = plan(checkpoint, model.config, None, None)
         data = write_models([(path, model, precision.check(check)) for path, model, check
-                             in zip(paths, exported, checks)], progress=progress)
+                             in zip(paths, exported, checks)], progress=progress,
+                            beside=beside(genai, paths[1], exported[1]))
         progress.note(f"{paths[0].name} and {paths[1].name}: their weights in one file, "
-                      f"{data.name}")
+                      f"{data.name}; {genai.note(paths[1])}")
     return exported[1]
 
 
