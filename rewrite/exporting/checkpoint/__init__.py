@@ -46,9 +46,8 @@ from rewrite.exporting.checkpoint.checks import (
 from rewrite.exporting.checkpoint.fixed_cache import fixed_cache_call
 from rewrite.exporting.checkpoint.encoders import encoder_call, takes_text
 from rewrite.exporting.checkpoint.seq2seq import (
-    DECODER,
-    ENCODER,
     decoder_call,
+    graphs,
     is_encoder_decoder,
     seq2seq_layout,
 )
@@ -128,8 +127,7 @@ def written(output: str | Path, config: dict, cache: str | None) -> tuple[Path, 
     encoder-decoder with ``--cache kv`` the two graphs in ``output``'s folder
     (:mod:`rewrite.exporting.checkpoint.seq2seq`)."""
     if cache == "kv" and is_encoder_decoder(config):
-        folder = Path(output).parent
-        return folder / ENCODER, folder / DECODER
+        return graphs(output)
     return (Path(output),)
 
 
@@ -138,6 +136,8 @@ def _export_pair(model: "torch.nn.Module", checkpoint: Checkpoint, ruleset: Rule
                  verify: bool, precision: Precision) -> "ir.Model":
     """An encoder-decoder's encoder and decoder step, each exported, then written with one
     data file and the checkpoint's tokenizer files; returns the decoder's model."""
+    from attrs import evolve
+
     from rewrite.backends.onnx.save import write_models
 
     layout = seq2seq_layout(model)
@@ -153,9 +153,10 @@ def _export_pair(model: "torch.nn.Module", checkpoint: Checkpoint, ruleset: Rule
                 output_names=call.output_names, progress=progress, options=options,
                 axis_names=call.axis_names, finish=precision.finish(progress.note)))
     if output is not None:
-        paths = written(output, {"is_encoder_decoder": True}, "kv")
-        genai = plan(checkpoint, model.config, None, None)
-        data = write_models([(path, model, precision.check(check)) for path, model, check
+        paths = graphs(output)
+        genai = evolve(plan(checkpoint, model.config, None, None),
+                       reason="written for decoder-only models; these are two graphs")
+        data = write_models([(path, graph, precision.check(check)) for path, graph, check
                              in zip(paths, exported, checks)], progress=progress,
                             beside=beside(genai, paths[1], exported[1]))
         progress.note(f"{paths[0].name} and {paths[1].name}: their weights in one file, "

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator
 
 from rewrite.exporting.checkpoint.cache import (
@@ -64,6 +65,12 @@ CROSS = "key_value_states"
 def is_encoder_decoder(config: dict) -> bool:
     """Whether a checkpoint's ``config.json`` describes an encoder-decoder."""
     return bool(config.get("is_encoder_decoder"))
+
+
+def graphs(output: "str | Path") -> tuple[Path, Path]:
+    """Where the encoder's and the decoder's graphs go for ``-o output``: its folder."""
+    folder = Path(output).parent
+    return folder / ENCODER, folder / DECODER
 
 
 def seq2seq_layout(model: "torch.nn.Module"
