@@ -49,12 +49,11 @@ def export(
     ``strict``: ``torch.export.export``'s; ``input_names`` / ``output_names`` rename the
     graph's first inputs / outputs), or a Hugging Face checkpoint folder, built by
     transformers with its weights mapped and called as ``cache`` says: ``"kv"`` (causal LMs'
-    default; an encoder-decoder's ``encoder_model.onnx`` and ``decoder_model.onnx`` in
-    ``output``'s folder, the decoder's model returned), ``"none"`` (prefill), ``"static"``
-    (a cache of ``context`` tokens written in place; ``static={"batch": B, "seq": S}`` fixes
-    those too); ``trust_model`` lets it run its own code; ``verify`` compares the written
-    model with eager in onnxruntime before it is published; ``precision``: ``fp32``,
-    ``fp16``, ``bf16`` or ``int4`` (``block_size``,
+    default; an encoder-decoder's two graphs in ``output``'s folder, the decoder's model
+    returned), ``"none"`` (prefill), ``"static"`` (a cache of ``context`` tokens written in
+    place; ``static={"batch": B, "seq": S}`` fixes those too); ``trust_model`` lets it run
+    its own code; ``verify`` compares the written model with eager in onnxruntime before it
+    is published; ``precision``: ``fp32``, ``fp16``, ``bf16`` or ``int4`` (``block_size``,
     ``symmetric``; :mod:`rewrite.exporting.precision`). ``rules``: a :class:`RuleSet` or what
     :func:`rewrite.load_rules` takes (None: a checkpoint's shipped rules, else suggested).
     ``onnx_options``: :class:`~rewrite.backends.onnx.OnnxOptions`'s fields. ``output``: also

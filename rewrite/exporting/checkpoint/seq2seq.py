@@ -237,15 +237,16 @@ def _extending(model: "torch.nn.Module", cross: Any, length: Any) -> Iterator[No
     import torch
 
     reached: set[int] = set()
+    sliced: list["torch.Tensor"] = []  # a module inside another that takes them: once
 
     def hook(module: "torch.nn.Module", args: tuple, kwargs: dict) -> Any:
         states = kwargs.get(CROSS)
-        if states is None:
+        if states is None or any(states is done for done in sliced):
             return None
         layer = cross.layers[module.layer_idx]
         reached.add(module.layer_idx)
-        held = torch.sym_min(layer.keys.shape[2], length - 1)
-        return args, {**kwargs, CROSS: states[:, held:]}
+        sliced.append(states[:, torch.sym_min(layer.keys.shape[2], length - 1):])
+        return args, {**kwargs, CROSS: sliced[-1]}
 
     modules = [m for m in model.modules() if isinstance(getattr(m, "layer_idx", None), int)
                and CROSS in inspect.signature(m.forward).parameters]
