@@ -210,3 +210,21 @@ def test_a_fixed_cache_is_refused_for_an_encoder_decoder(tmp_path):
     with pytest.raises(InputError, match="not a causal language model: --cache static"):
         rewrite.export(folder, output=tmp_path / "model.onnx", cache="static", context=16)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint"]
+
+
+def test_whisper_needs_the_two_graphs(tmp_path):
+    """Its prefill graph would take input_features, which --cache none does not: refused in
+    one line that says what is taken."""
+    folder = checkpoints.write("whisper", tmp_path / "checkpoint")
+    with pytest.raises(InputError, match="with --cache kv, encoder-decoders over "
+                                         "input_features"):
+        rewrite.export(folder, output=tmp_path / "model.onnx")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint"]
+
+
+def test_a_missing_output_folder_is_refused_before_loading(tmp_path, run_cli):
+    folder = checkpoints.write("bart", tmp_path / "checkpoint")
+    r = run_cli("export", folder, "-o", tmp_path / "missing" / "model.onnx", "--cache", "kv")
+    assert r.code == 2, r.err
+    assert "encoder_model.onnx: cannot write there: folder" in r.err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint"]
