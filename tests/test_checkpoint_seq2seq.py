@@ -222,8 +222,11 @@ def test_whisper_needs_the_two_graphs(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint"]
 
 
-def test_a_missing_output_folder_is_refused_before_loading(tmp_path, run_cli):
+def test_a_missing_output_folder_or_chunks_are_refused_before_loading(tmp_path, run_cli):
     folder = checkpoints.write("bart", tmp_path / "checkpoint")
+    r = run_cli("export", folder, "-o", tmp_path / "model.onnx", "--cache", "kv",
+                "--weights-chunk", "1000000")
+    assert r.code == 2 and "share one data file, which is not chunked" in r.err, r.err
     r = run_cli("export", folder, "-o", tmp_path / "missing" / "model.onnx", "--cache", "kv")
     assert r.code == 2, r.err
     assert "encoder_model.onnx: cannot write there: folder" in r.err

@@ -87,6 +87,9 @@ def export_checkpoint(folder: str | Path, *, rules: RuleSet | str | Path | None,
     cls = model_class(checkpoint)
     causal = _check_kind(checkpoint, cls, cache)
     pair = not causal and cache == "kv"  # an encoder-decoder's two graphs
+    if pair and options.weights_chunk is not None:
+        raise InputError("--weights-chunk: an encoder-decoder's two graphs share one data "
+                         "file, which is not chunked")
     for path in ([] if output is None else written(output, checkpoint.config, cache)):
         check_output_path(path, inputs)
     shipped = default_rules(checkpoint) if rules is None else None
