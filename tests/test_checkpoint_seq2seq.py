@@ -231,3 +231,29 @@ def test_a_missing_output_folder_or_chunks_are_refused_before_loading(tmp_path, 
     assert r.code == 2, r.err
     assert "encoder_model.onnx: cannot write there: folder" in r.err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint"]
+
+
+@pytest.mark.slow
+def test_later_steps_read_the_cross_cache_not_the_encoder_states(pair):
+    """Past the first step the cross keys and values come from past_key_values.N.encoder:
+    the encoder's states fed then do not change the logits (they are not projected again)."""
+    family, _, out = pair
+    prompt = _prompt(family)
+    (states,) = _session(out / "encoder_model.onnx").run(None, prompt)
+    decoder = _session(out / "decoder_model.onnx")
+    names = [o.name for o in decoder.get_outputs()]
+    fixed = {"encoder_attention_mask": prompt["attention_mask"]} \
+        if "attention_mask" in prompt else {}
+    feeds = {i.name: np.zeros((len(states), i.shape[1], 0, i.shape[3]), np.float32)
+             for i in decoder.get_inputs() if i.name.startswith("past_")}
+    token = np.zeros((len(states), 1), np.int64)
+    first = dict(zip(names, decoder.run(None, {**feeds, **fixed, "input_ids": token,
+                                               "encoder_hidden_states": states})))
+    feeds = {name: first[name.replace("past_key_values", "present")] for name in feeds}
+    token = first["logits"][:, -1:].argmax(-1)
+    runs = [dict(zip(names, decoder.run(None, {**feeds, **fixed, "input_ids": token,
+                                               "encoder_hidden_states": given})))
+            for given in (states, np.random.default_rng(0).normal(size=states.shape)
+                          .astype(np.float32))]
+    np.testing.assert_array_equal(runs[0]["logits"], runs[1]["logits"])
+    assert not np.array_equal(first["logits"], runs[0]["logits"])
