@@ -51,10 +51,23 @@ ENCODERS: dict[str, tuple[str, dict, str]] = {
                             "decoder_ffn_dim": 48},
              "BartForConditionalGeneration"),
     "t5": ("T5Config", dict(vocab_size=96, d_model=32, d_kv=8, d_ff=48, num_layers=LAYERS,
-                            num_decoder_layers=LAYERS, num_heads=4),
+                            num_decoder_layers=LAYERS, num_heads=4,
+                            decoder_start_token_id=0),  # as T5's own checkpoints say
            "T5ForConditionalGeneration"),
 }
 """Encoders and encoder-decoders: model_type -> (config class, settings, model class)."""
+
+AUDIO: dict[str, tuple[str, dict, str]] = {
+    "whisper": ("WhisperConfig", dict(vocab_size=96, num_mel_bins=8, d_model=32,
+                                      encoder_layers=LAYERS, decoder_layers=LAYERS,
+                                      encoder_attention_heads=4, decoder_attention_heads=4,
+                                      encoder_ffn_dim=48, decoder_ffn_dim=48,
+                                      max_source_positions=16, max_target_positions=32,
+                                      pad_token_id=0, bos_token_id=1, eos_token_id=2,
+                                      decoder_start_token_id=1, begin_suppress_tokens=None),
+                "WhisperForConditionalGeneration"),
+}
+"""Encoder-decoders over audio (``input_features``): model_type -> as :data:`ENCODERS`."""
 
 
 def architecture(config) -> type:
@@ -70,8 +83,8 @@ def write(family: str, folder: Path, *, shard: str | None = None, seed: int = 0,
     ``"20KB"``), in ``dtype``; the folder."""
     import transformers
 
-    if family in ENCODERS:
-        name, settings, model_class = ENCODERS[family]
+    if family in ENCODERS or family in AUDIO:
+        name, settings, model_class = {**ENCODERS, **AUDIO}[family]
         config = getattr(transformers, name)(**settings)
         cls = getattr(transformers, model_class)
     else:

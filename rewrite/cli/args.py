@@ -178,7 +178,16 @@ checkpoint's tokenizer files, a folder onnxruntime-genai runs as is.
 An encoder: input_ids, attention_mask [batch_size, sequence_length] (and token_type_ids
 where the model takes them); an encoder-decoder: input_ids, attention_mask
 [batch_size, encoder_sequence_length], decoder_input_ids [batch_size,
-decoder_sequence_length]; outputs: the model's own tensors by name (logits, ...)."""
+decoder_sequence_length]; outputs: the model's own tensors by name (logits, ...).
+An encoder-decoder with --cache kv: two graphs in OUT's folder, one data file:
+  encoder_model.onnx    input_ids, attention_mask (Whisper: input_features)
+                        -> encoder_hidden_states
+  decoder_model.onnx    input_ids, encoder_hidden_states, encoder_attention_mask
+                        (not Whisper's),
+                        past_key_values.N.decoder.key / .value,
+                        past_key_values.N.encoder.key / .value -> logits,
+                        present.N.decoder.* and present.N.encoder.*; the first step is
+                        fed both pasts empty (0 positions), later ones the presents."""
 
 
 def _add_export(sub, common: argparse.ArgumentParser) -> None:
@@ -187,8 +196,9 @@ def _add_export(sub, common: argparse.ArgumentParser) -> None:
         description="Build the model of a checkpoint folder (config.json and *.safetensors, "
         "maybe sharded)\nwith transformers, offline, its weights mapped; export it with "
         "torch.export (dynamic\nbatch, sequence and past); group it by RULES and write it as "
-        "apply does.\nText models: causal LMs (decode-ready by default), encoders and "
-        "encoder-decoders\n(prefill only).",
+        "apply does.\nText models: causal LMs (decode-ready by default), encoders "
+        "(prefill only) and\nencoder-decoders (prefill by default, decode-ready with "
+        "--cache kv).",
         epilog=EXPORT_IO, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     export.add_argument("folder", metavar="DIR", help="the checkpoint folder")
@@ -199,8 +209,9 @@ def _add_export(sub, common: argparse.ArgumentParser) -> None:
                         "model (printed, to keep)")
     export.add_argument("--cache", choices=("kv", "none", "static"),
                         help="kv: decode-ready, the KV cache as inputs and outputs (the "
-                        "default for causal LMs); none: prefill only (the default and the "
-                        "only choice for encoders and encoder-decoders); static: a cache of "
+                        "default for causal LMs; an encoder-decoder's encoder_model.onnx and "
+                        "decoder_model.onnx in OUT's folder); none: prefill only (the "
+                        "default for encoders and encoder-decoders); static: a cache of "
                         "--context tokens written in place at position_ids (fixed shapes "
                         "for NPU compilers)")
     export.add_argument("--context", type=int, metavar="C",

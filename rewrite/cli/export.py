@@ -1,4 +1,5 @@
-"""``rewrite export DIR -o OUT.onnx [--rules R] [--cache kv|none]``: a checkpoint folder in."""
+"""``rewrite export DIR -o OUT.onnx [--rules R] [--cache kv|none]``: a checkpoint folder in
+(an encoder-decoder with ``--cache kv``: two graphs in OUT's folder)."""
 
 from __future__ import annotations
 
@@ -32,5 +33,8 @@ def cmd_export(args: argparse.Namespace, io: Consoles) -> int:
                        progress=Steps.backend(io),
                        constants=args.constants, optimize=args.optimize,
                        body_node_names=args.body_node_names, **options)
-    io.info(f"wrote {output}")
+    from rewrite.exporting.checkpoint import read_checkpoint, written
+
+    config = read_checkpoint(args.folder, trust_model=args.trust_model).config
+    io.info("wrote " + " and ".join(str(p) for p in written(output, config, args.cache)))
     return EXIT_OK

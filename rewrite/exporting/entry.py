@@ -50,7 +50,8 @@ def export(
     ``strict``: ``torch.export.export``'s; ``input_names`` / ``output_names`` rename the
     graph's first inputs / outputs), or a Hugging Face checkpoint folder, built by
     transformers with its weights mapped and called as ``cache`` says: ``"kv"`` (causal LMs'
-    default), ``"none"`` (prefill), ``"static"`` (a cache of ``context`` tokens written in
+    default; an encoder-decoder's two graphs in ``output``'s folder, the decoder's model
+    returned), ``"none"`` (prefill), ``"static"`` (a cache of ``context`` tokens written in
     place; ``static={"batch": B, "seq": S}`` fixes those too); ``trust_model`` lets it run
     its own code; ``verify`` compares the written model with eager in onnxruntime before it
     is published; ``trace``: ``"layers"`` (torch.export traces each distinct decoder layer

@@ -253,3 +253,61 @@ def _byte_counter(total: int, progress: Progress) -> Callable:
         done += tensor.nbytes
     return callback
 
+
+
+def write_models(models: Sequence[tuple[Path, ir.Model, Callable[[Path], str] | None]], *,
+                 progress: Progress = SILENT, beside: Beside = Beside()) -> Path:
+    """Write ``models`` (path, model, check; all in one folder) with their weights in one data
+    file, that of the last (``LAST.onnx.data``): a tensor the models share (the same bytes,
+    under any name) is written once and each model refers to it. Each check runs on its
+    staged model; they are published together, with ``beside`` (the others as companions of
+    the last: :func:`rewrite.files.outputs.publish`). Returns the data file."""
+    last = models[-1][0]
+    data = data_path(last).name
+    try:
+        with staging_folder(last) as folder:
+            with progress.step("writing weights"):
+                places = _shared_data([model for _, model, _ in models], folder, data)
+            for path, model, _ in models:
+                with _swapped(model, lambda ts: [places.get(_identity(t), t) for t in ts]):
+                    ir.save(model, folder / path.name)
+            for path, _, check in models:
+                if check is not None:
+                    with progress.step(f"checking {path.name} against eager PyTorch"):
+                        progress.note(check(folder / path.name))
+            for companion in beside.files:
+                companion.write(folder)
+            first = _reading_folder(folder / last.name, folder.name)
+            companions = (*(path.name for path, _, _ in models[:-1]),
+                          *(c.name for c in beside.files))
+            publish(last, Staged(folder, folder / last.name, first, (data,), companions),
+                    stale=[*_stale_data(last), *beside.stale])
+    except OSError as e:
+        raise InputError(f"{last}: cannot write ({e.strerror or e})") from e
+    return last.with_name(data)
+
+
+def _identity(tensor: ir.TensorProtocol) -> tuple:
+    """What tells one tensor's bytes from another's: a torch tensor's memory, shape and
+    strides (tied weights are one tensor under two names), else the tensor object."""
+    import torch
+
+    raw = getattr(tensor, "raw", None)
+    if isinstance(raw, torch.Tensor):
+        return (raw.data_ptr(), raw.dtype, tuple(raw.shape), raw.stride())
+    return (id(tensor),)
+
+
+def _shared_data(models: Sequence[ir.Model], folder: Path, data: str
+                 ) -> dict[tuple, ir.TensorProtocol]:
+    """The tensors of ``models`` over ``EXTERNAL_TENSOR_BYTES`` written once each into
+    ``folder / data``; identity (:func:`_identity`) -> the external tensor over its bytes."""
+    unique: dict[tuple, ir.TensorProtocol] = {}
+    for model in models:
+        for value in _initializers(model):
+            tensor = value.const_value
+            if tensor is not None and tensor.nbytes > EXTERNAL_TENSOR_BYTES:
+                unique.setdefault(_identity(tensor), tensor)
+    written = ir.external_data.convert_tensors_to_external(
+        list(unique.values()), folder, data, alignment=ALIGNMENT)
+    return dict(zip(unique, written))

@@ -3,7 +3,8 @@
 The folder is checked (:mod:`folder`: config, weights, shards; code and pickles refused
 unless trusted), its model built by transformers offline with the weights mapped
 (:mod:`build`), called with its KV cache explicit (:mod:`cache`: the inputs, dynamic shapes
-and I/O names; an encoder or encoder-decoder, prefill only: :mod:`encoders`), then
+and I/O names; an encoder or encoder-decoder, prefill only: :mod:`encoders`; an
+encoder-decoder decode-ready, two graphs over one data file: :mod:`seq2seq`), then
 exported, grouped, lowered and written by the one pipeline of
 :func:`rewrite.exporting.module.export_module`, with ``genai_config.json`` and the tokenizer
 files beside it (:mod:`genai`: the folder onnxruntime-genai runs as is). Rules: the given
@@ -21,6 +22,7 @@ with transformers' SDPA attention passing ``enable_gqa`` for this export only
 from __future__ import annotations
 
 from functools import partial
+from inspect import signature
 from pathlib import Path
 from typing import TYPE_CHECKING, Mapping
 
@@ -39,9 +41,17 @@ from rewrite.exporting.checkpoint.checks import (
     causal_lm_check,
     encoder_check,
     fixed_cache_check,
+    seq2seq_checks,
 )
 from rewrite.exporting.checkpoint.fixed_cache import fixed_cache_call
 from rewrite.exporting.checkpoint.encoders import encoder_call, takes_text
+from rewrite.exporting.checkpoint.seq2seq import (
+    decoder_call,
+    graphs,
+    is_encoder_decoder,
+    seq2seq_layout,
+)
+from rewrite.exporting.checkpoint.seq2seq import encoder_call as seq2seq_encoder_call
 from rewrite.exporting.checkpoint.folder import Checkpoint, read_checkpoint
 from rewrite.exporting.checkpoint.once import TRACES, traced_once
 from rewrite.exporting.checkpoint.genai import beside, plan
@@ -79,18 +89,25 @@ def export_checkpoint(folder: str | Path, *, rules: RuleSet | str | Path | None,
     checkpoint = read_checkpoint(folder, trust_model=trust_model)
     refuse_quantized(checkpoint)
     inputs = [checkpoint.path, *checkpoint.weights]
-    if output is not None:
-        check_output_path(output, inputs)
+    cls = model_class(checkpoint)
+    causal = _check_kind(checkpoint, cls, cache)
+    pair = not causal and cache == "kv"  # an encoder-decoder's two graphs
+    if pair and options.weights_chunk is not None:
+        raise InputError("--weights-chunk: an encoder-decoder's two graphs share one data "
+                         "file, which is not chunked")
+    for path in ([] if output is None else written(output, checkpoint.config, cache)):
+        check_output_path(path, inputs)
     shipped = default_rules(checkpoint) if rules is None else None
     chosen = rules if rules is not None else shipped
     ruleset = as_ruleset(chosen) if chosen is not None else None
-    cls = model_class(checkpoint)
-    causal = _check_kind(checkpoint, cls, cache)
     if shipped is not None:
         progress.note(f"rules: {shipped.name}, shipped for model_type "
                       f"{checkpoint.model_type!r}")
     with progress.step(f"loading {checkpoint.path}"), exclusive():
         model = load_model(checkpoint, cls, precision.dtype())
+    if pair:
+        return _export_pair(model, checkpoint, ruleset, output, progress, options,
+                            verify and output is not None, precision)
     kind = cache or ("kv" if causal else "none")
     call, check, layout = _call_and_check(model, causal, kind, context,
                                           dict(static or {}), verify and output is not None)
@@ -113,6 +130,48 @@ def export_checkpoint(folder: str | Path, *, rules: RuleSet | str | Path | None,
     if output is not None:
         progress.note(genai.note(Path(output)))
     return exported
+
+
+def written(output: str | Path, config: dict, cache: str | None) -> tuple[Path, ...]:
+    """The models ``rewrite export`` writes for ``output``: ``output``, or for an
+    encoder-decoder with ``--cache kv`` the two graphs in ``output``'s folder
+    (:mod:`rewrite.exporting.checkpoint.seq2seq`)."""
+    if cache == "kv" and is_encoder_decoder(config):
+        return graphs(output)
+    return (Path(output),)
+
+
+def _export_pair(model: "torch.nn.Module", checkpoint: Checkpoint, ruleset: RuleSet | None,
+                 output: str | Path | None, progress: "Progress", options: "OnnxOptions",
+                 verify: bool, precision: Precision) -> "ir.Model":
+    """An encoder-decoder's encoder and decoder step, each exported, then written with one
+    data file and the checkpoint's tokenizer files; returns the decoder's model."""
+    from attrs import evolve
+
+    from rewrite.backends.onnx.save import write_models
+
+    layout = seq2seq_layout(model)
+    calls = (seq2seq_encoder_call(model), decoder_call(model, layout))
+    checks = seq2seq_checks(model, layout) if verify else (None, None)
+    options = _with_moe_translations(options)
+    exported = []
+    for call in calls:
+        with calling(model, call), grouped_query_attention():
+            exported.append(export_module(
+                model, call.args, None, rules=ruleset, dynamic_shapes=call.dynamic_shapes,
+                strict=False, output=None, input_names=call.input_names,
+                output_names=call.output_names, progress=progress, options=options,
+                axis_names=call.axis_names, finish=precision.finish(progress.note)))
+    if output is not None:
+        paths = graphs(output)
+        genai = evolve(plan(checkpoint, model.config, None, None),
+                       reason="written for decoder-only models; these are two graphs")
+        data = write_models([(path, graph, precision.check(check)) for path, graph, check
+                             in zip(paths, exported, checks)], progress=progress,
+                            beside=beside(genai, paths[1], exported[1]))
+        progress.note(f"{paths[0].name} and {paths[1].name}: their weights in one file, "
+                      f"{data.name}; {genai.note(paths[1])}")
+    return exported[1]
 
 
 def _check_cache_options(cache: str | None, context: int | None,
@@ -152,14 +211,19 @@ def _call_and_check(model: "torch.nn.Module", causal: bool, cache: str, context:
 
 
 def _check_kind(checkpoint: Checkpoint, cls: type, cache: str | None) -> bool:
-    """Whether ``cls`` is a causal LM (else an encoder or an encoder-decoder, prefill only);
-    InputError for a model without text input, or a KV cache asked of a non-causal one."""
+    """Whether ``cls`` is a causal LM (else an encoder or an encoder-decoder: prefill only,
+    or with ``--cache kv`` an encoder-decoder's two graphs); InputError for a model without
+    text input, or a cache asked of a model that cannot have it."""
     if is_causal_lm(cls):
         return True
+    pair = cache == "kv" and is_encoder_decoder(checkpoint.config)
+    if pair and (takes_text(cls) or "input_features" in signature(cls.forward).parameters):
+        return False
     if not takes_text(cls):
         raise InputError(f"{checkpoint.path}: {cls.__name__} does not take input_ids; "
                          "rewrite export takes text models (causal LMs, encoders, "
-                         "encoder-decoders)")
+                         "encoder-decoders) and, with --cache kv, encoder-decoders over "
+                         "input_features (Whisper)")
     if cache in ("kv", "static"):
         raise InputError(f"{checkpoint.path}: {cls.__name__} is not a causal language "
                          f"model: --cache {cache} needs one (use --cache none)")
@@ -182,4 +246,4 @@ def default_rules(checkpoint: Checkpoint) -> Path | None:
 
 
 __all__ = ["CACHES", "Call", "Checkpoint", "default_rules", "export_checkpoint",
-           "read_checkpoint"]
+           "read_checkpoint", "written"]

@@ -95,7 +95,14 @@ def cache_layout(model: "torch.nn.Module") -> tuple[LayerCache, ...]:
     cache = model_cache(model)
     own_forward(model, torch.zeros(1, 1, dtype=torch.long), 1, cache,
                 "one token with a cache")
-    name = type(model).__name__
+    return layers_of(type(model).__name__, cache)
+
+
+def layers_of(name: str, cache: Any) -> tuple[LayerCache, ...]:
+    """The shapes of the filled ``cache`` that ``name``'s forward returned, per layer;
+    :class:`InputError` for a layer holding a state other than keys and values, or none."""
+    import torch
+
     layers = []
     for n, layer in enumerate(getattr(cache, "layers", ())):
         keys, values = getattr(layer, "keys", None), getattr(layer, "values", None)
@@ -133,6 +140,14 @@ def own_forward(model: "torch.nn.Module", ids: "torch.Tensor", total: int, cache
         keywords.update(use_cache=True, **{cache_keyword(model): cache})
     else:
         keywords["use_cache"] = False
+    return model_call(model, keywords, situation)
+
+
+def model_call(model: "torch.nn.Module", keywords: dict[str, Any], situation: str) -> Any:
+    """The class's forward on ``keywords``, without gradients; the model's own failure is an
+    :class:`InputError` naming ``situation`` (:func:`~rewrite.errors.library_call`)."""
+    import torch
+
     name = type(model).__name__
 
     def failed(e: BaseException) -> InputError:

@@ -14,7 +14,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Mapping
 
-from rewrite.exporting.checkpoint.cache import Call, LayerCache, model_cache, own_forward
+from rewrite.exporting.checkpoint.cache import (
+    Call,
+    LayerCache,
+    cache_keyword,
+    model_cache,
+    model_call,
+    own_forward,
+)
 from rewrite.exporting.verify import Check, Step, as_numpy, tolerances
 
 if TYPE_CHECKING:
@@ -158,3 +165,63 @@ def _feeds(ids: "torch.Tensor", total: int) -> dict[str, Any]:
     return {"input_ids": ids.numpy().astype(np.int64),
             "attention_mask": np.ones((1, total), np.int64),
             "position_ids": np.arange(total - length, total, dtype=np.int64)[None]}
+
+
+def seq2seq_checks(model: "torch.nn.Module", layout: tuple[tuple[LayerCache, ...], ...]
+                   ) -> tuple[Check | None, Check | None]:
+    """The encoder on :data:`PROMPT` tokens, then the decoder's first step (both pasts
+    empty) and one greedy step (its ``present`` outputs fed back), against the model's own
+    calls: (encoder's check, decoder's); None for a bfloat16 model."""
+    import torch
+    from transformers import EncoderDecoderCache
+    from transformers.modeling_outputs import BaseModelOutput
+
+    from rewrite.exporting.checkpoint.seq2seq import start
+
+    if model.dtype == torch.bfloat16:
+        return None, None
+    inputs = start(model, PROMPT)
+    token = inputs.pop("decoder_input_ids")
+    states = model_call(model.get_encoder(), {**inputs, "return_dict": True},
+                        "the encoder, the eager reference").last_hidden_state
+    encoded = {name: as_numpy(value) for name, value in inputs.items()}
+    mask = {k: v for k, v in inputs.items() if k == "attention_mask"}  # Whisper: none
+    encoder_check = Check((Step(encoded, {"encoder_hidden_states": as_numpy(states)},
+                                name="encoder"),), *tolerances(model.dtype),
+                          what="the encoder on " + ("random frames" if not mask
+                                                    else f"{PROMPT} tokens"))
+    cache = EncoderDecoderCache(model_cache(model), model_cache(model))
+    fixed = {"encoder_hidden_states": as_numpy(states),
+             **{"encoder_attention_mask": as_numpy(v) for v in mask.values()}}
+    steps = []
+    for n in range(2):
+        out = model_call(model, {**mask, "decoder_input_ids": token, "use_cache": True,
+                                 "encoder_outputs": BaseModelOutput(last_hidden_state=states),
+                                 cache_keyword(model): cache},
+                         f"decoder step {n + 1}, the eager reference")
+        feeds = {"input_ids": as_numpy(token), **fixed}
+        carried = {}
+        for k, (mine, cross) in enumerate(zip(*layout)):
+            for which, layer in (("decoder", mine), ("encoder", cross)):
+                names = [f"past_key_values.{k}.{which}.{kv}" for kv in ("key", "value")]
+                if n == 0:
+                    feeds.update(zip(names, map(as_numpy, layer.empty(1, 0, model.dtype))))
+                else:
+                    carried.update({name: name.replace("past_key_values", "present")
+                                    for name in names})
+        expected = {"logits": as_numpy(out.logits), **_both_presents(cache)}
+        steps.append(Step(feeds, expected, carried, name=("first step", "decode step")[n]))
+        token = out.logits[:, -1:].argmax(-1)
+    return encoder_check, Check(tuple(steps), *tolerances(model.dtype),
+                                what="the first decoder step and one decode step")
+
+
+def _both_presents(cache: Any) -> dict[str, Any]:
+    """The expected ``present.N.decoder`` / ``.encoder`` outputs: the eager cache now."""
+    presents = {}
+    for which, part in (("decoder", cache.self_attention_cache),
+                        ("encoder", cache.cross_attention_cache)):
+        for n, layer in enumerate(part.layers):
+            presents[f"present.{n}.{which}.key"] = as_numpy(layer.keys)
+            presents[f"present.{n}.{which}.value"] = as_numpy(layer.values)
+    return presents

@@ -1,5 +1,6 @@
 """What ``torch.export`` is given for a text model that is not a causal LM: an encoder (BERT,
-a classifier head over any body) or an encoder-decoder (BART, T5), prefill only.
+a classifier head over any body) or an encoder-decoder (BART, T5), prefill only (an
+encoder-decoder decode-ready: :mod:`rewrite.exporting.checkpoint.seq2seq`).
 
     encoder          inputs  input_ids, attention_mask [batch_size, sequence_length]
                              (and token_type_ids, where the model's forward takes them)
@@ -56,14 +57,18 @@ def encoder_call(model: "torch.nn.Module") -> Call:
     axes = {name: {0: "batch_size", 1: sequence} for name in names}
     if seq2seq:
         axes["decoder_input_ids"] = {0: "batch_size", 1: "decoder_sequence_length"}
-    longest = getattr(config.get_text_config(), "max_position_embeddings", None)
-    bound = {"max": longest} if isinstance(longest, int) else {}  # learned positions
-    dims = {name: Dim(name, **bound) for name in {a[1] for a in axes.values()}}
+    dims = {name: Dim(name, **sequence_bound(config)) for name in {a[1] for a in axes.values()}}
     shapes = tuple({0: batch, 1: dims[axes[name][1]]} for name in names)
     example = tuple(args[name] for name in names)
     outputs = _output_names(model, dict(zip(names, example)))
     return Call(example, shapes, tuple(names), outputs, tuple(axes[name] for name in names),
                 _forward(names, outputs))
+
+
+def sequence_bound(config: Any) -> dict[str, int]:
+    """``Dim``'s bound on a sequence's length: the model's learned positions, if any."""
+    longest = getattr(config.get_text_config(), "max_position_embeddings", None)
+    return {"max": longest} if isinstance(longest, int) else {}
 
 
 def _output_names(model: "torch.nn.Module", inputs: dict) -> tuple[str, ...]:
