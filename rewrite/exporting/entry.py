@@ -34,7 +34,7 @@ def export(
     output_names: Sequence[str] | None = None,
     cache: str | None = None,
     context: int | None = None,
-    static: Mapping[str, int] | None = None,
+    static: Mapping[str, int | Sequence[int]] | None = None,
     trust_model: bool = False,
     verify: bool = True,
     precision: str | None = None,
@@ -50,7 +50,9 @@ def export(
     graph's first inputs / outputs), or a Hugging Face checkpoint folder, built by
     transformers with its weights mapped and called as ``cache`` says: ``"kv"`` (causal LMs'
     default), ``"none"`` (prefill), ``"static"`` (a cache of ``context`` tokens written in
-    place; ``static={"batch": B, "seq": S}`` fixes those too); ``trust_model`` lets it run
+    place; ``static={"batch": B, "seq": S}`` fixes those too, ``"seq": [128, 1]`` writes one
+    model per chunk length, the first at ``output``, the others at ``OUT_seq1.onnx``...
+    beside it, all reading one data file; the first is returned); ``trust_model`` lets it run
     its own code; ``verify`` compares the written model with eager in onnxruntime before it
     is published; ``precision``: ``fp32``, ``fp16``, ``bf16`` or ``int4`` (``block_size``,
     ``symmetric``; :mod:`rewrite.exporting.precision`). ``rules``: a :class:`RuleSet` or what

@@ -13,6 +13,8 @@ import contextlib
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
+from attrs import frozen
+
 from rewrite._private.exclusive import exclusive
 from rewrite.api import apply, as_ruleset
 from rewrite.compile import RuleSet, parse_rules
@@ -29,6 +31,17 @@ if TYPE_CHECKING:
     from rewrite.exporting.verify import Check
 
 
+@frozen(eq=False)
+class Variant:
+    """One more model of the module, from other example inputs of the same structure (a
+    static size: ``--static seq=128,seq=1``), written beside the output and reading its
+    data file (:mod:`rewrite.backends.onnx.shared_data`)."""
+
+    args: tuple
+    output: Path
+    check: "Check | None" = None
+
+
 def export_module(model: "torch.nn.Module", args: tuple, kwargs: Mapping[str, Any] | None,
                   *, rules: RuleSet | str | Path | None, dynamic_shapes: Any, strict: bool,
                   output: str | Path | None, input_names: Sequence[str] | None,
@@ -36,43 +49,57 @@ def export_module(model: "torch.nn.Module", args: tuple, kwargs: Mapping[str, An
                   options: "OnnxOptions", inputs: Sequence[str | Path] = (),
                   axis_names: Any = None, check: "Check | None" = None,
                   beside: "Callable[[ir.Model], Beside] | None" = None,
-                  finish: "Callable[[ir.Model], None] | None" = None) -> "ir.Model":
+                  finish: "Callable[[ir.Model], None] | None" = None,
+                  variants: Sequence[Variant] = ()) -> "ir.Model":
     """:func:`rewrite.export` of an ``nn.Module``; ``output`` must not be one of ``inputs``. The
     model's symbolic dimensions take the names of the ``Dim``\\ s of ``dynamic_shapes``, or
     of ``axis_names`` (the same form, with names) when given. ``check``: what onnxruntime
     must reproduce before the output is published (:mod:`rewrite.exporting.verify`).
     ``beside``: given the finished model, the files to publish with it beside ``output`` (a
     checkpoint's ``genai_config.json`` and tokenizer files). ``finish``: done to the lowered
-    model before it is written (int4 weights); its weights are then not written early."""
+    model before it is written (int4 weights); its weights are then not written early.
+    ``variants``: further models exported the same way and published with the output
+    (each a ``torch.export`` of its own; the weights written once)."""
     from rewrite.backends.onnx.save import weights_early, write_model
+    from rewrite.backends.onnx.shared_data import Sibling
     from rewrite.files.outputs import check_output_path
 
     ruleset = as_ruleset(rules) if rules is not None else None
     out = check_output_path(output, inputs) if output is not None else None
+    for variant in variants:
+        check_output_path(variant.output, inputs)
     early = contextlib.nullcontext() if out is None or finish is not None else weights_early(
         model, out, threshold=options.external_data_threshold, chunk=options.weights_chunk)
-    with early as data:  # the weights in files are written while the graph is made
-        program, onnx_model = _lowered(model, args, kwargs, ruleset, dynamic_shapes, strict,
-                                       options, progress)
-        rename_dims(onnx_model, dim_names(program, axis_names
-                                          if axis_names is not None else dynamic_shapes))
+    names = axis_names if axis_names is not None else dynamic_shapes
+
+    def made(example: tuple, rules: RuleSet | None) -> "tuple[RuleSet, ir.Model]":
+        program, used, onnx_model = _lowered(model, example, kwargs, rules, dynamic_shapes,
+                                             strict, options, progress)
+        rename_dims(onnx_model, dim_names(program, names))
         rename_values(onnx_model, input_names, output_names)
         if finish is not None:
             finish(onnx_model)
+        return used, onnx_model
+
+    with early as data:  # the weights in files are written while the graph is made
+        ruleset, onnx_model = made(args, ruleset)
+        siblings = [Sibling(made(v.args, ruleset)[1], Path(v.output), v.check)
+                    for v in variants]
         if out is not None:
             files = beside(onnx_model) if beside is not None else Beside()
             with progress.step(f"writing {out}"):
                 write_model(onnx_model, out, threshold=options.external_data_threshold,
                             chunk=options.weights_chunk, progress=progress, early=data,
-                            check=check, beside=files)
+                            check=check, beside=files, siblings=siblings)
     return onnx_model
 
 
 def _lowered(model: "torch.nn.Module", args: tuple, kwargs: Mapping[str, Any] | None,
              ruleset: RuleSet | None, dynamic_shapes: Any, strict: bool,
              options: "OnnxOptions", progress: "Progress"
-             ) -> tuple["torch.export.ExportedProgram", "ir.Model"]:
-    """``model`` exported by ``torch.export``, grouped and lowered: (program, ONNX model)."""
+             ) -> tuple["torch.export.ExportedProgram", RuleSet, "ir.Model"]:
+    """``model`` exported by ``torch.export``, grouped and lowered: (program, the rules
+    used, ONNX model)."""
     from rewrite.backends.onnx import lower
 
     with progress.step(f"exporting {type(model).__name__} with torch.export"), exclusive():
@@ -82,7 +109,7 @@ def _lowered(model: "torch.nn.Module", args: tuple, kwargs: Mapping[str, Any] | 
     lowering = lower(apply(ruleset, program), options, progress)
     for warning in lowering.warnings:
         progress.note(warning.render())
-    return program, lowering.model
+    return program, ruleset, lowering.model
 
 
 def _torch_export(model: "torch.nn.Module", args: tuple, kwargs: Mapping[str, Any] | None,
