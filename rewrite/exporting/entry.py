@@ -50,15 +50,14 @@ def export(
     graph's first inputs / outputs), or a Hugging Face checkpoint folder, built by
     transformers with its weights mapped and called as ``cache`` says: ``"kv"`` (causal LMs'
     default), ``"none"`` (prefill), ``"static"`` (a cache of ``context`` tokens written in
-    place; ``static={"batch": B, "seq": S}`` fixes those too, ``"seq": [128, 1]`` writes one
-    model per chunk length, the first at ``output``, the others at ``OUT_seq1.onnx``...
-    beside it, all reading one data file; the first is returned); ``trust_model`` lets it run
-    its own code; ``verify`` compares the written model with eager in onnxruntime before it
-    is published; ``precision``: ``fp32``, ``fp16``, ``bf16`` or ``int4`` (``block_size``,
-    ``symmetric``; :mod:`rewrite.exporting.precision`). ``rules``: a :class:`RuleSet` or what
-    :func:`rewrite.load_rules` takes (None: a checkpoint's shipped rules, else suggested).
-    ``onnx_options``: :class:`~rewrite.backends.onnx.OnnxOptions`'s fields. ``output``: also
-    written there, crash-safe. ``progress`` hears of each step.
+    place; ``static={"batch": B, "seq": S}`` fixes those too; ``"seq": [128, 1]``: also
+    ``OUT_seq1.onnx`` beside, one data file); ``trust_model`` lets it run its own code;
+    ``verify`` compares the written model with eager in onnxruntime before it is
+    published; ``precision``: ``fp32``, ``fp16``, ``bf16`` or ``int4`` (``block_size``,
+    ``symmetric``; :mod:`rewrite.exporting.precision`). ``rules``: a :class:`RuleSet` or
+    what :func:`rewrite.load_rules` takes (None: a checkpoint's shipped rules, else
+    suggested). ``onnx_options``: :class:`~rewrite.backends.onnx.OnnxOptions`'s fields.
+    ``output``: also written there, crash-safe. ``progress`` hears of each step.
 
     Raises :class:`RuleError`, :class:`InputError` (an unusable folder, what torch.export
     rejects, an unwritable output), :class:`VerificationError`, :class:`GroupingError`."""

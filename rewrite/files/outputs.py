@@ -24,6 +24,14 @@ Everything is fsynced (``staged``), then, under the output folder's lock (``lock
 4. ``cleaned``: the staging folder, stale data (``OUT.onnx.data`` or chunks of an earlier
    run that the new model does not use) and leftovers of killed runs removed.
 
+Several models reading one data file (``OUT.onnx`` and ``OUT_seq1.onnx``, one per static
+size: ``Staged.siblings``) are published together: in step 1 each further model's first copy
+is renamed over its name, then the output's; models of an earlier run that the set does not
+rewrite and that read the old data (``retire``) are removed right after, before step 2
+replaces that data; step 3 renames each final model. Each file is always a whole model
+with its data; killed between two renames of step 1, one model is the new run's and
+another the old run's until the next run (one rename per name: no atomic switch of two).
+
 Files that belong with the model (:class:`Beside`: ``genai_config.json``, tokenizer files)
 are written in the staging folder too and moved to their names beside the output in step 2,
 with the data (without data files: just before the model's rename). Each is whole, old or

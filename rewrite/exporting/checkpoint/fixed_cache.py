@@ -17,6 +17,10 @@ layer also slot > position - window). The rotary tables are the model's own, com
 The cache and the mask are rewrite's (:class:`FixedCache`, :func:`slot_masks`): the model's
 code is not changed; each decoder layer's function takes its layer's buffers and returns
 the updated ones.
+
+With ``--static`` every size is fixed; several ``seq`` (:func:`chunk_lengths`) make one
+model each, the first at the output, the others beside it (``OUT_seq1.onnx``) reading its
+data file (:mod:`rewrite.backends.onnx.shared_data`).
 """
 
 from __future__ import annotations
