@@ -327,10 +327,12 @@ def publish(output: Path, staged: Staged, *, stale: Iterable[str] = (),
 
 def _retire(folder: Path, names: Iterable[str]) -> None:
     """Remove the models ``names`` beside the output (an earlier run's, not rewritten)."""
+    names = list(names)
     for name in names:
         with contextlib.suppress(OSError):
             (folder / name).unlink()
-    _fsync(folder)
+    if names:
+        _fsync(folder)
 
 
 def _replace(new: Path, output: Path, mode: int) -> None:
