@@ -171,6 +171,9 @@ the ONNX model's inputs and outputs (the names optimum and onnxruntime-genai use
                                 past_key_values.N.key / .value [batch_size, kv_heads, C,
                                 head_dim]; outputs logits, present.N.key / .value: the
                                 whole buffers, the new tokens written at position_ids
+    --static batch=B,seq=S      every shape fixed; several seq= (seq=S,seq=1): one model
+                                each, OUT.onnx the first, OUT_seq1.onnx..., all reading
+                                one data file, OUT.onnx.data
 Each decoder layer's function takes its layer's cache and returns the updated one. Before
 the model is published, onnxruntime runs it against eager PyTorch on a few tokens
 (--no-verify skips it). Beside a decode-ready model: genai_config.json and the
