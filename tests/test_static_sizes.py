@@ -132,16 +132,18 @@ def test_both_models_grouped_alike(exported):
     assert functions[0] == functions[1] and functions[0]
 
 
-@pytest.mark.parametrize("sizes, message", [
-    ("batch=1,seq=4,seq=4", "--static asks seq=4 twice"),
-    ("batch=1,seq=4,seq=20", "the chunk (20 tokens) is longer than the context (16)"),
+@pytest.mark.parametrize("sizes, more, message", [
+    ("batch=1,seq=4,seq=4", [], "--static asks seq=4 twice"),
+    ("batch=1,seq=4,seq=20", [], "the chunk (20 tokens) is longer than the context (16)"),
+    ("batch=1,seq=4,seq=1", ["--external-data", "never"], "share one data file"),
 ])
-def test_bad_chunk_lengths_one_line_nothing_written(sizes, message, tmp_path, run_cli):
+def test_bad_chunk_lengths_one_line_nothing_written(sizes, more, message, tmp_path,
+                                                    run_cli):
     folder = checkpoints.write("llama", tmp_path / "checkpoint")
     out = tmp_path / "out" / "model.onnx"
     out.parent.mkdir()
     r = run_cli("export", folder, "-o", out, "--cache", "static", "--context", CONTEXT,
-                "--static", sizes)
+                "--static", sizes, *more)
     assert r.code == 2 and r.err.strip().count("\n") == 0 and message in r.err, r.err
     assert not list(out.parent.iterdir())
 
@@ -165,3 +167,9 @@ def test_a_chunk_length_no_longer_asked_is_removed(tmp_path):
     assert export([4, 2]) == ["model.onnx", "model.onnx.data", "model_seq2.onnx",
                               "model_seq9.onnx"]
     assert export(4) == ["model.onnx", "model_seq9.onnx"]  # one small model: embedded
+
+
+def test_several_lengths_without_an_output_refused(tmp_path):
+    folder = checkpoints.write("llama", tmp_path / "checkpoint")
+    with pytest.raises(rewrite.InputError, match="write one model each beside the output"):
+        rewrite.export(folder, cache="static", context=CONTEXT, static={"seq": [4, 1]})
