@@ -57,7 +57,8 @@ class Writer:
     at report number ``hold`` (or the step named ``hold``), waits to be released (or killed):
     held before a change, after a step."""
 
-    def __init__(self, model: ir.Model, out: Path, hold: int | str | None) -> None:
+    def __init__(self, model: ir.Model, out: Path, hold: int | str | None,
+                 siblings: tuple = ()) -> None:
         steps_r, steps_w = os.pipe()
         go_r, go_w = os.pipe()
         self.pid = os.fork()
@@ -67,7 +68,7 @@ class Writer:
             code = 1
             try:
                 _report_to(steps_w, go_r, hold)
-                save_module.write_model(model, out, threshold=0)
+                save_module.write_model(model, out, threshold=0, siblings=siblings)
                 code = 0
             finally:
                 os._exit(code)
@@ -129,8 +130,9 @@ def _report_to(steps: int, go: int, hold: int | str | None) -> None:
 
 
 @contextlib.contextmanager
-def writer(model: ir.Model, out: Path, hold: str | None) -> Iterator[Writer]:
-    w = Writer(model, out, hold)
+def writer(model: ir.Model, out: Path, hold: str | int | None,
+           siblings: tuple = ()) -> Iterator[Writer]:
+    w = Writer(model, out, hold, siblings)
     try:
         yield w
     finally:
@@ -149,9 +151,9 @@ def _found(out: Path, triples: dict[str, tuple]) -> str:
     raise AssertionError(f"{out} is no whole pair: {_listing(out.parent)}")
 
 
-def _reports(model: ir.Model, out: Path) -> list[str]:
+def _reports(model: ir.Model, out: Path, siblings: tuple = ()) -> list[str]:
     """What a writer reports, unheld, publishing over ``out``."""
-    with writer(model, out, hold=None) as w:
+    with writer(model, out, hold=None, siblings=siblings) as w:
         assert w.wait_for("cleaned"), w.seen
         assert w.end() == 0
     return w.seen
@@ -236,3 +238,46 @@ def test_leftovers_of_the_rename_aside_scheme_go_with_the_next_run(lowered, tmp_
     save_module.write_model(model, out, threshold=0)
     assert _listing(tmp_path) == ["model.onnx", "model.onnx.data"]
     assert _is_pair_of(out, triple)
+
+
+def test_models_sharing_data_killed_at_any_step_each_whole(lowered, tmp_path):
+    """``model.onnx`` and ``model_seq1.onnx`` reading one data file (``--static
+    seq=A,seq=1``), killed at every step: each is a whole model with its data, old or new;
+    both new from the main model's commit on, both old before the sibling's; mixed only
+    when killed between the two renames of step 1 (one rename each: no atomic switch of
+    two names); the next run leaves exactly the three files."""
+    from rewrite.backends.onnx.shared_data import Sibling
+
+    (old_model, old_triple), (new_model, new_triple) = lowered
+    triples = {"old": old_triple, "new": new_triple}
+
+    def siblings(model: ir.Model, out: Path) -> tuple:
+        return (Sibling(model, out.with_name("model_seq1.onnx")),)
+
+    def prepare(folder: Path) -> Path:
+        folder.mkdir()
+        out = folder / "model.onnx"
+        save_module.write_model(old_model, out, threshold=0,
+                                siblings=siblings(old_model, out))
+        return out
+
+    out = prepare(tmp_path / "count")
+    reports = _reports(new_model, out, siblings(new_model, out))
+    found = []
+    for hold, what in enumerate(reports):
+        out = prepare(tmp_path / f"{hold}")
+        with writer(new_model, out, hold=hold, siblings=siblings(new_model, out)) as w:
+            assert w.wait_for(hold) and w.seen == reports[:hold + 1], (hold, w.seen)
+            w.kill()
+        found.append((_found(out, triples), _found(out.with_name("model_seq1.onnx"),
+                                                   triples)))
+        save_module.write_model(old_model, out, threshold=0,
+                                siblings=siblings(old_model, out))  # the next run
+        assert _listing(out.parent) == ["model.onnx", "model.onnx.data",
+                                        "model_seq1.onnx"], (hold, what)
+        assert _is_pair_of(out, old_triple), (hold, what)
+    switch = found.index(("new", "new"))
+    assert found[:switch - 1] == [("old", "old")] * (switch - 1), [*zip(reports, found)]
+    assert found[switch - 1] == ("old", "new"), [*zip(reports, found)]
+    assert found[switch:] == [("new", "new")] * (len(found) - switch)
+    assert reports[switch - 2: switch + 1] == ["replace", "replace", "committed"], reports

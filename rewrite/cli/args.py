@@ -171,6 +171,9 @@ the ONNX model's inputs and outputs (the names optimum and onnxruntime-genai use
                                 past_key_values.N.key / .value [batch_size, kv_heads, C,
                                 head_dim]; outputs logits, present.N.key / .value: the
                                 whole buffers, the new tokens written at position_ids
+    --static batch=B,seq=S      every shape fixed; several seq= (seq=S,seq=1): one model
+                                each, OUT.onnx the first, OUT_seq1.onnx..., all reading
+                                one data file, OUT.onnx.data
 Each decoder layer's function takes its layer's cache and returns the updated one. Before
 the model is published, onnxruntime runs it against eager PyTorch on a few tokens
 (--no-verify skips it). Beside a decode-ready model: genai_config.json and the
@@ -218,7 +221,9 @@ def _add_export(sub, common: argparse.ArgumentParser) -> None:
                         help="--cache static: the cache's length in tokens")
     export.add_argument("--static", type=static_sizes, metavar="batch=B,seq=S",
                         help="--cache static: fix the batch and chunk sizes too (every "
-                        "shape static)")
+                        "shape static); several seq= write one model per chunk length, "
+                        "OUT.onnx for the first, OUT_seqS.onnx for each other, all "
+                        "reading one data file")
     export.add_argument("--trust-model", action="store_true",
                         help="load model code from the folder (a config with auto_map) or "
                         "pickled *.bin weights: both run code from the folder, only for "
@@ -378,14 +383,20 @@ def version_text() -> str:
     return f"rewrite {rewrite.__version__} ({', '.join(parts)})"
 
 
-def static_sizes(text: str) -> dict[str, int]:
-    """``batch=1,seq=128`` -> ``{"batch": 1, "seq": 128}``."""
-    sizes: dict[str, int] = {}
+def static_sizes(text: str) -> dict[str, int | tuple[int, ...]]:
+    """``batch=1,seq=128`` -> ``{"batch": 1, "seq": 128}``; ``seq`` given several times:
+    the tuple of them (``batch=1,seq=128,seq=1`` -> ``{"batch": 1, "seq": (128, 1)}``;
+    one asked twice is refused by the export, in its words)."""
+    batch: list[int] = []
+    seqs: list[int] = []
     for part in text.split(","):
         key, _, value = part.partition("=")
         if key.strip() not in ("batch", "seq") or not value.strip().isdigit() \
-                or int(value) < 1 or key.strip() in sizes:
+                or int(value) < 1 or (key.strip() == "batch" and batch):
             raise argparse.ArgumentTypeError(
-                f"not batch=B,seq=S (positive sizes, each once): {text!r}")
-        sizes[key.strip()] = int(value)
+                f"not batch=B,seq=S[,seq=S2...] (positive sizes, batch once): {text!r}")
+        (batch if key.strip() == "batch" else seqs).append(int(value))
+    sizes: dict[str, int | tuple[int, ...]] = {"batch": batch[0]} if batch else {}
+    if seqs:
+        sizes["seq"] = seqs[0] if len(seqs) == 1 else tuple(seqs)
     return sizes

@@ -22,6 +22,9 @@ def cmd_export(args: argparse.Namespace, io: Consoles) -> int:
         raise InputError(f"{output}: rewrite export writes .onnx files")
     rules = load_rules(args.rules) if args.rules is not None else None
     options = weights_options(args.external_data, args.weights_chunk)
+    if args.external_data == "never" and isinstance((args.static or {}).get("seq"), tuple):
+        raise InputError("several seq= sizes share one data file: they cannot go with "
+                         "--external-data never")
     import rewrite
 
     with no_progress_bars():

@@ -34,7 +34,7 @@ def export(
     output_names: Sequence[str] | None = None,
     cache: str | None = None,
     context: int | None = None,
-    static: Mapping[str, int] | None = None,
+    static: Mapping[str, int | Sequence[int]] | None = None,
     trust_model: bool = False,
     verify: bool = True,
     trace: str = "layers",
@@ -52,15 +52,15 @@ def export(
     transformers with its weights mapped and called as ``cache`` says: ``"kv"`` (causal LMs'
     default; an encoder-decoder's two graphs in ``output``'s folder, the decoder's model
     returned), ``"none"`` (prefill), ``"static"`` (a cache of ``context`` tokens written in
-    place; ``static={"batch": B, "seq": S}`` fixes those too); ``trust_model`` lets it run
-    its own code; ``verify`` compares the written model with eager in onnxruntime before it
-    is published; ``trace``: ``"layers"`` (torch.export traces each distinct decoder layer
+    place; ``static={"batch": B, "seq": S}`` fixes those too; ``"seq": [128, 1]``: also
+    ``OUT_seq1.onnx`` beside, one data file); ``trust_model`` lets it run its own code;
+    ``verify`` compares the written model with eager in onnxruntime before it is
+    published; ``trace``: ``"layers"`` (torch.export traces each distinct decoder layer
     once, the whole model where it cannot be cut so) or ``"whole"``; ``precision``:
     ``fp32``, ``fp16``, ``bf16`` or ``int4`` (``block_size``, ``symmetric``;
     :mod:`rewrite.exporting.precision`). ``rules``: a :class:`RuleSet` or what
     :func:`rewrite.load_rules` takes (None: a checkpoint's shipped rules, else suggested).
-    ``onnx_options``: :class:`~rewrite.backends.onnx.OnnxOptions`'s fields. ``output``: also
-    written there, crash-safe. ``progress`` hears of each step.
+    ``onnx_options``: ``OnnxOptions``' fields. ``output``: crash-safe. ``progress``: the steps.
 
     Raises :class:`RuleError`, :class:`InputError` (an unusable folder, what torch.export
     rejects, an unwritable output), :class:`VerificationError`, :class:`GroupingError`."""

@@ -10,9 +10,11 @@ survive), then :func:`rewrite.apply` and the ONNX backend, then graph input/outp
 from __future__ import annotations
 
 import contextlib
-from pathlib import Path
 from functools import partial
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
+
+from attrs import frozen
 
 from rewrite._private.exclusive import exclusive
 from rewrite.api import apply, as_ruleset
@@ -29,9 +31,21 @@ if TYPE_CHECKING:
     from rewrite.backends.onnx import OnnxOptions, Progress
     from rewrite.exporting.verify import Check
 
-Tracing = Callable[[Callable[[], "torch.export.ExportedProgram"]],
+Tracing = Callable[[Callable[[], "torch.export.ExportedProgram"], tuple],
                    "torch.export.ExportedProgram"]
-"""A way of running ``torch.export``: given the call that exports, the program."""
+"""A way of running ``torch.export``: given the call that exports and its example inputs,
+the program."""
+
+
+@frozen(eq=False)
+class Variant:
+    """One more model of the module, from other example inputs of the same structure (a
+    static size: ``--static seq=128,seq=1``), written beside the output and reading its
+    data file (:mod:`rewrite.backends.onnx.shared_data`)."""
+
+    args: tuple
+    output: Path
+    check: "Check | None" = None
 
 
 def export_module(model: "torch.nn.Module", args: tuple, kwargs: Mapping[str, Any] | None,
@@ -42,7 +56,8 @@ def export_module(model: "torch.nn.Module", args: tuple, kwargs: Mapping[str, An
                   axis_names: Any = None, check: "Check | None" = None,
                   beside: "Callable[[ir.Model], Beside] | None" = None,
                   finish: "Callable[[ir.Model], None] | None" = None,
-                  trace: "Tracing | None" = None) -> "ir.Model":
+                  variants: Sequence[Variant] = (), trace: "Tracing | None" = None
+                  ) -> "ir.Model":
     """:func:`rewrite.export` of an ``nn.Module``; ``output`` must not be one of ``inputs``. The
     model's symbolic dimensions take the names of the ``Dim``\\ s of ``dynamic_shapes``, or
     of ``axis_names`` (the same form, with names) when given. ``check``: what onnxruntime
@@ -50,49 +65,61 @@ def export_module(model: "torch.nn.Module", args: tuple, kwargs: Mapping[str, An
     ``beside``: given the finished model, the files to publish with it beside ``output`` (a
     checkpoint's ``genai_config.json`` and tokenizer files). ``finish``: done to the lowered
     model before it is written (int4 weights); its weights are then not written early.
-    ``trace``: runs the ``torch.export`` call it is given its own way (a checkpoint's layers
-    traced once: :func:`rewrite.exporting.checkpoint.once.traced_once`)."""
+    ``variants``: further models exported the same way and published with the output
+    (each a ``torch.export`` of its own; the weights written once). ``trace``: runs each
+    ``torch.export`` call it is given its own way (a checkpoint's layers traced once:
+    :func:`rewrite.exporting.checkpoint.once.traced_once`)."""
     from rewrite.backends.onnx.save import weights_early, write_model
+    from rewrite.backends.onnx.shared_data import Sibling
     from rewrite.files.outputs import check_output_path
 
     ruleset = as_ruleset(rules) if rules is not None else None
     out = check_output_path(output, inputs) if output is not None else None
+    for variant in variants:
+        check_output_path(variant.output, inputs)
     early = contextlib.nullcontext() if out is None or finish is not None else weights_early(
         model, out, threshold=options.external_data_threshold, chunk=options.weights_chunk)
-    with early as data:  # the weights in files are written while the graph is made
-        program, onnx_model = _lowered(model, args, kwargs, ruleset, dynamic_shapes, strict,
-                                       options, progress, trace)
-        rename_dims(onnx_model, dim_names(program, axis_names
-                                          if axis_names is not None else dynamic_shapes))
+    names = axis_names if axis_names is not None else dynamic_shapes
+
+    def made(example: tuple, rules: RuleSet | None) -> "tuple[RuleSet, ir.Model]":
+        program, used, onnx_model = _lowered(model, example, kwargs, rules, dynamic_shapes,
+                                             strict, options, progress, trace)
+        rename_dims(onnx_model, dim_names(program, names))
         rename_values(onnx_model, input_names, output_names)
         if finish is not None:
             finish(onnx_model)
+        return used, onnx_model
+
+    with early as data:  # the weights in files are written while the graph is made
+        ruleset, onnx_model = made(args, ruleset)
+        siblings = [Sibling(made(v.args, ruleset)[1], Path(v.output), v.check)
+                    for v in variants]
         if out is not None:
             files = beside(onnx_model) if beside is not None else Beside()
             with progress.step(f"writing {out}"):
                 write_model(onnx_model, out, threshold=options.external_data_threshold,
                             chunk=options.weights_chunk, progress=progress, early=data,
-                            check=check, beside=files)
+                            check=check, beside=files, siblings=siblings)
     return onnx_model
 
 
 def _lowered(model: "torch.nn.Module", args: tuple, kwargs: Mapping[str, Any] | None,
              ruleset: RuleSet | None, dynamic_shapes: Any, strict: bool,
              options: "OnnxOptions", progress: "Progress", trace: "Tracing | None" = None
-             ) -> tuple["torch.export.ExportedProgram", "ir.Model"]:
+             ) -> tuple["torch.export.ExportedProgram", RuleSet, "ir.Model"]:
     """``model`` exported by ``torch.export`` (through ``trace`` when given), grouped and
-    lowered: (program, ONNX model)."""
+    lowered: (program, the rules used, ONNX model)."""
     from rewrite.backends.onnx import lower
 
     export = partial(_torch_export, model, args, kwargs, dynamic_shapes, strict)
     with progress.step(f"exporting {type(model).__name__} with torch.export"), exclusive():
-        program = trace(export) if trace is not None else export()
+        program = trace(export, args) if trace is not None else export()
     if ruleset is None:
         ruleset = suggested_rules(program, type(model).__name__, progress)
     lowering = lower(apply(ruleset, program), options, progress)
     for warning in lowering.warnings:
         progress.note(warning.render())
-    return program, lowering.model
+    return program, ruleset, lowering.model
 
 
 def _torch_export(model: "torch.nn.Module", args: tuple, kwargs: Mapping[str, Any] | None,

@@ -24,6 +24,14 @@ Everything is fsynced (``staged``), then, under the output folder's lock (``lock
 4. ``cleaned``: the staging folder, stale data (``OUT.onnx.data`` or chunks of an earlier
    run that the new model does not use) and leftovers of killed runs removed.
 
+Several models reading one data file (``OUT.onnx`` and ``OUT_seq1.onnx``, one per static
+size: ``Staged.siblings``) are published together: in step 1 each further model's first copy
+is renamed over its name, then the output's; models of an earlier run that the set does not
+rewrite and that read the old data (``retire``) are removed right after, before step 2
+replaces that data; step 3 renames each final model. Each file is always a whole model
+with its data; killed between two renames of step 1, one model is the new run's and
+another the old run's until the next run (one rename per name: no atomic switch of two).
+
 Files that belong with the model (:class:`Beside`: ``genai_config.json``, tokenizer files)
 are written in the staging folder too and moved to their names beside the output in step 2,
 with the data (without data files: just before the model's rename). Each is whole, old or
@@ -204,6 +212,16 @@ class Staged:
     """The data files' names, in ``folder`` and beside the output alike."""
     companions: tuple[str, ...] = ()
     """Files in ``folder`` moved beside the output with the data (:class:`Beside`)."""
+    siblings: tuple[str, ...] = ()
+    """Further models in ``folder`` reading the same data (one per static size), published
+    beside the output under these names with it; each with its :func:`reading_copy` when
+    there are data files."""
+
+
+def reading_copy(model: Path) -> Path:
+    """Where the staged ``model``'s copy reading its data in the staging folder is (the
+    model published first: the module docstring's step 1)."""
+    return model.with_name(f"{model.name}.first")
 
 
 @frozen
@@ -262,38 +280,59 @@ _IN_USE = "in-use"
 and 3): kept for the next run to clean."""
 
 
-def publish(output: Path, staged: Staged, *, stale: Iterable[str] = ()) -> None:
-    """Make ``staged`` the pair at ``output``, crash-safe (the module docstring's steps);
-    ``stale`` names data files of earlier runs to remove once the new model is in place."""
+def publish(output: Path, staged: Staged, *, stale: Iterable[str] = (),
+            retire: Iterable[str] = ()) -> None:
+    """Make ``staged`` the models and data at ``output``, crash-safe (the module
+    docstring's steps); ``stale`` names data files of earlier runs to remove once the new
+    models are in place, ``retire`` models of earlier runs beside the output that read the
+    old data (removed in step 1, before the data they read is replaced)."""
     folder = output.parent
+    models = [(staged.folder / name, folder / name) for name in staged.siblings]
+    models.append((staged.model, output))
+    firsts = [*(reading_copy(model) for model, _ in models[:-1]), staged.first] \
+        if staged.first else []
     for path in (*(staged.folder / name for name in (*staged.data, *staged.companions)),
-                 staged.model,
-                 *([staged.first] if staged.first else []), staged.folder):
+                 *(model for model, _ in models), *firsts, staged.folder):
         _fsync(path)
     _reached("staged")
-    mode = _new_file_mode(output)
+    modes = [_new_file_mode(target) for _, target in models]
     with _folder_locked(folder):
         _reached("locked")
-        if staged.first is not None:
-            _replace(staged.first, output, mode)
+        if firsts:
+            for first, (_, target), mode in zip(firsts, models, modes):
+                _replace(first, target, mode)
+            _retire(folder, retire)
             _reached("committed")
             try:
                 _place_data(staged)
                 _place_companions(staged)
                 _fsync(folder)
                 _reached("linked")
-                _replace(staged.model, output, mode)
+                for (model, target), mode in zip(models, modes):
+                    _replace(model, target, mode)
             except BaseException:
                 (staged.folder / _IN_USE).touch()
                 raise
         else:
             _place_companions(staged)
-            _replace(staged.model, output, mode)
+            for (model, target), mode in zip(models, modes):
+                _replace(model, target, mode)
+            _retire(folder, retire)
         _reached("published")
         shutil.rmtree(staged.folder, ignore_errors=True)
         _clean(output, staged, stale)
         _fsync(folder)
         _reached("cleaned")
+
+
+def _retire(folder: Path, names: Iterable[str]) -> None:
+    """Remove the models ``names`` beside the output (an earlier run's, not rewritten)."""
+    names = list(names)
+    for name in names:
+        with contextlib.suppress(OSError):
+            (folder / name).unlink()
+    if names:
+        _fsync(folder)
 
 
 def _replace(new: Path, output: Path, mode: int) -> None:

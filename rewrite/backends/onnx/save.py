@@ -29,8 +29,15 @@ from rewrite.files.mapped import FileRange, MappedFile, file_ranges, verify
 from rewrite._private.onnx_files import chunk_names
 from rewrite.backends.onnx.early_data import EarlyData, early_data
 from rewrite.backends.onnx.progress import SILENT, Progress
+from rewrite.backends.onnx.shared_data import (
+    Sibling,
+    graphs,
+    initializers,
+    save_sharing,
+    stale_siblings,
+)
 from rewrite.errors import InputError
-from rewrite.files.outputs import Beside, Staged, publish, staging_folder
+from rewrite.files.outputs import Beside, Staged, publish, reading_copy, staging_folder
 
 if TYPE_CHECKING:
     import torch
@@ -49,13 +56,7 @@ MAX_PROTO_BYTES = 2**31 - 2**26
 
 def tensor_bytes(model: ir.Model) -> int:
     """Bytes of the initializers (what decides whether external data is needed)."""
-    return sum(v.const_value.nbytes for v in _initializers(model))  # type: ignore[union-attr]
-
-
-def _initializers(model: ir.Model) -> list[ir.Value]:
-    """The initializers with a value, of the main graph and of every subgraph."""
-    return [v for graph in model.graphs() for v in graph.initializers.values()
-            if v.const_value is not None]
+    return sum(v.const_value.nbytes for v in initializers(model))  # type: ignore[union-attr]
 
 
 def data_path(output: str | Path) -> Path:
@@ -90,7 +91,8 @@ def write_model(model: ir.Model, output: str | Path, *, threshold: int,
                 early: EarlyData | None = None,
                 check: Callable[[Path], str] | None = None,
                 beside: Beside = Beside(),
-                mapped: Sequence[MappedFile] = ()) -> list[Path]:
+                mapped: Sequence[MappedFile] = (),
+                siblings: Sequence[Sibling] = ()) -> list[Path]:
     """Write ``model`` to ``output``; returns the external data files written (none when
     the weights are embedded: at most ``threshold`` bytes and no ``chunk`` given).
     ``early``: its weights written while the model was made (:func:`weights_early`), used
@@ -99,11 +101,12 @@ def write_model(model: ir.Model, output: str | Path, *, threshold: int,
     ``beside``: files published with the model.
     ``mapped``: the files the model's weights may be views of, as the frontend mapped them
     (``Lowered.mapped``), checked before they are copied (an ``InputError`` if one is
-    corrupt)."""
+    corrupt). ``siblings``: further models beside ``output`` reading its data file (then
+    always external), each weight in it once (:mod:`shared_data`), published with it."""
     out = Path(output)
     verify(mapped)
     total = tensor_bytes(model)
-    external = total > threshold or chunk is not None
+    external = total > threshold or chunk is not None or bool(siblings)
     if not external and total > MAX_PROTO_BYTES:
         raise InputError(f"{out}: {total:,} bytes of weights do not fit in one ONNX file "
                          "(2 GB at most): write them as external data")
@@ -115,48 +118,68 @@ def write_model(model: ir.Model, output: str | Path, *, threshold: int,
                     note = _save_external(model, staged, total, chunk, progress, early,
                                           mapped)
                 progress.note(note)
+                for sibling in siblings:
+                    save_sharing(sibling.model, folder / sibling.output.name, model, staged,
+                                 inline=EXTERNAL_TENSOR_BYTES, alignment=ALIGNMENT,
+                                 default_data=data_path(out).name)
             else:
                 if early is not None:  # embedded after all: the early data is not needed
                     early.cancel()
                 with _swapped(model, _in_memory):  # a .onnx input's external weights, embedded
                     ir.save(model, staged)
-            data = tuple(sorted(p.name for p in folder.iterdir()  # empty: no tensor in it
-                                if p.name != out.name and p.stat().st_size))
-            if check is not None:
-                with progress.step("checking the written model against eager PyTorch"):
-                    progress.note(check(staged))
-            first = _reading_folder(staged, folder.name) if data else None
-            for companion in beside.files:
-                companion.write(folder)
-            companions = tuple(c.name for c in beside.files)
-            publish(out, Staged(folder, staged, first, data, companions),
-                    stale=[*_stale_data(out), *beside.stale])
+            data = _publish_staged(out, folder, [(staged, check), *(
+                (folder / s.output.name, s.check) for s in siblings)], beside, progress)
             return [out.parent / name for name in data]
     except OSError as e:
         raise InputError(f"{out}: cannot write ({e.strerror or e})") from e
+
+
+def _data_files(folder: Path, models: set[str]) -> tuple[str, ...]:
+    """The data files in the staging ``folder``: not the ``models`` (nor empty: no tensor
+    in it)."""
+    return tuple(sorted(p.name for p in folder.iterdir()
+                        if p.name not in models and p.stat().st_size))
+
+
+def _publish_staged(out: Path, folder: Path, models: list[tuple[Path, Callable | None]],
+                    beside: Beside, progress: Progress) -> tuple[str, ...]:
+    """Check the staged ``models`` (the output's first, then its siblings), stage their
+    copies reading the staging folder and the companion files, publish them all; the
+    names of the data files."""
+    data = _data_files(folder, {path.name for path, _ in models})
+    for path, check in models:
+        if check is not None:
+            what = "" if path.name == out.name else f" ({path.name})"
+            with progress.step(f"checking the written model{what} against eager PyTorch"):
+                progress.note(check(path))
+    first = None
+    if data:
+        first = _reading_folder(models[0][0], folder.name)
+        for path, _ in models[1:]:
+            _reading_folder(path, folder.name)
+    for companion in beside.files:
+        companion.write(folder)
+    names = tuple(path.name for path, _ in models[1:])
+    stale = _stale_data(out)
+    publish(out, Staged(folder, models[0][0], first, data,
+                        tuple(c.name for c in beside.files), names),
+            stale=[*stale, *beside.stale],
+            retire=stale_siblings(out, {*stale, *data}, set(names)))
+    return data
 
 
 def _reading_folder(model: Path, folder: str) -> Path:
     """A copy of the saved ``model`` whose external data is read inside ``folder`` (the
     staging folder, beside the output): the model published first (:mod:`rewrite.files.outputs`)."""
     proto = onnx.load(str(model), load_external_data=False)
-    for graph in _graphs(proto.graph):  # onnx_ir writes initializers only as external data
+    for graph in graphs(proto.graph):  # onnx_ir writes initializers only as external data
         for tensor in graph.initializer:
             for entry in tensor.external_data:
                 if entry.key == "location":
                     entry.value = f"{folder}/{entry.value}"
-    first = model.with_name(f"{model.name}.first")
+    first = reading_copy(model)
     first.write_bytes(proto.SerializeToString())
     return first
-
-
-def _graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
-    """``graph`` and its subgraphs (``If`` branches, ``Loop`` / ``Scan`` bodies), nested."""
-    yield graph
-    for node in graph.node:
-        for attr in node.attribute:
-            for sub in [attr.g] if attr.HasField("g") else attr.graphs:
-                yield from _graphs(sub)
 
 
 def _stale_data(output: Path) -> list[str]:
@@ -197,7 +220,7 @@ def _in_memory(tensors: list) -> list:
 def _swapped(model: ir.Model, convert: Callable[[list], list]) -> Iterator[list]:
     """Within the block, the initializers' tensors are ``convert(tensors)`` (yielded;
     restored after)."""
-    values = _initializers(model)
+    values = initializers(model)
     tensors = [v.const_value for v in values]
     swapped = convert(tensors)
     for value, tensor in zip(values, swapped):
@@ -224,7 +247,7 @@ def _save_external(model: ir.Model, staged: Path, total: int, chunk: int | None,
     file to file where they lie in a file. Returns the note on how (``146 of 156 tensors
     (2.47 GB) copied file to file``)."""
     start = time.perf_counter()
-    places = early.placing([v.const_value for v in _initializers(model)],  # type: ignore
+    places = early.placing([v.const_value for v in initializers(model)],  # type: ignore
                            EXTERNAL_TENSOR_BYTES) if early is not None else None
     if early is not None and places is not None:
         with _swapped(model, lambda ts: [by_reference(t, w) for t, w in zip(ts, places)]):
@@ -304,7 +327,7 @@ def _shared_data(models: Sequence[ir.Model], folder: Path, data: str
     ``folder / data``; identity (:func:`_identity`) -> the external tensor over its bytes."""
     unique: dict[tuple, ir.TensorProtocol] = {}
     for model in models:
-        for value in _initializers(model):
+        for value in initializers(model):
             tensor = value.const_value
             if tensor is not None and tensor.nbytes > EXTERNAL_TENSOR_BYTES:
                 unique.setdefault(_identity(tensor), tensor)

@@ -24,7 +24,7 @@ from __future__ import annotations
 from functools import partial
 from inspect import signature
 from pathlib import Path
-from typing import TYPE_CHECKING, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 from rewrite._private.exclusive import exclusive
 from rewrite._private.transformers_attention import grouped_query_attention
@@ -43,7 +43,11 @@ from rewrite.exporting.checkpoint.checks import (
     fixed_cache_check,
     seq2seq_checks,
 )
-from rewrite.exporting.checkpoint.fixed_cache import fixed_cache_call
+from rewrite.exporting.checkpoint.fixed_cache import (
+    check_chunks,
+    chunk_lengths,
+    fixed_cache_call,
+)
 from rewrite.exporting.checkpoint.encoders import encoder_call, takes_text
 from rewrite.exporting.checkpoint.seq2seq import (
     decoder_call,
@@ -58,7 +62,8 @@ from rewrite.exporting.checkpoint.genai import beside, plan
 from rewrite.api import as_ruleset
 from rewrite.compile import RuleSet, shipped_rules
 from rewrite.errors import InputError
-from rewrite.exporting.module import export_module
+from rewrite.exporting.module import Variant, export_module
+from rewrite.backends.onnx.shared_data import sibling_path
 from rewrite.exporting.precision import Precision, refuse_quantized
 from rewrite.files.outputs import check_output_path
 
@@ -73,7 +78,7 @@ if TYPE_CHECKING:
 def export_checkpoint(folder: str | Path, *, rules: RuleSet | str | Path | None,
                       cache: str | None, output: str | Path | None, trust_model: bool,
                       progress: "Progress", options: "OnnxOptions", verify: bool = True,
-                      context: int | None = None, static: Mapping[str, int] | None = None,
+                      context: int | None = None, static: Mapping[str, Any] | None = None,
                       precision: Precision = Precision(None), trace: str = "layers"
                       ) -> "ir.Model":
     """``rewrite.export`` of a checkpoint folder (see :func:`rewrite.export`); ``verify``:
@@ -83,9 +88,8 @@ def export_checkpoint(folder: str | Path, *, rules: RuleSet | str | Path | None,
     ``precision``: the dtype it is built in, or int4 weights
     (:mod:`rewrite.exporting.precision`); ``trace``: ``"layers"``, each distinct decoder
     layer traced once (:mod:`rewrite.exporting.checkpoint.once`), or ``"whole"``."""
-    _check_cache_options(cache, context, static)
-    if trace not in TRACES:
-        raise InputError(f"trace={trace!r}: expected one of {', '.join(TRACES)}")
+    _check_cache_options(cache, context, static, trace)
+    first, *more = _one_per_chunk(static or {}, output)
     checkpoint = read_checkpoint(folder, trust_model=trust_model)
     refuse_quantized(checkpoint)
     inputs = [checkpoint.path, *checkpoint.weights]
@@ -97,21 +101,18 @@ def export_checkpoint(folder: str | Path, *, rules: RuleSet | str | Path | None,
                          "file, which is not chunked")
     for path in ([] if output is None else written(output, checkpoint.config, cache)):
         check_output_path(path, inputs)
-    shipped = default_rules(checkpoint) if rules is None else None
-    chosen = rules if rules is not None else shipped
-    ruleset = as_ruleset(chosen) if chosen is not None else None
-    if shipped is not None:
-        progress.note(f"rules: {shipped.name}, shipped for model_type "
-                      f"{checkpoint.model_type!r}")
+    ruleset = _rules(checkpoint, rules, progress)
     with progress.step(f"loading {checkpoint.path}"), exclusive():
         model = load_model(checkpoint, cls, precision.dtype())
     if pair:
         return _export_pair(model, checkpoint, ruleset, output, progress, options,
                             verify and output is not None, precision)
     kind = cache or ("kv" if causal else "none")
-    call, check, layout = _call_and_check(model, causal, kind, context,
-                                          dict(static or {}), verify and output is not None)
+    checked = verify and output is not None
+    call, check, layout = _call_and_check(model, causal, kind, context, first, checked)
     check = precision.check(check)
+    variants = [_variant(model, layout, context, one, Path(output), checked, precision)
+                for one in more if layout is not None and output is not None]
     if verify and output is not None and check is None:
         progress.note("not verified against eager: onnxruntime is fed from numpy, which "
                       "has no bfloat16")
@@ -124,9 +125,8 @@ def export_checkpoint(folder: str | Path, *, rules: RuleSet | str | Path | None,
             strict=False, output=output, input_names=call.input_names,
             output_names=call.output_names, progress=progress, options=options,
             inputs=inputs, axis_names=call.axis_names, check=check, beside=published,
-            finish=precision.finish(progress.note),
-            trace=partial(traced_once, model, call.args, progress) if trace == "layers"
-            else None)
+            finish=precision.finish(progress.note), variants=variants,
+            trace=partial(traced_once, model, progress) if trace == "layers" else None)
     if output is not None:
         progress.note(genai.note(Path(output)))
     return exported
@@ -174,9 +174,24 @@ def _export_pair(model: "torch.nn.Module", checkpoint: Checkpoint, ruleset: Rule
     return exported[1]
 
 
+def _rules(checkpoint: Checkpoint, rules: RuleSet | str | Path | None, progress: "Progress"
+           ) -> RuleSet | None:
+    """The given rules, else the shipped rules of the checkpoint's ``model_type`` (said), else
+    None (suggested for the program)."""
+    shipped = default_rules(checkpoint) if rules is None else None
+    chosen = rules if rules is not None else shipped
+    if shipped is not None:
+        progress.note(f"rules: {shipped.name}, shipped for model_type "
+                      f"{checkpoint.model_type!r}")
+    return as_ruleset(chosen) if chosen is not None else None
+
+
 def _check_cache_options(cache: str | None, context: int | None,
-                         static: Mapping[str, int] | None) -> None:
-    """:class:`InputError` for cache options that do not go together."""
+                         static: Mapping[str, Any] | None, trace: str = "layers") -> None:
+    """:class:`InputError` for cache options that do not go together, or an unknown
+    ``trace``."""
+    if trace not in TRACES:
+        raise InputError(f"trace={trace!r}: expected one of {', '.join(TRACES)}")
     if cache is not None and cache not in CACHES:
         raise InputError(f"cache={cache!r}: expected one of {', '.join(CACHES)}")
     if cache == "static" and (context is None or context < 1):
@@ -190,10 +205,31 @@ def _check_cache_options(cache: str | None, context: int | None,
     unknown = set(static or {}) - {"batch", "seq"}
     if unknown:
         raise InputError(f"--static takes batch=B and seq=S, not {', '.join(sorted(unknown))}")
+    check_chunks(static or {}, context)
+
+
+def _one_per_chunk(static: Mapping[str, Any], output: str | Path | None
+                   ) -> list[dict[str, Any]]:
+    """``static`` once per chunk length it asks (one ``seq`` each), or as it is."""
+    seqs = chunk_lengths(static)
+    if len(seqs) > 1 and output is None:
+        raise InputError("several seq= sizes write one model each beside the output: give "
+                         "an output")
+    return [{**static, "seq": seq} for seq in seqs] or [dict(static)]
+
+
+def _variant(model: "torch.nn.Module", layout: tuple[LayerCache, ...], context: int | None,
+             static: dict[str, int], output: Path, verify: bool, precision: Precision
+             ) -> Variant:
+    """The model of one more chunk length, beside ``output`` (:func:`sibling_path`)."""
+    assert context is not None
+    call = fixed_cache_call(model, layout, context, static)
+    check = fixed_cache_check(model, layout, context, static) if verify else None
+    return Variant(call.args, sibling_path(output, static["seq"]), precision.check(check))
 
 
 def _call_and_check(model: "torch.nn.Module", causal: bool, cache: str, context: int | None,
-                    static: dict[str, int], verify: bool
+                    static: dict[str, Any], verify: bool
                     ) -> tuple[Call, "Check | None", "tuple[LayerCache, ...] | None"]:
     """How ``model`` is called while exporting, what the written model must reproduce
     (None: not checked) and the model's own cache layout (None: no cache)."""

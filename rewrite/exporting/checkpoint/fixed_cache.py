@@ -17,11 +17,15 @@ layer also slot > position - window). The rotary tables are the model's own, com
 The cache and the mask are rewrite's (:class:`FixedCache`, :func:`slot_masks`): the model's
 code is not changed; each decoder layer's function takes its layer's buffers and returns
 the updated ones.
+
+With ``--static`` every size is fixed; several ``seq`` (:func:`chunk_lengths`) make one
+model each, the first at the output, the others beside it (``OUT_seq1.onnx``) reading its
+data file (:mod:`rewrite.backends.onnx.shared_data`).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Mapping
 
 from rewrite.errors import InputError
 from rewrite.exporting.checkpoint.cache import (
@@ -116,10 +120,32 @@ def check_layer_kinds(model: "torch.nn.Module") -> None:
                          f"window attention; its layers also use {', '.join(sorted(kinds))}")
 
 
+def chunk_lengths(static: Mapping[str, Any]) -> tuple[int, ...]:
+    """The chunk lengths ``static["seq"]`` asks for (one size or several), in order; none
+    when it asks none. :class:`InputError` for one that is not a positive int."""
+    seq = static.get("seq")
+    seqs = () if seq is None else (seq,) if isinstance(seq, int) else tuple(seq)
+    if not all(isinstance(s, int) and not isinstance(s, bool) and s > 0 for s in seqs):
+        raise InputError(f"--static seq={seq!r}: chunk lengths are positive numbers")
+    return seqs
+
+
+def check_chunks(static: Mapping[str, Any], context: int | None) -> None:
+    """:class:`InputError` for a chunk length asked twice or longer than ``context``."""
+    seqs = chunk_lengths(static)
+    twice = [s for n, s in enumerate(seqs) if s in seqs[:n]]
+    if twice:
+        raise InputError(f"--static asks seq={twice[0]} twice: one model per chunk length")
+    longer = [s for s in seqs if context is not None and s > context]
+    if longer:
+        raise InputError(f"the chunk ({longer[0]} tokens) is longer than the context "
+                         f"({context})")
+
+
 def fixed_cache_call(model: "torch.nn.Module", layout: tuple[LayerCache, ...],
-                     context: int, static: dict[str, int] | None = None) -> Call:
+                     context: int, static: Mapping[str, int] | None = None) -> Call:
     """Example inputs, shapes and names of the fixed-cache convention (the module
-    docstring); batch and sequence dynamic unless ``static`` fixes them (``batch``,
+    docstring); batch and sequence dynamic unless ``static`` fixes them (``batch``, one
     ``seq``)."""
     import torch
     from torch.export import Dim
@@ -128,8 +154,7 @@ def fixed_cache_call(model: "torch.nn.Module", layout: tuple[LayerCache, ...],
     static = static or {}
     b = static.get("batch", EXAMPLE_BATCH)
     s = static.get("seq", EXAMPLE_SEQUENCE)
-    if s > context:
-        raise InputError(f"the chunk ({s} tokens) is longer than the context ({context})")
+    check_chunks(static, context)
     vocab = model.config.get_text_config(decoder=True).vocab_size
     mask = torch.zeros(b, context, dtype=torch.long)
     mask[:, :s] = 1

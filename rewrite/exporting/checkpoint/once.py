@@ -75,8 +75,8 @@ def _plain(value: Any) -> bool:
     return value is None or isinstance(value, (bool, int, float, str))
 
 
-def traced_once(model: "torch.nn.Module", example: tuple, progress: "Progress",
-                export: Callable[[], "torch.export.ExportedProgram"]
+def traced_once(model: "torch.nn.Module", progress: "Progress",
+                export: Callable[[], "torch.export.ExportedProgram"], example: tuple
                 ) -> "torch.export.ExportedProgram":
     """``export()`` with each distinct decoder layer of ``model`` traced once (``example``:
     the export's example inputs); where the model cannot be cut so, a one-line note of why,

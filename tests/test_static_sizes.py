@@ -1,0 +1,175 @@
+"""``--static batch=1,seq=4,seq=1`` (issue 41 item 2): one model per chunk length,
+``model.onnx`` (the first) and ``model_seq1.onnx`` beside it, both reading one data file
+that holds each weight once. A prompt fed in chunks of 4 through the chunk model, then
+decode steps through the one-token model, passing the buffers from one to the other, equals
+the eager model (1e-4) in onnxruntime; every value of each model static; one function per
+layer class in each; a chunk asked twice or longer than the context refused, nothing
+written; an earlier run's model of a chunk length no longer asked removed with the data it
+read."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+import torch
+
+import rewrite
+from rewrite.backends.onnx.shared_data import external_places
+from tests import checkpoints
+from tests.test_fixed_cache import LAYERS, _eager
+
+CONTEXT, CHUNK, PROMPT, DECODE = 16, 4, 10, 5
+FAMILIES = ["llama", pytest.param("gemma2", marks=pytest.mark.slow)]
+"""Llama in make test; Gemma-2 (sliding and global layers) in make test-all."""
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def exported(request, tmp_path_factory):
+    family = request.param
+    root = tmp_path_factory.mktemp(f"{family}-sizes")
+    folder = checkpoints.write(family, root / "checkpoint")
+    out = root / "out" / "model.onnx"
+    out.parent.mkdir()
+    rewrite.export(folder, output=out, cache="static", context=CONTEXT,
+                   static={"batch": 1, "seq": [CHUNK, 1]})
+    return family, folder, out
+
+
+def _session(path: Path) -> ort.InferenceSession:
+    return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+
+
+def _step(session, buffers: dict, tokens: np.ndarray, start: int, real: int) -> np.ndarray:
+    """One call: ``tokens`` at positions ``start...``, the first ``real`` of them real (the
+    rest fill the chunk: position -1, dropped); ``buffers`` updated; the logits."""
+    width = tokens.shape[1]
+    positions = np.where(np.arange(width) < real, start + np.arange(width), -1)[None]
+    mask = (np.arange(CONTEXT) < start + real).astype(np.int64)[None]
+    outputs = session.run(None, {"input_ids": tokens.astype(np.int64), "attention_mask": mask,
+                                 "position_ids": positions, **buffers})
+    result = dict(zip([o.name for o in session.get_outputs()], outputs))
+    buffers.update({k.replace("present", "past_key_values"): v for k, v in result.items()
+                    if k.startswith("present.")})
+    return result["logits"]
+
+
+def test_chunks_then_decode_steps_equal_eager(exported):
+    """The prompt (10 tokens: chunks of 4, 4 and 2 real) through model.onnx, then greedy
+    decode steps through model_seq1.onnx on the same buffers."""
+    from rewrite.exporting.checkpoint.cache import cache_layout
+
+    _, folder, out = exported
+    eager = _eager(folder)
+    chunked, single = _session(out), _session(out.with_name("model_seq1.onnx"))
+    buffers = {}
+    for n, layer in enumerate(cache_layout(eager)):
+        key, value = layer.empty(1, CONTEXT)
+        buffers[f"past_key_values.{n}.key"] = key.numpy()
+        buffers[f"past_key_values.{n}.value"] = value.numpy()
+    ids = torch.randint(0, eager.config.vocab_size, (1, PROMPT),
+                        generator=torch.Generator().manual_seed(5)).numpy()
+    got = []
+    for start in range(0, PROMPT, CHUNK):
+        real = min(CHUNK, PROMPT - start)
+        chunk = np.zeros((1, CHUNK), np.int64)
+        chunk[:, :real] = ids[:, start:start + real]
+        got.append(_step(chunked, buffers, chunk, start, real)[:, :real])
+    for step in range(DECODE):
+        token = got[-1][:, -1:].argmax(-1)
+        got.append(_step(single, buffers, token, PROMPT + step, 1))
+    logits = np.concatenate(got, axis=1)[0]
+    generated = logits[PROMPT - 1:-1].argmax(-1)
+    sequence = torch.cat([torch.from_numpy(ids), torch.from_numpy(generated)[None]], 1)
+    with torch.no_grad():
+        want = eager(input_ids=sequence).logits[0].numpy()
+    np.testing.assert_allclose(logits, want, atol=1e-4, rtol=0)
+
+
+def test_the_models_read_one_data_file_holding_each_weight_once(exported):
+    _, folder, out = exported
+    assert sorted(p.name for p in out.parent.iterdir()) == [
+        "model.onnx", "model.onnx.data", "model_seq1.onnx"]
+    first, single = external_places(out), external_places(out.with_name("model_seq1.onnx"))
+    assert first and single == first  # every weight of the one-token model is the first's
+    assert {location for location, _, _ in first.values()} == {"model.onnx.data"}
+    spans = sorted((offset, offset + length) for _, offset, length in first.values())
+    assert all(end <= start for (_, end), (start, _) in zip(spans, spans[1:]))  # no overlap
+    assert (out.parent / "model.onnx.data").stat().st_size == spans[-1][1]
+    eager = _eager(folder)
+    weights = {p.data_ptr(): p.numel() * p.element_size() for p in eager.parameters()}
+    big = sum(n for n in weights.values() if n > 1024)
+    assert sum(end - start for start, end in spans) == big  # the checkpoint's, once
+
+
+def test_every_value_static_and_one_function_per_layer_class(exported, run_cli):
+    family, _, out = exported
+    for path, seq in ((out, CHUNK), (out.with_name("model_seq1.onnx"), 1)):
+        onnx.checker.check_model(str(path), full_check=True)
+        model = onnx.shape_inference.infer_shapes(onnx.load(str(path)), data_prop=True)
+        values = [*model.graph.input, *model.graph.output, *model.graph.value_info]
+        symbolic = [v.name for v in values if any(
+            not d.HasField("dim_value") for d in v.type.tensor_type.shape.dim)]
+        assert not symbolic, (path.name, symbolic[:5])
+        shapes = {v.name: [d.dim_value for d in v.type.tensor_type.shape.dim]
+                  for v in values}
+        assert shapes["input_ids"] == [1, seq] and shapes["attention_mask"] == [1, CONTEXT]
+        layers = [n for n in model.graph.node if n.op_type == LAYERS[family]]
+        assert len(layers) == checkpoints.LAYERS
+        assert sum(f.name == LAYERS[family] for f in model.functions) == 1
+        r = run_cli("check-static", path)
+        assert r.code == 0, r.out
+
+
+def test_both_models_grouped_alike(exported):
+    _, _, out = exported
+    functions = [sorted((f.domain, f.name) for f in onnx.load(
+        str(path), load_external_data=False).functions)
+        for path in (out, out.with_name("model_seq1.onnx"))]
+    assert functions[0] == functions[1] and functions[0]
+
+
+@pytest.mark.parametrize("sizes, more, message", [
+    ("batch=1,seq=4,seq=4", [], "--static asks seq=4 twice"),
+    ("batch=1,seq=4,seq=20", [], "the chunk (20 tokens) is longer than the context (16)"),
+    ("batch=1,seq=4,seq=1", ["--external-data", "never"], "share one data file"),
+])
+def test_bad_chunk_lengths_one_line_nothing_written(sizes, more, message, tmp_path,
+                                                    run_cli):
+    folder = checkpoints.write("llama", tmp_path / "checkpoint")
+    out = tmp_path / "out" / "model.onnx"
+    out.parent.mkdir()
+    r = run_cli("export", folder, "-o", out, "--cache", "static", "--context", CONTEXT,
+                "--static", sizes, *more)
+    assert r.code == 2 and r.err.strip().count("\n") == 0 and message in r.err, r.err
+    assert not list(out.parent.iterdir())
+
+
+def test_a_chunk_length_no_longer_asked_is_removed(tmp_path):
+    """Exported again with seq=4,seq=2 then with seq=4 only: model_seq1.onnx (then
+    model_seq2.onnx), which read the data now replaced, goes; a file of that form that
+    is not such a model stays."""
+    folder = checkpoints.write("llama", tmp_path / "checkpoint")
+    out = tmp_path / "out" / "model.onnx"
+    out.parent.mkdir()
+    (out.parent / "model_seq9.onnx").write_text("a file of the user's")
+
+    def export(seq) -> list[str]:
+        rewrite.export(folder, output=out, cache="static", context=CONTEXT, verify=False,
+                       static={"batch": 1, "seq": seq})
+        return sorted(p.name for p in out.parent.iterdir())
+
+    assert export([4, 1]) == ["model.onnx", "model.onnx.data", "model_seq1.onnx",
+                              "model_seq9.onnx"]
+    assert export([4, 2]) == ["model.onnx", "model.onnx.data", "model_seq2.onnx",
+                              "model_seq9.onnx"]
+    assert export(4) == ["model.onnx", "model_seq9.onnx"]  # one small model: embedded
+
+
+def test_several_lengths_without_an_output_refused(tmp_path):
+    folder = checkpoints.write("llama", tmp_path / "checkpoint")
+    with pytest.raises(rewrite.InputError, match="write one model each beside the output"):
+        rewrite.export(folder, cache="static", context=CONTEXT, static={"seq": [4, 1]})
