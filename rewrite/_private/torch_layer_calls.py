@@ -70,6 +70,8 @@ class LayerCalls:
 
     def __init__(self) -> None:
         self._first: dict[str, list[_First]] = {}
+        self._equal: set = set()
+        """Pairs of symbolic sizes declared equal."""
         self.traced: list[str] = []
         """The identifiers whose bodies were traced, in order."""
         self.recorded = 0
@@ -86,7 +88,7 @@ class LayerCalls:
             return tuple(body(*operands))
         firsts = self._first.setdefault(identifier, [])
         for first in firsts:
-            if _same_sizes(first.operands, operands):
+            if _same_sizes(first.operands, operands, self._equal):
                 self.recorded += 1
                 return self._record(mode.tracer, first, operands)
         name = f"{identifier}.{len(firsts)}" if firsts else identifier
@@ -119,9 +121,10 @@ class LayerCalls:
         return outputs
 
 
-def _same_sizes(first: Sequence[torch.Tensor], now: Sequence[Any]) -> bool:
+def _same_sizes(first: Sequence[torch.Tensor], now: Sequence[Any], known: set) -> bool:
     """Whether ``now`` has ``first``'s dtypes and sizes; symbolic sizes that differ only by
-    their symbol (each input's own, of the same hint) are declared equal (``torch._check``)."""
+    their symbol (each input's own, of the same hint) are declared equal (``torch._check``,
+    once per pair: ``known``); strides, which follow the sizes, are compared by hint."""
     if len(first) != len(now):
         return False
     pairs = []
@@ -130,14 +133,16 @@ def _same_sizes(first: Sequence[torch.Tensor], now: Sequence[Any]) -> bool:
             return False
         if a is b:
             continue
-        for x, y in zip((*a.shape, *a.stride()), (*b.shape, *b.stride())):
+        for k, (x, y) in enumerate(zip((*a.shape, *a.stride()), (*b.shape, *b.stride()))):
             if isinstance(x, int) or isinstance(y, int):
                 if not (isinstance(x, int) and isinstance(y, int) and x == y):
                     return False
             elif x.node.expr != y.node.expr:
                 if x.node.hint is None or x.node.hint != y.node.hint:
                     return False
-                pairs.append((x, y))
+                if k < a.dim() and (x.node.expr, y.node.expr) not in known:
+                    pairs.append((x, y))
     for x, y in pairs:
         torch._check(y == x)
+        known.add((x.node.expr, y.node.expr))
     return True

@@ -153,39 +153,56 @@ def readable_program(program: torch.export.ExportedProgram) -> torch.export.Expo
         from rewrite._private.torch_programs import inline_invoke_subgraph_nodes, own_values
 
         inlined: set[str] = set()
+        sizes: dict[str, torch.fx.Node] = {}
+        scanned = None  # the last node whose symbolic size is in ``sizes``
         for node in list(gm.graph.find_nodes(op="call_function", target=hop)):
             body = _attr(gm, node.args[0].target)
             base = _common_stack(body) if isinstance(body, torch.fx.GraphModule) else []
             call = _items(node)
-            before = set(gm.graph.nodes)
-            marker = gm.graph.call_function(operator.getitem, ((), 0))  # where it was
-            node.prepend(marker)
+            start = gm.graph.call_function(operator.getitem, ((), 0))  # around the call
+            end = gm.graph.call_function(operator.getitem, ((), 1))
+            node.prepend(start)
+            node.append(end)
             inline_invoke_subgraph_nodes(gm, [node])
-            new = [n for n in gm.graph.nodes if n not in before and n is not marker]
+            new = _between(start, end)
             for n in new:
                 if _STACK in n.meta:
                     n.meta[_STACK] = _rerooted(_items(n), base, call)
             if node.args[1] in inlined:  # a body inlined before: its values are taken
                 own_values(new)
             inlined.add(node.args[1])
-            _sizes_from_before(gm.graph, new, marker)
-            gm.graph.erase_node(marker)
+            first = scanned.next if scanned is not None else next(iter(gm.graph.nodes))
+            _known_sizes(_between(first.prev, start), sizes)
+            _sizes_from_before(gm.graph, new, sizes)
+            scanned = end.prev if end.prev is not start else start.prev
+            gm.graph.erase_node(start)
+            gm.graph.erase_node(end)
     gm.recompile()
     return _with_graph_module(program, gm)
 
 
-def _sizes_from_before(graph: torch.fx.Graph, new: list, call: torch.fx.Node) -> None:
-    """An inlined body's symbolic sizes (``sym_size``, their sums...) computed again where a
-    node before the ``call`` it replaced computes the same size: that node's, as a trace of
-    the whole program gives them (its tracer computes each symbolic size once)."""
-    fresh = set(new)
-    sizes: dict[str, torch.fx.Node] = {}
-    for node in graph.nodes:
-        if node is call or node in fresh:
-            break
+def _between(start: torch.fx.Node, end: torch.fx.Node) -> list[torch.fx.Node]:
+    """The nodes after ``start`` and before ``end``."""
+    found, node = [], start.next
+    while node is not end:
+        found.append(node)
+        node = node.next
+    return found
+
+
+def _known_sizes(nodes: list, sizes: dict[str, torch.fx.Node]) -> None:
+    """``sizes`` with the symbolic sizes ``nodes`` compute (the first node of each)."""
+    for node in nodes:
         value = node.meta.get("val")
         if isinstance(value, torch.SymInt):
             sizes.setdefault(str(value), node)
+
+
+def _sizes_from_before(graph: torch.fx.Graph, new: list, sizes: dict[str, torch.fx.Node]
+                       ) -> None:
+    """An inlined body's symbolic sizes (``sym_size``, their sums...) computed again where a
+    node before its call computes the same size (``sizes``): that node's, as a trace of the
+    whole program gives them (its tracer computes each symbolic size once)."""
     for node in new:
         value = node.meta.get("val")
         earlier = sizes.get(str(value)) if isinstance(value, torch.SymInt) else None
