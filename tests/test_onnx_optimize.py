@@ -16,6 +16,7 @@ from tests.onnx_fixtures import (
     checked_proto,
     function_names,
     GPT2_RULES,
+    runs,
     top_calls,
 )
 
@@ -197,3 +198,30 @@ def test_body_nodes_unnamed_on_the_command_line(run_cli, gpt2_lowered, tmp_path)
     named, unnamed = outputs.values()
     assert all(node.name for f in named.functions.values() for node in f)
     assert not any(node.name for f in unnamed.functions.values() for node in f)
+
+
+# --- what onnxruntime fuses after inlining -----------------------------------------------------
+
+
+def test_rms_norm_body_fuses_in_onnxruntime(llama_lowered, llama_model, tmp_path):
+    """The RMSNorm body divides by the root (torch's ``rsqrt`` is lowered to ``Sqrt`` +
+    ``Reciprocal``; a ``Mul`` by it is written as a ``Div``): onnxruntime, inlining the
+    functions, fuses every call into one ``SimplifiedLayerNormalization``, and the model
+    still matches eager."""
+    import onnx
+    import onnxruntime as ort
+
+    _, lowering = llama_lowered
+    model = lowering.model
+    (norm,) = [f for fid, f in model.functions.items() if fid[1] == "LlamaRMSNorm"]
+    ops = Counter(node.op_type for node in norm)
+    assert ops["Reciprocal"] == 0 and ops["Div"] == 1, ops
+    source, dumped = tmp_path / "model.onnx", tmp_path / "ort.onnx"
+    ir.save(model, str(source))
+    options = ort.SessionOptions()
+    options.optimized_model_filepath = str(dumped)
+    ort.InferenceSession(str(source), options, providers=["CPUExecutionProvider"])
+    fused = Counter(node.op_type for node in onnx.load(str(dumped)).graph.node)
+    assert fused["SimplifiedLayerNormalization"] == runs(model)["LlamaRMSNorm"], fused
+    assert fused["Reciprocal"] == 0
+    assert_matches_eager(model, llama_model)

@@ -23,6 +23,13 @@ to be all zeros, as in a randomly initialized model; in the main graph, with
 and work the flat optimizer shares
 between blocks (a causal mask's ``Where``) is done in each call; onnxruntime's CSE merges it
 again after inlining the functions.
+
+After the optimizer, ``Mul(a, Reciprocal(b))`` becomes ``Div(a, b)`` (:func:`divide`): torch
+writes ``x * rsqrt(mean(x^2) + eps)``, which torchlib lowers to ``Sqrt`` + ``Reciprocal`` +
+``Mul``, and onnxruntime fuses an RMSNorm into ``SimplifiedLayerNormalization`` only from
+``Pow, ReduceMean, Add, Sqrt, Div, Mul``: with it, each call of the norm's one body is one
+fused kernel once onnxruntime inlines the functions (a division instead of a multiplication by
+the reciprocal: the same value within one rounding).
 """
 
 from __future__ import annotations
@@ -60,6 +67,7 @@ def optimize(model: ir.Model, made: Collection[FunctionId], *, fold_weights: boo
             model.functions.clear()  # the main graph alone: bodies are done
             optimize_ir(model, inline=False,
                         **({} if fold_weights else {"should_fold": _keeps_weights}))
+            divide(model.graph)
     finally:
         model.functions.clear()
         model.functions.update(functions)
@@ -85,6 +93,7 @@ def _optimize_body(model: ir.Model, function: ir.Function) -> None:
                      if node.op_type == "Constant" and node.domain == ""}
     with _settings_as_inputs(graph):
         optimize_ir(ir.Model(graph, ir_version=model.ir_version), inline=False)
+    divide(graph)
     for name, value in list(graph.initializers.items()):
         del graph.initializers[name]
         tensor = value.const_value
@@ -95,6 +104,32 @@ def _optimize_body(model: ir.Model, function: ir.Function) -> None:
         node.outputs[0].type, node.outputs[0].shape = value.type, value.shape
         graph.append(node)
     graph.sort()
+
+
+def divide(graph: ir.Graph) -> None:
+    """Each ``Mul(a, Reciprocal(b))`` of ``graph`` as ``Div(a, b)`` (the module docstring),
+    where every reader of the ``Reciprocal`` is such a ``Mul``; the ``Mul``'s name, metadata
+    and output kept."""
+    for reciprocal in [node for node in graph if (node.domain, node.op_type) == ("",
+                                                                                 "Reciprocal")]:
+        made = reciprocal.outputs[0]
+        uses = list(made.uses())
+        if made.is_graph_output() or not uses or any(
+                (use.node.domain, use.node.op_type) != ("", "Mul") or use.node.inputs[0] is
+                use.node.inputs[1] for use in uses):
+            continue
+        for use in uses:
+            mul = use.node
+            div = ir.Node("", "Div", (mul.inputs[1 - use.idx], reciprocal.inputs[0]),
+                          name=mul.name, metadata_props=dict(mul.metadata_props))
+            graph.insert_after(mul, div)
+            out = mul.outputs[0]
+            ir.convenience.replace_all_uses_with(out, div.outputs[0],
+                                                 replace_graph_outputs=True)
+            graph.remove(mul, safe=True)
+            div.outputs[0].name, div.outputs[0].type, div.outputs[0].shape = (
+                out.name, out.type, out.shape)
+        graph.remove(reciprocal, safe=True)
 
 
 @contextlib.contextmanager
