@@ -2,7 +2,7 @@
 (issue 39).
 
     flock /work/bench.lock nice .venv/bin/python -m bench.genai [--sizes 180m-fp32 2.5gb]
-        [--precisions fp32 int4] [--repeats 3] [--steps 64] [--no-profile]
+        [--precisions fp32 int4] [--repeats 3] [--steps 64] [--no-profile] [--no-verify]
     .venv/bin/python -m bench.genai --quick          # tiny4, 1 run, 8 steps: checks the harness
 
 Checkpoints (built here into ``bench/out/`` by ``bench.checkpoint``, never downloaded; random
@@ -13,7 +13,8 @@ shaped, 1.24B parameters, bf16). For each checkpoint and precision:
 * export rows, each a fresh process alone, in rounds of alternating order (``--repeats``,
   medians; ``bench.harness.run_row``: warm page cache, freed memory settled): ``export-P``:
   ``rewrite -v export DIR -o OUT/model.onnx --cache kv --precision P`` (int4: ``--block-size
-  32``, symmetric, the default) and ``builder-P``: ``python -m
+  32``, symmetric, the default; ``--no-verify`` adds ``--no-verify``: no check against eager
+  before writing, which the builder does not do either) and ``builder-P``: ``python -m
   onnxruntime_genai.models.builder -i DIR -o OUT -p P -e cpu`` (int4: ``--extra_options
   block_size=32 is_symmetric=true``, its defaults); wall time and peak RssAnon of the tree;
 * eager fp32 (transformers, the checkpoint loaded in float32) in its own process: a prompt of
@@ -28,9 +29,10 @@ shaped, 1.24B parameters, bf16). For each checkpoint and precision:
   every logit row compares with eager's at the same position: mean |logit difference| and
   top-1 agreement (argmax equal to eager's) over the prefill's last row and every step;
 * one onnxruntime-genai run per folder (``og.Model(folder)``, greedy, ``--steps`` + 1 new
-  tokens): its tokens against eager's and the other model's;
-* ``--no-profile`` skips: onnxruntime's profiler (``SessionOptions.enable_profiling``) over
-  16 decode steps of each model: time per op type per token, and per decoder layer.
+  tokens): its tokens against eager's;
+* unless ``--no-profile``: onnxruntime's profiler (``SessionOptions.enable_profiling``) over
+  16 decode steps of each model: time per op type per token, and per decoder layer (also
+  in ``bench/out/genai/SIZE/profiles.json``; each onnxruntime run in ``decoded.json``).
 
 Targets (issue 39), each printed met or MISSED with the ratio: rewrite int4 decode ms/token
 <= the builder int4's; fp32 prefill and decode <= the builder fp32's; int4 export faster than
@@ -68,8 +70,9 @@ def _python(*args: str) -> list[str]:
     return [sys.executable, *args]
 
 
-def _export(precision: str) -> Row:
-    extra = ["--block-size", str(BLOCK)] if precision == "int4" else []
+def _export(precision: str, verify: bool = True) -> Row:
+    extra = (["--block-size", str(BLOCK)] if precision == "int4" else []) + (
+        [] if verify else ["--no-verify"])
     return Row(lambda d, o: _python("-m", "rewrite", "-v", "export", str(d), "-o",
                                     str(o / "model.onnx"), "--cache", "kv", "--precision",
                                     precision, *extra), "model.onnx")
@@ -83,10 +86,11 @@ def _builder(precision: str) -> Row:
                                     str(o / "cache_dir"), *extra))
 
 
-def rows(precisions: list[str]) -> dict[str, Row]:
-    """``export-P`` and ``builder-P`` for each precision P."""
-    return {f"{side}-{p}": make(p) for p in precisions
-            for side, make in (("export", _export), ("builder", _builder))}
+def rows(precisions: list[str], verify: bool = True) -> dict[str, Row]:
+    """``export-P`` and ``builder-P`` for each precision P (``verify``: rewrite checks the
+    model against eager before writing it, as by default)."""
+    return {f"{side}-{p}": row for p in precisions
+            for side, row in (("export", _export(p, verify)), ("builder", _builder(p)))}
 
 
 # --- workers: each a fresh process (python -m bench.genai --worker KIND ...) ----------------
@@ -201,12 +205,13 @@ def og_greedy(folder: Path, ref: dict[str, np.ndarray]) -> dict[str, Any]:
     return {"tokens": tokens}
 
 
-PARTS = (("attention", re.compile(r"attn|attention", re.I)), ("MLP", re.compile(r"mlp", re.I)),
-         ("norms", re.compile(r"norm", re.I)), ("rotary", re.compile(r"rotary", re.I)))
+PARTS = (("norms", re.compile(r"norm", re.I)), ("attention", re.compile(r"attn|attention", re.I)),
+         ("MLP", re.compile(r"mlp", re.I)), ("rotary", re.compile(r"rotary", re.I)))
 """Where a node of either model belongs, by its name: the builder's ``/model/layers.N/attn/...``,
 rewrite's inlined ``_inlfunc_LlamaAttention_...`` (onnxruntime names a node of an inlined
 function after the innermost function); anything else is the rest (embedding, lm_head,
-masks, residual adds)."""
+masks, residual adds). The norms first: the builder's ``post_attention_layernorm`` is a
+norm."""
 
 
 def profile(folder: Path, ref: dict[str, np.ndarray]) -> dict[str, Any]:
@@ -264,6 +269,11 @@ class Runs:
     def median(self, key: str) -> float:
         return statistics.median(run[key] for run in self.runs)
 
+    def spread(self, key: str, fmt: str) -> str:
+        """``median (min-max)``: the machine is shared, the spread says how much."""
+        found = [run[key] for run in self.runs]
+        return f"{statistics.median(found):{fmt}} ({min(found):{fmt}}-{max(found):{fmt}})"
+
 
 @attrs.frozen
 class Bench:
@@ -310,9 +320,9 @@ def _exports(size: str, folder: Path, table: dict[str, Row], repeats: int, work:
 
 
 def bench(size: str, precisions: list[str], repeats: int, steps: int, work: Path,
-          profiled: bool) -> Bench:
+          profiled: bool, verify: bool = True) -> Bench:
     """Every measure of the module docstring on one checkpoint."""
-    folder, table = _checkpoint(size), rows(precisions)
+    folder, table = _checkpoint(size), rows(precisions, verify)
     exports = _exports(size, folder, table, repeats, work)
     ref = work / "reference.npz"
     done, log = _worker("reference", folder, ref, PROMPT, steps)
@@ -326,6 +336,8 @@ def bench(size: str, precisions: list[str], repeats: int, steps: int, work: Path
     og = {name: _worker("og", work / name, ref)[0] for name in ok}
     profiles = {name: _worker("profile", work / name, ref)[0] if profiled else None
                 for name in ok}
+    (work / "profiles.json").write_text(json.dumps(profiles))
+    (work / "decoded.json").write_text(json.dumps({n: r.runs for n, r in decoded.items()}))
     commands = {name: table[name].command(NAMES) for name in table}
     eager = [int(t) for t in np.load(ref)["continuation"]]
     return Bench(size, folder, commands, exports, decoded, og, eager, profiles)
@@ -344,10 +356,12 @@ def _same(tokens: list[int] | None, other: list[int]) -> str:
 
 
 def results_table(b: Bench) -> list[str]:
-    """One line per row: the export (medians) and the model in onnxruntime (medians)."""
+    """One line per row: the export (medians) and the model in onnxruntime (medians, with
+    the spread)."""
     lines = ["| row | command | export wall s (median, n) | peak RssAnon MB | output MB | "
-             "prefill ms | decode ms/token | mean (max) abs logit diff vs eager fp32 | top-1 "
-             "agreement | onnxruntime-genai greedy tokens = eager's |",
+             "prefill ms, median (min-max) | decode ms/token, median (min-max) | mean (max) "
+             "abs logit diff vs eager fp32 | top-1 agreement | onnxruntime-genai greedy "
+             "tokens = eager's |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     for name, result in b.exports.items():
         command = f"`{b.commands[name]}`"
@@ -363,8 +377,8 @@ def results_table(b: Bench) -> list[str]:
             continue
         og = b.og.get(name)
         lines.append(
-            f"| {name} | {command} | {export} | {runs.median('prefill_ms'):.0f} | "
-            f"{runs.median('decode_ms'):.2f} | {runs.runs[0]['mean_abs']:.4f} "
+            f"| {name} | {command} | {export} | {runs.spread('prefill_ms', '.0f')} | "
+            f"{runs.spread('decode_ms', '.1f')} | {runs.runs[0]['mean_abs']:.5f} "
             f"({runs.runs[0]['max_abs']:.3f}) | {runs.runs[0]['top1']:.3f} | "
             f"{_same(og and og['tokens'], b.eager)} |")
     return lines
@@ -372,7 +386,8 @@ def results_table(b: Bench) -> list[str]:
 
 def _ratio(mine: float, theirs: float, unit: str, bound: float, fmt: str = ".2f") -> str:
     ratio = mine / theirs
-    return (f"{mine:{fmt}} / {theirs:{fmt}} {unit} = {ratio:.2f}x | <= {bound}x | "
+    unit = f" {unit}" if unit else ""
+    return (f"{mine:{fmt}} / {theirs:{fmt}}{unit} = {ratio:.3f}x | <= {bound}x | "
             f"{verdict(ratio <= bound)} |")
 
 
@@ -395,7 +410,7 @@ def targets_table(b: Bench) -> list[str]:
             dec[mine].median("decode_ms"), dec[theirs].median("decode_ms"), "ms", 1))
         if p == "int4":
             lines.append("| int4 mean abs logit difference vs eager fp32 | " + _ratio(
-                dec[mine].runs[0]["mean_abs"], dec[theirs].runs[0]["mean_abs"], "", 1, ".4f"))
+                dec[mine].runs[0]["mean_abs"], dec[theirs].runs[0]["mean_abs"], "", 1, ".5f"))
     if "export-int4" in exp and "builder-int4" in exp:
         mine, theirs = exp["export-int4"], exp["builder-int4"]
         lines.append("| int4 export, whole process (wall) | " + _ratio(
@@ -420,7 +435,7 @@ def profile_table(b: Bench, top: int = 8) -> list[str]:
     the time of each part per decoder layer (the rest: for the whole model)."""
     layers = SIZES[b.size].layers
     lines = ["| row | kernels ms/token | top op types, ms/token (share of kernel time) "
-             f"| per decoder layer ({layers}): attention / MLP / norms / rotary; rest of the "
+             f"| per decoder layer ({layers}): norms / attention / MLP / rotary; rest of the "
              "model, ms/token |", "|---|---|---|---|"]
     for name, found in b.profiles.items():
         if not found:
@@ -469,6 +484,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, help="runs per row (default 3, --quick 1)")
     parser.add_argument("--steps", type=int, help=f"decode steps (default {STEPS})")
     parser.add_argument("--no-profile", action="store_true")
+    parser.add_argument("--no-verify", action="store_true",
+                        help="rewrite export --no-verify (its check against eager skipped)")
     parser.add_argument("--quick", action="store_true", help="tiny4, 1 run, 8 steps")
     parser.add_argument("--worker", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -481,7 +498,7 @@ def main(argv: list[str] | None = None) -> int:
     command = "python -m bench.genai " + " ".join(argv if argv is not None else sys.argv[1:])
     started, before = datetime.datetime.now(datetime.timezone.utc), load_average()
     benches = [bench(size, args.precisions, repeats, steps, OUT / "genai" / size,
-                     not args.no_profile) for size in sizes]
+                     not args.no_profile, not args.no_verify) for size in sizes]
     text = report(benches, command.strip(), started, (before, load_average()), steps)
     print(text)
     (OUT / "genai.md").write_text(text)

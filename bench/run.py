@@ -25,6 +25,9 @@ checkpoint         1.24B bf16 checkpoint folder: rewrite vs onnxruntime-genai's 
                    builder vs ``cp``: wall, peak RssAnon, weights step             <= 1.5x
 lock               ``rewrite lock`` on the 1.24B Llama ``.pt2``: its cost beyond   reads no
                    grouping, how much of the file it reads                        weight
+genai              ``rewrite export`` vs the builder at fp32 and int4 (187M fp32   int4 decode
+                   and 1.24B bf16 checkpoints): export wall and RssAnon; prefill,  <= 1x, ...
+                   decode ms/token and logits vs eager in onnxruntime; profile
 =================  =============================================================  ==========
 
 ``weights`` (issue 22; targets: apply >= 4x the plain path, its weights part <= 2x ``cp``,
@@ -64,6 +67,7 @@ SUITE: dict[str, tuple[str, list[str], list[str]]] = {
     "html_report": ("bench.html_report", [], ["--blocks", "12", "--rules", "gpt2", "--loads", "2"]),
     "checkpoint": ("bench.checkpoint", [], ["--quick"]),
     "lock": ("bench.lock", [], ["--quick"]),
+    "genai": ("bench.genai", [], ["--quick"]),
 }
 
 
