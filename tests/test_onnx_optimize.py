@@ -225,3 +225,29 @@ def test_rms_norm_body_fuses_in_onnxruntime(llama_lowered, llama_model, tmp_path
     assert fused["SimplifiedLayerNormalization"] == runs(model)["LlamaRMSNorm"], fused
     assert fused["Reciprocal"] == 0
     assert_matches_eager(model, llama_model)
+
+
+def test_key_transpose_is_one_transpose_onnxruntime_folds(tmp_path):
+    """torchlib's ``K^T`` (``Reshape`` to 3-D, ``Transpose``, ``Reshape`` back, on the
+    decode model's dynamic shapes) is written as one ``Transpose`` of the last two
+    dimensions, which onnxruntime folds into the attention's ``MatMul`` (``FusedMatMul``
+    with ``transB``); the export still matches eager (it is checked before it is written)."""
+    import onnx
+    import onnxruntime as ort
+
+    from tests import checkpoints
+
+    folder = checkpoints.write("llama", tmp_path / "ckpt")
+    out = tmp_path / "model.onnx"
+    model = rewrite.export(folder, output=out, cache="kv")
+    (attention,) = [f for fid, f in model.functions.items() if fid[1] == "LlamaAttention"]
+    perms = [tuple(node.attributes.get_ints("perm")) for node in attention
+             if node.op_type == "Transpose"]
+    assert (0, 2, 1) not in perms and perms.count((0, 1, 3, 2)) == 1, perms
+    options = ort.SessionOptions()
+    options.optimized_model_filepath = str(tmp_path / "ort.onnx")
+    ort.InferenceSession(str(out), options, providers=["CPUExecutionProvider"])
+    fused = [node for node in onnx.load(options.optimized_model_filepath).graph.node
+             if node.op_type == "FusedMatMul"
+             and any(a.name == "transB" and a.i == 1 for a in node.attribute)]
+    assert len(fused) == runs(model)["LlamaAttention"]
