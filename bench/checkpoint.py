@@ -125,8 +125,7 @@ SCRIPTS = {SCRIPT: "SCRIPT", NO_FILE: "NO_FILE"}
 
 
 def folder_of(size: Size, out: Path = OUT) -> Path:
-    return out / (f"checkpoint-llama-{size.layers}x{size.hidden}x{size.intermediate}"
-                  f"-v{size.vocab}-bf16")
+    return out / f"checkpoint-{size.stem()}"
 
 
 def build(size: Size, folder: Path) -> None:

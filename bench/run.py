@@ -27,6 +27,9 @@ lock               ``rewrite lock`` on the 1.24B Llama ``.pt2``: its cost beyond
                    grouping, how much of the file it reads                        weight
 depth              ``rewrite export`` of 8/32/80-layer checkpoints, each layer    80 layers
                    traced once vs every layer traced: graph time, torch.export    <= 1.3x 8
+genai              ``rewrite export`` vs the builder at fp32 and int4 (187M fp32   int4 decode
+                   and 1.24B bf16 checkpoints): export wall and RssAnon; prefill,  <= 1x, ...
+                   decode ms/token and logits vs eager in onnxruntime; profile
 =================  =============================================================  ==========
 
 ``weights`` (issue 22; targets: apply >= 4x the plain path, its weights part <= 2x ``cp``,
@@ -67,6 +70,7 @@ SUITE: dict[str, tuple[str, list[str], list[str]]] = {
     "checkpoint": ("bench.checkpoint", [], ["--quick"]),
     "lock": ("bench.lock", [], ["--quick"]),
     "depth": ("bench.depth", [], ["--quick"]),
+    "genai": ("bench.genai", [], ["--quick"]),
 }
 
 

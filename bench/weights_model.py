@@ -5,7 +5,9 @@
 ``2.5gb`` is shaped like Llama-3.2-1B (16 layers, hidden 2048, MLP 8192, 32 heads, 8 key/value
 heads, vocabulary 128256, tied embeddings: 1.24B parameters); ``0.5gb`` and ``1.2gb`` are the
 same family, narrower or shallower (the memory-growth criterion); ``tiny2`` / ``tiny4`` are
-for ``--quick``. All in bf16, every parameter drawn at random (matrices N(0, 0.02), norm
+for ``--quick``; ``180m-fp32`` is issue 39's fp32 Llama (8 layers, hidden 1024, MLP 4096, 16/4
+heads, vocabulary 32000, untied head: 187M parameters). All in bf16 but that one, every
+parameter drawn at random (matrices N(0, 0.02), norm
 weights N(1, 0.02)), so no two tensors are equal and nothing folds or deduplicates by value.
 ``LlamaForCausalLM(input_ids)`` (8 tokens, static shapes, ``use_cache=False``, the default
 ``return_dict``: the program's output is transformers' ``CausalLMOutputWithPast``, as for a
@@ -42,22 +44,32 @@ class Size:
     heads: int
     kv_heads: int
     vocab: int
+    dtype: str = "bf16"
+    """``bf16`` or ``fp32``: the dtype of the parameters."""
+    tied: bool = True
+    """Whether the output head is the embedding (else a matrix of its own)."""
 
     @property
     def parameters(self) -> int:
-        """Parameters (the embedding counted once: it is tied to the output head)."""
+        """Parameters (a tied embedding counted once)."""
         kv = self.hidden // self.heads * self.kv_heads
         layer = 2 * self.hidden * (self.hidden + kv) + 3 * self.hidden * self.intermediate
-        return self.vocab * self.hidden + self.layers * (layer + 2 * self.hidden) + self.hidden
+        embeddings = self.vocab * self.hidden * (1 if self.tied else 2)
+        return embeddings + self.layers * (layer + 2 * self.hidden) + self.hidden
 
     def describe(self) -> str:
         return (f"{self.layers} layers x {self.hidden} (MLP {self.intermediate}, "
-                f"{self.heads}/{self.kv_heads} heads, vocab {self.vocab}), "
-                f"{self.parameters / 1e6:,.1f}M parameters in bf16")
+                f"{self.heads}/{self.kv_heads} heads, vocab {self.vocab}"
+                f"{'' if self.tied else ', untied head'}), "
+                f"{self.parameters / 1e6:,.1f}M parameters in {self.dtype}")
+
+    def stem(self) -> str:
+        """The shape in a file name: ``llama-LAYERSxHIDDENxMLP-vVOCAB-DTYPE``."""
+        return (f"llama-{self.layers}x{self.hidden}x{self.intermediate}-v{self.vocab}"
+                f"-{self.dtype}")
 
     def path(self, out: Path = OUT) -> Path:
-        return out / (f"weights-llama-{self.layers}x{self.hidden}x{self.intermediate}"
-                      f"-v{self.vocab}-bf16.pt2")
+        return out / f"weights-{self.stem()}.pt2"
 
 
 SIZES = {size.name: size for size in (
@@ -66,28 +78,30 @@ SIZES = {size.name: size for size in (
     Size("0.5gb", 8, 1024, 4096, 16, 4, 128256),
     Size("1.2gb", 6, 2048, 8192, 32, 8, 128256),
     Size("2.5gb", 16, 2048, 8192, 32, 8, 128256),
+    Size("180m-fp32", 8, 1024, 4096, 16, 4, 32000, dtype="fp32", tied=False),  # issue 39's
 )}
 
 
 def random_model(size: Size):
-    """A LlamaForCausalLM of ``size`` in bf16, every parameter drawn at random."""
+    """A LlamaForCausalLM of ``size`` in its dtype, every parameter drawn at random."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
     config = LlamaConfig(
         num_hidden_layers=size.layers, hidden_size=size.hidden,
         intermediate_size=size.intermediate, num_attention_heads=size.heads,
-        num_key_value_heads=size.kv_heads, vocab_size=size.vocab, tie_word_embeddings=True,
+        num_key_value_heads=size.kv_heads, vocab_size=size.vocab, tie_word_embeddings=size.tied,
         max_position_embeddings=2048, use_cache=False, bos_token_id=0, eos_token_id=0,
         pad_token_id=0,
     )
     torch.manual_seed(0)
-    model = LlamaForCausalLM._from_config(config, dtype=torch.bfloat16).eval()
+    dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[size.dtype]
+    model = LlamaForCausalLM._from_config(config, dtype=dtype).eval()
     starts: dict[bytes, str] = {}
     with torch.no_grad():
         for name, parameter in model.named_parameters():
             parameter.normal_(1.0 if parameter.ndim == 1 else 0.0, 0.02)
-            start = parameter.flatten()[:64].view(torch.int16).numpy().tobytes()
+            start = parameter.flatten()[:64].view(torch.int16).numpy().tobytes()  # any dtype
             if start in starts:
                 raise AssertionError(f"{name} starts like {starts[start]}")
             starts[start] = name

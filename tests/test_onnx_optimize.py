@@ -16,6 +16,7 @@ from tests.onnx_fixtures import (
     checked_proto,
     function_names,
     GPT2_RULES,
+    runs,
     top_calls,
 )
 
@@ -197,3 +198,56 @@ def test_body_nodes_unnamed_on_the_command_line(run_cli, gpt2_lowered, tmp_path)
     named, unnamed = outputs.values()
     assert all(node.name for f in named.functions.values() for node in f)
     assert not any(node.name for f in unnamed.functions.values() for node in f)
+
+
+# --- what onnxruntime fuses after inlining -----------------------------------------------------
+
+
+def test_rms_norm_body_fuses_in_onnxruntime(llama_lowered, llama_model, tmp_path):
+    """The RMSNorm body divides by the root (torch's ``rsqrt`` is lowered to ``Sqrt`` +
+    ``Reciprocal``; a ``Mul`` by it is written as a ``Div``): onnxruntime, inlining the
+    functions, fuses every call into one ``SimplifiedLayerNormalization``, and the model
+    still matches eager."""
+    import onnx
+    import onnxruntime as ort
+
+    _, lowering = llama_lowered
+    model = lowering.model
+    (norm,) = [f for fid, f in model.functions.items() if fid[1] == "LlamaRMSNorm"]
+    ops = Counter(node.op_type for node in norm)
+    assert ops["Reciprocal"] == 0 and ops["Div"] == 1, ops
+    source, dumped = tmp_path / "model.onnx", tmp_path / "ort.onnx"
+    ir.save(model, str(source))
+    options = ort.SessionOptions()
+    options.optimized_model_filepath = str(dumped)
+    ort.InferenceSession(str(source), options, providers=["CPUExecutionProvider"])
+    fused = Counter(node.op_type for node in onnx.load(str(dumped)).graph.node)
+    assert fused["SimplifiedLayerNormalization"] == runs(model)["LlamaRMSNorm"], fused
+    assert fused["Reciprocal"] == 0
+    assert_matches_eager(model, llama_model)
+
+
+def test_key_transpose_is_one_transpose_onnxruntime_folds(tmp_path):
+    """torchlib's ``K^T`` (``Reshape`` to 3-D, ``Transpose``, ``Reshape`` back, on the
+    decode model's dynamic shapes) is written as one ``Transpose`` of the last two
+    dimensions, which onnxruntime folds into the attention's ``MatMul`` (``FusedMatMul``
+    with ``transB``); the export still matches eager (it is checked before it is written)."""
+    import onnx
+    import onnxruntime as ort
+
+    from tests import checkpoints
+
+    folder = checkpoints.write("llama", tmp_path / "ckpt")
+    out = tmp_path / "model.onnx"
+    model = rewrite.export(folder, output=out, cache="kv")
+    (attention,) = [f for fid, f in model.functions.items() if fid[1] == "LlamaAttention"]
+    perms = [tuple(node.attributes.get_ints("perm")) for node in attention
+             if node.op_type == "Transpose"]
+    assert (0, 2, 1) not in perms and perms.count((0, 1, 3, 2)) == 1, perms
+    options = ort.SessionOptions()
+    options.optimized_model_filepath = str(tmp_path / "ort.onnx")
+    ort.InferenceSession(str(out), options, providers=["CPUExecutionProvider"])
+    fused = [node for node in onnx.load(options.optimized_model_filepath).graph.node
+             if node.op_type == "FusedMatMul"
+             and any(a.name == "transB" and a.i == 1 for a in node.attribute)]
+    assert len(fused) == runs(model)["LlamaAttention"]

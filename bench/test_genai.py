@@ -1,0 +1,45 @@
+"""``python -m bench.genai`` measures what it says: the same feeding code runs rewrite's model
+and the builder's, their logits compare with eager's, and the profile splits a model by part.
+
+The benchmark runs on a 187M and a 1.24B checkpoint; here its pieces run on tiny ones.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from bench import genai
+
+
+def test_parts_name_both_models_layers():
+    nodes = {"/model/layers.0/attn/GroupQueryAttention": 2.0,
+             "/model/layers.0/mlp/up_proj/MatMul": 3.0,
+             "/model/layers.1/post_attention_layernorm/SkipLayerNorm": 0.5,
+             "_inlfunc_LlamaAttention_token_6_node_linear_3": 1.0,
+             "_inlfunc_LlamaMLP_node_linear_4": 4.0,
+             "_inlfunc_LlamaRMSNorm_token_3_node_mul_1/SimplifiedLayerNormFusion/": 0.25,
+             "/lm_head/MatMul": 7.0, "node_linear_56": 8.0}
+    assert genai.parts(nodes) == {"norms": 0.75, "attention": 3.0, "MLP": 7.0, "rotary": 0.0,
+                                  "rest": 15.0}
+
+
+def test_same_counts_tokens_up_to_the_first_difference():
+    assert genai._same([1, 2, 3, 4], [1, 2, 9, 4]) == "2 of 4"
+    assert genai._same([1, 2, 3], [1, 2, 3]) == "3 of 3"
+    assert genai._same(None, [1]) == "FAILED"
+
+
+@pytest.mark.slow  # whole processes: two exports, eager, onnxruntime, onnxruntime-genai
+def test_a_tiny_run_feeds_both_models_alike_and_matches_eager(tmp_path):
+    found = genai.bench("tiny2", ["fp32"], 1, 4, tmp_path, profiled=True)
+    assert not any(r.failed for r in [*found.exports.values(), *found.decoded.values()])
+    for name in ("export-fp32", "builder-fp32"):
+        run = found.decoded[name].runs[0]
+        assert run["mean_abs"] < 1e-4 and run["top1"] == 1.0, (name, run)
+        assert run["prefill_ms"] > 0 and run["decode_ms"] > 0
+        assert found.og[name]["tokens"] == found.eager, name
+        profile = found.profiles[name]
+        assert sum(genai.parts(profile["nodes"]).values()) == pytest.approx(
+            sum(profile["ops"].values()))
+    text = "\n".join(genai.targets_table(found))
+    assert "fp32 decode per token" in text and "fp32 prefill" in text
