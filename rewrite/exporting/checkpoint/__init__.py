@@ -24,7 +24,7 @@ from __future__ import annotations
 from functools import partial
 from inspect import signature
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from rewrite._private.exclusive import exclusive
 from rewrite._private.transformers_attention import grouped_query_attention
@@ -61,7 +61,7 @@ from rewrite.exporting.checkpoint.once import TRACES, traced_once
 from rewrite.exporting.checkpoint.genai import beside, plan
 from rewrite.api import as_ruleset
 from rewrite.compile import RuleSet, shipped_rules
-from rewrite.errors import InputError
+from rewrite.errors import InputError, VerificationError, first_line
 from rewrite.exporting.module import Variant, export_module
 from rewrite.backends.onnx.shared_data import sibling_path
 from rewrite.exporting.precision import Precision, refuse_quantized
@@ -119,17 +119,36 @@ def export_checkpoint(folder: str | Path, *, rules: RuleSet | str | Path | None,
     options = _with_moe_translations(options)
     genai = plan(checkpoint, model.config, call if causal else None, layout, kind)
     published = None if output is None else partial(beside, genai, Path(output))
+    export = partial(export_module, model, call.args, None, rules=ruleset,
+                     dynamic_shapes=call.dynamic_shapes, strict=False, output=output,
+                     input_names=call.input_names, output_names=call.output_names,
+                     progress=progress, options=options, inputs=inputs,
+                     axis_names=call.axis_names, check=check, beside=published,
+                     finish=precision.finish(progress.note), variants=variants)
     with calling(model, call), grouped_query_attention():
-        exported = export_module(
-            model, call.args, None, rules=ruleset, dynamic_shapes=call.dynamic_shapes,
-            strict=False, output=output, input_names=call.input_names,
-            output_names=call.output_names, progress=progress, options=options,
-            inputs=inputs, axis_names=call.axis_names, check=check, beside=published,
-            finish=precision.finish(progress.note), variants=variants,
-            trace=partial(traced_once, model, progress) if trace == "layers" else None)
+        exported = _traced(export, model, progress, trace == "layers")
     if output is not None:
         progress.note(genai.note(Path(output)))
     return exported
+
+
+def _traced(export: Callable[..., "ir.Model"], model: "torch.nn.Module",
+            progress: "Progress", layers: bool) -> "ir.Model":
+    """``export(trace=...)``: each distinct layer traced once when ``layers``
+    (:func:`traced_once`); a model so made that disagrees with eager when checked before
+    publishing (nothing was written) is exported again with every layer traced, said in one
+    line (the check runs the model's own code: what the per-layer check did not see)."""
+    if not layers:
+        return export()
+    cut: list[bool] = []
+    try:
+        return export(trace=partial(traced_once, model, progress, used=cut))
+    except VerificationError as e:
+        if not cut:
+            raise
+        progress.note(f"torch.export traces every layer: the per-layer model disagreed with "
+                      f"eager ({first_line(e)})")
+    return export()
 
 
 def written(output: str | Path, config: dict, cache: str | None) -> tuple[Path, ...]:

@@ -76,11 +76,11 @@ def _plain(value: Any) -> bool:
 
 
 def traced_once(model: "torch.nn.Module", progress: "Progress",
-                export: Callable[[], "torch.export.ExportedProgram"], example: tuple
-                ) -> "torch.export.ExportedProgram":
+                export: Callable[[], "torch.export.ExportedProgram"], example: tuple,
+                used: list | None = None) -> "torch.export.ExportedProgram":
     """``export()`` with each distinct decoder layer of ``model`` traced once (``example``:
-    the export's example inputs); where the model cannot be cut so, a one-line note of why,
-    and ``export()`` as it is."""
+    the export's example inputs; ``used`` gets a ``True`` when the program is so made);
+    where the model cannot be cut so, a one-line note of why, and ``export()`` as it is."""
     layers = decoder_layers(model)
     reason = _cannot_cut(model, layers)
     if reason is None:
@@ -92,6 +92,8 @@ def traced_once(model: "torch.nn.Module", progress: "Progress",
         except Exception as e:  # noqa: BLE001 - any failure of the cut trace: the whole one
             reason = f"the cut trace failed: {type(e).__name__}: {first_line(e)}"
         if reason is None:
+            if used is not None:
+                used.append(True)
             progress.note(f"torch.export: {len(calls.traced)} of {len(layers)} layers traced "
                           f"({_classes(calls.traced)}), {calls.recorded} recorded as calls of "
                           "their traces")
@@ -293,15 +295,26 @@ class Recorder:
 
 def check_bodies(model: "torch.nn.Module", layers: "torch.nn.ModuleList",
                  program: "torch.export.ExportedProgram", example: tuple) -> str | None:
-    """Why ``program``'s traced bodies do not compute every layer (None when they do): each
-    layer's function is run eagerly on ``example`` (the export's example inputs, the cache
-    made random), and its kind's body must give the same outputs."""
+    """Why ``program``'s traced bodies do not compute every layer (None when they do): the
+    bodies hold no tensor constants of their own (the reader inlines nodes, not module
+    attributes); the model whose layers go through their functions gives what the model
+    gives, eagerly on ``example`` (the export's example inputs, one row, the cache made
+    random); and each layer's kind's body gives what its function gives."""
     import torch
 
     bodies = _bodies(program)
+    held = [name for name, body in bodies.items()
+            if any(True for _ in body.graph.find_nodes(op="get_attr"))]
+    if held:
+        return f"a traced layer holds tensor constants of its own ({held[0]})"
+    example = _randomized(example)
     recorder = Recorder()
-    with cut(layers, recorder), torch.no_grad():
-        model(*_randomized(example))
+    with torch.no_grad():
+        whole = model(*example)
+        with cut(layers, recorder):
+            through = model(*example)
+    if not _all_close(whole, through):
+        return "the model through its layers' functions does not give the model's outputs"
     for index, (identifier, operands, outputs) in enumerate(recorder.calls):
         candidates = [body for name, body in bodies.items()
                       if name == identifier or name.startswith(f"{identifier}.")]
@@ -312,6 +325,19 @@ def check_bodies(model: "torch.nn.Module", layers: "torch.nn.ModuleList",
             return (f"layer {index}'s traced body does not compute it (its code differs "
                     f"from its kind's first layer: {identifier})")
     return None
+
+
+def _all_close(a: Any, b: Any) -> bool:
+    """Whether two outputs (nested tuples and lists of tensors) are equal within float
+    rounding."""
+    import torch
+    import torch.utils._pytree as pytree
+
+    left, right = pytree.tree_leaves(a), pytree.tree_leaves(b)
+    return len(left) == len(right) and all(
+        not isinstance(x, torch.Tensor) or (isinstance(y, torch.Tensor) and x.shape == y.shape
+                                            and torch.allclose(x, y, rtol=1e-4, atol=1e-5))
+        for x, y in zip(left, right))
 
 
 def _bodies(program: "torch.export.ExportedProgram") -> dict[str, "torch.fx.GraphModule"]:
