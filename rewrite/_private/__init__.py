@@ -17,6 +17,9 @@ shim                   private API                                     without i
                        ``_version_converter``                           public converter
 ``torch_recording``    ``invoke_subgraph``'s tracing (repeated calls    ``Unavailable``
                        recorded, not dispatched)                        (flat export)
+``torch_layer_calls``  ``invoke_subgraph`` in a ``torch.export`` trace   the whole-model
+                       (a layer's first call traced, the others         trace (said in one
+                       recorded), symbolic sizes' expressions/hints     line)
 ``torchlib``           onnxscript's ``_framework_apis``, torch's        torch's
                        ``ONNXRegistry.from_torchlib``                   ``from_torchlib``
 ``onnx_ir_inline``     onnx_ir's ``inliner._make_unique_name``          ``InlinePass`` as is
