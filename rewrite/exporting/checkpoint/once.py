@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from rewrite._private.errors import Unavailable
 from rewrite._private.torch_layer_calls import LayerCalls, available
-from rewrite.errors import first_line
+from rewrite.errors import InputError, LibraryError, first_line, library_call
 
 if TYPE_CHECKING:
     import torch
@@ -89,7 +89,7 @@ def traced_once(model: "torch.nn.Module", progress: "Progress",
             with cut(layers, calls):
                 program = export()
             reason = check_bodies(model, layers, program, example)
-        except Exception as e:  # noqa: BLE001 - any failure of the cut trace: the whole one
+        except (Unavailable, InputError, LibraryError) as e:  # not supported by the cut
             reason = f"the cut trace failed: {type(e).__name__}: {first_line(e)}"
         if reason is None:
             if used is not None:
@@ -276,7 +276,9 @@ def _slots(cache: Any) -> "type[_DynamicSlots] | type[_FixedSlots] | None":
 
     if type(cache) is FixedCache:
         return _FixedSlots
-    if type(cache).__name__ == "DynamicCache" and hasattr(cache, "layers"):
+    from transformers import DynamicCache
+
+    if type(cache) is DynamicCache and hasattr(cache, "layers"):
         return _DynamicSlots
     return None
 
@@ -309,7 +311,13 @@ def check_bodies(model: "torch.nn.Module", layers: "torch.nn.ModuleList",
         return f"a traced layer holds tensor constants of its own ({held[0]})"
     example = _randomized(example)
     recorder = Recorder()
-    with torch.no_grad():
+    name = type(model).__name__
+
+    def failed(e: BaseException) -> InputError:
+        return InputError(f"{name} failed through its layers' functions: "
+                          f"{type(e).__name__}: {first_line(e)}")
+
+    with library_call("transformers", f"running {name}", failed), torch.no_grad():
         whole = model(*example)
         with cut(layers, recorder):
             through = model(*example)
@@ -355,7 +363,7 @@ def _same(body: "torch.fx.GraphModule", operands: tuple, outputs: tuple) -> bool
 
     try:
         got = body(*operands)
-    except Exception:  # noqa: BLE001 - a body traced for other sizes
+    except RuntimeError:  # a body traced for other sizes: torch's shape check refuses them
         return False
     return len(got) == len(outputs) and all(
         a.shape == b.shape and torch.allclose(a, b, rtol=1e-4, atol=1e-5)
