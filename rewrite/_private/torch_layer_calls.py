@@ -23,26 +23,21 @@ from typing import Any, Callable, Sequence
 import torch
 
 from rewrite._private.errors import Unavailable
+from rewrite._private.torch_programs import fake_like
 
 
 @functools.lru_cache(maxsize=1)
 def _apis() -> dict[str, Any]:
     try:
-        from torch._guards import detect_fake_mode
         from torch._higher_order_ops.invoke_subgraph import (
             get_invoke_subgraph_cache,
             invoke_subgraph,
         )
-        from torch.fx.experimental.proxy_tensor import (
-            disable_proxy_modes_tracing,
-            get_proxy_mode,
-            track_tensor_tree,
-        )
+        from torch.fx.experimental.proxy_tensor import get_proxy_mode, track_tensor_tree
     except ImportError as e:  # pragma: no cover - not in the checked versions
         raise Unavailable(f"torch {torch.__version__}: {e}") from e
     return {"hop": invoke_subgraph, "cache": get_invoke_subgraph_cache,
-            "proxy_mode": get_proxy_mode, "track": track_tensor_tree,
-            "fake_mode": detect_fake_mode, "untraced": disable_proxy_modes_tracing}
+            "proxy_mode": get_proxy_mode, "track": track_tensor_tree}
 
 
 def available() -> bool:
@@ -105,10 +100,7 @@ class LayerCalls:
         """The call node the tracer would make for ``operands``, its outputs shaped as the
         first call's."""
         api = _apis()
-        fake = api["fake_mode"](operands)
-        with api["untraced"](), fake:
-            outputs = tuple(torch.empty_strided(t.shape, t.stride(), dtype=t.dtype,
-                                                device=t.device) for t in first.outputs)
+        outputs = tuple(fake_like(t) for t in first.outputs)
         args = []
         for operand in operands:
             proxy = tracer.unwrap_proxy(operand)

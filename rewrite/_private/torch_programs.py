@@ -156,19 +156,26 @@ def _inline_invoke_subgraph_nodes(gm: torch.fx.GraphModule, nodes: list[torch.fx
             gm.graph.erase_node(getter)
 
 
+def fake_like(value: torch.Tensor) -> torch.Tensor:
+    """A fake tensor of ``value``'s sizes, strides and dtype, in ``value``'s fake mode, made
+    outside any trace (a value of its own for a node that would share one)."""
+    from torch.fx.experimental.proxy_tensor import disable_proxy_modes_tracing
+
+    with disable_proxy_modes_tracing(), value.fake_mode:  # type: ignore[attr-defined]
+        return torch.empty_strided(value.shape, value.stride(), dtype=value.dtype,
+                                   device=value.device)
+
+
 def own_values(nodes: list[torch.fx.Node]) -> None:
-    """Give each node of ``nodes`` a ``val`` of its own: fake tensors of the same sizes,
-    strides and dtype (an inlined body's copies share its nodes' values; the per-body
-    lowering tells calls apart by their values). A value that is not a fake tensor stays."""
+    """Give each node of ``nodes`` a ``val`` of its own (:func:`fake_like`: an inlined body's
+    copies share its nodes' values; the per-body lowering tells calls apart by their values).
+    A value that is not a fake tensor stays."""
     import torch.utils._pytree as pytree
 
     def fresh(value: Any) -> Any:
-        mode = getattr(value, "fake_mode", None)
-        if mode is None or not isinstance(value, torch.Tensor):
+        if getattr(value, "fake_mode", None) is None or not isinstance(value, torch.Tensor):
             return value
-        with mode:
-            return torch.empty_strided(value.shape, value.stride(), dtype=value.dtype,
-                                       device=value.device)
+        return fake_like(value)
 
     for node in nodes:
         if "val" in node.meta:
