@@ -34,6 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SIZES = {
     "num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4,
     "num_key_value_heads": 2, "intermediate_size": 128, "vocab_size": 128,
+    "vocab_size_per_layer_input": 128,
     "max_position_embeddings": 128, "head_dim": 16, "num_experts": 4, "num_local_experts": 4,
     "n_routed_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 64,
     "shared_expert_intermediate_size": 64, "n_layer": 2, "n_embd": 64, "n_head": 4,
