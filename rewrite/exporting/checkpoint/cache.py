@@ -35,7 +35,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import types
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 
 from attrs import frozen
 
@@ -250,10 +250,31 @@ def decode_forward(self: "torch.nn.Module", input_ids: "torch.Tensor",
         out = cls_forward(self, input_ids=input_ids, attention_mask=attention_mask,
                           position_ids=position_ids, use_cache=False)
         return (out.logits,)
-    cache = DynamicCache([(key, value) for key, value in past_key_values])
+    cache = cache_holding(past_key_values)
     out = cls_forward(self, input_ids=input_ids, attention_mask=attention_mask,
                       position_ids=position_ids, use_cache=True, **{cache_keyword(self): cache})
     return out.logits, [(layer.keys, layer.values) for layer in cache.layers]
+
+
+def cache_holding(pairs: "Iterable[tuple[torch.Tensor, torch.Tensor]]") -> Any:
+    """A ``DynamicCache`` whose layers hold ``pairs`` (keys, values) as they are.
+
+    ``DynamicCache(pairs)`` concatenates each pair onto an empty tensor: under torch.export,
+    two traced ops per layer with symbolic sizes to reason about (about a third of what the
+    export of a deep model spends growing with its depth, profiled) for a graph they leave
+    unchanged once folded. The layers are made filled instead."""
+    from transformers import DynamicCache
+    from transformers.cache_utils import DynamicLayer
+
+    layers = []
+    for key, value in pairs:
+        layer = DynamicLayer()
+        layer.lazy_initialization(key, value)
+        layer.keys, layer.values = key, value
+        layers.append(layer)
+    cache = DynamicCache()
+    cache.layers.extend(layers)
+    return cache
 
 
 def cache_keyword(model: "torch.nn.Module") -> str:
