@@ -166,22 +166,6 @@ def fake_like(value: torch.Tensor) -> torch.Tensor:
                                    device=value.device)
 
 
-def own_values(nodes: list[torch.fx.Node]) -> None:
-    """Give each node of ``nodes`` a ``val`` of its own (:func:`fake_like`: an inlined body's
-    copies share its nodes' values; the per-body lowering tells calls apart by their values).
-    A value that is not a fake tensor stays."""
-    import torch.utils._pytree as pytree
-
-    def fresh(value: Any) -> Any:
-        if getattr(value, "fake_mode", None) is None or not isinstance(value, torch.Tensor):
-            return value
-        return fake_like(value)
-
-    for node in nodes:
-        if "val" in node.meta:
-            node.meta["val"] = pytree.tree_map(fresh, node.meta["val"])
-
-
 def codegen_of(graph: torch.fx.Graph) -> torch.fx.graph.CodeGen:
     """The code generation ``graph`` uses."""
     return getattr(graph, "_codegen", None) or torch.fx.graph.CodeGen()

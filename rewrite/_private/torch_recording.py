@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from rewrite._private.errors import Unavailable
+from rewrite._private.torch_programs import fake_like
 
 _HOP = getattr(getattr(torch.ops, "higher_order", None), "invoke_subgraph", None)
 _TRACKED = (torch.Tensor, torch.SymInt, torch.SymFloat, torch.SymBool)
@@ -105,9 +106,11 @@ class Trace(torch.fx.Interpreter):
         cache = api["cache"]()
         identifier = n.args[1]
         body = cache.get_proxy_dispatch_entry(identifier) if cache is not None else None
-        out = n.meta["val"]
-        if mode is None or body is None or any(id(v) in self._tracked for v in out):
+        if mode is None or body is None:
             return None
+        # a value another call's outputs were tracked as (the inlined copies of a traced
+        # layer share their values) gets a value of its own
+        out = tuple(fake_like(v) if id(v) in self._tracked else v for v in n.meta["val"])
         tracer = mode.tracer
         operands = []
         for arg in n.args[2:]:

@@ -242,7 +242,6 @@ def decode_forward(self: "torch.nn.Module", input_ids: "torch.Tensor",
                    past_key_values: list | None = None) -> tuple:
     """The model's forward with the cache as tensors: ``(logits, [(key, value), ...])``,
     or ``(logits,)`` without a past."""
-    from transformers import DynamicCache
 
     cls_forward = type(self).forward
     position_ids = model_positions(self, position_ids)

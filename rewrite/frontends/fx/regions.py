@@ -150,9 +150,8 @@ def readable_program(program: torch.export.ExportedProgram) -> torch.export.Expo
         for node, stack in stacks.items():
             copies[node].meta[_STACK] = stack
     if calls:
-        from rewrite._private.torch_programs import inline_invoke_subgraph_nodes, own_values
+        from rewrite._private.torch_programs import inline_invoke_subgraph_nodes
 
-        inlined: set[str] = set()
         sizes: dict[str, torch.fx.Node] = {}
         scanned = None  # the last node whose symbolic size is in ``sizes``
         for node in list(gm.graph.find_nodes(op="call_function", target=hop)):
@@ -168,9 +167,6 @@ def readable_program(program: torch.export.ExportedProgram) -> torch.export.Expo
             for n in new:
                 if _STACK in n.meta:
                     n.meta[_STACK] = _rerooted(_items(n), base, call)
-            if node.args[1] in inlined:  # a body inlined before: its values are taken
-                own_values(new)
-            inlined.add(node.args[1])
             first = scanned.next if scanned is not None else next(iter(gm.graph.nodes))
             _known_sizes(_between(first.prev, start), sizes)
             _sizes_from_before(gm.graph, new, sizes)
