@@ -267,9 +267,9 @@ def cache_holding(pairs: "Iterable[tuple[torch.Tensor, torch.Tensor]]") -> Any:
 
     layers = []
     for key, value in pairs:
-        layer = DynamicLayer()
-        layer.lazy_initialization(key, value)
-        layer.keys, layer.values = key, value
+        layer = DynamicLayer()  # what its lazy_initialization sets, without its empty tensors
+        layer.device, layer.dtype, layer.keys, layer.values = key.device, key.dtype, key, value
+        layer.is_initialized = True
         layers.append(layer)
     cache = DynamicCache()
     cache.layers.extend(layers)
