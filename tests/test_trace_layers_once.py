@@ -11,6 +11,7 @@ The decode numerics of the default path for every family are tests/test_checkpoi
 from __future__ import annotations
 
 import pytest
+import torch
 
 import rewrite
 from rewrite.errors import InputError
@@ -108,3 +109,85 @@ def test_a_model_the_cut_does_not_serve_is_traced_whole(tmp_path, model_type, sa
     rewrite.export(folder, output=out, progress=progress)
     assert said in progress.text, progress.text
     assert "verified against eager" in progress.text and out.is_file()
+
+
+# --- rewrite.export(module): the module's one list of repeated layers ----------------------
+
+
+class _Layer(torch.nn.Module):
+    def __init__(self, width: int, index: int) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(width, width)
+        self.layer_idx = index  # a layer's number: not part of its kind
+
+    def forward(self, x: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
+        return torch.relu(self.linear(x)) * scale + x
+
+
+class _Stack(torch.nn.Module):
+    def __init__(self, width: int = 8, depth: int = 5) -> None:
+        super().__init__()
+        self.layers = torch.nn.ModuleList(_Layer(width, i) for i in range(depth))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = layer(x, scale=0.5)
+        return x
+
+
+@pytest.mark.parametrize("build", ["gpt2", "bert", "stack"])
+def test_a_modules_repeated_layers_are_traced_once(build, tmp_path):
+    """rewrite.export(module): the one list of repeated layers (GPT-2's blocks, BERT's
+    layers, a plain ModuleList) traced once per kind; the same structure as the whole trace,
+    equal to eager in onnxruntime."""
+    from tests.onnx_fixtures import assert_matches_eager, checked_proto
+    from tools import models
+
+    torch.manual_seed(0)
+    triple = (_Stack(), (torch.randn(3, 8),), {}) if build == "stack" else \
+        getattr(models, build)(**({"n_layer": 4} if build == "gpt2" else {"layers": 4}))
+    model, args, kwargs = triple
+    made = {}
+    for trace in ("layers", "whole"):
+        progress = Recorder()
+        made[trace] = rewrite.export(model, args, kwargs, output=tmp_path / f"{trace}.onnx",
+                                     trace=trace, progress=progress), progress.text
+    depth = 5 if build == "stack" else 4
+    assert f"torch.export: 1 of {depth} layers traced" in made["layers"][1], made["layers"][1]
+    changes = compare(of_model(made["whole"][0]), of_model(made["layers"][0]))
+    assert not changes, render(changes)
+    checked_proto(made["layers"][0])
+    assert_matches_eager(tmp_path / "layers.onnx", triple)
+
+
+def test_a_module_layer_reading_its_index_falls_back_to_the_whole_trace(tmp_path,
+                                                                        monkeypatch):
+    """Layers of one kind whose code differs by their index: the program with one traced
+    body disagrees with the module, so the module is traced whole, said in one line."""
+    from tests.onnx_fixtures import assert_matches_eager
+
+    def by_index(self, x, scale=1.0):
+        return torch.relu(self.linear(x)) * (scale + self.layer_idx) + x
+
+    monkeypatch.setattr(_Layer, "forward", by_index)
+    torch.manual_seed(0)
+    triple = (_Stack(), (torch.randn(3, 8),), {})
+    progress = Recorder()
+    out = tmp_path / "model.onnx"
+    rewrite.export(*triple, output=out, progress=progress)
+    assert "torch.export traces every layer: the program with each layer traced once does " \
+           "not give the module's outputs" in progress.text, progress.text
+    assert_matches_eager(out, triple)
+
+
+def test_a_module_without_repeated_layers_is_traced_whole_and_an_unknown_trace_refused(
+        tmp_path):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU())
+    progress = Recorder()
+    rewrite.export(model, (torch.randn(2, 4),), progress=progress)
+    assert "torch.export traces every layer: Sequential has no one list of repeated layers" \
+        in progress.text
+    with pytest.raises(InputError, match="trace='all'"):
+        rewrite.export(model, (torch.randn(2, 4),), output=tmp_path / "m.onnx", trace="all")
+    assert not list(tmp_path.iterdir())

@@ -8,6 +8,7 @@ to the same function.
 from __future__ import annotations
 
 from pathlib import Path
+from functools import partial
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from rewrite.compile import RuleSet
@@ -19,6 +20,7 @@ if TYPE_CHECKING:
     import torch
 
     from rewrite.backends.onnx import OnnxOptions, Progress
+    from rewrite.exporting.module import Tracing
 
 
 def export(
@@ -55,8 +57,8 @@ def export(
     place; ``static={"batch": B, "seq": S}`` fixes those too; ``"seq": [128, 1]``: also
     ``OUT_seq1.onnx`` beside, one data file); ``trust_model`` lets it run its own code;
     ``verify`` compares the written model with eager in onnxruntime before it is
-    published; ``trace``: ``"layers"`` (torch.export traces each distinct decoder layer
-    once, the whole model where it cannot be cut so) or ``"whole"``; ``precision``:
+    published; ``trace``: ``"layers"`` (each distinct decoder layer, or a module's repeated
+    layer, traced once where it can be) or ``"whole"``; ``precision``:
     ``fp32``, ``fp16``, ``bf16`` or ``int4`` (``block_size``, ``symmetric``;
     :mod:`rewrite.exporting.precision`). ``rules``: a :class:`RuleSet` or what
     :func:`rewrite.load_rules` takes (None: a checkpoint's shipped rules, else suggested).
@@ -66,12 +68,11 @@ def export(
     rejects, an unwritable output), :class:`VerificationError`, :class:`GroupingError`."""
     from rewrite.backends.onnx import SILENT, OnnxOptions
 
-    folder = isinstance(model, (str, Path))
+    folder, report = isinstance(model, (str, Path)), progress or SILENT
     options = OnnxOptions(**{"fold_weights": not folder, **onnx_options})
-    report = progress or SILENT
     for_folders = dict(cache=cache, context=context, static=static, trust_model=trust_model,
-                       verify=verify, trace=trace, precision=precision,
-                       block_size=block_size, symmetric=symmetric)
+                       verify=verify, trace=trace, precision=precision, block_size=block_size,
+                       symmetric=symmetric)
     if folder:
         if args or kwargs or dynamic_shapes is not None or input_names or output_names:
             raise InputError("a checkpoint folder is exported with its own inputs: args, "
@@ -80,7 +81,23 @@ def export(
     _refuse_folder_options(for_folders, model)
     return export_module(model, args, kwargs, rules=rules, dynamic_shapes=dynamic_shapes,
                          strict=strict, output=output, input_names=input_names,
-                         output_names=output_names, progress=report, options=options)
+                         output_names=output_names, progress=report, options=options,
+                         trace=_module_trace(model, trace, kwargs, strict, report))
+
+
+def _module_trace(model: "torch.nn.Module", trace: str, kwargs: Mapping[str, Any] | None,
+                  strict: bool, progress: "Progress") -> "Tracing | None":
+    """How a module is traced: ``"layers"``, each distinct layer of its one list of repeated
+    layers once (:func:`~rewrite.exporting.checkpoint.once.traced_once`: where it has such a
+    list and its layers can be cut, the whole module otherwise, said in a note); ``"whole"``,
+    or a strict export (torch.export's own Python tracer would trace the cut): None."""
+    from rewrite.exporting.checkpoint.once import TRACES, traced_once
+
+    if trace not in TRACES:
+        raise InputError(f"trace={trace!r}: expected one of {', '.join(TRACES)}")
+    if trace == "whole" or strict:
+        return None
+    return partial(traced_once, model, progress, kwargs=dict(kwargs or {}))
 
 
 def _refuse_folder_options(for_folders: dict, model: Any) -> None:

@@ -56,6 +56,21 @@ def decoder_layers(model: "torch.nn.Module") -> "torch.nn.ModuleList | None":
     return found[0] if len(found) == 1 else None
 
 
+def repeated_layers(model: "torch.nn.Module") -> "torch.nn.ModuleList | None":
+    """A module's list of repeated layers (``rewrite.export(module)``, no config to read): its
+    one outermost ``ModuleList`` of two or more modules of one class holding weights (None
+    when there is not exactly one; lists inside another's layers, such as a mixture's
+    experts, do not count)."""
+    import torch
+
+    lists = {path: m for path, m in model.named_modules() if isinstance(m, torch.nn.ModuleList)
+             and len(m) > 1 and len({type(layer) for layer in m}) == 1
+             and any(True for _ in m[0].parameters())}
+    outermost = [m for path, m in lists.items()
+                 if not any(path.startswith(f"{other}.") for other in lists if other != path)]
+    return outermost[0] if len(outermost) == 1 else None
+
+
 def kind(layer: "torch.nn.Module") -> str:
     """The layer's kind (see the module docstring), as a short identifier."""
     parts = [type(layer).__qualname__]
@@ -77,18 +92,23 @@ def _plain(value: Any) -> bool:
 
 def traced_once(model: "torch.nn.Module", progress: "Progress",
                 export: Callable[[], "torch.export.ExportedProgram"], example: tuple,
-                used: list | None = None) -> "torch.export.ExportedProgram":
+                used: list | None = None, kwargs: dict | None = None
+                ) -> "torch.export.ExportedProgram":
     """``export()`` with each distinct decoder layer of ``model`` traced once (``example``:
     the export's example inputs; ``used`` gets a ``True`` when the program is so made);
-    where the model cannot be cut so, a one-line note of why, and ``export()`` as it is."""
-    layers = decoder_layers(model)
-    reason = _cannot_cut(model, layers)
+    where the model cannot be cut so, a one-line note of why, and ``export()`` as it is.
+
+    ``kwargs`` (a dict, even empty) marks a module's export (``rewrite.export(module)``): its
+    layers are its :func:`repeated_layers`, checked on ``example`` and ``kwargs`` as given;
+    without it, a checkpoint's decoder layers, checked on a row of ``example`` randomized."""
+    layers = decoder_layers(model) if kwargs is None else repeated_layers(model)
+    reason = _cannot_cut(model, layers, kwargs is not None)
     if reason is None:
         calls = LayerCalls()
         try:
             with cut(layers, calls):
                 program = export()
-            reason = check_bodies(model, layers, program, example)
+            reason = check_bodies(model, layers, program, example, kwargs)
         except (Unavailable, InputError, LibraryError) as e:  # not supported by the cut
             reason = f"the cut trace failed: {type(e).__name__}: {first_line(e)}"
         if reason is None:
@@ -109,9 +129,12 @@ def _classes(identifiers: list[str]) -> str:
                      for name in dict.fromkeys(names))
 
 
-def _cannot_cut(model: "torch.nn.Module", layers: Any) -> str | None:
+def _cannot_cut(model: "torch.nn.Module", layers: Any, module: bool) -> str | None:
     if not available():
         return "this torch lacks what tracing a layer once needs"
+    if layers is None and module:
+        return (f"{type(model).__name__} has no one list of repeated layers (a ModuleList "
+                "of modules of one class)")
     if layers is None:
         return (f"{type(model).__name__} has no one list of num_hidden_layers decoder "
                 "layers")
@@ -296,12 +319,14 @@ class Recorder:
 
 
 def check_bodies(model: "torch.nn.Module", layers: "torch.nn.ModuleList",
-                 program: "torch.export.ExportedProgram", example: tuple) -> str | None:
+                 program: "torch.export.ExportedProgram", example: tuple,
+                 kwargs: dict | None = None) -> str | None:
     """Why ``program``'s traced bodies do not compute every layer (None when they do): the
     bodies hold no tensor constants of their own (the reader inlines nodes, not module
     attributes); the model whose layers go through their functions gives what the model
-    gives, eagerly on ``example`` (the export's example inputs, one row, the cache made
-    random); and each layer's kind's body gives what its function gives."""
+    gives, eagerly on ``example`` (a checkpoint's export's example inputs, one row, the
+    cache made random; a module's as given, with ``kwargs``); and each layer's kind's body
+    gives what its function gives."""
     import torch
 
     bodies = _bodies(program)
@@ -309,6 +334,8 @@ def check_bodies(model: "torch.nn.Module", layers: "torch.nn.ModuleList",
             if any(True for _ in body.graph.find_nodes(op="get_attr"))]
     if held:
         return f"a traced layer holds tensor constants of its own ({held[0]})"
+    if kwargs is not None:
+        return _check_program(model, program, example, kwargs)
     example = _randomized(example)
     recorder = Recorder()
     name = type(model).__name__
@@ -332,6 +359,27 @@ def check_bodies(model: "torch.nn.Module", layers: "torch.nn.ModuleList",
         if not any(_same(body, operands, outputs) for body in candidates):
             return (f"layer {index}'s traced body does not compute it (its code differs "
                     f"from its kind's first layer: {identifier})")
+    return None
+
+
+def _check_program(model: "torch.nn.Module", program: "torch.export.ExportedProgram",
+                   args: tuple, kwargs: dict) -> str | None:
+    """A module's check (its layers called eagerly may take other paths than traced, such as
+    a mask skipped outside a trace): the program, each layer a call of its kind's traced
+    body, run eagerly on the example gives what the module gives."""
+    import torch
+
+    name = type(model).__name__
+
+    def failed(e: BaseException) -> InputError:
+        return InputError(f"{name}'s program with its layers traced once failed to run: "
+                          f"{type(e).__name__}: {first_line(e)}")
+
+    with library_call("torch", f"running {name}", failed), torch.no_grad():
+        whole = model(*args, **kwargs)
+        through = program.module()(*args, **kwargs)
+    if not _all_close(whole, through):
+        return "the program with each layer traced once does not give the module's outputs"
     return None
 
 
