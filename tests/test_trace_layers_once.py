@@ -10,6 +10,7 @@ The decode numerics of the default path for every family are tests/test_checkpoi
 
 from __future__ import annotations
 
+import onnx_ir as ir
 import pytest
 import torch
 
@@ -191,3 +192,30 @@ def test_a_module_without_repeated_layers_is_traced_whole_and_an_unknown_trace_r
     with pytest.raises(InputError, match="trace='all'"):
         rewrite.export(model, (torch.randn(2, 4),), output=tmp_path / "m.onnx", trace="all")
     assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("family, note", [
+    ("bart", "1 of 4 layers traced (BartEncoderLayer)"),
+    pytest.param("t5", "2 of 4 layers traced (T5Block x2)", marks=pytest.mark.slow),
+    pytest.param("whisper", "1 of 4 layers traced (WhisperEncoderLayer)",
+                 marks=pytest.mark.slow),
+])
+def test_an_encoder_decoders_encoder_layers_are_traced_once(family, note, tmp_path):
+    """--cache kv of an encoder-decoder: the encoder's layers traced once per kind (T5's
+    first block, which holds the relative attention bias, is a kind of its own); both
+    graphs have the structure of the whole trace (the decoder's layers, which take two
+    caches, are traced each). The decode numerics: tests/test_checkpoint_seq2seq.py."""
+    folder = checkpoints.write(family, tmp_path / "checkpoint")
+    texts = {}
+    for trace in ("layers", "whole"):
+        progress = Recorder()
+        (tmp_path / trace).mkdir()
+        rewrite.export(folder, output=tmp_path / trace / "model.onnx", cache="kv",
+                       trace=trace, progress=progress)
+        texts[trace] = progress.text
+    assert f"torch.export: {note}" in texts["layers"], texts["layers"]
+    assert "layers traced" not in texts["whole"]
+    for graph in ("encoder_model.onnx", "decoder_model.onnx"):
+        whole, layers = (ir.load(tmp_path / trace / graph) for trace in ("whole", "layers"))
+        changes = compare(of_model(whole), of_model(layers))
+        assert not changes, render(changes)

@@ -57,7 +57,7 @@ from rewrite.exporting.checkpoint.seq2seq import (
 )
 from rewrite.exporting.checkpoint.seq2seq import encoder_call as seq2seq_encoder_call
 from rewrite.exporting.checkpoint.folder import Checkpoint, read_checkpoint
-from rewrite.exporting.checkpoint.once import TRACES, traced_once
+from rewrite.exporting.checkpoint.once import TRACES, repeated_layers, traced_once
 from rewrite.exporting.checkpoint.genai import beside, plan
 from rewrite.api import as_ruleset
 from rewrite.compile import RuleSet, shipped_rules
@@ -106,7 +106,7 @@ def export_checkpoint(folder: str | Path, *, rules: RuleSet | str | Path | None,
         model = load_model(checkpoint, cls, precision.dtype())
     if pair:
         return _export_pair(model, checkpoint, ruleset, output, progress, options,
-                            verify and output is not None, precision)
+                            verify and output is not None, precision, trace == "layers")
     kind = cache or ("kv" if causal else "none")
     checked = verify and output is not None
     call, check, layout = _call_and_check(model, causal, kind, context, first, checked)
@@ -162,9 +162,11 @@ def written(output: str | Path, config: dict, cache: str | None) -> tuple[Path, 
 
 def _export_pair(model: "torch.nn.Module", checkpoint: Checkpoint, ruleset: RuleSet | None,
                  output: str | Path | None, progress: "Progress", options: "OnnxOptions",
-                 verify: bool, precision: Precision) -> "ir.Model":
+                 verify: bool, precision: Precision, layers: bool) -> "ir.Model":
     """An encoder-decoder's encoder and decoder step, each exported, then written with one
-    data file and the checkpoint's tokenizer files; returns the decoder's model."""
+    data file and the checkpoint's tokenizer files; returns the decoder's model. ``layers``:
+    the encoder's layers traced once (:func:`_encoder_trace`; the decoder's, which take two
+    caches, are traced each)."""
     from attrs import evolve
 
     from rewrite.backends.onnx.save import write_models
@@ -174,13 +176,14 @@ def _export_pair(model: "torch.nn.Module", checkpoint: Checkpoint, ruleset: Rule
     checks = seq2seq_checks(model, layout) if verify else (None, None)
     options = _with_moe_translations(options)
     exported = []
-    for call in calls:
+    for call, trace in zip(calls, (_encoder_trace(model, progress) if layers else None, None)):
         with calling(model, call), grouped_query_attention():
             exported.append(export_module(
                 model, call.args, None, rules=ruleset, dynamic_shapes=call.dynamic_shapes,
                 strict=False, output=None, input_names=call.input_names,
                 output_names=call.output_names, progress=progress, options=options,
-                axis_names=call.axis_names, finish=precision.finish(progress.note)))
+                axis_names=call.axis_names, finish=precision.finish(progress.note),
+                trace=trace))
     if output is not None:
         paths = graphs(output)
         genai = evolve(plan(checkpoint, model.config, None, None),
@@ -191,6 +194,18 @@ def _export_pair(model: "torch.nn.Module", checkpoint: Checkpoint, ruleset: Rule
         progress.note(f"{paths[0].name} and {paths[1].name}: their weights in one file, "
                       f"{data.name}; {genai.note(paths[1])}")
     return exported[1]
+
+
+def _encoder_trace(model: "torch.nn.Module", progress: "Progress") -> Callable | None:
+    """The encoder graph's trace: each distinct layer of the encoder's one list of repeated
+    layers once (:func:`traced_once`, checked as a module's: the program run eagerly against
+    the model); None (every layer traced) for a model without ``get_encoder`` or such a
+    list."""
+    encoder = model.get_encoder() if hasattr(model, "get_encoder") else None
+    layers = repeated_layers(encoder) if encoder is not None else None
+    if layers is None:
+        return None
+    return partial(traced_once, model, progress, kwargs={}, layers=layers)
 
 
 def _rules(checkpoint: Checkpoint, rules: RuleSet | str | Path | None, progress: "Progress"

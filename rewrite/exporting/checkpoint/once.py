@@ -92,16 +92,18 @@ def _plain(value: Any) -> bool:
 
 def traced_once(model: "torch.nn.Module", progress: "Progress",
                 export: Callable[[], "torch.export.ExportedProgram"], example: tuple,
-                used: list | None = None, kwargs: dict | None = None
-                ) -> "torch.export.ExportedProgram":
+                used: list | None = None, kwargs: dict | None = None,
+                layers: "torch.nn.ModuleList | None" = None) -> "torch.export.ExportedProgram":
     """``export()`` with each distinct decoder layer of ``model`` traced once (``example``:
     the export's example inputs; ``used`` gets a ``True`` when the program is so made);
     where the model cannot be cut so, a one-line note of why, and ``export()`` as it is.
 
     ``kwargs`` (a dict, even empty) marks a module's export (``rewrite.export(module)``): its
     layers are its :func:`repeated_layers`, checked on ``example`` and ``kwargs`` as given;
-    without it, a checkpoint's decoder layers, checked on a row of ``example`` randomized."""
-    layers = decoder_layers(model) if kwargs is None else repeated_layers(model)
+    without it, a checkpoint's decoder layers, checked on a row of ``example`` randomized.
+    ``layers``: the list to cut, when not the model's own (an encoder-decoder's encoder)."""
+    if layers is None:
+        layers = decoder_layers(model) if kwargs is None else repeated_layers(model)
     reason = _cannot_cut(model, layers, kwargs is not None)
     if reason is None:
         calls = LayerCalls()
