@@ -87,16 +87,15 @@ def decode_and_compare(folder: Path, onnx_path: Path, batch: int = 3) -> list[fl
     from transformers import DynamicCache
 
     eager = _eager(folder)
-    layout = cache_layout(eager)
-    layers, kv_heads, head_dim = len(layout), layout[0].key_heads, layout[0].key_dim
+    layout = cache_layout(eager)  # per layer: keys and values may differ (MLA)
+    layers = len(layout)
     session = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
     names = [o.name for o in session.get_outputs()]
     torch.manual_seed(1)
     ids = torch.randint(0, eager.config.vocab_size, (batch, PROMPT))
     mask = torch.ones(batch, PROMPT, dtype=torch.long)
     mask[0, :PAD] = 0
-    empty = np.zeros((batch, kv_heads, 0, head_dim), np.float32)
-    past = [(empty, empty)] * layers
+    past = [tuple(t.numpy() for t in layer.empty(batch, 0)) for layer in layout]
     cache, errors = DynamicCache(config=eager.config), []
     for _ in range(1 + DECODE_STEPS):
         length = ids.shape[1]

@@ -10,6 +10,9 @@ from pathlib import Path
 import onnx
 import pytest
 
+import rewrite
+from tests import checkpoints
+from tests.test_checkpoint_export import Recorder, decode_and_compare
 from tools.coverage import write_checkpoint
 
 
@@ -76,3 +79,31 @@ def test_a_cache_keeping_state_beside_keys_and_values_is_refused_before_export(t
     assert "keeps conv_states, recurrent_states beside its keys and values" in r.err
     assert "torch.export" not in r.err
     assert not list(out.parent.iterdir())
+
+
+@pytest.mark.slow  # a tiny DeepSeek-V3 checkpoint, exported, then prefill + 3 decode steps
+def test_deepseek_v3_decodes_equal_to_eager_one_function_per_layer_kind(tmp_path):
+    """DeepSeek-V3: multi-head latent attention (the cache is the model's own: keys and values
+    of other widths than the config's heads would give), layer 0 dense and the others MoE
+    (``first_k_dense_replace=1``). ``--cache kv``: prefill of a left-padded batch and 3 greedy
+    decode steps in onnxruntime equal eager within 1e-4; one function per layer kind, the MoE
+    one called by both MoE layers."""
+    folder = checkpoints.write("deepseek_v3", tmp_path / "checkpoint")
+    out = tmp_path / "out" / "model.onnx"
+    out.parent.mkdir()
+    progress = Recorder()
+    model = rewrite.export(folder, output=out, cache="kv", progress=progress)
+    assert "torch.export traces every layer" not in progress.text  # the per-layer path
+    errors = decode_and_compare(folder, out)
+    assert max(errors) < 1e-4, errors
+    onnx.checker.check_model(str(out), full_check=True)
+    calls = [n for n in model.graph if n.op_type.startswith("DeepseekV3DecoderLayer")]
+    kinds = [(c.domain, c.op_type, c.overload) for c in calls]
+    assert len(calls) == 3 and kinds[1] == kinds[2] != kinds[0], kinds
+    dense, moe = (model.functions[calls[n].op_identifier()] for n in (0, 1))
+    assert not any("DeepseekV3MoE" in n.op_type for n in dense)
+    assert any("DeepseekV3MoE" in n.op_type for n in moe)
+    for n, call in enumerate(calls):  # layer n's call reads its past, returns its present
+        assert {f"past_key_values.{n}.key", f"past_key_values.{n}.value"} <= {
+            v.name for v in call.inputs if v is not None}
+        assert {f"present.{n}.key", f"present.{n}.value"} <= {v.name for v in call.outputs}
