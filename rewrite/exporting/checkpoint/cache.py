@@ -14,6 +14,10 @@ onnxruntime-genai use::
                  [batch_size, kv_heads, past_sequence_length + sequence_length, head_dim]
 
 (the ONNX model's dimension names; ``total_sequence_length`` is the past and the new tokens).
+A hybrid's short-convolution layer (LFM2) keeps no keys and values but its convolution's last
+inputs: ``past.N.conv`` / ``present.N.conv [batch_size, channels, kernel width]`` (zeros
+before the first token), the names onnxruntime-genai uses; a layer with a recurrent state
+(Mamba, linear attention) is refused.
 
 ``position_ids`` count from 0 in every model, as onnxruntime-genai feeds them (from the
 attention mask). A family that numbers its positions from elsewhere has the offset added
@@ -75,6 +79,11 @@ class LayerCache:
     key_dim: int
     value_heads: int
     value_dim: int
+    conv: tuple[int, int] | None = None
+    """A short convolution's state, ``[batch, channels, width]``: (channels, width), kept
+    instead of keys and values by a hybrid's convolution layer (LFM2), or beside them."""
+    kv: bool = True
+    """Whether the layer keeps keys and values (a hybrid's convolution layer does not)."""
 
     def empty(self, batch: int, length: int, dtype: "torch.dtype | None" = None
               ) -> tuple["torch.Tensor", "torch.Tensor"]:
@@ -83,6 +92,30 @@ class LayerCache:
 
         return (torch.zeros(batch, self.key_heads, length, self.key_dim, dtype=dtype),
                 torch.zeros(batch, self.value_heads, length, self.value_dim, dtype=dtype))
+
+    def past(self, batch: int, length: int, dtype: "torch.dtype | None" = None
+             ) -> tuple["torch.Tensor", ...]:
+        """The layer's state as the graph takes it (:meth:`names`): keys and values of
+        ``length`` positions if it keeps them, then its convolution state (zeros: no token
+        before)."""
+        import torch
+
+        conv = (torch.zeros(batch, *self.conv, dtype=dtype),) if self.conv else ()
+        return (*(self.empty(batch, length, dtype) if self.kv else ()), *conv)
+
+    def names(self, n: int, present: bool = False) -> tuple[str, ...]:
+        """The I/O names of layer ``n``'s state, in :meth:`past`'s order: ``past_key_values
+        .N.key`` / ``.value`` and ``past.N.conv`` (``present.N.*`` when ``present``: the
+        names onnxruntime-genai gives them)."""
+        kv, state = ("present", "present") if present else ("past_key_values", "past")
+        return (*((f"{kv}.{n}.key", f"{kv}.{n}.value") if self.kv else ()),
+                *((f"{state}.{n}.conv",) if self.conv else ()))
+
+    def axes(self, batch: Any, length: Any) -> tuple[dict[int, Any], ...]:
+        """Each :meth:`past` tensor's varying axes: keys and values' ``batch`` and
+        ``length``, the convolution state's ``batch`` (its width is the kernel's)."""
+        return (*(({0: batch, 2: length},) * 2 if self.kv else ()),
+                *(({0: batch},) if self.conv else ()))
 
 
 def cache_layout(model: "torch.nn.Module") -> tuple[LayerCache, ...]:
@@ -106,24 +139,76 @@ def layers_of(name: str, cache: Any) -> tuple[LayerCache, ...]:
     layers = []
     for n, layer in enumerate(getattr(cache, "layers", ())):
         keys, values = getattr(layer, "keys", None), getattr(layer, "values", None)
-        if not (isinstance(keys, torch.Tensor) and isinstance(values, torch.Tensor)
-                and keys.dim() == 4 and values.dim() == 4):
+        kv = (isinstance(keys, torch.Tensor) and isinstance(values, torch.Tensor)
+              and keys.dim() == 4 and values.dim() == 4)
+        conv = conv_state(layer)
+        if not kv and conv is None:
             raise InputError(
                 f"{name}: layer {n}'s cache is a {type(layer).__name__}, not keys and values: "
-                "--cache kv exports key/value caches only (use --cache none for the prefill)")
+                "--cache kv exports key/value caches and convolution states only (use --cache "
+                "none for the prefill)")
+        carried = ("keys", "values", "conv_states") if conv is not None else ("keys", "values")
         beside = sorted(k for k, v in vars(layer).items()
-                        if not k.startswith("_") and k not in ("keys", "values")
-                        and _holds_tensors(v))
+                        if not k.startswith("_") and k not in carried and _holds_tensors(v))
         if beside:
             raise InputError(
                 f"{name}: layer {n}'s cache ({type(layer).__name__}) keeps {', '.join(beside)} "
-                "beside its keys and values: --cache kv carries keys and values only (use "
-                "--cache none for the prefill)")
-        layers.append(LayerCache(keys.shape[1], keys.shape[3], values.shape[1],
-                                 values.shape[3]))
+                f"beside its {'keys and values' if kv else 'convolution state'}: --cache kv "
+                "carries keys and values and convolution states only (use --cache none for "
+                "the prefill)")
+        shape = (keys.shape[1], keys.shape[3], values.shape[1], values.shape[3]) if kv \
+            else (0, 0, 0, 0)
+        layers.append(LayerCache(*shape, conv=None if conv is None else
+                                 (conv.shape[1], conv.shape[2]), kv=kv))
     if not layers:
         raise InputError(f"{name} returned no key/value cache: use --cache none")
     return tuple(layers)
+
+
+def conv_state(layer: Any) -> "torch.Tensor | None":
+    """The one convolution state ``[batch, channels, width]`` of a transformers
+    linear-attention cache layer (LFM2's short convolutions), or None: not such a layer, or it
+    keeps several."""
+    import torch
+
+    states = getattr(layer, "conv_states", None)
+    if not isinstance(states, dict) or len(states) != 1:
+        return None
+    state = states.get(0)
+    return state if isinstance(state, torch.Tensor) and state.dim() == 3 else None
+
+
+def filled_cache(model: "torch.nn.Module", past: list) -> Any:
+    """A transformers ``DynamicCache`` holding ``past`` (per layer the tensors
+    :meth:`LayerCache.past` lists). Keys and values only: built from them as a plain cache;
+    with a convolution state: the model's own cache (its layers' kinds from the config), each
+    state a copy (the layer updates it in place) marked as following earlier tokens (zeros for
+    the first step: the convolution's own left padding)."""
+    from transformers import DynamicCache
+
+    if all(len(tensors) == 2 for tensors in past):
+        return DynamicCache([(key, value) for key, value in past])
+    cache = model_cache(model)
+    for layer, tensors in zip(cache.layers, past):
+        if len(tensors) % 2:  # a convolution state last
+            *tensors, state = tensors
+            layer.conv_states[0], layer.conv_kernel_size[0] = state.clone(), state.shape[-1]
+            layer.dtype, layer.device = state.dtype, state.device
+            layer.is_conv_states_initialized[0] = layer.has_previous_state[0] = True
+        if tensors:
+            layer.update(*tensors)
+    return cache
+
+
+def layer_state(layer: Any) -> tuple["torch.Tensor", ...]:
+    """A filled cache layer's state in :meth:`LayerCache.past`'s order: keys and values if
+    it keeps them, then its convolution state."""
+    import torch
+
+    keys = getattr(layer, "keys", None)
+    kv = (keys, layer.values) if isinstance(keys, torch.Tensor) else ()
+    state = conv_state(layer)
+    return (*kv, *(() if state is None else (state,)))
 
 
 def own_forward(model: "torch.nn.Module", ids: "torch.Tensor", total: int, cache: Any,
@@ -204,13 +289,11 @@ def causal_lm_call(model: "torch.nn.Module", layout: tuple[LayerCache, ...] | No
     outputs = ["logits"]
     if layout is not None:
         past = Dim("past_sequence_length")
-        args.append([layer.empty(b, p, model.dtype) for layer in layout])
-        shapes.append([({0: batch, 2: past}, {0: batch, 2: past}) for _ in layout])
-        named_past = {0: "batch_size", 2: "past_sequence_length"}
-        names.append([(named_past, named_past) for _ in layout])
-        entries = [f"{n}.{kv}" for n in range(len(layout)) for kv in ("key", "value")]
-        inputs += [f"past_key_values.{entry}" for entry in entries]
-        outputs += [f"present.{entry}" for entry in entries]
+        args.append([layer.past(b, p, model.dtype) for layer in layout])
+        shapes.append([layer.axes(batch, past) for layer in layout])
+        names.append([layer.axes("batch_size", "past_sequence_length") for layer in layout])
+        inputs += [name for n, layer in enumerate(layout) for name in layer.names(n)]
+        outputs += [name for n, layer in enumerate(layout) for name in layer.names(n, True)]
     return Call(tuple(args), tuple(shapes), tuple(inputs), tuple(outputs), tuple(names),
                 decode_forward, position_offset(model))
 
@@ -241,18 +324,17 @@ def decode_forward(self: "torch.nn.Module", input_ids: "torch.Tensor",
                    attention_mask: "torch.Tensor", position_ids: "torch.Tensor",
                    past_key_values: list | None = None) -> tuple:
     """The model's forward with the cache as tensors: ``(logits, [(key, value), ...])``,
-    or ``(logits,)`` without a past."""
-
+    or ``(logits,)`` without a past (a hybrid's layers: :func:`filled_cache`)."""
     cls_forward = type(self).forward
     position_ids = model_positions(self, position_ids)
     if past_key_values is None:
         out = cls_forward(self, input_ids=input_ids, attention_mask=attention_mask,
                           position_ids=position_ids, use_cache=False)
         return (out.logits,)
-    cache = cache_holding(past_key_values)
+    cache = filled_cache(self, past_key_values)
     out = cls_forward(self, input_ids=input_ids, attention_mask=attention_mask,
                       position_ids=position_ids, use_cache=True, **{cache_keyword(self): cache})
-    return out.logits, [(layer.keys, layer.values) for layer in cache.layers]
+    return out.logits, [layer_state(layer) for layer in cache.layers]
 
 
 def cache_holding(pairs: "Iterable[tuple[torch.Tensor, torch.Tensor]]") -> Any:
