@@ -57,6 +57,10 @@ a 16-wide head, an attention layer among the first layers of a hybrid."""
 PATTERNS = ("layer_types", "layers_block_type", "block_types")
 """The config fields that list each layer's kind."""
 
+SHORT_CONV = ["conv", "full_attention", "conv", "conv"]
+"""The layers of a short-convolution hybrid (LFM2's family: ``conv_L_cache``) whose config
+lists none of its convolution layers (its defaults attend everywhere, or list nothing)."""
+
 TOKENS = ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id",
           "sep_token_id", "cls_token_id")
 """Special token ids, kept inside the small vocabulary."""
@@ -92,6 +96,8 @@ def _small(fields: dict) -> dict:
     for key in TOKENS:
         if key in fields and fields[key] is not None:
             small[key] = _token(fields[key])
+    if "conv_L_cache" in fields and "conv" not in (fields.get("layer_types") or ()):
+        fields = {**fields, "layer_types": SHORT_CONV}
     for key in PATTERNS:
         pattern = fields.get(key)
         if isinstance(pattern, list) and pattern:
