@@ -76,7 +76,7 @@ def test_a_cache_keeping_state_beside_keys_and_values_is_refused_before_export(t
     out.parent.mkdir()
     r = run_cli("export", _checkpoint("falcon_h1", tmp_path), "-o", out)
     assert r.code == 2, r.err
-    assert "keeps recurrent_states beside its keys and values" in r.err
+    assert "keeps conv_states, recurrent_states beside its keys and values" in r.err
     assert "torch.export" not in r.err
     assert not list(out.parent.iterdir())
 

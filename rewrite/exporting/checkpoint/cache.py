@@ -81,7 +81,7 @@ class LayerCache:
     value_dim: int
     conv: tuple[int, int] | None = None
     """A short convolution's state, ``[batch, channels, width]``: (channels, width), kept
-    instead of keys and values by a hybrid's convolution layer (LFM2), or beside them."""
+    instead of keys and values by a hybrid's convolution layer (LFM2)."""
     kv: bool = True
     """Whether the layer keeps keys and values (a hybrid's convolution layer does not)."""
 
@@ -141,12 +141,12 @@ def layers_of(name: str, cache: Any) -> tuple[LayerCache, ...]:
         keys, values = getattr(layer, "keys", None), getattr(layer, "values", None)
         kv = (isinstance(keys, torch.Tensor) and isinstance(values, torch.Tensor)
               and keys.dim() == 4 and values.dim() == 4)
-        conv = conv_state(layer)
+        conv = None if kv else conv_state(layer)  # beside keys and values: not carried
         if not kv and conv is None:
             raise InputError(
                 f"{name}: layer {n}'s cache is a {type(layer).__name__}, not keys and values: "
-                "--cache kv exports key/value caches and convolution states only (use --cache "
-                "none for the prefill)")
+                "--cache kv exports key/value caches and convolution layers' states only "
+                "(use --cache none for the prefill)")
         carried = ("keys", "values", "conv_states") if conv is not None else ("keys", "values")
         beside = sorted(k for k, v in vars(layer).items()
                         if not k.startswith("_") and k not in carried and _holds_tensors(v))
@@ -154,8 +154,8 @@ def layers_of(name: str, cache: Any) -> tuple[LayerCache, ...]:
             raise InputError(
                 f"{name}: layer {n}'s cache ({type(layer).__name__}) keeps {', '.join(beside)} "
                 f"beside its {'keys and values' if kv else 'convolution state'}: --cache kv "
-                "carries keys and values and convolution states only (use --cache none for "
-                "the prefill)")
+                "carries keys and values, or a convolution layer's state alone (use --cache "
+                "none for the prefill)")
         shape = (keys.shape[1], keys.shape[3], values.shape[1], values.shape[3]) if kv \
             else (0, 0, 0, 0)
         layers.append(LayerCache(*shape, conv=None if conv is None else
@@ -180,35 +180,39 @@ def conv_state(layer: Any) -> "torch.Tensor | None":
 
 def filled_cache(model: "torch.nn.Module", past: list) -> Any:
     """A transformers ``DynamicCache`` holding ``past`` (per layer the tensors
-    :meth:`LayerCache.past` lists). Keys and values only: built from them as a plain cache;
-    with a convolution state: the model's own cache (its layers' kinds from the config), each
-    state a copy (the layer updates it in place) marked as following earlier tokens (zeros for
-    the first step: the convolution's own left padding)."""
+    :meth:`LayerCache.past` lists): keys and values in full layers (a sliding window is the
+    mask's), as a plain cache made of them is. With convolution states, the model's own
+    cache's convolution layers (from its config) hold them, each a copy (the layer updates it
+    in place) marked as following earlier tokens (zeros for the first step: the convolution's
+    own left padding)."""
     from transformers import DynamicCache
+    from transformers.cache_utils import DynamicLayer
 
     if all(len(tensors) == 2 for tensors in past):
         return DynamicCache([(key, value) for key, value in past])
     cache = model_cache(model)
-    for layer, tensors in zip(cache.layers, past):
-        if len(tensors) % 2:  # a convolution state last
-            *tensors, state = tensors
-            layer.conv_states[0], layer.conv_kernel_size[0] = state.clone(), state.shape[-1]
-            layer.dtype, layer.device = state.dtype, state.device
-            layer.is_conv_states_initialized[0] = layer.has_previous_state[0] = True
-        if tensors:
-            layer.update(*tensors)
+    for n, tensors in enumerate(past):
+        if len(tensors) == 2:
+            cache.layers[n] = DynamicLayer()
+            cache.layers[n].update(*tensors)
+            continue
+        (state,), layer = tensors, cache.layers[n]
+        layer.conv_states[0], layer.conv_kernel_size[0] = state.clone(), state.shape[-1]
+        layer.dtype, layer.device = state.dtype, state.device
+        layer.is_conv_states_initialized[0] = layer.has_previous_state[0] = True
     return cache
 
 
 def layer_state(layer: Any) -> tuple["torch.Tensor", ...]:
-    """A filled cache layer's state in :meth:`LayerCache.past`'s order: keys and values if
-    it keeps them, then its convolution state."""
+    """A filled cache layer's state in :meth:`LayerCache.past`'s order: its keys and values,
+    or a convolution layer's state."""
     import torch
 
     keys = getattr(layer, "keys", None)
-    kv = (keys, layer.values) if isinstance(keys, torch.Tensor) else ()
+    if isinstance(keys, torch.Tensor):
+        return keys, layer.values
     state = conv_state(layer)
-    return (*kv, *(() if state is None else (state,)))
+    return () if state is None else (state,)
 
 
 def own_forward(model: "torch.nn.Module", ids: "torch.Tensor", total: int, cache: Any,

@@ -257,9 +257,9 @@ class _DynamicSlots:
         the layer, copied when ``given`` (the function's input)."""
         layer = cache.layers[index]
         if conv_state(layer) is not None:
-            *tensors, state = tensors
+            (state,) = tensors
             layer.conv_states[0] = state.clone() if given else state
-        if tensors:
+        else:
             layer.keys, layer.values = tensors
 
     updated = read
