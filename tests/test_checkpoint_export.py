@@ -112,7 +112,7 @@ def decode_and_compare(folder: Path, onnx_path: Path, batch: int = 3) -> list[fl
         kept = slice(PAD if length == PROMPT else 0, None)
         errors.append(float(np.abs(outputs["logits"] - reference.numpy())[:, kept].max()))
         past = {name: outputs[present] for name, present in pairs.items()}
-        assert all(v.shape[2] == mask.shape[1] for k, v in past.items() if "key" in k)
+        assert all(v.shape[2] == mask.shape[1] for k, v in past.items() if k.endswith(".key"))
         ids = reference[:, -1:].argmax(-1)
         mask = torch.cat([mask, torch.ones(batch, 1, dtype=torch.long)], 1)
     return errors

@@ -152,3 +152,19 @@ def test_a_hybrid_with_a_fixed_cache_is_refused(tmp_path, run_cli):
     assert r.code == 2, r.err
     assert "--cache static covers full and sliding-window attention" in r.err
     assert not list(out.parent.iterdir())
+
+
+@pytest.mark.slow  # a tiny DeepSeek-V3.2 checkpoint, exported, then prefill + 3 decode steps
+def test_sparse_attention_carries_its_indexer_keys(tmp_path):
+    """DeepSeek-V3.2's sparse attention keeps indexer keys beside each layer's keys and
+    values, ``[batch, length, width]``: ``past.N.indexer_key`` / ``present.N.indexer_key``,
+    growing with the keys; prefill + 3 decode steps equal eager within 1e-4."""
+    folder = _checkpoint("deepseek_v32", tmp_path)
+    out = tmp_path / "out" / "model.onnx"
+    out.parent.mkdir()
+    model = rewrite.export(folder, output=out, cache="kv", progress=Recorder())
+    errors = decode_and_compare(folder, out)
+    assert max(errors) < 1e-4, errors
+    shapes = {v.name: [str(d) for d in v.shape] for v in model.graph.inputs}
+    assert shapes["past.1.indexer_key"] == ["batch_size", "past_sequence_length", "16"]
+    assert "present.1.indexer_key" in [v.name for v in model.graph.outputs]

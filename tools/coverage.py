@@ -67,7 +67,7 @@ TOKENS = ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_i
 
 MLA = {"qk_rope_head_dim": 8, "qk_nope_head_dim": 8, "v_head_dim": 16, "kv_lora_rank": 32,
        "q_lora_rank": 32, "qk_head_dim": 16, "num_key_value_heads": 4, "index_n_heads": 4,
-       "index_head_dim": 16, "index_topk": 4}
+       "index_head_dim": 16}
 """Multi-head latent attention's sizes (DeepSeek-V2/V3 and their kin: one key/value head per
 head; DeepSeek-V3.2's indexer), where present."""
 

@@ -84,6 +84,9 @@ class LayerCache:
     instead of keys and values by a hybrid's convolution layer (LFM2)."""
     kv: bool = True
     """Whether the layer keeps keys and values (a hybrid's convolution layer does not)."""
+    indexer: int | None = None
+    """The width of the indexer keys kept beside the keys and values, ``[batch, length,
+    width]``, by a sparse-attention layer (DeepSeek-V3.2's, GLM-MoE-DSA's), or None."""
 
     def empty(self, batch: int, length: int, dtype: "torch.dtype | None" = None
               ) -> tuple["torch.Tensor", "torch.Tensor"]:
@@ -96,25 +99,29 @@ class LayerCache:
     def past(self, batch: int, length: int, dtype: "torch.dtype | None" = None
              ) -> tuple["torch.Tensor", ...]:
         """The layer's state as the graph takes it (:meth:`names`): keys and values of
-        ``length`` positions if it keeps them, then its convolution state (zeros: no token
-        before)."""
+        ``length`` positions if it keeps them, indexer keys of as many, or a convolution state
+        (zeros: no token before)."""
         import torch
 
         conv = (torch.zeros(batch, *self.conv, dtype=dtype),) if self.conv else ()
-        return (*(self.empty(batch, length, dtype) if self.kv else ()), *conv)
+        indexer = (torch.zeros(batch, length, self.indexer, dtype=dtype),) \
+            if self.indexer else ()
+        return (*(self.empty(batch, length, dtype) if self.kv else ()), *indexer, *conv)
 
     def names(self, n: int, present: bool = False) -> tuple[str, ...]:
         """The I/O names of layer ``n``'s state, in :meth:`past`'s order: ``past_key_values
-        .N.key`` / ``.value`` and ``past.N.conv`` (``present.N.*`` when ``present``: the
-        names onnxruntime-genai gives them)."""
+        .N.key`` / ``.value``, ``past.N.indexer_key``, ``past.N.conv`` (``present.N.*`` when
+        ``present``; the names onnxruntime-genai gives keys, values and convolutions)."""
         kv, state = ("present", "present") if present else ("past_key_values", "past")
         return (*((f"{kv}.{n}.key", f"{kv}.{n}.value") if self.kv else ()),
+                *((f"{state}.{n}.indexer_key",) if self.indexer else ()),
                 *((f"{state}.{n}.conv",) if self.conv else ()))
 
     def axes(self, batch: Any, length: Any) -> tuple[dict[int, Any], ...]:
-        """Each :meth:`past` tensor's varying axes: keys and values' ``batch`` and
-        ``length``, the convolution state's ``batch`` (its width is the kernel's)."""
+        """Each :meth:`past` tensor's varying axes: keys, values and indexer keys' ``batch``
+        and ``length``, the convolution state's ``batch`` (its width is the kernel's)."""
         return (*(({0: batch, 2: length},) * 2 if self.kv else ()),
+                *(({0: batch, 1: length},) if self.indexer else ()),
                 *(({0: batch},) if self.conv else ()))
 
 
@@ -147,7 +154,10 @@ def layers_of(name: str, cache: Any) -> tuple[LayerCache, ...]:
                 f"{name}: layer {n}'s cache is a {type(layer).__name__}, not keys and values: "
                 "--cache kv exports key/value caches and convolution layers' states only "
                 "(use --cache none for the prefill)")
-        carried = ("keys", "values", "conv_states") if conv is not None else ("keys", "values")
+        indexer = getattr(layer, "indexer_keys", None) if kv else None
+        indexer = indexer if isinstance(indexer, torch.Tensor) and indexer.dim() == 3 else None
+        carried = ("keys", "values", "conv_states" if conv is not None else "keys",
+                   "indexer_keys" if indexer is not None else "keys")
         beside = sorted(k for k, v in vars(layer).items()
                         if not k.startswith("_") and k not in carried and _holds_tensors(v))
         if beside:
@@ -159,7 +169,8 @@ def layers_of(name: str, cache: Any) -> tuple[LayerCache, ...]:
         shape = (keys.shape[1], keys.shape[3], values.shape[1], values.shape[3]) if kv \
             else (0, 0, 0, 0)
         layers.append(LayerCache(*shape, conv=None if conv is None else
-                                 (conv.shape[1], conv.shape[2]), kv=kv))
+                                 (conv.shape[1], conv.shape[2]), kv=kv,
+                                 indexer=None if indexer is None else indexer.shape[2]))
     if not layers:
         raise InputError(f"{name} returned no key/value cache: use --cache none")
     return tuple(layers)
@@ -186,15 +197,17 @@ def filled_cache(model: "torch.nn.Module", past: list) -> Any:
     in place) marked as following earlier tokens (zeros for the first step: the convolution's
     own left padding)."""
     from transformers import DynamicCache
-    from transformers.cache_utils import DynamicLayer
+    from transformers.cache_utils import DynamicIndexedLayer, DynamicLayer
 
     if all(len(tensors) == 2 for tensors in past):
         return DynamicCache([(key, value) for key, value in past])
     cache = model_cache(model)
     for n, tensors in enumerate(past):
-        if len(tensors) == 2:
-            cache.layers[n] = DynamicLayer()
-            cache.layers[n].update(*tensors)
+        if len(tensors) > 1:  # keys and values, maybe indexer keys
+            cache.layers[n] = DynamicIndexedLayer() if len(tensors) == 3 else DynamicLayer()
+            cache.layers[n].update(*tensors[:2])
+            if len(tensors) == 3:
+                cache.layers[n].update_indexer(tensors[2])
             continue
         (state,), layer = tensors, cache.layers[n]
         layer.conv_states[0], layer.conv_kernel_size[0] = state.clone(), state.shape[-1]
@@ -204,13 +217,13 @@ def filled_cache(model: "torch.nn.Module", past: list) -> Any:
 
 
 def layer_state(layer: Any) -> tuple["torch.Tensor", ...]:
-    """A filled cache layer's state in :meth:`LayerCache.past`'s order: its keys and values,
-    or a convolution layer's state."""
+    """A filled cache layer's state in :meth:`LayerCache.past`'s order: its keys and values
+    (and indexer keys), or a convolution layer's state."""
     import torch
 
-    keys = getattr(layer, "keys", None)
+    keys, indexer = getattr(layer, "keys", None), getattr(layer, "indexer_keys", None)
     if isinstance(keys, torch.Tensor):
-        return keys, layer.values
+        return (keys, layer.values, *((indexer,) if isinstance(indexer, torch.Tensor) else ()))
     state = conv_state(layer)
     return () if state is None else (state,)
 

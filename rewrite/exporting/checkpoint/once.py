@@ -241,15 +241,13 @@ class LayerCall:
 
 
 class _DynamicSlots:
-    """A ``DynamicCache`` layer's state, all updated by the layer: its keys and values, a
-    hybrid's convolution state (:func:`~rewrite.exporting.checkpoint.cache.layer_state`)."""
+    """A ``DynamicCache`` layer's state, all updated by the layer: its keys and values (and
+    indexer keys), or a hybrid's convolution state
+    (:func:`~rewrite.exporting.checkpoint.cache.layer_state`)."""
 
     @staticmethod
     def read(cache: Any, index: int) -> tuple:
-        layer = cache.layers[index]
-        if conv_state(layer) is not None:
-            return layer_state(layer)
-        return getattr(layer, "keys", None), getattr(layer, "values", None)
+        return layer_state(cache.layers[index])
 
     @staticmethod
     def install(cache: Any, index: int, tensors: tuple, given: bool = False) -> None:
@@ -260,7 +258,9 @@ class _DynamicSlots:
             (state,) = tensors
             layer.conv_states[0] = state.clone() if given else state
         else:
-            layer.keys, layer.values = tensors
+            layer.keys, layer.values, *indexer = tensors
+            if indexer:
+                (layer.indexer_keys,) = indexer
 
     updated = read
 
