@@ -168,3 +168,22 @@ def test_sparse_attention_carries_its_indexer_keys(tmp_path):
     shapes = {v.name: [str(d) for d in v.shape] for v in model.graph.inputs}
     assert shapes["past.1.indexer_key"] == ["batch_size", "past_sequence_length", "16"]
     assert "present.1.indexer_key" in [v.name for v in model.graph.outputs]
+
+
+@pytest.mark.slow  # a tiny Gemma 3n checkpoint, exported, then prefill + 3 decode steps
+def test_layers_reading_another_layers_cache_have_no_past(tmp_path):
+    """Gemma 3n's last layers keep no keys and values of their own (they read an earlier
+    layer's): no ``past_key_values.N`` / ``present.N`` for them; prefill + 3 decode steps
+    equal eager within 1e-4."""
+    folder = _checkpoint("gemma3n_text", tmp_path)
+    out = tmp_path / "out" / "model.onnx"
+    out.parent.mkdir()
+    model = rewrite.export(folder, output=out, cache="kv", progress=Recorder())
+    errors = decode_and_compare(folder, out)
+    assert max(errors) < 1e-4, errors
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(folder)
+    own = config.num_hidden_layers - config.num_kv_shared_layers
+    assert [v.name for v in model.graph.outputs] == ["logits", *[
+        f"present.{n}.{kv}" for n in range(own) for kv in ("key", "value")]]

@@ -105,6 +105,16 @@ def _small(fields: dict) -> dict:
         if isinstance(pattern, list) and pattern:
             small["num_hidden_layers"] = layers = _kept(pattern)
             small[key] = pattern[:layers]
+            if fields.get("num_kv_shared_layers"):  # as many layers again, reading their caches
+                small[key] = pattern[:layers] * 2
+                small["num_hidden_layers"] = small["num_kv_shared_layers"] = layers
+                small["num_hidden_layers"] = 2 * layers
+    layers = small.get("num_hidden_layers", fields.get("num_hidden_layers"))
+    if isinstance(fields.get("activation_sparsity_pattern"), list):
+        small["activation_sparsity_pattern"] = [0.0] * layers
+    for key, value in list(small.items()):  # a size given per layer: one per layer
+        if isinstance(fields.get(key), list) and isinstance(value, int) and layers:
+            small[key] = [value] * layers
     per_layer = fields.get("per_layer_config")
     if isinstance(per_layer, dict):
         layers = small.get("num_hidden_layers", fields.get("num_hidden_layers", 2))

@@ -139,8 +139,9 @@ def cache_layout(model: "torch.nn.Module") -> tuple[LayerCache, ...]:
 
 
 def layers_of(name: str, cache: Any) -> tuple[LayerCache, ...]:
-    """The shapes of the filled ``cache`` that ``name``'s forward returned, per layer;
-    :class:`InputError` for a layer holding a state other than keys and values, or none."""
+    """The shapes of the filled ``cache`` that ``name``'s forward returned, per layer (a
+    layer holding nothing has none); :class:`InputError` for a layer holding a state other
+    than keys and values or a convolution layer's, or a cache holding nothing."""
     import torch
 
     layers = []
@@ -149,7 +150,7 @@ def layers_of(name: str, cache: Any) -> tuple[LayerCache, ...]:
         kv = (isinstance(keys, torch.Tensor) and isinstance(values, torch.Tensor)
               and keys.dim() == 4 and values.dim() == 4)
         conv = None if kv else conv_state(layer)  # beside keys and values: not carried
-        if not kv and conv is None:
+        if not kv and conv is None and _holds_tensors(_public(layer)):
             raise InputError(
                 f"{name}: layer {n}'s cache is a {type(layer).__name__}, not keys and values: "
                 "--cache kv exports key/value caches and convolution layers' states only "
@@ -158,8 +159,8 @@ def layers_of(name: str, cache: Any) -> tuple[LayerCache, ...]:
         indexer = indexer if isinstance(indexer, torch.Tensor) and indexer.dim() == 3 else None
         carried = ("keys", "values", "conv_states" if conv is not None else "keys",
                    "indexer_keys" if indexer is not None else "keys")
-        beside = sorted(k for k, v in vars(layer).items()
-                        if not k.startswith("_") and k not in carried and _holds_tensors(v))
+        beside = sorted(k for k, v in _public(layer).items()
+                        if k not in carried and _holds_tensors(v))
         if beside:
             raise InputError(
                 f"{name}: layer {n}'s cache ({type(layer).__name__}) keeps {', '.join(beside)} "
@@ -171,9 +172,15 @@ def layers_of(name: str, cache: Any) -> tuple[LayerCache, ...]:
         layers.append(LayerCache(*shape, conv=None if conv is None else
                                  (conv.shape[1], conv.shape[2]), kv=kv,
                                  indexer=None if indexer is None else indexer.shape[2]))
-    if not layers:
+    if not any(layer.kv or layer.conv for layer in layers):
         raise InputError(f"{name} returned no key/value cache: use --cache none")
     return tuple(layers)
+
+
+def _public(layer: Any) -> dict[str, Any]:
+    """A cache layer's public attributes (a layer holding no tensor among them keeps no state:
+    a layer reading another's keys and values, Gemma 3n's)."""
+    return {k: v for k, v in vars(layer).items() if not k.startswith("_")}
 
 
 def conv_state(layer: Any) -> "torch.Tensor | None":
@@ -195,7 +202,7 @@ def filled_cache(model: "torch.nn.Module", past: list) -> Any:
     mask's), as a plain cache made of them is. With convolution states, the model's own
     cache's convolution layers (from its config) hold them, each a copy (the layer updates it
     in place) marked as following earlier tokens (zeros for the first step: the convolution's
-    own left padding)."""
+    own left padding); a layer without a state stays the model's own."""
     from transformers import DynamicCache
     from transformers.cache_utils import DynamicIndexedLayer, DynamicLayer
 
@@ -208,6 +215,8 @@ def filled_cache(model: "torch.nn.Module", past: list) -> Any:
             cache.layers[n].update(*tensors[:2])
             if len(tensors) == 3:
                 cache.layers[n].update_indexer(tensors[2])
+            continue
+        if not tensors:
             continue
         (state,), layer = tensors, cache.layers[n]
         layer.conv_states[0], layer.conv_kernel_size[0] = state.clone(), state.shape[-1]
