@@ -199,22 +199,19 @@ def conv_state(layer: Any) -> "torch.Tensor | None":
 def filled_cache(model: "torch.nn.Module", past: list) -> Any:
     """A transformers ``DynamicCache`` holding ``past`` (per layer the tensors
     :meth:`LayerCache.past` lists): keys and values in full layers (a sliding window is the
-    mask's), as a plain cache made of them is. With convolution states, the model's own
+    mask's), as :func:`cache_holding` makes them. With convolution states, the model's own
     cache's convolution layers (from its config) hold them, each a copy (the layer updates it
     in place) marked as following earlier tokens (zeros for the first step: the convolution's
     own left padding); a layer without a state stays the model's own."""
-    from transformers import DynamicCache
     from transformers.cache_utils import DynamicIndexedLayer, DynamicLayer
 
     if all(len(tensors) == 2 for tensors in past):
-        return DynamicCache([(key, value) for key, value in past])
+        return cache_holding(past)
     cache = model_cache(model)
     for n, tensors in enumerate(past):
         if len(tensors) > 1:  # keys and values, maybe indexer keys
-            cache.layers[n] = DynamicIndexedLayer() if len(tensors) == 3 else DynamicLayer()
-            cache.layers[n].update(*tensors[:2])
-            if len(tensors) == 3:
-                cache.layers[n].update_indexer(tensors[2])
+            empty = DynamicIndexedLayer() if len(tensors) == 3 else DynamicLayer()
+            cache.layers[n] = holding(empty, *tensors)
             continue
         if not tensors:
             continue
@@ -373,15 +370,22 @@ def cache_holding(pairs: "Iterable[tuple[torch.Tensor, torch.Tensor]]") -> Any:
     from transformers import DynamicCache
     from transformers.cache_utils import DynamicLayer
 
-    layers = []
-    for key, value in pairs:
-        layer = DynamicLayer()  # what its lazy_initialization sets, without its empty tensors
-        layer.device, layer.dtype, layer.keys, layer.values = key.device, key.dtype, key, value
-        layer.is_initialized = True
-        layers.append(layer)
     cache = DynamicCache()
-    cache.layers.extend(layers)
+    cache.layers.extend(holding(DynamicLayer(), key, value) for key, value in pairs)
     return cache
+
+
+def holding(layer: Any, key: "torch.Tensor", value: "torch.Tensor",
+            indexer: "torch.Tensor | None" = None) -> Any:
+    """``layer`` (an empty ``DynamicLayer``, or ``DynamicIndexedLayer`` with ``indexer``)
+    holding the tensors as they are: what its lazy initializations set, without their empty
+    tensors (:func:`cache_holding`)."""
+    layer.device, layer.dtype, layer.keys, layer.values = key.device, key.dtype, key, value
+    layer.is_initialized = True
+    if indexer is not None:
+        layer.indexer_dtype, layer.indexer_device = indexer.dtype, indexer.device
+        layer.indexer_keys, layer.is_indexer_initialized = indexer, True
+    return layer
 
 
 def cache_keyword(model: "torch.nn.Module") -> str:
