@@ -196,8 +196,9 @@ def run_one(model_type: str, timeout: float) -> dict:
     err = run.stderr.strip().splitlines()
     said = [line for line in err if "error" in line.lower() or "disagrees" in line]
     verified = re.search(r"max \|difference\| (\S+)", run.stderr + run.stdout)
+    last = err[-1:] if run.returncode == 2 else []  # a refusal is one line, the last
     why = verified.group(0) if run.returncode == 0 and verified else _first(
-        (said or err or [""])[-1])
+        (last or said or err or [""])[-1])
     result = RESULTS.get(run.returncode, f"exit {run.returncode}")
     return {**_row(model_type, result, why, start, trace=traced(run.stderr + run.stdout)),
             "code": run.returncode}
