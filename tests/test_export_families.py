@@ -1,7 +1,10 @@
 """Causal LMs that once failed ``rewrite export`` (issue 42), from tiny random configs built
 as the coverage tool builds them (``tools/coverage.py``): each converts, decode-ready, and
 equals eager (the export itself runs the written model against eager before publishing it);
-one that cannot be exported says so in one line, exit 2."""
+one that cannot be exported says so in one line, exit 2. The caches that are not one pair
+of keys and values per layer, decoded (prefill + 3 greedy steps equal eager): DeepSeek-V3's
+latent attention with dense and MoE layers, LFM2's convolution layers, DeepSeek-V3.2's
+indexer keys, Gemma 3n's layers reading another layer's cache."""
 
 from __future__ import annotations
 
