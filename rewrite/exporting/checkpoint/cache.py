@@ -150,7 +150,7 @@ def layers_of(name: str, cache: Any) -> tuple[LayerCache, ...]:
         kv = (isinstance(keys, torch.Tensor) and isinstance(values, torch.Tensor)
               and keys.dim() == 4 and values.dim() == 4)
         conv = None if kv else conv_state(layer)  # beside keys and values: not carried
-        if not kv and conv is None and _holds_tensors(_public(layer)):
+        if not kv and conv is None and not _keeps_nothing(layer):
             raise InputError(
                 f"{name}: layer {n}'s cache is a {type(layer).__name__}, not keys and values: "
                 "--cache kv exports key/value caches and convolution layers' states only "
@@ -178,9 +178,18 @@ def layers_of(name: str, cache: Any) -> tuple[LayerCache, ...]:
 
 
 def _public(layer: Any) -> dict[str, Any]:
-    """A cache layer's public attributes (a layer holding no tensor among them keeps no state:
-    a layer reading another's keys and values, Gemma 3n's)."""
+    """A cache layer's public attributes."""
     return {k: v for k, v in vars(layer).items() if not k.startswith("_")}
+
+
+def _keeps_nothing(layer: Any) -> bool:
+    """Whether ``layer`` is transformers' ``DummyLayer``, which stores nothing by design (a
+    layer reading another's keys and values, Gemma 3n's). Another layer left empty (a model
+    that keeps its state elsewhere, or none) is not taken for one."""
+    from transformers import cache_utils
+
+    dummy = getattr(cache_utils, "DummyLayer", None)
+    return dummy is not None and type(layer) is dummy
 
 
 def conv_state(layer: Any) -> "torch.Tensor | None":
