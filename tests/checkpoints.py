@@ -37,6 +37,16 @@ OTHER_DECODERS: dict[str, tuple[str, dict]] = {
     # positions start after the padding index (the graph adds it to position_ids)
     "roberta": ("RobertaConfig", ROBERTA),
     "xlm-roberta": ("XLMRobertaConfig", ROBERTA),
+    # multi-head latent attention (keys 16 wide, values 12), layer 0 dense, the others MoE
+    "deepseek_v3": ("DeepseekV3Config", {
+        **SMALL, "num_hidden_layers": 3, "num_key_value_heads": 4, "kv_lora_rank": 16,
+        "q_lora_rank": 24, "qk_rope_head_dim": 8, "qk_nope_head_dim": 8, "v_head_dim": 12,
+        "first_k_dense_replace": 1, "n_routed_experts": 4, "num_experts_per_tok": 2,
+        "n_group": 2, "topk_group": 1, "moe_intermediate_size": 24, "n_shared_experts": 1}),
+    # a hybrid: short-convolution layers (a convolution state, no keys and values) and
+    # attention layers
+    "lfm2": ("Lfm2Config", {**SMALL, "layer_types": ["conv", "full_attention", "conv", "conv"],
+                            "conv_L_cache": 3, "block_auto_adjust_ff_dim": False}),
 }
 """Causal LMs the family tests do not run (tests of one behaviour each)."""
 

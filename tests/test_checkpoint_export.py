@@ -66,8 +66,11 @@ def exported(request, tmp_path_factory):
 
 
 def _feed(ids, mask, positions, past) -> dict:
+    """The inputs; ``past``: per layer (key, value), or the cache by name."""
     feed = {"input_ids": ids.numpy(), "attention_mask": mask.numpy(),
             "position_ids": positions.numpy()}
+    if isinstance(past, dict):
+        return {**feed, **past}
     for n, (key, value) in enumerate(past):
         feed[f"past_key_values.{n}.key"] = key
         feed[f"past_key_values.{n}.value"] = value
@@ -87,16 +90,17 @@ def decode_and_compare(folder: Path, onnx_path: Path, batch: int = 3) -> list[fl
     from transformers import DynamicCache
 
     eager = _eager(folder)
-    layout = cache_layout(eager)
-    layers, kv_heads, head_dim = len(layout), layout[0].key_heads, layout[0].key_dim
+    layout = cache_layout(eager)  # per layer: keys and values may differ (MLA), a hybrid's
+    pairs = {past: present for n, layer in enumerate(layout)  # layers keep a conv state
+             for past, present in zip(layer.names(n), layer.names(n, present=True))}
     session = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
     names = [o.name for o in session.get_outputs()]
     torch.manual_seed(1)
     ids = torch.randint(0, eager.config.vocab_size, (batch, PROMPT))
     mask = torch.ones(batch, PROMPT, dtype=torch.long)
     mask[0, :PAD] = 0
-    empty = np.zeros((batch, kv_heads, 0, head_dim), np.float32)
-    past = [(empty, empty)] * layers
+    past = {name: t.numpy() for n, layer in enumerate(layout)
+            for name, t in zip(layer.names(n), layer.past(batch, 0))}
     cache, errors = DynamicCache(config=eager.config), []
     for _ in range(1 + DECODE_STEPS):
         length = ids.shape[1]
@@ -107,9 +111,8 @@ def decode_and_compare(folder: Path, onnx_path: Path, batch: int = 3) -> list[fl
         outputs = dict(zip(names, session.run(None, _feed(ids, mask, positions, past))))
         kept = slice(PAD if length == PROMPT else 0, None)
         errors.append(float(np.abs(outputs["logits"] - reference.numpy())[:, kept].max()))
-        past = [(outputs[f"present.{n}.key"], outputs[f"present.{n}.value"])
-                for n in range(layers)]
-        assert past[0][0].shape[2] == mask.shape[1]
+        past = {name: outputs[present] for name, present in pairs.items()}
+        assert all(v.shape[2] == mask.shape[1] for k, v in past.items() if k.endswith(".key"))
         ids = reference[:, -1:].argmax(-1)
         mask = torch.cat([mask, torch.ones(batch, 1, dtype=torch.long)], 1)
     return errors

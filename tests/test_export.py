@@ -167,3 +167,21 @@ def test_a_dim_without_a_name_keeps_its_symbol():
                            dynamic_shapes=({0: torch.export.Dim.DYNAMIC},))
     (first,) = _dims(model.graph.inputs)
     assert isinstance(first[0], str) and first[0].startswith("s"), first
+
+
+def test_a_violated_shape_constraint_is_said_in_one_line_with_its_condition():
+    """torch.export's "Constraints violated" names the dynamic size and the condition the
+    model's code needs (read from the lines under its first one)."""
+    from rewrite.exporting.module import violated
+
+    message = ("Constraints violated (sequence_length)! For more information, run with "
+               "TORCH_LOGS=\"+dynamic\".\n  - Not all values of sequence_length = "
+               "L['input_ids'].size()[1] in the specified range satisfy the generated guard "
+               "(L['input_ids'].size()[1]*min(64, 64*L['input_ids'].size()[1])) == "
+               "(64*L['input_ids'].size()[1]).\n\nThe error above occurred when calling")
+    said = violated(message)
+    assert said.startswith("the model's code holds for some values of the dynamic "
+                           "sequence_length only ((sequence_length*min(64, 64*sequence_length))"
+                           " == (64*sequence_length))")
+    assert "\n" not in said
+    assert violated("Constraints violated (x)! For more information") == ""

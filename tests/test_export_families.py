@@ -1,7 +1,10 @@
 """Causal LMs that once failed ``rewrite export`` (issue 42), from tiny random configs built
 as the coverage tool builds them (``tools/coverage.py``): each converts, decode-ready, and
 equals eager (the export itself runs the written model against eager before publishing it);
-one that cannot be exported says so in one line, exit 2."""
+one that cannot be exported says so in one line, exit 2. The caches that are not one pair
+of keys and values per layer, decoded (prefill + 3 greedy steps equal eager): DeepSeek-V3's
+latent attention with dense and MoE layers, LFM2's convolution layers, DeepSeek-V3.2's
+indexer keys, Gemma 3n's layers reading another layer's cache."""
 
 from __future__ import annotations
 
@@ -10,6 +13,9 @@ from pathlib import Path
 import onnx
 import pytest
 
+import rewrite
+from tests import checkpoints
+from tests.test_checkpoint_export import Recorder, decode_and_compare
 from tools.coverage import write_checkpoint
 
 
@@ -40,13 +46,13 @@ def test_once_failing_families_convert_and_equal_eager(model_type, why, tmp_path
 
 
 def test_a_cache_that_is_not_keys_and_values_is_refused_in_one_line(tmp_path, run_cli):
-    """Mamba keeps a convolution and an SSM state, not keys and values: exit 2, one line,
-    nothing written (before any export runs)."""
+    """Mamba keeps an SSM state beside its convolution state, not keys and values: exit 2,
+    one line, nothing written (before any export runs)."""
     out = tmp_path / "out" / "model.onnx"
     out.parent.mkdir()
     r = run_cli("export", _checkpoint("mamba", tmp_path), "-o", out)
     assert r.code == 2, r.err
-    assert "cache is a" in r.err and "not keys and values" in r.err
+    assert "keeps recurrent_states beside its convolution state" in r.err
     assert "Traceback" not in r.err
     assert not list(out.parent.iterdir())
 
@@ -76,3 +82,111 @@ def test_a_cache_keeping_state_beside_keys_and_values_is_refused_before_export(t
     assert "keeps conv_states, recurrent_states beside its keys and values" in r.err
     assert "torch.export" not in r.err
     assert not list(out.parent.iterdir())
+
+
+@pytest.mark.slow  # a tiny DeepSeek-V3 checkpoint, exported, then prefill + 3 decode steps
+def test_deepseek_v3_decodes_equal_to_eager_one_function_per_layer_kind(tmp_path):
+    """DeepSeek-V3: multi-head latent attention (the cache is the model's own: keys and values
+    of other widths than the config's heads would give), layer 0 dense and the others MoE
+    (``first_k_dense_replace=1``). ``--cache kv``: prefill of a left-padded batch and 3 greedy
+    decode steps in onnxruntime equal eager within 1e-4; one function per layer kind, the MoE
+    one called by both MoE layers."""
+    folder = checkpoints.write("deepseek_v3", tmp_path / "checkpoint")
+    out = tmp_path / "out" / "model.onnx"
+    out.parent.mkdir()
+    progress = Recorder()
+    model = rewrite.export(folder, output=out, cache="kv", progress=progress)
+    assert "torch.export traces every layer" not in progress.text  # the per-layer path
+    errors = decode_and_compare(folder, out)
+    assert max(errors) < 1e-4, errors
+    onnx.checker.check_model(str(out), full_check=True)
+    calls = [n for n in model.graph if n.op_type.startswith("DeepseekV3DecoderLayer")]
+    kinds = [(c.domain, c.op_type, c.overload) for c in calls]
+    assert len(calls) == 3 and kinds[1] == kinds[2] != kinds[0], kinds
+    dense, moe = (model.functions[calls[n].op_identifier()] for n in (0, 1))
+    assert not any("DeepseekV3MoE" in n.op_type for n in dense)
+    assert any("DeepseekV3MoE" in n.op_type for n in moe)
+    for n, call in enumerate(calls):  # layer n's call reads its past, returns its present
+        assert {f"past_key_values.{n}.key", f"past_key_values.{n}.value"} <= {
+            v.name for v in call.inputs if v is not None}
+        assert {f"present.{n}.key", f"present.{n}.value"} <= {v.name for v in call.outputs}
+
+
+@pytest.mark.slow  # a tiny LFM2 checkpoint, exported, then prefill + 3 decode steps
+def test_lfm2_hybrid_decodes_with_its_convolution_states(tmp_path):
+    """LFM2, a hybrid of short-convolution layers (0, 2, 3) and an attention layer (1): a
+    convolution layer keeps no keys and values but its convolution's last inputs,
+    ``past.N.conv`` / ``present.N.conv`` (onnxruntime-genai's names); the attention layer
+    ``past_key_values.1.*``. Each distinct layer traced once; prefill of a left-padded batch
+    and 3 greedy decode steps equal eager within 1e-4; one function per layer kind."""
+    folder = checkpoints.write("lfm2", tmp_path / "checkpoint")
+    out = tmp_path / "out" / "model.onnx"
+    out.parent.mkdir()
+    progress = Recorder()
+    model = rewrite.export(folder, output=out, cache="kv", progress=progress)
+    assert "2 of 4 layers traced" in progress.text, progress.text
+    errors = decode_and_compare(folder, out)
+    assert max(errors) < 1e-4, errors
+    onnx.checker.check_model(str(out), full_check=True)
+    conv = ["batch_size", "32", "3"]
+    assert {v.name: [str(d) for d in v.shape] for v in model.graph.inputs[3:]} == {
+        "past.0.conv": conv, "past_key_values.1.key": ["batch_size", "2",
+                                                      "past_sequence_length", "8"],
+        "past_key_values.1.value": ["batch_size", "2", "past_sequence_length", "8"],
+        "past.2.conv": conv, "past.3.conv": conv}
+    assert [v.name for v in model.graph.outputs] == [
+        "logits", "present.0.conv", "present.1.key", "present.1.value", "present.2.conv",
+        "present.3.conv"]
+    calls = [n for n in model.graph if n.op_type.startswith("Lfm2DecoderLayer")]
+    kinds = [(c.domain, c.op_type, c.overload) for c in calls]
+    assert kinds[0] == kinds[2] == kinds[3] != kinds[1], kinds
+    for n in (0, 2, 3):  # a convolution layer's call: its state in, the updated one out
+        assert f"past.{n}.conv" in {v.name for v in calls[n].inputs if v is not None}
+        assert f"present.{n}.conv" in {v.name for v in calls[n].outputs}
+    assert not (out.parent / "genai_config.json").exists()  # genai: key/value caches only
+
+
+@pytest.mark.slow  # a tiny LFM2 checkpoint built, then refused before any export
+def test_a_hybrid_with_a_fixed_cache_is_refused(tmp_path, run_cli):
+    out = tmp_path / "out" / "model.onnx"
+    out.parent.mkdir()
+    r = run_cli("export", checkpoints.write("lfm2", tmp_path / "checkpoint"), "-o", out,
+                "--cache", "static", "--context", "16")
+    assert r.code == 2, r.err
+    assert "--cache static covers full and sliding-window attention" in r.err
+    assert not list(out.parent.iterdir())
+
+
+@pytest.mark.slow  # a tiny DeepSeek-V3.2 checkpoint, exported, then prefill + 3 decode steps
+def test_sparse_attention_carries_its_indexer_keys(tmp_path):
+    """DeepSeek-V3.2's sparse attention keeps indexer keys beside each layer's keys and
+    values, ``[batch, length, width]``: ``past.N.indexer_key`` / ``present.N.indexer_key``,
+    growing with the keys; prefill + 3 decode steps equal eager within 1e-4."""
+    folder = _checkpoint("deepseek_v32", tmp_path)
+    out = tmp_path / "out" / "model.onnx"
+    out.parent.mkdir()
+    model = rewrite.export(folder, output=out, cache="kv", progress=Recorder())
+    errors = decode_and_compare(folder, out)
+    assert max(errors) < 1e-4, errors
+    shapes = {v.name: [str(d) for d in v.shape] for v in model.graph.inputs}
+    assert shapes["past.1.indexer_key"] == ["batch_size", "past_sequence_length", "16"]
+    assert "present.1.indexer_key" in [v.name for v in model.graph.outputs]
+
+
+@pytest.mark.slow  # a tiny Gemma 3n checkpoint, exported, then prefill + 3 decode steps
+def test_layers_reading_another_layers_cache_have_no_past(tmp_path):
+    """Gemma 3n's last layers keep no keys and values of their own (they read an earlier
+    layer's): no ``past_key_values.N`` / ``present.N`` for them; prefill + 3 decode steps
+    equal eager within 1e-4."""
+    folder = _checkpoint("gemma3n_text", tmp_path)
+    out = tmp_path / "out" / "model.onnx"
+    out.parent.mkdir()
+    model = rewrite.export(folder, output=out, cache="kv", progress=Recorder())
+    errors = decode_and_compare(folder, out)
+    assert max(errors) < 1e-4, errors
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(folder)
+    own = config.num_hidden_layers - config.num_kv_shared_layers
+    assert [v.name for v in model.graph.outputs] == ["logits", *[
+        f"present.{n}.{kv}" for n in range(own) for kv in ("key", "value")]]

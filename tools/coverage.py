@@ -48,9 +48,28 @@ RESULTS = {0: "converted, equal to eager", 1: "disagrees with eager (not written
            2: "refused (exit 2)", 3: "bug in rewrite (exit 3)"}
 
 
+GROUPS = {"n_group": 2, "topk_group": 1, "rotary_dim": 8, "attn_layer_period": 2,
+          "attn_layer_offset": 1, "expert_layer_period": 2, "expert_layer_offset": 1,
+          "attn_layer_indices": [1]}
+"""Settings that follow the small sizes: expert groups within 4 experts, a rotary part within
+a 16-wide head, an attention layer among the first layers of a hybrid."""
+
+PATTERNS = ("layer_types", "layers_block_type", "block_types")
+"""The config fields that list each layer's kind."""
+
+SHORT_CONV = ["conv", "full_attention", "conv", "conv"]
+"""The layers of a short-convolution hybrid (LFM2's family: ``conv_L_cache``) whose config
+lists none of its convolution layers (its defaults attend everywhere, or list nothing)."""
+
+TOKENS = ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id",
+          "sep_token_id", "cls_token_id")
+"""Special token ids, kept inside the small vocabulary."""
+
 MLA = {"qk_rope_head_dim": 8, "qk_nope_head_dim": 8, "v_head_dim": 16, "kv_lora_rank": 32,
-       "q_lora_rank": 32, "qk_head_dim": 16}
-"""Multi-head latent attention's sizes (DeepSeek-V2/V3 and their kin), where present."""
+       "q_lora_rank": 32, "qk_head_dim": 16, "num_key_value_heads": 4, "index_n_heads": 4,
+       "index_head_dim": 16}
+"""Multi-head latent attention's sizes (DeepSeek-V2/V3 and their kin: one key/value head per
+head; DeepSeek-V3.2's indexer), where present."""
 
 
 def tiny_config(model_type: str):
@@ -75,15 +94,46 @@ def _small(fields: dict) -> dict:
     sizes = {**SIZES, **MLA} if "kv_lora_rank" in fields else SIZES
     small = {key: value for key, value in sizes.items() if key in fields
              and not (key == "head_dim" and "qk_rope_head_dim" in fields)}
-    pattern = fields.get("layer_types")
-    if isinstance(pattern, list) and pattern:
-        small["num_hidden_layers"] = min(len(pattern), 4)
-        small["layer_types"] = pattern[:small["num_hidden_layers"]]
+    small.update({key: value for key, value in GROUPS.items() if key in fields})
+    for key in TOKENS:
+        if key in fields and fields[key] is not None:
+            small[key] = _token(fields[key])
+    if "conv_L_cache" in fields and "conv" not in (fields.get("layer_types") or ()):
+        fields = {**fields, "layer_types": SHORT_CONV}
+    for key in PATTERNS:
+        pattern = fields.get(key)
+        if isinstance(pattern, list) and pattern:
+            small["num_hidden_layers"] = layers = _kept(pattern)
+            small[key] = pattern[:layers]
+            if fields.get("num_kv_shared_layers"):  # as many layers again, reading their caches
+                small[key] = pattern[:layers] * 2
+                small["num_hidden_layers"] = small["num_kv_shared_layers"] = layers
+                small["num_hidden_layers"] = 2 * layers
+    layers = small.get("num_hidden_layers", fields.get("num_hidden_layers"))
+    if isinstance(fields.get("activation_sparsity_pattern"), list):
+        small["activation_sparsity_pattern"] = [0.0] * layers
+    for key, value in list(small.items()):  # a size given per layer: one per layer
+        if isinstance(fields.get(key), list) and isinstance(value, int) and layers:
+            small[key] = [value] * layers
     per_layer = fields.get("per_layer_config")
     if isinstance(per_layer, dict):
         layers = small.get("num_hidden_layers", fields.get("num_hidden_layers", 2))
         small["per_layer_config"] = {k: v for k, v in per_layer.items() if int(k) < layers}
     return small
+
+
+def _kept(pattern: list) -> int:
+    """How many of a hybrid's layers to keep: 4, or up to the first layer of each kind."""
+    kinds = [str(kind) for kind in pattern]
+    firsts = [kinds.index(kind) for kind in dict.fromkeys(kinds)]
+    return min(len(pattern), max(4, max(firsts) + 1))
+
+
+def _token(value):
+    """A special token id (or list of them) inside :data:`SIZES`' vocabulary."""
+    if isinstance(value, list):
+        return [_token(v) for v in value]
+    return value % SIZES["vocab_size"] if isinstance(value, int) else value
 
 
 def _set(config, key: str, value) -> None:
@@ -146,16 +196,29 @@ def run_one(model_type: str, timeout: float) -> dict:
     err = run.stderr.strip().splitlines()
     said = [line for line in err if "error" in line.lower() or "disagrees" in line]
     verified = re.search(r"max \|difference\| (\S+)", run.stderr + run.stdout)
+    last = err[-1:] if run.returncode == 2 else []  # a refusal is one line, the last
     why = verified.group(0) if run.returncode == 0 and verified else _first(
-        (said or err or [""])[-1])
+        (last or said or err or [""])[-1])
     result = RESULTS.get(run.returncode, f"exit {run.returncode}")
-    return {**_row(model_type, result, why, start), "code": run.returncode}
+    return {**_row(model_type, result, why, start, trace=traced(run.stderr + run.stdout)),
+            "code": run.returncode}
 
 
-def _row(model_type: str, result: str, why: str, start: float, seconds: float | None = None
-         ) -> dict:
-    """One row: its seconds since ``start`` (a ``time.perf_counter()``), or ``seconds``."""
-    return {"type": model_type, "result": result, "why": why,
+def traced(said: str) -> str:
+    """How ``rewrite export`` traced the layers, from what it said: ``per layer`` (each
+    distinct layer traced once), ``whole: <reason>`` (it fell back to tracing every layer), or
+    empty (it did not get that far)."""
+    fell = re.findall(r"torch\.export traces every layer: (.*)", said)
+    if fell:
+        return "whole: " + _first(fell[-1])
+    return "per layer" if re.search(r"torch\.export: \d+ of \d+ layers traced", said) else ""
+
+
+def _row(model_type: str, result: str, why: str, start: float, seconds: float | None = None,
+         trace: str = "") -> dict:
+    """One row: its seconds since ``start`` (a ``time.perf_counter()``), or ``seconds``;
+    ``trace`` as :func:`traced` says it."""
+    return {"type": model_type, "result": result, "why": why, "trace": trace,
             "seconds": round(time.perf_counter() - start if seconds is None else seconds, 1)}
 
 
@@ -169,10 +232,12 @@ def table(rows: list[dict]) -> str:
     lines = [f"transformers {transformers.__version__}, {len(rows)} causal-LM model types "
              f"(`python -m tools.coverage --table docs/COVERAGE.md`):", ""]
     lines += [f"- {result}: {n}" for result, n in sorted(counts.items(), key=lambda x: -x[1])]
-    lines += ["", "| model type | result | why | seconds |", "|---|---|---|---|"]
+    lines += ["", "| model type | result | why | layers traced | seconds |",
+              "|---|---|---|---|---|"]
     for row in rows:
-        why = row["why"].replace("|", "\\|")
-        lines.append(f"| {row['type']} | {row['result']} | {why} | {row['seconds']} |")
+        why, trace = (row.get(k, "").replace("|", "\\|") for k in ("why", "trace"))
+        lines.append(f"| {row['type']} | {row['result']} | {why} | {trace} | "
+                     f"{row['seconds']} |")
     return "\n".join(lines) + "\n"
 
 
@@ -188,9 +253,10 @@ def update(page: str, rows: list[dict]) -> str:
     kept = {}
     for line in page[heading.start():].splitlines():
         cells = [c.strip() for c in re.split(r"(?<!\\)\|", line)[1:-1]]
-        if len(cells) == 4 and cells[3] not in ("seconds", "---"):
+        if len(cells) in (4, 5) and cells[-1] not in ("seconds", "---"):
+            trace = cells[3].replace("\\|", "|") if len(cells) == 5 else ""
             kept[cells[0]] = _row(*cells[:2], cells[2].replace("\\|", "|"), 0.0,
-                                  float(cells[3]))
+                                  float(cells[-1]), trace)
     kept.update({row["type"]: row for row in rows})
     return page[:heading.start()] + table([kept[t] for t in sorted(kept)])
 

@@ -133,6 +133,9 @@ def _torch_export(model: "torch.nn.Module", args: tuple, kwargs: Mapping[str, An
     name = type(model).__name__
 
     def rejected(e: BaseException) -> InputError:
+        guard = violated(str(e))
+        if guard:
+            return InputError(f"torch.export could not export {name}: {guard}")
         first = first_line(e) or type(e).__name__
         return InputError(f"torch.export could not export {name}: {type(e).__name__}: {first}")
 
@@ -140,6 +143,24 @@ def _torch_export(model: "torch.nn.Module", args: tuple, kwargs: Mapping[str, An
             torch.fx.traceback.preserve_node_meta():
         return torch.export.export(model, tuple(args), kwargs=dict(kwargs or {}),
                                    dynamic_shapes=dynamic_shapes, strict=strict)
+
+
+def violated(message: str) -> str:
+    """What torch.export's "Constraints violated" ``message`` says in one line: the dynamic
+    size the model's code holds for some values only, and the condition it needs; empty for
+    another message."""
+    import re
+
+    found = re.search(r"Not all values of (\w+) = (\S+) in the specified range satisfy the "
+                      r"generated guard (.+?)\.?$", message, re.M)
+    if found is None:
+        return ""
+    dim, size, guard = found.groups()
+    guard = guard.replace(size, dim)
+    if len(guard) > 160:
+        guard = guard[:157] + "..."
+    return (f"the model's code holds for some values of the dynamic {dim} only ({guard}): a "
+            "shape condition torch.export cannot prove for every length")
 
 
 CYCLE_POLICY = """

@@ -14,6 +14,10 @@ onnxruntime-genai use::
                  [batch_size, kv_heads, past_sequence_length + sequence_length, head_dim]
 
 (the ONNX model's dimension names; ``total_sequence_length`` is the past and the new tokens).
+A hybrid's short-convolution layer (LFM2) keeps no keys and values but its convolution's last
+inputs: ``past.N.conv`` / ``present.N.conv [batch_size, channels, kernel width]`` (zeros
+before the first token), the names onnxruntime-genai uses; a layer with a recurrent state
+(Mamba, linear attention) is refused.
 
 ``position_ids`` count from 0 in every model, as onnxruntime-genai feeds them (from the
 attention mask). A family that numbers its positions from elsewhere has the offset added
@@ -75,6 +79,14 @@ class LayerCache:
     key_dim: int
     value_heads: int
     value_dim: int
+    conv: tuple[int, int] | None = None
+    """A short convolution's state, ``[batch, channels, width]``: (channels, width), kept
+    instead of keys and values by a hybrid's convolution layer (LFM2)."""
+    kv: bool = True
+    """Whether the layer keeps keys and values (a hybrid's convolution layer does not)."""
+    indexer: int | None = None
+    """The width of the indexer keys kept beside the keys and values, ``[batch, length,
+    width]``, by a sparse-attention layer (DeepSeek-V3.2's, GLM-MoE-DSA's), or None."""
 
     def empty(self, batch: int, length: int, dtype: "torch.dtype | None" = None
               ) -> tuple["torch.Tensor", "torch.Tensor"]:
@@ -83,6 +95,34 @@ class LayerCache:
 
         return (torch.zeros(batch, self.key_heads, length, self.key_dim, dtype=dtype),
                 torch.zeros(batch, self.value_heads, length, self.value_dim, dtype=dtype))
+
+    def past(self, batch: int, length: int, dtype: "torch.dtype | None" = None
+             ) -> tuple["torch.Tensor", ...]:
+        """The layer's state as the graph takes it (:meth:`names`): keys and values of
+        ``length`` positions if it keeps them, indexer keys of as many, or a convolution state
+        (zeros: no token before)."""
+        import torch
+
+        conv = (torch.zeros(batch, *self.conv, dtype=dtype),) if self.conv else ()
+        indexer = (torch.zeros(batch, length, self.indexer, dtype=dtype),) \
+            if self.indexer else ()
+        return (*(self.empty(batch, length, dtype) if self.kv else ()), *indexer, *conv)
+
+    def names(self, n: int, present: bool = False) -> tuple[str, ...]:
+        """The I/O names of layer ``n``'s state, in :meth:`past`'s order: ``past_key_values
+        .N.key`` / ``.value``, ``past.N.indexer_key``, ``past.N.conv`` (``present.N.*`` when
+        ``present``; the names onnxruntime-genai gives keys, values and convolutions)."""
+        kv, state = ("present", "present") if present else ("past_key_values", "past")
+        return (*((f"{kv}.{n}.key", f"{kv}.{n}.value") if self.kv else ()),
+                *((f"{state}.{n}.indexer_key",) if self.indexer else ()),
+                *((f"{state}.{n}.conv",) if self.conv else ()))
+
+    def axes(self, batch: Any, length: Any) -> tuple[dict[int, Any], ...]:
+        """Each :meth:`past` tensor's varying axes: keys, values and indexer keys' ``batch``
+        and ``length``, the convolution state's ``batch`` (its width is the kernel's)."""
+        return (*(({0: batch, 2: length},) * 2 if self.kv else ()),
+                *(({0: batch, 1: length},) if self.indexer else ()),
+                *(({0: batch},) if self.conv else ()))
 
 
 def cache_layout(model: "torch.nn.Module") -> tuple[LayerCache, ...]:
@@ -99,31 +139,108 @@ def cache_layout(model: "torch.nn.Module") -> tuple[LayerCache, ...]:
 
 
 def layers_of(name: str, cache: Any) -> tuple[LayerCache, ...]:
-    """The shapes of the filled ``cache`` that ``name``'s forward returned, per layer;
-    :class:`InputError` for a layer holding a state other than keys and values, or none."""
+    """The shapes of the filled ``cache`` that ``name``'s forward returned, per layer (a
+    layer holding nothing has none); :class:`InputError` for a layer holding a state other
+    than keys and values or a convolution layer's, or a cache holding nothing."""
     import torch
 
     layers = []
     for n, layer in enumerate(getattr(cache, "layers", ())):
         keys, values = getattr(layer, "keys", None), getattr(layer, "values", None)
-        if not (isinstance(keys, torch.Tensor) and isinstance(values, torch.Tensor)
-                and keys.dim() == 4 and values.dim() == 4):
+        kv = (isinstance(keys, torch.Tensor) and isinstance(values, torch.Tensor)
+              and keys.dim() == 4 and values.dim() == 4)
+        conv = None if kv else conv_state(layer)  # beside keys and values: not carried
+        if not kv and conv is None and not _keeps_nothing(layer):
             raise InputError(
                 f"{name}: layer {n}'s cache is a {type(layer).__name__}, not keys and values: "
-                "--cache kv exports key/value caches only (use --cache none for the prefill)")
-        beside = sorted(k for k, v in vars(layer).items()
-                        if not k.startswith("_") and k not in ("keys", "values")
-                        and _holds_tensors(v))
+                "--cache kv exports key/value caches and convolution layers' states only "
+                "(use --cache none for the prefill)")
+        indexer = getattr(layer, "indexer_keys", None) if kv else None
+        indexer = indexer if isinstance(indexer, torch.Tensor) and indexer.dim() == 3 else None
+        carried = ("keys", "values", "conv_states" if conv is not None else "keys",
+                   "indexer_keys" if indexer is not None else "keys")
+        beside = sorted(k for k, v in _public(layer).items()
+                        if k not in carried and _holds_tensors(v))
         if beside:
             raise InputError(
                 f"{name}: layer {n}'s cache ({type(layer).__name__}) keeps {', '.join(beside)} "
-                "beside its keys and values: --cache kv carries keys and values only (use "
-                "--cache none for the prefill)")
-        layers.append(LayerCache(keys.shape[1], keys.shape[3], values.shape[1],
-                                 values.shape[3]))
-    if not layers:
+                f"beside its {'keys and values' if kv else 'convolution state'}: --cache kv "
+                "carries keys and values, or a convolution layer's state alone (use --cache "
+                "none for the prefill)")
+        shape = (keys.shape[1], keys.shape[3], values.shape[1], values.shape[3]) if kv \
+            else (0, 0, 0, 0)
+        layers.append(LayerCache(*shape, conv=None if conv is None else
+                                 (conv.shape[1], conv.shape[2]), kv=kv,
+                                 indexer=None if indexer is None else indexer.shape[2]))
+    if not any(layer.kv or layer.conv for layer in layers):
         raise InputError(f"{name} returned no key/value cache: use --cache none")
     return tuple(layers)
+
+
+def _public(layer: Any) -> dict[str, Any]:
+    """A cache layer's public attributes."""
+    return {k: v for k, v in vars(layer).items() if not k.startswith("_")}
+
+
+def _keeps_nothing(layer: Any) -> bool:
+    """Whether ``layer`` is transformers' ``DummyLayer``, which stores nothing by design (a
+    layer reading another's keys and values, Gemma 3n's). Another layer left empty (a model
+    that keeps its state elsewhere, or none) is not taken for one."""
+    from transformers import cache_utils
+
+    dummy = getattr(cache_utils, "DummyLayer", None)
+    return dummy is not None and type(layer) is dummy
+
+
+def conv_state(layer: Any) -> "torch.Tensor | None":
+    """The one convolution state ``[batch, channels, width]`` of a transformers
+    linear-attention cache layer (LFM2's short convolutions), or None: not such a layer, or it
+    keeps several."""
+    import torch
+
+    states = getattr(layer, "conv_states", None)
+    if not isinstance(states, dict) or len(states) != 1:
+        return None
+    state = states.get(0)
+    return state if isinstance(state, torch.Tensor) and state.dim() == 3 else None
+
+
+def filled_cache(model: "torch.nn.Module", past: list) -> Any:
+    """A transformers ``DynamicCache`` holding ``past`` (per layer the tensors
+    :meth:`LayerCache.past` lists): keys and values in full layers (a sliding window is the
+    mask's), as :func:`cache_holding` makes them. With convolution states, the model's own
+    cache's convolution layers (from its config) hold them, each a copy (the layer updates it
+    in place) marked as following earlier tokens (zeros for the first step: the convolution's
+    own left padding); a layer without a state stays the model's own."""
+    from transformers.cache_utils import DynamicIndexedLayer, DynamicLayer
+
+    if all(len(tensors) == 2 for tensors in past):
+        return cache_holding(past)
+    cache = model_cache(model)
+    for n, tensors in enumerate(past):
+        if len(tensors) > 1:  # keys and values, maybe indexer keys
+            empty = DynamicIndexedLayer() if len(tensors) == 3 else DynamicLayer()
+            cache.layers[n] = holding(empty, *tensors)
+            continue
+        if not tensors:
+            continue
+        (state,), layer = tensors, cache.layers[n]
+        layer.conv_states[0], layer.conv_kernel_size[0] = state.clone(), state.shape[-1]
+        layer.dtype, layer.device = state.dtype, state.device
+        layer.is_conv_states_initialized[0] = layer.has_previous_state[0] = True
+    return cache
+
+
+def layer_state(layer: Any) -> tuple["torch.Tensor", ...]:
+    """A filled cache layer's state in :meth:`LayerCache.past`'s order: its keys and values
+    (and indexer keys), or a convolution layer's state."""
+    import torch
+
+    keys, indexer = getattr(layer, "keys", None), getattr(layer, "indexer_keys", None)
+    if isinstance(keys, torch.Tensor):
+        return (keys, layer.values, *((indexer,) if isinstance(indexer, torch.Tensor) else ()))
+    state = conv_state(layer)
+    return () if state is None else (state,)
 
 
 def own_forward(model: "torch.nn.Module", ids: "torch.Tensor", total: int, cache: Any,
@@ -204,13 +321,11 @@ def causal_lm_call(model: "torch.nn.Module", layout: tuple[LayerCache, ...] | No
     outputs = ["logits"]
     if layout is not None:
         past = Dim("past_sequence_length")
-        args.append([layer.empty(b, p, model.dtype) for layer in layout])
-        shapes.append([({0: batch, 2: past}, {0: batch, 2: past}) for _ in layout])
-        named_past = {0: "batch_size", 2: "past_sequence_length"}
-        names.append([(named_past, named_past) for _ in layout])
-        entries = [f"{n}.{kv}" for n in range(len(layout)) for kv in ("key", "value")]
-        inputs += [f"past_key_values.{entry}" for entry in entries]
-        outputs += [f"present.{entry}" for entry in entries]
+        args.append([layer.past(b, p, model.dtype) for layer in layout])
+        shapes.append([layer.axes(batch, past) for layer in layout])
+        names.append([layer.axes("batch_size", "past_sequence_length") for layer in layout])
+        inputs += [name for n, layer in enumerate(layout) for name in layer.names(n)]
+        outputs += [name for n, layer in enumerate(layout) for name in layer.names(n, True)]
     return Call(tuple(args), tuple(shapes), tuple(inputs), tuple(outputs), tuple(names),
                 decode_forward, position_offset(model))
 
@@ -241,18 +356,17 @@ def decode_forward(self: "torch.nn.Module", input_ids: "torch.Tensor",
                    attention_mask: "torch.Tensor", position_ids: "torch.Tensor",
                    past_key_values: list | None = None) -> tuple:
     """The model's forward with the cache as tensors: ``(logits, [(key, value), ...])``,
-    or ``(logits,)`` without a past."""
-
+    or ``(logits,)`` without a past (a hybrid's layers: :func:`filled_cache`)."""
     cls_forward = type(self).forward
     position_ids = model_positions(self, position_ids)
     if past_key_values is None:
         out = cls_forward(self, input_ids=input_ids, attention_mask=attention_mask,
                           position_ids=position_ids, use_cache=False)
         return (out.logits,)
-    cache = cache_holding(past_key_values)
+    cache = filled_cache(self, past_key_values)
     out = cls_forward(self, input_ids=input_ids, attention_mask=attention_mask,
                       position_ids=position_ids, use_cache=True, **{cache_keyword(self): cache})
-    return out.logits, [(layer.keys, layer.values) for layer in cache.layers]
+    return out.logits, [layer_state(layer) for layer in cache.layers]
 
 
 def cache_holding(pairs: "Iterable[tuple[torch.Tensor, torch.Tensor]]") -> Any:
@@ -265,15 +379,22 @@ def cache_holding(pairs: "Iterable[tuple[torch.Tensor, torch.Tensor]]") -> Any:
     from transformers import DynamicCache
     from transformers.cache_utils import DynamicLayer
 
-    layers = []
-    for key, value in pairs:
-        layer = DynamicLayer()  # what its lazy_initialization sets, without its empty tensors
-        layer.device, layer.dtype, layer.keys, layer.values = key.device, key.dtype, key, value
-        layer.is_initialized = True
-        layers.append(layer)
     cache = DynamicCache()
-    cache.layers.extend(layers)
+    cache.layers.extend(holding(DynamicLayer(), key, value) for key, value in pairs)
     return cache
+
+
+def holding(layer: Any, key: "torch.Tensor", value: "torch.Tensor",
+            indexer: "torch.Tensor | None" = None) -> Any:
+    """``layer`` (an empty ``DynamicLayer``, or ``DynamicIndexedLayer`` with ``indexer``)
+    holding the tensors as they are: what its lazy initializations set, without their empty
+    tensors (:func:`cache_holding`)."""
+    layer.device, layer.dtype, layer.keys, layer.values = key.device, key.dtype, key, value
+    layer.is_initialized = True
+    if indexer is not None:
+        layer.indexer_dtype, layer.indexer_device = indexer.dtype, indexer.device
+        layer.indexer_keys, layer.is_indexer_initialized = indexer, True
+    return layer
 
 
 def cache_keyword(model: "torch.nn.Module") -> str:

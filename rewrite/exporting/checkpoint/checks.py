@@ -18,6 +18,7 @@ from rewrite.exporting.checkpoint.cache import (
     Call,
     LayerCache,
     cache_keyword,
+    layer_state,
     model_cache,
     model_call,
     own_forward,
@@ -48,17 +49,15 @@ def causal_lm_check(model: "torch.nn.Module", layout: tuple[LayerCache, ...] | N
         steps = (Step(feeds, expected, name="prefill"),)
         return Check(steps, *tolerances(model.dtype), what=f"prefill of {PROMPT} tokens")
     for n, layer in enumerate(layout):
-        key, value = layer.empty(1, 0, model.dtype)
-        feeds[f"past_key_values.{n}.key"] = as_numpy(key)
-        feeds[f"past_key_values.{n}.value"] = as_numpy(value)
-    expected.update(_presents(prefill_cache, PROMPT))
+        feeds.update(zip(layer.names(n), map(as_numpy, layer.past(1, 0, model.dtype))))
+    expected.update(_presents(prefill_cache, PROMPT, layout))
     token = torch.from_numpy(logits[:, -1:]).argmax(-1)
     logits_next, decode_cache = _own_call(model, token, PROMPT + 1, cache)
-    carried = {f"past_key_values.{n}.{kv}": f"present.{n}.{kv}"
-               for n in range(len(layout)) for kv in ("key", "value")}
+    carried = {past: present for n, layer in enumerate(layout)
+               for past, present in zip(layer.names(n), layer.names(n, present=True))}
     steps = (Step(feeds, expected, name="prefill"),
              Step(_feeds(token, PROMPT + 1), {"logits": logits_next,
-                                              **_presents(decode_cache, PROMPT + 1)},
+                                              **_presents(decode_cache, PROMPT + 1, layout)},
                   carried, name="decode step"))
     return Check(steps, *tolerances(model.dtype),
                  what=f"prefill of {PROMPT} tokens and one decode step")
@@ -138,21 +137,26 @@ def _own_call(model: "torch.nn.Module", ids: "torch.Tensor", total: int, cache: 
     return as_numpy(out.logits), _snapshot(cache)
 
 
-def _snapshot(cache: Any) -> list[tuple[Any, Any]] | None:
-    """Copies of the cache's keys and values now (the next call appends to them)."""
+def _snapshot(cache: Any) -> list[tuple[Any, ...]] | None:
+    """Copies of each cache layer's state now (the next call changes it): keys and values,
+    a convolution state (:func:`layer_state`)."""
     if cache is None:
         return None
-    return [(as_numpy(layer.keys), as_numpy(layer.values)) for layer in cache.layers]
+    return [tuple(map(as_numpy, layer_state(layer))) for layer in cache.layers]
 
 
-def _presents(cache: list | None, total: int) -> dict[str, Any]:
-    """The expected ``present`` outputs: every layer whose eager cache holds all ``total``
-    positions (a sliding-window layer's keeps only its window; its logits are still
-    compared)."""
+def _presents(cache: list | None, total: int, layout: tuple[LayerCache, ...]
+              ) -> dict[str, Any]:
+    """The expected ``present`` outputs (named by ``layout``): every convolution state, and
+    the keys and values of every layer whose eager cache holds all ``total`` positions (a
+    sliding-window layer's keeps only its window; its logits are still compared)."""
     presents: dict[str, Any] = {}
-    for n, (key, value) in enumerate(cache or ()):
-        if key.shape[2] == total and value.shape[2] == total:
-            presents[f"present.{n}.key"], presents[f"present.{n}.value"] = key, value
+    for n, (layer, state) in enumerate(zip(layout, cache or ())):
+        named = dict(zip(layer.names(n, present=True), state))
+        if layer.kv and any(named[f"present.{n}.{kv}"].shape[2] != total
+                            for kv in ("key", "value")):
+            del named[f"present.{n}.key"], named[f"present.{n}.value"]
+        presents.update(named)
     return presents
 
 

@@ -185,6 +185,10 @@ def _config(checkpoint: Checkpoint, model_config: Any, call: Call,
 
 def _one_shape(layout: tuple[LayerCache, ...]) -> tuple[int, int]:
     """(KV heads, head size) of every layer's keys and values: the runtime takes one."""
+    if any(layer.conv or layer.indexer or not layer.kv for layer in layout):
+        raise _NotDerived("not every layer's cache is keys and values alone (convolution "
+                          "states, indexer keys, layers reading another's); rewrite writes "
+                          "genai_config.json for key/value caches only")
     shapes = {(layer.key_heads, layer.key_dim) for layer in layout} | \
         {(layer.value_heads, layer.value_dim) for layer in layout}
     if len(shapes) != 1:

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from rewrite._private.errors import Unavailable
 from rewrite._private.torch_layer_calls import LayerCalls, available
+from rewrite.exporting.checkpoint.cache import conv_state, layer_state
 from rewrite.errors import InputError, LibraryError, first_line, library_call
 
 if TYPE_CHECKING:
@@ -210,7 +211,7 @@ class LayerCall:
         if self.slots is None:
             raise Unavailable(f"the cache is a {type(self.cache).__name__}")
         past = self.slots.read(self.cache, self.index)
-        if any(t is None for t in past):
+        if not past or any(t is None for t in past):
             raise Unavailable(f"layer {self.index}'s cache holds no keys and values")
         return past
 
@@ -227,7 +228,8 @@ class LayerCall:
         args, kwargs = pytree.tree_unflatten(leaves, self.spec)
         if self.cache is not None:
             saved = self.slots.read(self.cache, self.index)
-            self.slots.install(self.cache, self.index, operands[len(operands) - len(saved):])
+            self.slots.install(self.cache, self.index, operands[len(operands) - len(saved):],
+                               given=True)
             if isinstance(self.cache_at, int):
                 args[self.cache_at] = self.cache
             else:
@@ -252,9 +254,11 @@ class LayerCall:
         import torch.utils._pytree as pytree
 
         if self.cache is not None:
-            rest = self.slots.read(self.cache, self.index)[2:]  # read-only state: unchanged
-            self.slots.install(self.cache, self.index, (*outputs[-2:], *rest))
-            outputs = outputs[:-2]
+            state = self.slots.read(self.cache, self.index)
+            changed = self.slots.changed(state)
+            rest = state[changed:]  # read-only state: unchanged
+            self.slots.install(self.cache, self.index, (*outputs[-changed:], *rest))
+            outputs = outputs[:-changed]
         leaves, spec = self._outputs_of[self.identifier]
         given = iter(outputs)
         leaves = [next(given) if isinstance(v, torch.Tensor) else v for v in leaves]
@@ -262,18 +266,33 @@ class LayerCall:
 
 
 class _DynamicSlots:
-    """A ``DynamicCache`` layer's state: its keys and values (updated by the layer)."""
+    """A ``DynamicCache`` layer's state, all updated by the layer: its keys and values (and
+    indexer keys), or a hybrid's convolution state
+    (:func:`~rewrite.exporting.checkpoint.cache.layer_state`)."""
 
     @staticmethod
     def read(cache: Any, index: int) -> tuple:
-        layer = cache.layers[index]
-        return getattr(layer, "keys", None), getattr(layer, "values", None)
+        return layer_state(cache.layers[index])
 
     @staticmethod
-    def install(cache: Any, index: int, tensors: tuple) -> None:
-        cache.layers[index].keys, cache.layers[index].values = tensors
+    def install(cache: Any, index: int, tensors: tuple, given: bool = False) -> None:
+        """``tensors`` as layer ``index``'s state; a convolution state, updated in place by
+        the layer, copied when ``given`` (the function's input)."""
+        layer = cache.layers[index]
+        if conv_state(layer) is not None:
+            (state,) = tensors
+            layer.conv_states[0] = state.clone() if given else state
+        else:
+            layer.keys, layer.values, *indexer = tensors
+            if indexer:
+                (layer.indexer_keys,) = indexer
 
     updated = read
+
+    @staticmethod
+    def changed(state: tuple) -> int:
+        """How many of a layer's ``state`` tensors its call updates: all."""
+        return len(state)
 
 
 class _FixedSlots:
@@ -285,13 +304,18 @@ class _FixedSlots:
         return (*cache.buffers[index], cache.positions)
 
     @staticmethod
-    def install(cache: Any, index: int, tensors: tuple) -> None:
+    def install(cache: Any, index: int, tensors: tuple, given: bool = False) -> None:
         cache.buffers[index] = [tensors[0], tensors[1]]
         cache.positions = tensors[2]
 
     @staticmethod
     def updated(cache: Any, index: int) -> tuple:
         return tuple(cache.buffers[index])
+
+    @staticmethod
+    def changed(state: tuple) -> int:
+        """How many of a layer's ``state`` tensors its call updates: the two buffers."""
+        return 2
 
 
 def _slots(cache: Any) -> "type[_DynamicSlots] | type[_FixedSlots] | None":
