@@ -13,8 +13,9 @@ thread at each (2.47 GB in 5 s instead of 1.6 s next to a busy thread).
 When the model is written, :meth:`EarlyData.placing` finds each initializer that is one of
 those file ranges (still provably equal to the file, :func:`rewrite.files.mapped.file_ranges`) in
 the data written early, and the writer refers to it there. An initializer over
-``EXTERNAL_TENSOR_BYTES`` made in memory (a constant of the graph: the slot indices of a static
-export, 16 KB at a context of 2048) is appended after the early data, aligned by the same rule.
+``EXTERNAL_TENSOR_BYTES`` that is not in a file (a constant of the graph: the slot indices of a
+static export, 16 KB at a context of 2048; a weight changed in memory) is appended after the
+early data, aligned by the same rule.
 The early data is used only when every byte of it is used (no dead bytes in the output).
 Otherwise (a weight the graph does not use, or holds transformed) it is removed and the model
 is written as without it: never a different model, at worst no time saved.
@@ -53,7 +54,7 @@ class EarlyData:
         self.folder, self.name, self.ranges = folder, name, ranges
         self.offsets: dict[FileRange, int] = {}
         self.appended: list[int] = []
-        """The sizes of the tensors made in memory, appended after the early data."""
+        """The sizes of the tensors written from memory, appended after the early data."""
         self.seconds = 0.0
         self._alignment = alignment
         self._error: BaseException | None = None
@@ -128,7 +129,7 @@ class EarlyData:
                 ) -> list[FileRange | None] | None:
         """Where each of ``tensors`` (the model's initializers) lies in the early data (None:
         at most ``threshold`` bytes, it stays in the model); None when the early data holds
-        bytes the model does not use (then it is discarded). A tensor made in memory (a
+        bytes the model does not use (then it is discarded). A tensor from memory (a
         constant of the graph: a static export's slot indices) is appended to the data, once
         (:meth:`append`)."""
         self.wait()
@@ -140,7 +141,7 @@ class EarlyData:
                 places.append(None)
             elif where is not None and where in self.offsets and where.length == tensor.nbytes:
                 places.append(FileRange(self.path, self.offsets[where], where.length))
-            else:  # made in memory: appended below
+            else:  # from memory: appended below
                 places.append(None)
                 made.setdefault(id(tensor), tensor)
         used = {place.offset for place in places if place is not None}

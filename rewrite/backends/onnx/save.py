@@ -253,7 +253,7 @@ def _save_external(model: ir.Model, staged: Path, total: int, chunk: int | None,
         with _swapped(model, lambda ts: [by_reference(t, w) for t, w in zip(ts, places)]):
             ir.save(model, staged)  # the data is written: the model refers to it
         gb = early.nbytes / 1e9
-        made = (f", {len(early.appended)} made in memory appended "
+        made = (f", {len(early.appended)} from memory appended "
                 f"({sum(early.appended) / 1e6:.2f} MB)" if early.appended else "")
         return (f"weights: {gb:.2f} GB written while exporting, in {early.seconds:.1f}s "
                 f"({gb / max(early.seconds, 1e-9):.2f} GB/s, synced; waited "
