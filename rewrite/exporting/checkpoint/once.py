@@ -301,10 +301,14 @@ class BodyCheck:
             self.reason = self._failure(index, identifier, operands, outputs)
         return outputs
 
+    def candidates(self, identifier: str) -> list["torch.fx.GraphModule"]:
+        """The traced bodies of ``identifier``."""
+        return [body for name, body in self.bodies.items()
+                if name == identifier or name.startswith(f"{identifier}.")]
+
     def _failure(self, index: int, identifier: str, operands: tuple, outputs: tuple
                  ) -> str | None:
-        candidates = [body for name, body in self.bodies.items()
-                      if name == identifier or name.startswith(f"{identifier}.")]
+        candidates = self.candidates(identifier)
         if not candidates:
             return (f"layer {index} took another path in eager than in the trace: its "
                     "traced body could not be checked")
@@ -314,13 +318,40 @@ class BodyCheck:
         return None
 
 
+class BodyRun(BodyCheck):
+    """Runs each layer through its kind's traced body: the model as the program computes
+    it. The first call of each identifier, and one with no single body, runs the layer's
+    function too and is checked as :class:`BodyCheck` checks (which also gives the outputs'
+    structure)."""
+
+    def __init__(self, bodies: dict[str, "torch.fx.GraphModule"]) -> None:
+        super().__init__(bodies)
+        self.seen: set[str] = set()
+
+    def call(self, identifier: str, body: Callable[..., tuple], operands: tuple) -> tuple:
+        candidates = self.candidates(identifier)
+        if identifier not in self.seen or len(candidates) != 1:
+            self.seen.add(identifier)
+            return super().call(identifier, body, operands)
+        index, self.index = self.index, self.index + 1
+        try:
+            return tuple(candidates[0](*operands))
+        except RuntimeError:  # not the sizes it was traced for
+            if self.reason is None:
+                self.reason = f"layer {index}'s traced body does not run on its inputs"
+            return tuple(body(*operands))
+
+
 def check_bodies(model: "torch.nn.Module", layers: "torch.nn.ModuleList",
                  program: "torch.export.ExportedProgram", example: tuple) -> str | None:
     """Why ``program``'s traced bodies do not compute every layer (None when they do): the
     bodies hold no tensor constants of their own (the reader inlines nodes, not module
-    attributes); the model whose layers go through their functions gives what the model
-    gives, eagerly on ``example`` (the export's example inputs, one row, the cache made
-    random); and each layer's kind's body gives what its function gives."""
+    attributes); the model whose layers go through their traced bodies gives what the
+    model gives, eagerly on ``example`` (the export's example inputs, one row, the cache
+    made random; two runs: a static export's example is a whole chunk, 128 tokens). Where
+    it does not, the verdict is the layer by layer one: the model whose layers go through
+    their functions gives what the model gives, and each layer's kind's body gives what its
+    function gives (one run more, to say which layer)."""
     import torch
 
     bodies = _bodies(program)
@@ -329,7 +360,6 @@ def check_bodies(model: "torch.nn.Module", layers: "torch.nn.ModuleList",
     if held:
         return f"a traced layer holds tensor constants of its own ({held[0]})"
     example = _randomized(example)
-    checked = BodyCheck(bodies)
     name = type(model).__name__
 
     def failed(e: BaseException) -> InputError:
@@ -338,6 +368,12 @@ def check_bodies(model: "torch.nn.Module", layers: "torch.nn.ModuleList",
 
     with library_call("transformers", f"running {name}", failed), torch.no_grad():
         whole = model(*example)
+        run = BodyRun(bodies)  # the model as the program computes it: two runs in all
+        with cut(layers, run):
+            through = model(*example)
+        if run.reason is None and _all_close(whole, through):
+            return None
+        checked = BodyCheck(bodies)  # else, each layer against its function: which one
         with cut(layers, checked):
             through = model(*example)
     if not _all_close(whole, through):
