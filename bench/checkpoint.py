@@ -256,11 +256,11 @@ def _static_lines(ok: dict[str, Result]) -> list[str]:
         if name not in ok or "export" not in ok:
             continue
         mine, kv = ok[name], ok["export"]
-        for what, a, b in (("wall", mine.median(), kv.median()),
-                           ("peak RssAnon", mine.peak("anon_mb"), kv.peak("anon_mb"))):
-            unit = "s" if what == "wall" else "MB"
-            lines.append(f"| `{name}` / `export` (--cache kv), {what} | {a:.2f} {unit} / "
-                         f"{b:.2f} {unit} = {a / b:.2f}x | <= 1x | {verdict(a <= b)} |")
+        for what, a, b, unit in (("wall", mine.median(), kv.median(), "{:.2f} s"),
+                                 ("peak RssAnon", mine.peak("anon_mb"), kv.peak("anon_mb"),
+                                  "{:.0f} MB")):
+            lines.append(f"| `{name}` / `export` (--cache kv), {what} | {unit.format(a)} / "
+                         f"{unit.format(b)} = {a / b:.2f}x | <= 1x | {verdict(a <= b)} |")
     return lines
 
 
