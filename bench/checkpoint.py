@@ -25,7 +25,11 @@ every row writes into memory the host took back, as explained there). Rows:
 * ``export-whole``: the same with ``--trace whole`` (torch.export traces every layer);
 * ``export-nofile``: ``rewrite.export(DIR, cache="kv")`` with no output: everything but
   writing, so that ``export`` minus it is what writing the weights costs the run (they are
-  written while torch.export runs: the step after lowering is only a wait).
+  written while torch.export runs: the step after lowering is only a wait);
+* ``export-static``: ``rewrite -v export DIR -o OUT/model.onnx --cache static --context 2048
+  --static batch=1,seq=128`` (issue 41: a fixed cache, every shape static);
+  ``export-static-2seq``: the same with ``--static batch=1,seq=128,seq=1`` (a prefill and a
+  decode model over one data file).
 
 Per row: wall time (min / median / max), peak ``RssAnon`` / ``RssFile`` of the process tree
 (``bench.procmem``), ``ru_maxrss``, output size, the checker on rewrite's outputs
@@ -33,7 +37,8 @@ Per row: wall time (min / median / max), peak ``RssAnon`` / ``RssFile`` of the p
 note on how many weights went file to file. Targets (issue 31), each printed met or MISSED:
 ``export`` whole process faster than ``builder``; its peak RssAnon at most half the builder's;
 what writing the weights adds to its run at most 1.5x ``cp`` (the writing itself, in the
-background and after lowering, and the script's, for information). The load
+background and after lowering, and the script's, for information); issue 41: each static row
+at most ``export``'s median wall time and peak RssAnon. The load
 average before and after the run is printed (the machine is shared). The table goes to stdout
 and ``bench/out/checkpoint.md``; MB are 2**20 bytes, GB 10**9. Exit 1 if a row failed.
 """
@@ -95,6 +100,10 @@ TRACED_ONCE_RATIO = 0.6
 builder's wall time, the builder's output synced."""
 
 
+STATIC = ("--cache", "static", "--context", "2048", "--static")
+"""The fixed cache of issue 41's rows; each row gives ``--static``'s sizes."""
+
+
 def _python(*args: str) -> list[str]:
     return [sys.executable, *args]
 
@@ -118,6 +127,12 @@ ROWS = {
                                              str(o / "model.onnx"), "--cache", "kv",
                                              "--trace", "whole"), "model.onnx"),
     "export-nofile": Row(lambda d, o: _python("-c", NO_FILE, str(d))),
+    "export-static": Row(lambda d, o: _python("-m", "rewrite", "-v", "export", str(d), "-o",
+                                              str(o / "model.onnx"), *STATIC,
+                                              "batch=1,seq=128"), "model.onnx"),
+    "export-static-2seq": Row(lambda d, o: _python(
+        "-m", "rewrite", "-v", "export", str(d), "-o", str(o / "model.onnx"), *STATIC,
+        "batch=1,seq=128,seq=1"), "model.onnx"),
 }
 NAMES = ("DIR", "OUT")
 """How the tables show the checkpoint folder and the output folder."""
@@ -221,7 +236,7 @@ def targets_table(results: dict[str, Result]) -> list[str]:
         lines.append(f"| `export` / `export-whole` (every layer traced; for information) | "
                      f"{mine.median():.2f} s / {whole.median():.2f} s = "
                      f"{mine.median() / whole.median():.2f}x | | |")
-    lines += _weights_lines(ok)
+    lines += _weights_lines(ok) + _static_lines(ok)
     if "script" in ok and "builder" in ok:
         mine, theirs = ok["script"], ok["builder"]
         lines.append(f"| script / builder (for information; no KV cache) | wall "
@@ -230,6 +245,22 @@ def targets_table(results: dict[str, Result]) -> list[str]:
     failed = [name for name, r in results.items() if r.failed]
     if failed:
         lines.append(f"| runs that failed | {', '.join(failed)} | none | **MISSED** |")
+    return lines
+
+
+def _static_lines(ok: dict[str, Result]) -> list[str]:
+    """Issue 41: each static export at most the ``export`` (``--cache kv``) row's median wall
+    time and peak RssAnon."""
+    lines = []
+    for name in ("export-static", "export-static-2seq"):
+        if name not in ok or "export" not in ok:
+            continue
+        mine, kv = ok[name], ok["export"]
+        for what, a, b, unit in (("wall", mine.median(), kv.median(), "{:.2f} s"),
+                                 ("peak RssAnon", mine.peak("anon_mb"), kv.peak("anon_mb"),
+                                  "{:.0f} MB")):
+            lines.append(f"| `{name}` / `export` (--cache kv), {what} | {unit.format(a)} / "
+                         f"{unit.format(b)} = {a / b:.2f}x | <= 1x | {verdict(a <= b)} |")
     return lines
 
 

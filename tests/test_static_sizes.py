@@ -9,6 +9,8 @@ read."""
 
 from __future__ import annotations
 
+import os
+import time
 from pathlib import Path
 
 import numpy as np
@@ -46,9 +48,9 @@ def _session(path: Path) -> ort.InferenceSession:
 def _step(session, buffers: dict, tokens: np.ndarray, start: int, real: int) -> np.ndarray:
     """One call: ``tokens`` at positions ``start...``, the first ``real`` of them real (the
     rest fill the chunk: position -1, dropped); ``buffers`` updated; the logits."""
-    width = tokens.shape[1]
+    width, context = tokens.shape[1], next(iter(buffers.values())).shape[2]
     positions = np.where(np.arange(width) < real, start + np.arange(width), -1)[None]
-    mask = (np.arange(CONTEXT) < start + real).astype(np.int64)[None]
+    mask = (np.arange(context) < start + real).astype(np.int64)[None]
     outputs = session.run(None, {"input_ids": tokens.astype(np.int64), "attention_mask": mask,
                                  "position_ids": positions, **buffers})
     result = dict(zip([o.name for o in session.get_outputs()], outputs))
@@ -57,17 +59,16 @@ def _step(session, buffers: dict, tokens: np.ndarray, start: int, real: int) -> 
     return result["logits"]
 
 
-def test_chunks_then_decode_steps_equal_eager(exported):
-    """The prompt (10 tokens: chunks of 4, 4 and 2 real) through model.onnx, then greedy
-    decode steps through model_seq1.onnx on the same buffers."""
+def _assert_chunks_then_decode_equal_eager(folder: Path, out: Path, context: int) -> None:
+    """The prompt (10 tokens: chunks of 4, 4 and 2 real) through ``out``, then greedy decode
+    steps through ``out``'s ``_seq1`` model on the same buffers, equal to eager (1e-4)."""
     from rewrite.exporting.checkpoint.cache import cache_layout
 
-    _, folder, out = exported
     eager = _eager(folder)
-    chunked, single = _session(out), _session(out.with_name("model_seq1.onnx"))
+    chunked, single = _session(out), _session(out.with_name(f"{out.stem}_seq1.onnx"))
     buffers = {}
     for n, layer in enumerate(cache_layout(eager)):
-        key, value = layer.empty(1, CONTEXT)
+        key, value = layer.empty(1, context)
         buffers[f"past_key_values.{n}.key"] = key.numpy()
         buffers[f"past_key_values.{n}.value"] = value.numpy()
     ids = torch.randint(0, eager.config.vocab_size, (1, PROMPT),
@@ -87,6 +88,11 @@ def test_chunks_then_decode_steps_equal_eager(exported):
     with torch.no_grad():
         want = eager(input_ids=sequence).logits[0].numpy()
     np.testing.assert_allclose(logits, want, atol=1e-4, rtol=0)
+
+
+def test_chunks_then_decode_steps_equal_eager(exported):
+    _, folder, out = exported
+    _assert_chunks_then_decode_equal_eager(folder, out, CONTEXT)
 
 
 def test_the_models_read_one_data_file_holding_each_weight_once(exported):
@@ -173,3 +179,47 @@ def test_several_lengths_without_an_output_refused(tmp_path):
     folder = checkpoints.write("llama", tmp_path / "checkpoint")
     with pytest.raises(rewrite.InputError, match="write one model each beside the output"):
         rewrite.export(folder, cache="static", context=CONTEXT, static={"seq": [4, 1]})
+
+
+WIDE = 160
+"""A context whose slot indices (160 int64: 1280 bytes) are a constant of the data file."""
+
+
+def test_weights_written_early_kept_and_the_constants_appended(tmp_path, monkeypatch):
+    """The checkpoint's weights are written while torch.export runs (the weights are small,
+    so ``external_data_threshold=0``); the graph's constants over 1 KB (the slot indices of
+    the context) are appended after them, the early data kept (never discarded and written
+    again): the data file holds each weight once, then the constants, nothing else; both
+    models read it and equal eager."""
+    from rewrite.backends.onnx.early_data import EarlyData
+    from tests.test_mapped_weights import DAY_NS, Recorder
+
+    discarded, discard = [], EarlyData.discard
+    monkeypatch.setattr(EarlyData, "discard",
+                        lambda self: (discarded.append(self.name), discard(self)))
+    folder = checkpoints.write("llama", tmp_path / "checkpoint")
+    past = time.time_ns() - DAY_NS  # written before the process started, as a user's are
+    for path in folder.iterdir():
+        os.utime(path, ns=(past, past))
+    out = tmp_path / "out" / "model.onnx"
+    out.parent.mkdir()
+    progress = Recorder()
+    rewrite.export(folder, output=out, cache="static", context=WIDE, progress=progress,
+                   static={"batch": 1, "seq": [CHUNK, 1]}, external_data_threshold=0)
+    note = next(n for n in progress.notes if n.startswith("weights:"))
+    assert "written while exporting" in note and not discarded, note
+    first = external_places(out)
+    assert external_places(out.with_name("model_seq1.onnx")) == first
+    eager = _eager(folder)
+    names = {name for name, t in eager.state_dict().items() if t.nbytes > 1024}
+    weights = sorted(place[1:] for name, place in first.items() if name in names)
+    made = sorted(place[1:] for name, place in first.items() if name not in names)
+    assert {p.data_ptr() for p in eager.parameters() if p.nbytes > 1024} and made
+    big = sum(p.nbytes for p in {p.data_ptr(): p for p in eager.parameters()}.values()
+              if p.nbytes > 1024)
+    assert sum(length for _, length in weights) == big  # each weight once, at the front
+    assert weights[-1][0] + weights[-1][1] <= made[0][0]
+    assert sum(length for _, length in made) >= WIDE * 8
+    assert (out.parent / "model.onnx.data").stat().st_size == sum(
+        length for _, length in (*weights, *made))  # packed: nothing written twice
+    _assert_chunks_then_decode_equal_eager(folder, out, WIDE)

@@ -12,11 +12,13 @@ thread at each (2.47 GB in 5 s instead of 1.6 s next to a busy thread).
 
 When the model is written, :meth:`EarlyData.placing` finds each initializer that is one of
 those file ranges (still provably equal to the file, :func:`rewrite.files.mapped.file_ranges`) in
-the data written early, and the writer refers to it there. It is used only when it covers the model
-exactly: every initializer over ``EXTERNAL_TENSOR_BYTES`` written early, and every
-byte written early used (no dead bytes in the output). Otherwise (a weight made in memory, a
-weight the graph does not use) the early data is removed and the model is written as
-without it: never a different model, at worst no time saved.
+the data written early, and the writer refers to it there. An initializer over
+``EXTERNAL_TENSOR_BYTES`` that is not in a file (a constant of the graph: the slot indices of a
+static export, 16 KB at a context of 2048; a weight changed in memory) is appended after the
+early data, aligned by the same rule.
+The early data is used only when every byte of it is used (no dead bytes in the output).
+Otherwise (a weight the graph does not use, or holds transformed) it is removed and the model
+is written as without it: never a different model, at worst no time saved.
 """
 
 from __future__ import annotations
@@ -51,6 +53,8 @@ class EarlyData:
                  alignment: int) -> None:
         self.folder, self.name, self.ranges = folder, name, ranges
         self.offsets: dict[FileRange, int] = {}
+        self.appended: list[int] = []
+        """The sizes of the tensors written from memory, appended after the early data."""
         self.seconds = 0.0
         self._alignment = alignment
         self._error: BaseException | None = None
@@ -77,7 +81,7 @@ class EarlyData:
     def _write(self) -> None:
         """One ``copy_file_range`` per weight (this thread takes the GIL only between them:
         a Python-heavy writer here would wait for the exporting thread at every step)."""
-        path = self.folder / self.name
+        path = self.path
         sources: dict[Path, int] = {}
         target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         try:
@@ -117,30 +121,57 @@ class EarlyData:
         self.discard()
 
     def discard(self) -> None:
-        (self.folder / self.name).unlink(missing_ok=True)
+        self.path.unlink(missing_ok=True)
         self.offsets.clear()
+        self.appended.clear()
 
     def placing(self, tensors: list[ir.TensorProtocol], threshold: int
                 ) -> list[FileRange | None] | None:
         """Where each of ``tensors`` (the model's initializers) lies in the early data (None:
-        at most ``threshold`` bytes, it stays in the model); None when the early data does
-        not cover them exactly (then it is discarded)."""
+        at most ``threshold`` bytes, it stays in the model); None when the early data holds
+        bytes the model does not use (then it is discarded). A tensor from memory (a
+        constant of the graph: a static export's slot indices) is appended to the data, once
+        (:meth:`append`)."""
         self.wait()
         ranges = file_ranges([getattr(t, "raw", None) for t in tensors])
         places: list[FileRange | None] = []
+        made: dict[int, ir.TensorProtocol] = {}
         for tensor, where in zip(tensors, ranges):
             if tensor.nbytes <= threshold:  # stays in the model (onnx_ir's rule)
                 places.append(None)
             elif where is not None and where in self.offsets and where.length == tensor.nbytes:
-                places.append(FileRange(self.folder / self.name, self.offsets[where],
-                                        where.length))
-            else:
-                break
+                places.append(FileRange(self.path, self.offsets[where], where.length))
+            else:  # from memory: appended below
+                places.append(None)
+                made.setdefault(id(tensor), tensor)
         used = {place.offset for place in places if place is not None}
-        if len(places) < len(tensors) or used != set(self.offsets.values()):
+        if used != set(self.offsets.values()):
             self.discard()
             return None
-        return places
+        appended = {key: self.append(tensor) for key, tensor in made.items()}
+        return [appended.get(id(tensor), place) for tensor, place in zip(tensors, places)]
+
+    @property
+    def path(self) -> Path:
+        return self.folder / self.name
+
+    def append(self, tensor: ir.TensorProtocol) -> FileRange:
+        """``tensor``'s bytes written at the end of the data (aligned as :meth:`_layout`
+        aligns); where. Counted in :attr:`appended`."""
+        offset = append_tensor(self.path, tensor, self._alignment)
+        self.appended.append(tensor.nbytes)
+        return FileRange(self.path, offset, tensor.nbytes)
+
+
+def append_tensor(data: Path, tensor: ir.TensorProtocol, alignment: int) -> int:
+    """``tensor``'s bytes at the end of ``data`` (a tensor over ``ALIGN_ABOVE`` bytes at a
+    multiple of ``alignment``, zeros before it); its offset."""
+    with open(data, "ab") as f:
+        end = f.seek(0, 2)
+        offset = -(-end // alignment) * alignment if tensor.nbytes > ALIGN_ABOVE else end
+        f.write(b"\0" * (offset - end))
+        f.write(tensor.tobytes())
+    return offset
 
 
 def _copy(source: int, where: FileRange, target: int, offset: int) -> None:

@@ -253,10 +253,12 @@ def _save_external(model: ir.Model, staged: Path, total: int, chunk: int | None,
         with _swapped(model, lambda ts: [by_reference(t, w) for t, w in zip(ts, places)]):
             ir.save(model, staged)  # the data is written: the model refers to it
         gb = early.nbytes / 1e9
+        made = (f", {len(early.appended)} from memory appended "
+                f"({sum(early.appended) / 1e6:.2f} MB)" if early.appended else "")
         return (f"weights: {gb:.2f} GB written while exporting, in {early.seconds:.1f}s "
                 f"({gb / max(early.seconds, 1e-9):.2f} GB/s, synced; waited "
-                f"{time.perf_counter() - start:.1f}s); {len(early.offsets)} of {len(places)} "
-                f"tensors ({gb:.2f} GB) copied file to file")
+                f"{time.perf_counter() - start:.1f}s){made}; {len(early.offsets)} of "
+                f"{len(places)} tensors ({gb:.2f} GB) copied file to file")
     with _weights_by_reference(model, mapped) as copied:
         ir.save(model, staged, external_data=data_path(staged).name,
                 size_threshold_bytes=EXTERNAL_TENSOR_BYTES, max_shard_size_bytes=chunk,

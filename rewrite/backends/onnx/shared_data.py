@@ -24,7 +24,7 @@ import onnx
 import onnx_ir as ir
 from attrs import frozen
 
-from rewrite.backends.onnx.early_data import ALIGN_ABOVE
+from rewrite.backends.onnx.early_data import append_tensor
 
 Place = tuple[str, int, int]
 """Where a tensor lies in a data file: (file name, offset, length)."""
@@ -99,7 +99,8 @@ def save_sharing(model: ir.Model, staged: Path, first: ir.Model, first_staged: P
         assert tensor is not None and value.name is not None
         place = places.get(value.name)
         if place is None or not same_tensor(tensor, theirs.get(value.name)):
-            place = _append(staged.parent / target, tensor, alignment)
+            place = (target, append_tensor(staged.parent / target, tensor, alignment),
+                     tensor.nbytes)
         location, offset, length = place
         value.const_value = ir.ExternalTensor(  # type: ignore[assignment]
             location, offset, length, tensor.dtype, shape=tensor.shape, name=value.name,
@@ -140,14 +141,3 @@ def _same_storage(a: object, b: object) -> bool:
     return (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)
             and a.data_ptr() == b.data_ptr() and a.shape == b.shape
             and a.stride() == b.stride() and a.dtype == b.dtype)
-
-
-def _append(data: Path, tensor: ir.TensorProtocol, alignment: int) -> Place:
-    """``tensor``'s bytes at the end of ``data`` (a tensor over ``ALIGN_ABOVE`` bytes at a
-    multiple of ``alignment``); where."""
-    with open(data, "ab") as f:
-        end = f.seek(0, 2)
-        offset = -(-end // alignment) * alignment if tensor.nbytes > ALIGN_ABOVE else end
-        f.write(b"\0" * (offset - end))
-        f.write(tensor.tobytes())
-    return data.name, offset, tensor.nbytes

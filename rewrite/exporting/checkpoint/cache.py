@@ -93,8 +93,23 @@ class LayerCache:
         """Zero keys and values of ``length`` positions."""
         import torch
 
-        return (torch.zeros(batch, self.key_heads, length, self.key_dim, dtype=dtype),
-                torch.zeros(batch, self.value_heads, length, self.value_dim, dtype=dtype))
+        keys, values = self.shapes(batch, length)
+        return torch.zeros(keys, dtype=dtype), torch.zeros(values, dtype=dtype)
+
+    def unwritten(self, batch: int, length: int, dtype: "torch.dtype | None" = None
+                  ) -> tuple["torch.Tensor", "torch.Tensor"]:
+        """Keys and values of ``length`` positions whose memory is never written: an example
+        of which only the shapes are read (torch.export's), no page of it resident (64 MB
+        of zeros otherwise: a 1.24B Llama's buffers of 2048 positions)."""
+        import torch
+
+        keys, values = self.shapes(batch, length)
+        return torch.empty(keys, dtype=dtype), torch.empty(values, dtype=dtype)
+
+    def shapes(self, batch: int, length: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """The shapes of keys and values of ``length`` positions."""
+        return ((batch, self.key_heads, length, self.key_dim),
+                (batch, self.value_heads, length, self.value_dim))
 
     def past(self, batch: int, length: int, dtype: "torch.dtype | None" = None
              ) -> tuple["torch.Tensor", ...]:

@@ -159,7 +159,7 @@ def fixed_cache_call(model: "torch.nn.Module", layout: tuple[LayerCache, ...],
     mask = torch.zeros(b, context, dtype=torch.long)
     mask[:, :s] = 1
     args: list = [torch.randint(0, vocab, (b, s)), mask, torch.arange(s).repeat(b, 1),
-                  [layer.empty(b, context, model.dtype) for layer in layout]]
+                  [layer.unwritten(b, context, model.dtype) for layer in layout]]
     batch = "batch" not in static and Dim("batch_size")
     sequence = "seq" not in static and Dim("sequence_length")
     tokens = {k: v for k, v in ((0, batch), (1, sequence)) if v}
