@@ -15,7 +15,7 @@ weight at a time as it is written, checked against eager on the same weights.
   names is an error: its placeholder would be written.
 * **Checked** (:meth:`Int4Export.check`): the written model against eager run on the same
   weights, quantized and dequantized as its ``DequantizeLinear`` computes them (the
-  quantized weights kept when written: :class:`~rewrite.backends.onnx._blockwise.Kept`),
+  quantized weights kept when written: :class:`~rewrite.backends.onnx.quantize.Kept`),
   with float32's tight tolerance; a wrong layout or a weight wired to the wrong call is a
   mismatch. The eager weights are swapped in module by module while it runs (forward
   hooks: one float32 weight at a time). The error against eager float32 is measured on the
@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     import onnx_ir as ir
     import torch
 
-    from rewrite.backends.onnx._blockwise import Kept
+    from rewrite.backends.onnx.quantize import Kept
     from rewrite.backends.onnx.quantize import Quantized
     from rewrite.exporting.verify import Check
 
@@ -97,7 +97,7 @@ class Int4Export:
 
     def __init__(self, model: "torch.nn.Module", *, block: int, symmetric: bool,
                  report: Callable[[str], None], verify: bool) -> None:
-        from rewrite.backends.onnx._blockwise import Kept
+        from rewrite.backends.onnx.quantize import Kept
 
         self.model, self.block, self.symmetric, self.report = model, block, symmetric, report
         self.sources = float32_shell(model)
@@ -151,7 +151,7 @@ class Int4Export:
     def _weights(self, quantized: bool) -> Weights:
         """What eager uses for each weight: the written int4 weights dequantized
         (``quantized``), else the floats; the shell's other sources in float32."""
-        from rewrite.backends.onnx._blockwise import as_float32, fake_quantized
+        from rewrite.backends.onnx.quantize import as_float32, fake_quantized
 
         weights: Weights = {name: partial(as_float32, source)
                             for name, source in self.sources.items()}

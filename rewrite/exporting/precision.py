@@ -83,7 +83,7 @@ class Precision:
 def checked(int4: "Int4Export | None", make: "Callable[[], Check | None] | None"
             ) -> "Callable[[Path], str] | None":
     """The check of a written model: ``make``'s, or (int4) against eager on the same
-    weights (:meth:`Int4Export.check`); None: not checked."""
+    weights (:meth:`rewrite.exporting.int4.Int4Export.check`); None: not checked."""
     if make is None:
         return None
     return make() if int4 is None else int4.check(make)

@@ -164,7 +164,6 @@ def dequantize(q: np.ndarray, scale: np.ndarray, zero_point: np.ndarray | None,
 def _packed(values: "torch.Tensor", like: ir.LazyTensor) -> ir.PackedTensor:
     """4-bit ``values`` (int8 or uint8, any layout) packed two to a byte in row-major
     order, the first in the low nibble (ONNX's packing)."""
-    import torch
 
     return ir.PackedTensor(_pack(values).numpy(), like.dtype, shape=like.shape,
                            name=like.name)

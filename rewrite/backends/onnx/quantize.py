@@ -26,7 +26,8 @@ The quantized tensors are stored ``[K, N]`` (in, out), blocks along K (axis 0): 
 onnxruntime fuses with the ``MatMul`` into ``MatMulNBits`` after it inlines the functions
 (:mod:`_blockwise` computes them when they are written, one weight at a time). A float
 initializer no use reads any more is dropped. What is quantized and what is not is
-returned as :class:`Quantized`.
+returned as :class:`Quantized`. :class:`Kept` (the quantized weights kept when written),
+:func:`fake_quantized` and :func:`as_float32` are for an eager reference of the same weights.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from typing import Any, Iterator, Mapping
 import onnx_ir as ir
 from attrs import frozen
 
-from rewrite.backends.onnx._blockwise import Blockwise, Kept
+from rewrite.backends.onnx._blockwise import Blockwise, Kept, as_float32, fake_quantized
 
 OPSET = 21
 """The first opset of ``DequantizeLinear`` with ``block_size`` and of int4 / uint4."""
@@ -455,3 +456,6 @@ def _raise_opsets(model: ir.Model) -> None:
     model.opset_imports[""] = version
     for function in model.functions.values():  # onnxruntime types a function's inputs by
         function.opset_imports[""] = version      # its default opset: int4 needs 21
+
+
+__all__ = ["Kept", "QuantizeInt4", "Quantized", "as_float32", "fake_quantized", "quantize_int4"]
