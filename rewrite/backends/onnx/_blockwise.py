@@ -122,15 +122,19 @@ def quantize_rows(rows: "torch.Tensor", block: int, symmetric: bool
 
 def dequantize_rows(q: "torch.Tensor", scale: "torch.Tensor",
                     zero_point: "torch.Tensor | None", block: int) -> "torch.Tensor":
-    """What ``DequantizeLinear`` computes from :func:`quantize_rows`' parts: ``[N, K]``."""
+    """What ``DequantizeLinear`` computes from :func:`quantize_rows`' parts: ``[N, K]``
+    (``q``: the integers, or their float32 values, which are overwritten)."""
     import torch
 
-    k = q.shape[1]
-    scale_k = scale.repeat_interleave(block, dim=1)[:, :k]
+    n, k = q.shape
+    blocks = scale.shape[1]
     values = q.to(torch.float32)
+    if blocks * block != k:
+        values = torch.nn.functional.pad(values, (0, blocks * block - k))
+    values = values.view(n, blocks, block)
     if zero_point is not None:
-        values = values - zero_point.to(torch.float32).repeat_interleave(block, dim=1)[:, :k]
-    return values * scale_k
+        values.sub_(zero_point.to(torch.float32)[..., None])
+    return values.mul_(scale[..., None]).view(n, -1)[:, :k]
 
 
 def fake_quantized(weight: Any, layout: str, block: int, symmetric: bool) -> "torch.Tensor":
@@ -181,12 +185,16 @@ def _pack(values: "torch.Tensor") -> "torch.Tensor":
 
 
 def _unpack(packed: "torch.Tensor", shape: tuple[int, int], signed: bool) -> "torch.Tensor":
-    """:func:`_pack`'s inverse: int8 (``signed``: sign-extended from 4 bits) of ``shape``."""
+    """:func:`_pack`'s inverse, as float32 values of ``shape`` (a table of each byte's two
+    values: one gather)."""
     import torch
 
-    both = torch.stack([packed & 0xF, packed >> 4], dim=-1).view(-1)[:shape[0] * shape[1]]
-    values = both.view(torch.int8).view(shape)
-    return values - ((values & 0x8) << 1) if signed else values
+    codes = torch.arange(256)
+    pairs = torch.stack([codes & 0xF, codes >> 4], dim=-1)
+    if signed:
+        pairs = pairs - ((pairs & 0x8) << 1)
+    values = torch.nn.functional.embedding(packed.to(torch.int32), pairs.to(torch.float32))
+    return values.view(-1)[:shape[0] * shape[1]].view(shape)
 
 
 class Kept:
