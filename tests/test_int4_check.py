@@ -47,16 +47,16 @@ def test_half_checkpoint_to_int4_equals_eager_on_the_same_weights(family, dtype,
     assert np.abs(logits - _eager(folder, ids, fake_quant=False)).max() > 1e-3
 
 
-def test_the_shell_keeps_the_linear_weights_as_built(tmp_path):
+def test_the_shell_keeps_the_linear_and_embedding_weights_as_built(tmp_path):
     from transformers import AutoModelForCausalLM
 
     folder = checkpoints.write("llama", tmp_path / "ckpt", dtype=torch.bfloat16)
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.bfloat16)
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     sources = float32_shell(model)
-    linears = {f"{n}.weight" for n, m in model.named_modules()
-               if isinstance(m, torch.nn.Linear)}
-    assert set(sources) == linears
+    held = {f"{n}.weight" for n, m in model.named_modules()
+            if isinstance(m, (torch.nn.Linear, torch.nn.Embedding))}
+    assert set(sources) == held
     for name, p in model.named_parameters():
         assert p.dtype == torch.float32, name
         if name in sources:  # a placeholder: its value is the source's, as built

@@ -5,10 +5,10 @@ weight at a time as it is written, checked against eager on the same weights.
   for torch.export, but not the float32 values of the weights to quantize. A checkpoint in
   another dtype (bf16, fp16) is built as it is stored (mapped), then
   :func:`float32_shell` converts the model to float32 except the weights of its linear
-  layers (``nn.Linear``, GPT-2's ``Conv1D``; not a weight shared with another module, such
-  as a tied head's), which become float32 placeholders of anonymous memory not written
-  (zero pages: no memory of their own; one page each marks it apart), the mapped originals
-  kept as *sources*.
+  layers and embeddings (``nn.Linear``, GPT-2's ``Conv1D``, ``nn.Embedding``; a tied head
+  and its table share one), which become float32 placeholders of anonymous memory not
+  written (zero pages: no memory of their own; one page each marks it apart), the mapped
+  originals kept as *sources*.
 * **Quantized** (:meth:`Int4Export.finish`): :func:`~rewrite.backends.onnx.quantize.quantize_int4`
   computes each weight's blocks from its source when it is written; a source not quantized
   is written in float32, converted when written. A source the lowered model no longer
@@ -45,8 +45,9 @@ Weights = dict[str, Callable[[], "torch.Tensor"]]
 
 
 def float32_shell(model: "torch.nn.Module") -> dict[str, "torch.Tensor"]:
-    """``model`` in float32 but its linear layers' weights (module docstring), in place;
-    their names -> their values as built (none for a float32 model)."""
+    """``model`` in float32 but the weights of its linear layers and embeddings (module
+    docstring), in place; their names (each name of a shared one) -> their values as built
+    (none for a float32 model)."""
     import torch
 
     if all(p.dtype == torch.float32 for p in model.parameters()):
@@ -54,25 +55,42 @@ def float32_shell(model: "torch.nn.Module") -> dict[str, "torch.Tensor"]:
     uses: dict[int, int] = {}
     for _, p in model.named_parameters(remove_duplicate=False):
         uses[id(p)] = uses.get(id(p), 0) + 1
+    holders = [(prefix, module) for prefix, module in model.named_modules()
+               if _swappable(module) and _weight(module) is not None]
+    held: dict[int, int] = {}
+    for _, module in holders:
+        held[id(_weight(module))] = held.get(id(_weight(module)), 0) + 1
     sources: dict[str, torch.Tensor] = {}
-    for prefix, module in model.named_modules():
-        if not _linear(module):
+    placeholders: dict[int, torch.nn.Parameter] = {}
+    originals: dict[int, torch.Tensor] = {}
+    for prefix, module in holders:
+        weight = _weight(module)
+        if held[id(weight)] != uses[id(weight)]:  # also read by a module eager cannot swap
             continue
-        weight = module._parameters.get("weight")
-        if weight is None or weight.dim() != 2 or uses[id(weight)] != 1 \
-                or not weight.is_floating_point():
-            continue
-        sources[f"{prefix}.weight" if prefix else "weight"] = weight.detach()
-        module._parameters["weight"] = torch.nn.Parameter(
-            _untouched(tuple(weight.shape), len(sources)), requires_grad=False)
+        if id(weight) not in placeholders:
+            placeholders[id(weight)] = torch.nn.Parameter(
+                _untouched(tuple(weight.shape), len(placeholders) + 1), requires_grad=False)
+            originals[id(weight)] = weight.detach()  # one source for all its names
+        sources[f"{prefix}.weight" if prefix else "weight"] = originals[id(weight)]
+        module._parameters["weight"] = placeholders[id(weight)]
     model.to(torch.float32)
     return sources
 
 
-def _linear(module: "torch.nn.Module") -> bool:
+def _swappable(module: "torch.nn.Module") -> bool:
+    """A module whose weight eager can swap while it runs (:func:`swapped`)."""
     import torch
 
-    return isinstance(module, torch.nn.Linear) or type(module).__name__ == "Conv1D"
+    return isinstance(module, (torch.nn.Linear, torch.nn.Embedding)) or \
+        type(module).__name__ == "Conv1D"
+
+
+def _weight(module: "torch.nn.Module") -> "torch.nn.Parameter | None":
+    """The module's 2-D floating-point ``weight``, or None."""
+    weight = module._parameters.get("weight")
+    if weight is None or weight.dim() != 2 or not weight.is_floating_point():
+        return None
+    return weight
 
 
 def _untouched(shape: tuple[int, ...], mark: int) -> "torch.Tensor":
@@ -113,15 +131,18 @@ class Int4Export:
                                        sources=self.sources, kept=self.kept)
         done = {name for name, _ in self.quantized.layouts}
         graph = onnx_model.graph
+        found: set[int] = set()
         for name, source in self.sources.items():
-            if name in done:
-                continue
             value = graph.initializers.get(name)
-            if value is None:
-                raise VerificationError(f"int4: the weight {name} is not an initializer of "
-                                        "the lowered model, it cannot be written from the "
-                                        "checkpoint; nothing was written")
-            value.const_value = _float32(source, name)
+            if value is not None:  # not quantized, or also read as it is (a tied table)
+                value.const_value = _float32(source, name)
+            if value is not None or name in done:
+                found.add(id(source))
+        lost = [name for name, source in self.sources.items() if id(source) not in found]
+        if lost:
+            raise VerificationError(f"int4: the weight {lost[0]} is not an initializer of "
+                                    "the lowered model, it cannot be written from the "
+                                    "checkpoint; nothing was written")
         self.report(self.quantized.note())
 
     def check(self, make: "Callable[[], Check | None]") -> "Callable[[Path], str] | None":
@@ -133,40 +154,45 @@ class Int4Export:
         from rewrite.exporting.verify import open_session
 
         assert self.quantized is not None, "checked before it was quantized"
-        with swapped(self.model, self._weights(quantized=True)):
+        with swapped(self.model, *self._weights(quantized=True)):
             strict = make()
-        with swapped(self.model, self._weights(quantized=False)):
+        with swapped(self.model, *self._weights(quantized=False)):
             loose = make()
         if strict is None or loose is None:
             return "not verified against eager"
         session = open_session(path)
         if isinstance(session, str):
             return session
-        worst, _ = strict.run(session)
-        error, relative = loose.run(session, strict=False)
+        memo: dict = {}  # a step fed as the other check's is run once
+        worst, _ = strict.run(session, memo=memo)
+        error, relative = loose.run(session, strict=False, memo=memo)
         return (f"verified against eager in onnxruntime ({strict.what}) on the same int4 "
                 f"weights dequantized: max |difference| {worst:.2g}; int4 against eager "
                 f"float32: max |difference| {error:.3g} ({relative:.2g} of the largest value)")
 
-    def _weights(self, quantized: bool) -> Weights:
-        """What eager uses for each weight: the written int4 weights dequantized
-        (``quantized``), else the floats; the shell's other sources in float32."""
+    def _weights(self, quantized: bool) -> tuple[Weights, Weights]:
+        """What eager uses for each weight, in a linear layer and in an embedding: the
+        written int4 weights dequantized (``quantized``), else the shell's sources in
+        float32; an embedding looks its rows up in its source as built (converted after:
+        :func:`swapped`)."""
         from rewrite.backends.onnx.quantize import as_float32, fake_quantized
 
-        weights: Weights = {name: partial(as_float32, source)
-                            for name, source in self.sources.items()}
+        floats: Weights = {name: partial(as_float32, source)
+                           for name, source in self.sources.items()}
+        tables: Weights = {name: partial(_as_is, source) for name, source in self.sources.items()}
         if not quantized or self.quantized is None:
-            return weights
+            return floats, tables
+        linear = dict(floats)
         for name, layout in self.quantized.layouts:
             key = f"{name}:{layout}"
             if self.kept is not None and key in self.kept:
-                weights[name] = partial(self.kept.weight, key, layout, self.block)
+                linear[name] = partial(self.kept.weight, key, layout, self.block)
             else:
                 source = self.sources.get(name)
-                weights[name] = partial(
+                linear[name] = partial(
                     fake_quantized, self.model.get_parameter(name) if source is None
                     else source, layout, self.block, self.symmetric)
-        return weights
+        return linear, tables
 
 
 def _float32(source: "torch.Tensor", name: str) -> "ir.LazyTensor":
@@ -179,18 +205,21 @@ def _float32(source: "torch.Tensor", name: str) -> "ir.LazyTensor":
 
 
 @contextlib.contextmanager
-def swapped(model: "torch.nn.Module", weights: Weights) -> Iterator[None]:
-    """While the block runs, each module holding one of ``weights``' parameters (but an
-    embedding: a tied head's table stays float) computes with its value instead, made when
-    the module is entered and dropped when it returns; an error if a weight has no such
-    module."""
+def swapped(model: "torch.nn.Module", linear: Weights, embedding: Weights
+            ) -> Iterator[None]:
+    """While the block runs, each module holding one of the parameters named computes with
+    the value made for it instead (``embedding``'s in an embedding, whose output is then
+    converted to float32: a tied table's lookup; ``linear``'s in any other module), made
+    when the module is entered and dropped when it returns; an error if a weight is held by
+    no such module."""
     import torch
 
-    wanted = {id(model.get_parameter(name)): make for name, make in weights.items()}
+    tables = {id(model.get_parameter(name)): make for name, make in embedding.items()}
+    others = {id(model.get_parameter(name)): make for name, make in linear.items()}
     handles, found = [], set()
     for module in model.modules():
-        if isinstance(module, torch.nn.Embedding):
-            continue
+        table = isinstance(module, torch.nn.Embedding)
+        wanted = tables if table else others
         mine = {attr: wanted[id(p)] for attr, p in module._parameters.items()
                 if p is not None and id(p) in wanted}
         if not mine:
@@ -198,9 +227,9 @@ def swapped(model: "torch.nn.Module", weights: Weights) -> Iterator[None]:
         found.update(id(module._parameters[attr]) for attr in mine)
         saved: dict[str, torch.nn.Parameter] = {}
         handles.append(module.register_forward_pre_hook(partial(_swap_in, mine, saved)))
-        handles.append(module.register_forward_hook(partial(_swap_out, saved)))
+        handles.append(module.register_forward_hook(partial(_swap_out, saved, table)))
     try:
-        missing = set(wanted) - found
+        missing = (set(tables) | set(others)) - found
         if missing:
             raise VerificationError(f"int4: {len(missing)} weight(s) used by no module eager "
                                     "can swap them in; nothing was written")
@@ -218,6 +247,14 @@ def _swap_in(mine: Weights, saved: dict, module: "torch.nn.Module", args: object
         module._parameters[attr] = torch.nn.Parameter(make(), requires_grad=False)
 
 
-def _swap_out(saved: dict, module: "torch.nn.Module", args: object, output: object) -> None:
+def _swap_out(saved: dict, table: bool, module: "torch.nn.Module", args: object,
+              output: "torch.Tensor") -> "torch.Tensor | None":
+    import torch
+
     module._parameters.update(saved)
     saved.clear()
+    return output.to(torch.float32) if table else None
+
+
+def _as_is(source: "torch.Tensor") -> "torch.Tensor":
+    return source
