@@ -29,7 +29,8 @@ every row writes into memory the host took back, as explained there). Rows:
 * ``export-int4`` and ``builder-int4`` (issue 39): ``rewrite -v export DIR -o OUT/model.onnx
   --cache kv --precision int4 --block-size 32`` (checked against eager before writing) and
   ``python -m onnxruntime_genai.models.builder -i DIR -o OUT -p int4 -e cpu --extra_options
-  block_size=32 is_symmetric=true`` (not checked, not synced).
+  block_size=32 is_symmetric=true`` (not checked, not synced); ``export-int4-noverify``:
+  ``export-int4`` with ``--no-verify``.
 
 Per row: wall time (min / median / max), peak ``RssAnon`` / ``RssFile`` of the process tree
 (``bench.procmem``), ``ru_maxrss``, output size, the checker on rewrite's outputs
@@ -126,6 +127,9 @@ ROWS = {
                                             str(o / "model.onnx"), "--cache", "kv",
                                             "--precision", "int4", "--block-size", "32"),
                        "model.onnx"),
+    "export-int4-noverify": Row(lambda d, o: _python(
+        "-m", "rewrite", "-v", "export", str(d), "-o", str(o / "model.onnx"), "--cache", "kv",
+        "--precision", "int4", "--block-size", "32", "--no-verify"), "model.onnx"),
     "builder-int4": Row(lambda d, o: _python(
         "-m", "onnxruntime_genai.models.builder", "-i", str(d), "-o", str(o), "-p", "int4",
         "-e", "cpu", "-c", str(o / "cache_dir"), "--extra_options", "block_size=32",
