@@ -156,6 +156,8 @@ class Int4Export:
         assert self.quantized is not None, "checked before it was quantized"
         with swapped(self.model, *self._weights(quantized=True)):
             strict = make()
+        if self.kept is not None:
+            self.kept.clear()  # before onnxruntime loads the model (a new export refills it)
         with swapped(self.model, *self._weights(quantized=False)):
             loose = make()
         if strict is None or loose is None:

@@ -71,9 +71,8 @@ class Blockwise:
         return tensor
 
     def _quantize(self) -> dict[str, ir.TensorProtocol]:
-        rows = as_float32(self._source())  # [N, K] when transposed
-        q, scale, zero_point = quantize_rows(rows if self._transposed else rows.T,
-                                             self.block, self.symmetric)
+        q, scale, zero_point = _in_slices(self._source(), self._transposed, self.block,
+                                          self.symmetric)
         if self._kept is not None:
             self._kept[0].put(self._kept[1], q, scale, zero_point)
         parts: dict[str, ir.TensorProtocol] = {
@@ -95,6 +94,30 @@ def as_float32(weight: Any) -> "torch.Tensor":
     return weight.detach().to(torch.float32)
 
 
+SLICE = 1 << 24
+"""Values quantized at a time: a large weight (a vocabulary's head) is quantized a slice of
+rows at a time, so that its float32 copies are of the slice."""
+
+
+def _in_slices(source: Any, transposed: bool, block: int, symmetric: bool
+               ) -> tuple["torch.Tensor", "torch.Tensor", "torch.Tensor | None"]:
+    """:func:`quantize_rows` of the weight as stored (``[N, K]`` when ``transposed``, else
+    ``[K, N]``), :data:`SLICE` values at a time."""
+    import torch
+
+    n, k = source.shape if transposed else source.shape[::-1]
+    step = max(1, SLICE // max(k, 1))
+    parts = []
+    for start in range(0, n, step):
+        part = source[start:start + step] if transposed else source[:, start:start + step].T
+        parts.append(quantize_rows(as_float32(part).contiguous(), block, symmetric))
+    if len(parts) == 1:
+        return parts[0]
+    q, scale, zero_point = zip(*parts)
+    return (torch.cat(q), torch.cat(scale),
+            None if zero_point[0] is None else torch.cat(zero_point))
+
+
 def quantize_rows(rows: "torch.Tensor", block: int, symmetric: bool
                   ) -> tuple["torch.Tensor", "torch.Tensor", "torch.Tensor | None"]:
     """``rows`` ``[N, K]`` float32, blocks along K (the last dimension) -> (q ``[N, K]``:
@@ -104,7 +127,9 @@ def quantize_rows(rows: "torch.Tensor", block: int, symmetric: bool
 
     n, k = rows.shape
     blocks = -(-k // block)
-    grouped = torch.nn.functional.pad(rows, (0, blocks * block - k)).view(n, blocks, block)
+    if blocks * block != k:
+        rows = torch.nn.functional.pad(rows, (0, blocks * block - k))
+    grouped = rows.reshape(n, blocks, block)
     if symmetric:
         high, low = grouped.amax(2), grouped.amin(2)
         scale = torch.where(high > -low, high, low).div_(-8.0)
@@ -186,15 +211,22 @@ def _pack(values: "torch.Tensor") -> "torch.Tensor":
 
 def _unpack(packed: "torch.Tensor", shape: tuple[int, int], signed: bool) -> "torch.Tensor":
     """:func:`_pack`'s inverse, as float32 values of ``shape`` (a table of each byte's two
-    values: one gather)."""
+    values, gathered a slice of bytes at a time)."""
     import torch
 
     codes = torch.arange(256)
     pairs = torch.stack([codes & 0xF, codes >> 4], dim=-1)
     if signed:
         pairs = pairs - ((pairs & 0x8) << 1)
-    values = torch.nn.functional.embedding(packed.to(torch.int32), pairs.to(torch.float32))
-    return values.view(-1)[:shape[0] * shape[1]].view(shape)
+    table = pairs.to(torch.float32)
+    count = shape[0] * shape[1]
+    values = torch.empty(2 * len(packed), dtype=torch.float32)
+    step = 1 << 22
+    for start in range(0, len(packed), step):
+        chunk = packed[start:start + step].to(torch.int32)
+        values[2 * start:2 * (start + len(chunk))] = \
+            torch.nn.functional.embedding(chunk, table).view(-1)
+    return values[:count].view(shape)
 
 
 class Kept:
@@ -206,6 +238,9 @@ class Kept:
 
     def __contains__(self, key: str) -> bool:
         return key in self._parts
+
+    def clear(self) -> None:
+        self._parts.clear()
 
     def put(self, key: str, q: "torch.Tensor", scale: "torch.Tensor",
             zero_point: "torch.Tensor | None") -> None:
