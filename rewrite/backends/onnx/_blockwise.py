@@ -11,8 +11,11 @@ The numbers are onnxruntime's (``MlasQuantizeBlockwise``, what the model builder
 ``-p int4`` runs): symmetric, the scale is the block's value of largest magnitude over -8
 (that value is exactly -8; the scale may be negative; of a positive and a negative value of
 the same magnitude, the negative); asymmetric, the range ``[min(w, 0), max(w, 0)]`` over 15
-levels, the zero point rounded; values rounded half to even. Computed with torch, vectorized,
-in float32 whatever the weight's dtype (a bfloat16 weight is read as it is mapped).
+levels, the zero point rounded. One difference: values are divided by the scale and rounded
+half to even, where MLAS multiplies by the reciprocal and rounds half away from zero (on a
+random bf16 weight of 16.7M values, 25,757 differ by one step). Computed with torch,
+vectorized, in float32 whatever the weight's dtype (a bfloat16 weight is read as it is
+mapped).
 
 Each part is an :class:`onnx_ir.LazyTensor`: the source is read and quantized when the
 first part is written (``q`` and the zero points packed two to a byte), and dropped once
