@@ -29,7 +29,12 @@ every row writes into memory the host took back, as explained there). Rows:
 * ``export-static``: ``rewrite -v export DIR -o OUT/model.onnx --cache static --context 2048
   --static batch=1,seq=128`` (issue 41: a fixed cache, every shape static);
   ``export-static-2seq``: the same with ``--static batch=1,seq=128,seq=1`` (a prefill and a
-  decode model over one data file).
+  decode model over one data file);
+* ``export-int4`` and ``builder-int4`` (issue 39): ``rewrite -v export DIR -o OUT/model.onnx
+  --cache kv --precision int4 --block-size 32`` (checked against eager before writing) and
+  ``python -m onnxruntime_genai.models.builder -i DIR -o OUT -p int4 -e cpu --extra_options
+  block_size=32 is_symmetric=true`` (not checked, not synced); ``export-int4-noverify``:
+  ``export-int4`` with ``--no-verify``.
 
 Per row: wall time (min / median / max), peak ``RssAnon`` / ``RssFile`` of the process tree
 (``bench.procmem``), ``ru_maxrss``, output size, the checker on rewrite's outputs
@@ -133,6 +138,17 @@ ROWS = {
     "export-static-2seq": Row(lambda d, o: _python(
         "-m", "rewrite", "-v", "export", str(d), "-o", str(o / "model.onnx"), *STATIC,
         "batch=1,seq=128,seq=1"), "model.onnx"),
+    "export-int4": Row(lambda d, o: _python("-m", "rewrite", "-v", "export", str(d), "-o",
+                                            str(o / "model.onnx"), "--cache", "kv",
+                                            "--precision", "int4", "--block-size", "32"),
+                       "model.onnx"),
+    "export-int4-noverify": Row(lambda d, o: _python(
+        "-m", "rewrite", "-v", "export", str(d), "-o", str(o / "model.onnx"), "--cache", "kv",
+        "--precision", "int4", "--block-size", "32", "--no-verify"), "model.onnx"),
+    "builder-int4": Row(lambda d, o: _python(
+        "-m", "onnxruntime_genai.models.builder", "-i", str(d), "-o", str(o), "-p", "int4",
+        "-e", "cpu", "-c", str(o / "cache_dir"), "--extra_options", "block_size=32",
+        "is_symmetric=true")),
 }
 NAMES = ("DIR", "OUT")
 """How the tables show the checkpoint folder and the output folder."""
@@ -236,6 +252,16 @@ def targets_table(results: dict[str, Result]) -> list[str]:
         lines.append(f"| `export` / `export-whole` (every layer traced; for information) | "
                      f"{mine.median():.2f} s / {whole.median():.2f} s = "
                      f"{mine.median() / whole.median():.2f}x | | |")
+    if "export-int4" in ok and "builder-int4" in ok:
+        mine, theirs = ok["export-int4"], ok["builder-int4"]
+        ratio = mine.peak("anon_mb") / theirs.peak("anon_mb")
+        lines.append(f"| `export-int4` / `builder-int4` (issue 39), whole process (wall) | "
+                     f"{mine.median():.2f} s / {theirs.median():.2f} s = "
+                     f"{mine.median() / theirs.median():.2f}x | < 1x | "
+                     f"{verdict(mine.median() < theirs.median())} |")
+        lines.append(f"| `export-int4` / `builder-int4`, peak RssAnon | "
+                     f"{mine.peak('anon_mb'):.0f} MB / {theirs.peak('anon_mb'):.0f} MB = "
+                     f"{ratio:.2f}x | <= {MEMORY_RATIO}x | {verdict(ratio <= MEMORY_RATIO)} |")
     lines += _weights_lines(ok) + _static_lines(ok)
     if "script" in ok and "builder" in ok:
         mine, theirs = ok["script"], ok["builder"]

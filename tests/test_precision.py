@@ -56,7 +56,7 @@ def _eager(folder, ids: np.ndarray, fake_quant: bool) -> np.ndarray:
     from transformers import AutoModelForCausalLM
     from transformers.pytorch_utils import Conv1D
 
-    model = AutoModelForCausalLM.from_pretrained(folder)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
     if fake_quant:
         model.lm_head.weight = torch.nn.Parameter(model.lm_head.weight.clone())  # untie
         for module in model.modules():

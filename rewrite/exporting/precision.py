@@ -2,44 +2,38 @@
 
 ``fp32``, ``fp16``, ``bf16``: the model is built by transformers in that dtype (weights and
 compute; a dtype other than the checkpoint's is a converted copy in memory, not a mapping),
-then exported as it is. ``int4``: the model is built in float32 (what the builder's ``-p
-int4 -e cpu`` computes in), exported, and before it is written the weights of every
-``MatMul`` (every linear of the decoder layers, and the lm_head, as onnxruntime-genai's
-builder does by default; the embeddings stay in float, as there) become blockwise 4-bit
-(:mod:`rewrite.backends.onnx.quantize`), each computed as it is written.
+then exported as it is. ``int4``: the model computes in float32 (what the builder's ``-p
+int4 -e cpu`` computes in), and before it is written the weights of every ``MatMul`` (every
+linear of the decoder layers, and the lm_head, as onnxruntime-genai's builder does by
+default; the embeddings stay in float, as there) become blockwise 4-bit
+(:mod:`rewrite.backends.onnx.quantize`), each computed from the checkpoint's mapped weight
+as it is written, without a float32 copy of the model (:mod:`rewrite.exporting.int4`).
 
-The model written is checked against eager PyTorch in float32 (:mod:`rewrite.exporting.verify`)
-with the bound of a quantized model: ``|int4 - fp32| <= INT4_RTOL * max|fp32|`` per output,
-a bound that catches a wrong layout or a lost weight (errors of the size of the values), not
-the quantization error itself, which the note reports.
+The int4 model written is checked against eager PyTorch run on the same weights quantized
+and dequantized, with float32's tolerance; its error against eager float32 is reported
+(:mod:`rewrite.exporting.int4`).
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Callable
 
-from attrs import evolve, frozen
+from attrs import frozen
 
 from rewrite.errors import InputError
 
 if TYPE_CHECKING:
-    import onnx_ir as ir
+    from pathlib import Path
+
     import torch
 
     from rewrite.exporting.checkpoint.folder import Checkpoint
+    from rewrite.exporting.int4 import Int4Export
     from rewrite.exporting.verify import Check
 
 PRECISIONS = ("fp32", "fp16", "bf16", "int4")
 BLOCK_SIZES = (16, 32, 64, 128, 256)
 """onnxruntime's ``MatMulNBits`` block sizes (powers of two from 16)."""
-INT4_ATOL = 1e-3
-INT4_RTOL = 0.6
-"""The int4 check's bound (see the module docstring): measured on small random Llama,
-Phi-3 and GPT-2 checkpoints the largest logit difference is 0.12 to 0.26 of the largest
-logit; on a random 58M-parameter Llama (8 layers) a layer's cache differs by 0.36 of its
-largest value: loose, it catches errors of the size of the values (a wrong layout)."""
-
-
 @frozen
 class Precision:
     """What ``--precision`` asks for."""
@@ -72,27 +66,27 @@ class Precision:
         """The dtype transformers builds the model in (``"auto"``: the checkpoint's)."""
         import torch
 
-        return {None: "auto", "fp32": torch.float32, "int4": torch.float32,
+        return {None: "auto", "fp32": torch.float32, "int4": "auto",
                 "fp16": torch.float16, "bf16": torch.bfloat16}[self.name]
 
-    def check(self, check: "Check | None") -> "Check | None":
-        """The check of the written model: a quantized one's bound (module docstring)."""
-        if check is None or not self.quantized:
-            return check
-        return evolve(check, atol=INT4_ATOL, rtol=INT4_RTOL,
-                      what=f"{check.what}, int4 against eager float32, allowed "
-                           f"{INT4_RTOL:g} of the largest value")
-
-    def finish(self, report: Callable[[str], None]) -> "Callable[[ir.Model], None] | None":
-        """What is done to the lowered model before it is written (None: nothing)."""
+    def start(self, model: "torch.nn.Module", report: Callable[[str], None], verify: bool
+              ) -> "Int4Export | None":
+        """The int4 export of ``model`` (its float32 shell made now), or None."""
         if not self.quantized:
             return None
+        from rewrite.exporting.int4 import Int4Export
 
-        def quantize(model: "ir.Model") -> None:
-            from rewrite.backends.onnx.quantize import quantize_int4
+        return Int4Export(model, block=self.block, symmetric=self.symmetric, report=report,
+                          verify=verify)
 
-            report(quantize_int4(model, block=self.block, symmetric=self.symmetric).note())
-        return quantize
+
+def checked(int4: "Int4Export | None", make: "Callable[[], Check | None] | None"
+            ) -> "Callable[[Path], str] | None":
+    """The check of a written model: ``make``'s, or (int4) against eager on the same
+    weights (:meth:`rewrite.exporting.int4.Int4Export.check`); None: not checked."""
+    if make is None:
+        return None
+    return make() if int4 is None else int4.check(make)
 
 
 QUANTIZERS = {"gptq": "GPTQ", "awq": "AWQ", "bitsandbytes": "bitsandbytes", "fp8": "fp8",

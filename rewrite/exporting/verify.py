@@ -12,7 +12,7 @@ a decode step feeds back the ``present`` cache) and compares named outputs.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 import numpy as np
 from attrs import frozen
@@ -47,31 +47,38 @@ class Check:
 
     def __call__(self, model_path: Path) -> str:
         """Run the staged file; a note, or :class:`VerificationError` on a mismatch."""
-        try:
-            import onnxruntime as ort
-        except ImportError:
-            return ("not verified against eager: onnxruntime is not installed "
-                    "(pip install onnxruntime)")
-        options = ort.SessionOptions()
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-        options.add_session_config_entry("session.disable_prepacking", "1")
-        try:
-            session = ort.InferenceSession(str(model_path), options,
-                                           providers=["CPUExecutionProvider"])
-        except Exception as e:  # noqa: BLE001 - a kernel onnxruntime lacks (bf16 on CPU)
-            return f"not verified against eager: onnxruntime cannot run it ({_short(e)})"
-        names = [o.name for o in session.get_outputs()]
-        worst = 0.0
-        previous: dict[str, np.ndarray] = {}
-        for step in self.steps:
-            feeds = {**step.feeds, **{i: previous[o] for i, o in step.carried.items()}}
-            previous = dict(zip(names, session.run(None, feeds)))
-            worst = max(worst, self._compare(step, previous))
+        session = open_session(model_path)
+        if isinstance(session, str):
+            return session
+        worst, _ = self.run(session)
         return f"verified against eager in onnxruntime ({self.what}): max |difference| " \
                f"{worst:.2g}"
 
-    def _compare(self, step: Step, got: Mapping[str, np.ndarray]) -> float:
-        worst = 0.0
+    def run(self, session: Any, strict: bool = True, memo: dict | None = None
+            ) -> tuple[float, float]:
+        """The steps in ``session``: (largest |difference|, largest relative to its
+        output's largest value); ``strict``: a mismatch is a :class:`VerificationError`;
+        ``memo``: the outputs of steps run before (by their feeds and the steps before
+        them), not run again."""
+        names = [o.name for o in session.get_outputs()]
+        worst = relative = 0.0
+        previous: dict[str, np.ndarray] = {}
+        key: tuple = ()
+        for step in self.steps:
+            feeds = {**step.feeds, **{i: previous[o] for i, o in step.carried.items()}}
+            key = (key, tuple((n, a.shape, a.tobytes()) for n, a in sorted(step.feeds.items())))
+            if memo is None or key not in memo:
+                outputs = dict(zip(names, session.run(None, feeds)))
+                if memo is not None:
+                    memo[key] = outputs
+            previous = outputs if memo is None else memo[key]
+            difference, largest = self._compare(step, previous, strict)
+            worst, relative = max(worst, difference), max(relative, largest)
+        return worst, relative
+
+    def _compare(self, step: Step, got: Mapping[str, np.ndarray], strict: bool
+                 ) -> tuple[float, float]:
+        worst = relative = 0.0
         for name, expected in step.expected.items():
             value = got[name]
             if value.shape != expected.shape:
@@ -82,14 +89,34 @@ class Check:
                 continue
             a, b = value.astype(np.float64), expected.astype(np.float64)
             difference = float(np.max(np.abs(a - b)))
-            allowed = self.atol + self.rtol * float(np.max(np.abs(b)))
-            if not difference <= allowed:  # NaN is a mismatch too
+            largest = float(np.max(np.abs(b)))
+            allowed = self.atol + self.rtol * largest
+            relative = max(relative, difference / largest if largest else difference)
+            if strict and not difference <= allowed:  # NaN is a mismatch too
                 raise VerificationError(
                     f"the exported model disagrees with eager PyTorch: {name} ({step.name}) "
                     f"differs by up to {difference:.3g} (allowed {allowed:.2g}); nothing "
                     "was written")
             worst = max(worst, difference)
-        return worst
+        return worst, relative
+
+
+def open_session(model_path: Path) -> Any:
+    """An onnxruntime session of the file, unoptimized (what the file says), or a note
+    saying why there is none."""
+    try:
+        import onnxruntime as ort
+    except ImportError:
+        return ("not verified against eager: onnxruntime is not installed "
+                "(pip install onnxruntime)")
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    options.add_session_config_entry("session.disable_prepacking", "1")
+    try:
+        return ort.InferenceSession(str(model_path), options,
+                                    providers=["CPUExecutionProvider"])
+    except Exception as e:  # noqa: BLE001 - a kernel onnxruntime lacks (bf16 on CPU)
+        return f"not verified against eager: onnxruntime cannot run it ({_short(e)})"
 
 
 def tolerances(dtype: "torch.dtype") -> tuple[float, float]:

@@ -26,17 +26,19 @@ The quantized tensors are stored ``[K, N]`` (in, out), blocks along K (axis 0): 
 onnxruntime fuses with the ``MatMul`` into ``MatMulNBits`` after it inlines the functions
 (:mod:`_blockwise` computes them when they are written, one weight at a time). A float
 initializer no use reads any more is dropped. What is quantized and what is not is
-returned as :class:`Quantized`.
+returned as :class:`Quantized`. :class:`Kept` (the quantized weights kept when written),
+:func:`fake_quantized` and :func:`as_float32` are for an eager reference of the same weights.
 """
 
 from __future__ import annotations
 
-from typing import Iterator
+import sys
+from typing import Any, Iterator, Mapping
 
 import onnx_ir as ir
 from attrs import frozen
 
-from rewrite.backends.onnx._blockwise import Blockwise
+from rewrite.backends.onnx._blockwise import Blockwise, Kept, as_float32, fake_quantized
 
 OPSET = 21
 """The first opset of ``DequantizeLinear`` with ``block_size`` and of int4 / uint4."""
@@ -62,6 +64,9 @@ class Quantized:
     """Float initializers still in the model with more than one dimension (embeddings)."""
     block: int
     symmetric: bool
+    layouts: tuple[tuple[str, str], ...] = ()
+    """(initializer, layout) of each weight quantized: ``"NK"``, a Linear's ``[out, in]``
+    weight (blocks along its second dimension); ``"KN"``, ``[in, out]``."""
 
     def note(self) -> str:
         kind = "int4, symmetric" if self.symmetric else "uint4 with zero points"
@@ -85,12 +90,19 @@ class QuantizeInt4(ir.passes.InPlacePass):
         return ir.passes.PassResult(model, modified=self.result.weights > 0)
 
 
-def quantize_int4(model: ir.Model, *, block: int = 32, symmetric: bool = True) -> Quantized:
-    """Quantize ``model``'s MatMul weights in place (see the module); what was done."""
+def quantize_int4(model: ir.Model, *, block: int = 32, symmetric: bool = True,
+                  sources: Mapping[str, Any] | None = None, kept: Kept | None = None
+                  ) -> Quantized:
+    """Quantize ``model``'s MatMul weights in place (see the module); what was done.
+    ``sources``: initializer name -> the tensor its quantized parts are computed from,
+    instead of the initializer's value (a half-precision weight behind a float32
+    placeholder); ``kept``: where the quantized weights are also kept, keyed
+    ``name:layout``."""
     functions = {f.identifier(): f for f in model.functions.values()}
     calls, opaque = _call_sites(model, functions)
     slots = _quantizable_slots(model, functions, calls, opaque)
     rewriter = _Rewriter(model, functions, slots, calls, block, symmetric)
+    rewriter.initializers.sources, rewriter.initializers.kept = sources or {}, kept
     rewriter.run()
     if rewriter.initializers.created:
         _raise_opsets(model)
@@ -100,7 +112,8 @@ def quantize_int4(model: ir.Model, *, block: int = 32, symmetric: bool = True) -
         if name not in made and v.const_value is not None
         and v.const_value.dtype in FLOATS and len(v.const_value.shape) >= 2))
     return Quantized(len(rewriter.initializers.created), dict(rewriter.in_functions),
-                     rewriter.in_main, kept, block, symmetric)
+                     rewriter.in_main, kept, block, symmetric,
+                     tuple(sorted(rewriter.initializers.created)))
 
 
 def _containers(model: ir.Model) -> Iterator[Container]:
@@ -261,6 +274,8 @@ class _Initializers:
     def __init__(self, model: ir.Model, block: int, symmetric: bool) -> None:
         self.model, self.block, self.symmetric = model, block, symmetric
         self.created: dict[tuple[str, str], tuple[ir.Value, ...]] = {}
+        self.sources: Mapping[str, Any] = {}
+        self.kept: Kept | None = None
 
     def of(self, value: ir.Value, layout: str) -> tuple[ir.Value, ...]:
         """``(q, scale[, zero point])`` of the weight ``value`` read as ``layout``."""
@@ -271,9 +286,12 @@ class _Initializers:
         if tensor is None:
             raise ValueError(f"{value.name}: a weight without a value cannot be quantized")
         name = value.name if layout == "NK" else f"{value.name}_KN"
-        parts = Blockwise(tensor.numpy, tuple(tensor.shape), transposed=layout == "NK",
-                          block=self.block, symmetric=self.symmetric,
-                          scale_dtype=tensor.dtype, name=name)
+        source = self.sources.get(key[0])
+        kept = None if self.kept is None else (self.kept, f"{key[0]}:{layout}")
+        parts = Blockwise(lambda: _read(tensor) if source is None else source,
+                          tuple(tensor.shape), transposed=layout == "NK", block=self.block,
+                          symmetric=self.symmetric, scale_dtype=tensor.dtype, name=name,
+                          kept=kept)
         values = []
         for part in (parts.q, parts.scale, parts.zero_point):
             if part is None:
@@ -284,6 +302,14 @@ class _Initializers:
             values.append(new)
         self.created[key] = tuple(values)
         return self.created[key]
+
+
+def _read(tensor: ir.TensorProtocol) -> Any:
+    """The tensor's values: the torch tensor it wraps (no copy; torch.onnx's initializers),
+    else its array."""
+    torch = sys.modules.get("torch")
+    raw = getattr(tensor, "raw", None)
+    return raw if torch is not None and isinstance(raw, torch.Tensor) else tensor.numpy()
 
 
 class _Rewriter:
@@ -430,3 +456,6 @@ def _raise_opsets(model: ir.Model) -> None:
     model.opset_imports[""] = version
     for function in model.functions.values():  # onnxruntime types a function's inputs by
         function.opset_imports[""] = version      # its default opset: int4 needs 21
+
+
+__all__ = ["Kept", "QuantizeInt4", "Quantized", "as_float32", "fake_quantized", "quantize_int4"]

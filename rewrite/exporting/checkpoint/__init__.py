@@ -64,7 +64,7 @@ from rewrite.compile import RuleSet, shipped_rules
 from rewrite.errors import InputError, VerificationError, first_line
 from rewrite.exporting.module import Variant, export_module
 from rewrite.backends.onnx.shared_data import sibling_path
-from rewrite.exporting.precision import Precision, refuse_quantized
+from rewrite.exporting.precision import Precision, checked, refuse_quantized
 from rewrite.files.outputs import check_output_path
 
 if TYPE_CHECKING:
@@ -72,6 +72,7 @@ if TYPE_CHECKING:
     import torch
 
     from rewrite.backends.onnx import OnnxOptions, Progress
+    from rewrite.exporting.int4 import Int4Export
     from rewrite.exporting.verify import Check
 
 
@@ -102,16 +103,17 @@ def export_checkpoint(folder: str | Path, *, rules: RuleSet | str | Path | None,
     for path in ([] if output is None else written(output, checkpoint.config, cache)):
         check_output_path(path, inputs)
     ruleset = _rules(checkpoint, rules, progress)
+    verifying = verify and output is not None
     with progress.step(f"loading {checkpoint.path}"), exclusive():
         model = load_model(checkpoint, cls, precision.dtype())
+        int4 = precision.start(model, progress.note, verifying)
     if pair:
         return _export_pair(model, checkpoint, ruleset, output, progress, options,
-                            verify and output is not None, precision, trace == "layers")
+                            verifying, int4, trace == "layers")
     kind = cache or ("kv" if causal else "none")
-    checked = verify and output is not None
-    call, check, layout = _call_and_check(model, causal, kind, context, first, checked)
-    check = precision.check(check)
-    variants = [_variant(model, layout, context, one, Path(output), checked, precision)
+    call, make, layout = _call_and_check(model, causal, kind, context, first, verifying)
+    check = checked(int4, make)
+    variants = [_variant(model, layout, context, one, Path(output), verifying, int4)
                 for one in more if layout is not None and output is not None]
     if verify and output is not None and check is None:
         progress.note("not verified against eager: onnxruntime is fed from numpy, which "
@@ -124,7 +126,7 @@ def export_checkpoint(folder: str | Path, *, rules: RuleSet | str | Path | None,
                      input_names=call.input_names, output_names=call.output_names,
                      progress=progress, options=options, inputs=inputs,
                      axis_names=call.axis_names, check=check, beside=published,
-                     finish=precision.finish(progress.note), variants=variants)
+                     finish=None if int4 is None else int4.finish, variants=variants)
     with calling(model, call), grouped_query_attention():
         exported = _traced(export, model, progress, trace == "layers")
     if output is not None:
@@ -162,7 +164,7 @@ def written(output: str | Path, config: dict, cache: str | None) -> tuple[Path, 
 
 def _export_pair(model: "torch.nn.Module", checkpoint: Checkpoint, ruleset: RuleSet | None,
                  output: str | Path | None, progress: "Progress", options: "OnnxOptions",
-                 verify: bool, precision: Precision, layers: bool) -> "ir.Model":
+                 verify: bool, int4: "Int4Export | None", layers: bool) -> "ir.Model":
     """An encoder-decoder's encoder and decoder step, each exported, then written with one
     data file and the checkpoint's tokenizer files; returns the decoder's model. ``layers``:
     the encoder's layers traced once (:func:`_encoder_trace`; the decoder's, which take two
@@ -173,7 +175,8 @@ def _export_pair(model: "torch.nn.Module", checkpoint: Checkpoint, ruleset: Rule
 
     layout = seq2seq_layout(model)
     calls = (seq2seq_encoder_call(model), decoder_call(model, layout))
-    checks = seq2seq_checks(model, layout) if verify else (None, None)
+    checks = [checked(int4, partial(_nth_check, model, layout, n)) if verify else None
+              for n in range(2)]
     options = _with_moe_translations(options)
     exported = []
     for call, trace in zip(calls, (_encoder_trace(model, progress) if layers else None, None)):
@@ -182,13 +185,13 @@ def _export_pair(model: "torch.nn.Module", checkpoint: Checkpoint, ruleset: Rule
                 model, call.args, None, rules=ruleset, dynamic_shapes=call.dynamic_shapes,
                 strict=False, output=None, input_names=call.input_names,
                 output_names=call.output_names, progress=progress, options=options,
-                axis_names=call.axis_names, finish=precision.finish(progress.note),
+                axis_names=call.axis_names, finish=None if int4 is None else int4.finish,
                 trace=trace))
     if output is not None:
         paths = graphs(output)
         genai = evolve(plan(checkpoint, model.config, None, None),
                        reason="written for decoder-only models; these are two graphs")
-        data = write_models([(path, graph, precision.check(check)) for path, graph, check
+        data = write_models([(path, graph, check) for path, graph, check
                              in zip(paths, exported, checks)], progress=progress,
                             beside=beside(genai, paths[1], exported[1]))
         progress.note(f"{paths[0].name} and {paths[1].name}: their weights in one file, "
@@ -252,32 +255,39 @@ def _one_per_chunk(static: Mapping[str, Any], output: str | Path | None
     return [{**static, "seq": seq} for seq in seqs] or [dict(static)]
 
 
+def _nth_check(model: "torch.nn.Module", layout: tuple, n: int) -> "Check | None":
+    """An encoder-decoder's check of its encoder (0) or decoder (1)."""
+    return seq2seq_checks(model, layout)[n]
+
+
 def _variant(model: "torch.nn.Module", layout: tuple[LayerCache, ...], context: int | None,
-             static: dict[str, int], output: Path, verify: bool, precision: Precision
+             static: dict[str, int], output: Path, verify: bool, int4: "Int4Export | None"
              ) -> Variant:
     """The model of one more chunk length, beside ``output`` (:func:`sibling_path`)."""
     assert context is not None
     call = fixed_cache_call(model, layout, context, static)
-    check = fixed_cache_check(model, layout, context, static) if verify else None
-    return Variant(call.args, sibling_path(output, static["seq"]), precision.check(check))
+    check = checked(int4, partial(fixed_cache_check, model, layout, context, static)) \
+        if verify else None
+    return Variant(call.args, sibling_path(output, static["seq"]), check)
 
 
 def _call_and_check(model: "torch.nn.Module", causal: bool, cache: str, context: int | None,
                     static: dict[str, Any], verify: bool
-                    ) -> tuple[Call, "Check | None", "tuple[LayerCache, ...] | None"]:
-    """How ``model`` is called while exporting, what the written model must reproduce
-    (None: not checked) and the model's own cache layout (None: no cache)."""
+                    ) -> tuple[Call, "Callable[[], Check | None] | None",
+                               "tuple[LayerCache, ...] | None"]:
+    """How ``model`` is called while exporting, how to compute what the written model must
+    reproduce (None: not checked) and the model's own cache layout (None: no cache)."""
     if not causal:
         call = encoder_call(model)
-        return call, encoder_check(model, call) if verify else None, None
+        return call, partial(encoder_check, model, call) if verify else None, None
     if cache == "static":
         layout = cache_layout(model)
         call = fixed_cache_call(model, layout, context, static)
-        return (call, fixed_cache_check(model, layout, context, static) if verify else None,
-                layout)
+        return (call, partial(fixed_cache_check, model, layout, context, static)
+                if verify else None, layout)
     layout = cache_layout(model) if cache == "kv" else None
     return (causal_lm_call(model, layout),
-            causal_lm_check(model, layout) if verify else None, layout)
+            partial(causal_lm_check, model, layout) if verify else None, layout)
 
 
 def _check_kind(checkpoint: Checkpoint, cls: type, cache: str | None) -> bool:

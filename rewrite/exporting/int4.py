@@ -1,0 +1,267 @@
+"""``--precision int4`` of a checkpoint's model: built without a float32 copy, quantized one
+weight at a time as it is written, checked against eager on the same weights.
+
+* **Built**: a float32 model (what the builder's ``-p int4 -e cpu`` computes in) is needed
+  for torch.export, but not the float32 values of the weights to quantize. A checkpoint in
+  another dtype (bf16, fp16) is built as it is stored (mapped), then
+  :func:`float32_shell` converts the model to float32 except the weights of its linear
+  layers and embeddings (``nn.Linear``, GPT-2's ``Conv1D``, ``nn.Embedding``; a tied head
+  and its table share one), which become float32 placeholders of anonymous memory not
+  written (zero pages: no memory of their own; one page each marks it apart), the mapped
+  originals kept as *sources*.
+* **Quantized** (:meth:`Int4Export.finish`): :func:`~rewrite.backends.onnx.quantize.quantize_int4`
+  computes each weight's blocks from its source when it is written; a source not quantized
+  is written in float32, converted when written. A source the lowered model no longer
+  names is an error: its placeholder would be written.
+* **Checked** (:meth:`Int4Export.check`): the written model against eager run on the same
+  weights, quantized and dequantized as its ``DequantizeLinear`` computes them (the
+  quantized weights kept when written: :class:`~rewrite.backends.onnx.quantize.Kept`),
+  with float32's tight tolerance; a wrong layout or a weight wired to the wrong call is a
+  mismatch. The eager weights are swapped in module by module while it runs (forward
+  hooks: one float32 weight at a time). The error against eager float32 is measured on the
+  same file (its first step, the prefill: one onnxruntime run for both) and reported, not
+  checked.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import mmap
+from functools import partial
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable, Iterator
+
+from attrs import evolve
+
+from rewrite.errors import VerificationError
+
+if TYPE_CHECKING:
+    import onnx_ir as ir
+    import torch
+
+    from rewrite.backends.onnx.quantize import Kept
+    from rewrite.backends.onnx.quantize import Quantized
+    from rewrite.exporting.verify import Check
+
+Weights = dict[str, Callable[[], "torch.Tensor"]]
+"""Parameter name -> the float32 value eager uses for it while a reference is computed."""
+
+
+def float32_shell(model: "torch.nn.Module") -> dict[str, "torch.Tensor"]:
+    """``model`` in float32 but the weights of its linear layers and embeddings (module
+    docstring), in place; their names (each name of a shared one) -> their values as built
+    (none for a float32 model)."""
+    import torch
+
+    if all(p.dtype == torch.float32 for p in model.parameters()):
+        return {}
+    uses: dict[int, int] = {}
+    for _, p in model.named_parameters(remove_duplicate=False):
+        uses[id(p)] = uses.get(id(p), 0) + 1
+    holders = [(prefix, module) for prefix, module in model.named_modules()
+               if _swappable(module) and _weight(module) is not None]
+    held: dict[int, int] = {}
+    for _, module in holders:
+        held[id(_weight(module))] = held.get(id(_weight(module)), 0) + 1
+    sources: dict[str, torch.Tensor] = {}
+    placeholders: dict[int, torch.nn.Parameter] = {}
+    originals: dict[int, torch.Tensor] = {}
+    for prefix, module in holders:
+        weight = _weight(module)
+        if held[id(weight)] != uses[id(weight)]:  # also read by a module eager cannot swap
+            continue
+        if id(weight) not in placeholders:
+            placeholders[id(weight)] = torch.nn.Parameter(
+                _untouched(tuple(weight.shape), len(placeholders) + 1), requires_grad=False)
+            originals[id(weight)] = weight.detach()  # one source for all its names
+        sources[f"{prefix}.weight" if prefix else "weight"] = originals[id(weight)]
+        module._parameters["weight"] = placeholders[id(weight)]
+    model.to(torch.float32)
+    return sources
+
+
+def _swappable(module: "torch.nn.Module") -> bool:
+    """A module whose weight eager can swap while it runs (:func:`swapped`)."""
+    import torch
+
+    return isinstance(module, (torch.nn.Linear, torch.nn.Embedding)) or \
+        type(module).__name__ == "Conv1D"
+
+
+def _weight(module: "torch.nn.Module") -> "torch.nn.Parameter | None":
+    """The module's 2-D floating-point ``weight``, or None."""
+    weight = module._parameters.get("weight")
+    if weight is None or weight.dim() != 2 or not weight.is_floating_point():
+        return None
+    return weight
+
+
+def _untouched(shape: tuple[int, ...], mark: int) -> "torch.Tensor":
+    """Float32 zeros in anonymous memory never written (no pages of their own) but their
+    first value, ``mark``: placeholders that no pass takes for equal (onnxscript's optimizer
+    merges equal small initializers)."""
+    import torch
+
+    count = 1
+    for size in shape:
+        count *= size
+    if not count:
+        return torch.zeros(shape)
+    placeholder = torch.frombuffer(mmap.mmap(-1, 4 * count), dtype=torch.float32)
+    placeholder[0] = mark
+    return placeholder.view(shape)
+
+
+class Int4Export:
+    """The int4 export of one model: its shell's sources, the quantizing ``finish`` and the
+    check of what is written."""
+
+    def __init__(self, model: "torch.nn.Module", *, block: int, symmetric: bool,
+                 report: Callable[[str], None], verify: bool) -> None:
+        from rewrite.backends.onnx.quantize import Kept
+
+        self.model, self.block, self.symmetric, self.report = model, block, symmetric, report
+        self.sources = float32_shell(model)
+        self.kept: Kept | None = Kept() if verify else None
+        self.quantized: Quantized | None = None
+
+    def finish(self, onnx_model: "ir.Model") -> None:
+        """Quantize ``onnx_model``'s weights (each when written); the shell's other sources
+        in float32."""
+        from rewrite.backends.onnx.quantize import quantize_int4
+
+        self.quantized = quantize_int4(onnx_model, block=self.block, symmetric=self.symmetric,
+                                       sources=self.sources, kept=self.kept)
+        done = {name for name, _ in self.quantized.layouts}
+        graph = onnx_model.graph
+        found: set[int] = set()
+        for name, source in self.sources.items():
+            value = graph.initializers.get(name)
+            if value is not None:  # not quantized, or also read as it is (a tied table)
+                value.const_value = _float32(source, name)
+            if value is not None or name in done:
+                found.add(id(source))
+        lost = [name for name, source in self.sources.items() if id(source) not in found]
+        if lost:
+            raise VerificationError(f"int4: the weight {lost[0]} is not an initializer of "
+                                    "the lowered model, it cannot be written from the "
+                                    "checkpoint; nothing was written")
+        self.report(self.quantized.note())
+
+    def check(self, make: "Callable[[], Check | None]") -> "Callable[[Path], str] | None":
+        """The check of the written file: ``make``'s steps (the eager reference) on the
+        quantized weights, tight; on the float weights, reported."""
+        return partial(self._check, make)
+
+    def _check(self, make: "Callable[[], Check | None]", path: Path) -> str:
+        from rewrite.exporting.verify import open_session
+
+        assert self.quantized is not None, "checked before it was quantized"
+        with swapped(self.model, *self._weights(quantized=True)):
+            strict = make()
+        if self.kept is not None:
+            self.kept.clear()  # before onnxruntime loads the model (a new export refills it)
+        with swapped(self.model, *self._weights(quantized=False)):
+            loose = make()
+        if strict is None or loose is None:
+            return "not verified against eager"
+        session = open_session(path)
+        if isinstance(session, str):
+            return session
+        memo: dict = {}  # the first step, fed alike, is run once for both
+        worst, _ = strict.run(session, memo=memo)
+        first = evolve(loose, steps=loose.steps[:1])
+        error, relative = first.run(session, strict=False, memo=memo)
+        return (f"verified against eager in onnxruntime ({strict.what}) on the same int4 "
+                f"weights dequantized: max |difference| {worst:.2g}; int4 against eager "
+                f"float32 ({first.steps[0].name}): max |difference| {error:.3g} "
+                f"({relative:.2g} of the largest value)")
+
+    def _weights(self, quantized: bool) -> tuple[Weights, Weights]:
+        """What eager uses for each weight, in a linear layer and in an embedding: the
+        written int4 weights dequantized (``quantized``), else the shell's sources in
+        float32; an embedding looks its rows up in its source as built (converted after:
+        :func:`swapped`)."""
+        from rewrite.backends.onnx.quantize import as_float32, fake_quantized
+
+        floats: Weights = {name: partial(as_float32, source)
+                           for name, source in self.sources.items()}
+        tables: Weights = {name: partial(_as_is, source) for name, source in self.sources.items()}
+        if not quantized or self.quantized is None:
+            return floats, tables
+        linear = dict(floats)
+        for name, layout in self.quantized.layouts:
+            key = f"{name}:{layout}"
+            if self.kept is not None and key in self.kept:
+                linear[name] = partial(self.kept.weight, key, layout, self.block)
+            else:
+                source = self.sources.get(name)
+                linear[name] = partial(
+                    fake_quantized, self.model.get_parameter(name) if source is None
+                    else source, layout, self.block, self.symmetric)
+        return linear, tables
+
+
+def _float32(source: "torch.Tensor", name: str) -> "ir.LazyTensor":
+    """``source`` in float32, converted when written."""
+    import onnx_ir as ir
+    import torch
+
+    return ir.LazyTensor(lambda: ir.Tensor(source.to(torch.float32).numpy(), name=name),
+                         ir.DataType.FLOAT, ir.Shape(tuple(source.shape)), name=name)
+
+
+@contextlib.contextmanager
+def swapped(model: "torch.nn.Module", linear: Weights, embedding: Weights
+            ) -> Iterator[None]:
+    """While the block runs, each module holding one of the parameters named computes with
+    the value made for it instead (``embedding``'s in an embedding, whose output is then
+    converted to float32: a tied table's lookup; ``linear``'s in any other module), made
+    when the module is entered and dropped when it returns; an error if a weight is held by
+    no such module."""
+    import torch
+
+    tables = {id(model.get_parameter(name)): make for name, make in embedding.items()}
+    others = {id(model.get_parameter(name)): make for name, make in linear.items()}
+    handles, found = [], set()
+    for module in model.modules():
+        table = isinstance(module, torch.nn.Embedding)
+        wanted = tables if table else others
+        mine = {attr: wanted[id(p)] for attr, p in module._parameters.items()
+                if p is not None and id(p) in wanted}
+        if not mine:
+            continue
+        found.update(id(module._parameters[attr]) for attr in mine)
+        saved: dict[str, torch.nn.Parameter] = {}
+        handles.append(module.register_forward_pre_hook(partial(_swap_in, mine, saved)))
+        handles.append(module.register_forward_hook(partial(_swap_out, saved, table)))
+    try:
+        missing = (set(tables) | set(others)) - found
+        if missing:
+            raise VerificationError(f"int4: {len(missing)} weight(s) used by no module eager "
+                                    "can swap them in; nothing was written")
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def _swap_in(mine: Weights, saved: dict, module: "torch.nn.Module", args: object) -> None:
+    import torch
+
+    for attr, make in mine.items():
+        saved[attr] = module._parameters[attr]
+        module._parameters[attr] = torch.nn.Parameter(make(), requires_grad=False)
+
+
+def _swap_out(saved: dict, table: bool, module: "torch.nn.Module", args: object,
+              output: "torch.Tensor") -> "torch.Tensor | None":
+    import torch
+
+    module._parameters.update(saved)
+    saved.clear()
+    return output.to(torch.float32) if table else None
+
+
+def _as_is(source: "torch.Tensor") -> "torch.Tensor":
+    return source

@@ -1,0 +1,101 @@
+"""``--precision int4`` from a half-precision checkpoint without a float32 copy, and the check
+before publishing: the written model against eager run on the same int4 weights dequantized,
+float32's tolerance, so that a wrong layout or a weight wired to the wrong call fails it
+(mutants below), the error against eager float32 reported."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+import torch
+
+import rewrite
+from rewrite.backends.onnx import _blockwise, quantize
+from rewrite.errors import VerificationError
+from rewrite.exporting.int4 import float32_shell
+from tests import checkpoints
+from tests.test_precision import _eager, _feeds, _linears
+
+HALF = [("llama", torch.bfloat16), pytest.param("gpt2", torch.bfloat16, marks=pytest.mark.slow),
+        pytest.param("phi3", torch.float16, marks=pytest.mark.slow)]
+"""Llama; GPT-2: Conv1D weights and a tied head; Phi-3: fused projections, fp16."""
+
+
+@pytest.mark.parametrize("family, dtype", HALF)
+def test_half_checkpoint_to_int4_equals_eager_on_the_same_weights(family, dtype, tmp_path,
+                                                                   run_cli):
+    folder = checkpoints.write(family, tmp_path / "ckpt", dtype=dtype)
+    out = tmp_path / "out" / "model.onnx"
+    out.parent.mkdir()
+    r = run_cli("export", folder, "-o", out, "--cache", "kv", "--precision", "int4")
+    assert r.code == 0, r
+    assert "on the same int4 weights dequantized" in r.err, r.err
+    assert "int4 against eager float32 (prefill): max |difference|" in r.err
+    onnx.checker.check_model(onnx.load(str(out)), full_check=True)
+    packed = [t for t in onnx.load(str(out), load_external_data=False).graph.initializer
+              if t.data_type == onnx.TensorProto.INT4]
+    assert len(packed) == _linears(folder)
+    plain = ort.SessionOptions()  # unfused: the file's DequantizeLinear, then MatMul
+    plain.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    session = ort.InferenceSession(str(out), plain, providers=["CPUExecutionProvider"])
+    ids = np.array([[3, 14, 15, 9, 26, 5, 35, 8]], np.int64)
+    logits = session.run(["logits"], _feeds(session, ids))[0]
+    fake = _eager(folder, ids, fake_quant=True)  # the checkpoint's values, in float32
+    assert np.abs(logits - fake).max() <= 1e-4 * max(1.0, np.abs(fake).max())
+    assert np.abs(logits - _eager(folder, ids, fake_quant=False)).max() > 1e-3
+
+
+def test_the_shell_keeps_the_linear_and_embedding_weights_as_built(tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    folder = checkpoints.write("llama", tmp_path / "ckpt", dtype=torch.bfloat16)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.bfloat16)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    sources = float32_shell(model)
+    held = {f"{n}.weight" for n, m in model.named_modules()
+            if isinstance(m, (torch.nn.Linear, torch.nn.Embedding))}
+    assert set(sources) == held
+    for name, p in model.named_parameters():
+        assert p.dtype == torch.float32, name
+        if name in sources:  # a placeholder: its value is the source's, as built
+            assert sources[name].dtype == torch.bfloat16
+            assert torch.equal(sources[name], before[name])
+            assert torch.count_nonzero(p) <= 1
+        else:
+            assert torch.equal(p, before[name].float()), name
+
+
+def _export_fails(tmp_path, **kwargs) -> VerificationError:
+    folder = checkpoints.write("llama", tmp_path / "ckpt", dtype=torch.bfloat16)
+    out = tmp_path / "out" / "model.onnx"
+    out.parent.mkdir()
+    with pytest.raises(VerificationError) as failed:
+        rewrite.export(folder, output=out, cache="kv", precision="int4", **kwargs)
+    assert list(out.parent.iterdir()) == []
+    return failed.value
+
+
+def test_a_weight_wired_to_another_call_fails_the_check(tmp_path, monkeypatch):
+    original = quantize._Initializers.of
+    first: dict = {}
+
+    def layer_0_everywhere(self, value, layout):  # the mutant: every call, layer 0's weights
+        return first.setdefault((tuple(value.shape), layout), original(self, value, layout))
+
+    monkeypatch.setattr(quantize._Initializers, "of", layer_0_everywhere)
+    assert "differs by up to" in str(_export_fails(tmp_path))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("symmetric", [True, False])
+def test_a_wrong_layout_fails_the_check(tmp_path, monkeypatch, symmetric):
+    original = _blockwise._packed
+
+    def transposed(values, like):  # the mutant: square weights written [N, K]
+        square = values.shape[0] == values.shape[1]
+        return original(values.T if square else values, like)
+
+    monkeypatch.setattr(_blockwise, "_packed", transposed)
+    assert "differs by up to" in str(_export_fails(tmp_path, symmetric=symmetric))
