@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import onnx
+import onnx_ir as ir
 import pytest
 
 import rewrite
@@ -157,17 +158,24 @@ def test_a_hybrid_with_a_fixed_cache_is_refused(tmp_path, run_cli):
     assert not list(out.parent.iterdir())
 
 
-@pytest.mark.slow  # a tiny DeepSeek-V3.2 checkpoint, exported, then prefill + 3 decode steps
-def test_sparse_attention_carries_its_indexer_keys(tmp_path):
-    """DeepSeek-V3.2's sparse attention keeps indexer keys beside each layer's keys and
-    values, ``[batch, length, width]``: ``past.N.indexer_key`` / ``present.N.indexer_key``,
-    growing with the keys; prefill + 3 decode steps equal eager within 1e-4."""
-    folder = _checkpoint("deepseek_v32", tmp_path)
+def _decoded(model_type: str, tmp_path: Path) -> tuple[Path, ir.Model]:
+    """The tiny checkpoint of ``model_type`` exported with --cache kv, its prefill + 3 decode
+    steps checked equal to eager within 1e-4: (folder, model)."""
+    folder = _checkpoint(model_type, tmp_path)
     out = tmp_path / "out" / "model.onnx"
     out.parent.mkdir()
     model = rewrite.export(folder, output=out, cache="kv", progress=Recorder())
     errors = decode_and_compare(folder, out)
     assert max(errors) < 1e-4, errors
+    return folder, model
+
+
+@pytest.mark.slow  # a tiny DeepSeek-V3.2 checkpoint, exported, then prefill + 3 decode steps
+def test_sparse_attention_carries_its_indexer_keys(tmp_path):
+    """DeepSeek-V3.2's sparse attention keeps indexer keys beside each layer's keys and
+    values, ``[batch, length, width]``: ``past.N.indexer_key`` / ``present.N.indexer_key``,
+    growing with the keys; prefill + 3 decode steps equal eager within 1e-4."""
+    _, model = _decoded("deepseek_v32", tmp_path)
     shapes = {v.name: [str(d) for d in v.shape] for v in model.graph.inputs}
     assert shapes["past.1.indexer_key"] == ["batch_size", "past_sequence_length", "16"]
     assert "present.1.indexer_key" in [v.name for v in model.graph.outputs]
@@ -178,12 +186,7 @@ def test_layers_reading_another_layers_cache_have_no_past(tmp_path):
     """Gemma 3n's last layers keep no keys and values of their own (they read an earlier
     layer's): no ``past_key_values.N`` / ``present.N`` for them; prefill + 3 decode steps
     equal eager within 1e-4."""
-    folder = _checkpoint("gemma3n_text", tmp_path)
-    out = tmp_path / "out" / "model.onnx"
-    out.parent.mkdir()
-    model = rewrite.export(folder, output=out, cache="kv", progress=Recorder())
-    errors = decode_and_compare(folder, out)
-    assert max(errors) < 1e-4, errors
+    folder, model = _decoded("gemma3n_text", tmp_path)
     from transformers import AutoConfig
 
     config = AutoConfig.from_pretrained(folder)
