@@ -7,8 +7,8 @@ to the same function.
 
 from __future__ import annotations
 
-from pathlib import Path
 from functools import partial
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from rewrite.compile import RuleSet
