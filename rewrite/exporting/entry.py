@@ -88,10 +88,10 @@ def export(
 def _module_trace(model: "torch.nn.Module", trace: str, kwargs: Mapping[str, Any] | None,
                   strict: bool, progress: "Progress") -> "Tracing | None":
     """How a module is traced: ``"layers"``, each distinct layer of its one list of repeated
-    layers once (:func:`~rewrite.exporting.checkpoint.once.traced_once`: where it has such a
+    layers once (:func:`~rewrite.exporting.once.traced_once`: where it has such a
     list and its layers can be cut, the whole module otherwise, said in a note); ``"whole"``,
     or a strict export (torch.export's own Python tracer would trace the cut): None."""
-    from rewrite.exporting.checkpoint.once import TRACES, traced_once
+    from rewrite.exporting.once import TRACES, traced_once
 
     if trace not in TRACES:
         raise InputError(f"trace={trace!r}: expected one of {', '.join(TRACES)}")

@@ -31,10 +31,11 @@ if TYPE_CHECKING:
     from rewrite.backends.onnx import OnnxOptions, Progress
     from rewrite.exporting.verify import Check
 
-Tracing = Callable[[Callable[[], "torch.export.ExportedProgram"], tuple],
+Tracing = Callable[[Callable[..., "torch.export.ExportedProgram"], tuple, Any],
                    "torch.export.ExportedProgram"]
-"""A way of running ``torch.export``: given the call that exports and its example inputs,
-the program."""
+"""A way of running ``torch.export``: given the call that exports (its keywords ``args`` and
+``dynamic_shapes`` export other example inputs), its example inputs and dynamic shapes, the
+program."""
 
 
 @frozen(eq=False)
@@ -68,7 +69,7 @@ def export_module(model: "torch.nn.Module", args: tuple, kwargs: Mapping[str, An
     ``variants``: further models exported the same way and published with the output
     (each a ``torch.export`` of its own; the weights written once). ``trace``: runs each
     ``torch.export`` call it is given its own way (a checkpoint's layers traced once:
-    :func:`rewrite.exporting.checkpoint.once.traced_once`)."""
+    :func:`rewrite.exporting.once.traced_once`)."""
     from rewrite.backends.onnx.save import weights_early, write_model
     from rewrite.backends.onnx.shared_data import Sibling
     from rewrite.files.outputs import check_output_path
@@ -111,9 +112,10 @@ def _lowered(model: "torch.nn.Module", args: tuple, kwargs: Mapping[str, Any] | 
     lowered: (program, the rules used, ONNX model)."""
     from rewrite.backends.onnx import lower
 
-    export = partial(_torch_export, model, args, kwargs, dynamic_shapes, strict)
+    export = partial(_torch_export, model, args=args, kwargs=kwargs,
+                     dynamic_shapes=dynamic_shapes, strict=strict)
     with progress.step(f"exporting {type(model).__name__} with torch.export"), exclusive():
-        program = trace(export, args) if trace is not None else export()
+        program = trace(export, args, dynamic_shapes) if trace is not None else export()
     if ruleset is None:
         ruleset = suggested_rules(program, type(model).__name__, progress)
     lowering = lower(apply(ruleset, program), options, progress)

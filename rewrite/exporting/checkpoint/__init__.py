@@ -57,7 +57,7 @@ from rewrite.exporting.checkpoint.seq2seq import (
 )
 from rewrite.exporting.checkpoint.seq2seq import encoder_call as seq2seq_encoder_call
 from rewrite.exporting.checkpoint.folder import Checkpoint, read_checkpoint
-from rewrite.exporting.checkpoint.once import TRACES, repeated_layers, traced_once
+from rewrite.exporting.once import TRACES, repeated_layers, traced_once
 from rewrite.exporting.checkpoint.genai import beside, plan
 from rewrite.api import as_ruleset
 from rewrite.compile import RuleSet, shipped_rules
@@ -88,7 +88,7 @@ def export_checkpoint(folder: str | Path, *, rules: RuleSet | str | Path | None,
     cache of ``cache="static"`` (:mod:`rewrite.exporting.checkpoint.fixed_cache`);
     ``precision``: the dtype it is built in, or int4 weights
     (:mod:`rewrite.exporting.precision`); ``trace``: ``"layers"``, each distinct decoder
-    layer traced once (:mod:`rewrite.exporting.checkpoint.once`), or ``"whole"``."""
+    layer traced once (:mod:`rewrite.exporting.once`), or ``"whole"``."""
     _check_cache_options(cache, context, static, trace)
     first, *more = _one_per_chunk(static or {}, output)
     checkpoint = read_checkpoint(folder, trust_model=trust_model)

@@ -28,9 +28,11 @@ import hashlib
 import types
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
+from attrs import frozen
+
 from rewrite._private.errors import Unavailable
 from rewrite._private.torch_layer_calls import LayerCalls, available
-from rewrite.exporting.checkpoint.cache import conv_state, layer_state
+from rewrite._private.torch_repeated_calls import Extension, extended
 from rewrite.errors import InputError, LibraryError, first_line, library_call
 
 if TYPE_CHECKING:
@@ -92,37 +94,137 @@ def _plain(value: Any) -> bool:
 
 
 def traced_once(model: "torch.nn.Module", progress: "Progress",
-                export: Callable[[], "torch.export.ExportedProgram"], example: tuple,
-                used: list | None = None, kwargs: dict | None = None,
-                layers: "torch.nn.ModuleList | None" = None) -> "torch.export.ExportedProgram":
-    """``export()`` with each distinct decoder layer of ``model`` traced once (``example``:
-    the export's example inputs; ``used`` gets a ``True`` when the program is so made);
-    where the model cannot be cut so, a one-line note of why, and ``export()`` as it is.
+                export: Callable[..., "torch.export.ExportedProgram"], example: tuple,
+                dynamic_shapes: Any = None, used: list | None = None,
+                kwargs: dict | None = None, layers: "torch.nn.ModuleList | None" = None
+                ) -> "torch.export.ExportedProgram":
+    """``export()`` with each distinct decoder layer of ``model`` traced once (``example``
+    and ``dynamic_shapes``: the export's example inputs and their dynamic shapes; ``used``
+    gets a ``True`` when the program is so made); where the model cannot be cut so, a
+    one-line note of why, and ``export()`` as it is.
 
-    ``kwargs`` (a dict, even empty) marks a module's export (``rewrite.export(module)``): its
-    layers are its :func:`repeated_layers`, checked on ``example`` and ``kwargs`` as given;
-    without it, a checkpoint's decoder layers, checked on a row of ``example`` randomized.
-    ``layers``: the list to cut, when not the model's own (an encoder-decoder's encoder)."""
+    A checkpoint's model is traced cut to its first layers (:func:`first_layers`: as many
+    as its kinds need), the further layers added to the program as calls of their kinds'
+    traces (:mod:`rewrite._private.torch_repeated_calls`); where that fails, every layer's
+    call is traced or recorded. ``kwargs`` (a dict, even empty) marks a module's export
+    (``rewrite.export(module)``): its layers are its :func:`repeated_layers`, checked on
+    ``example`` and ``kwargs`` as given; without it, a checkpoint's decoder layers, checked
+    on a row of ``example`` randomized. ``layers``: the list to cut, when not the model's
+    own (an encoder-decoder's encoder)."""
     if layers is None:
         layers = decoder_layers(model) if kwargs is None else repeated_layers(model)
     reason = _cannot_cut(model, layers, kwargs is not None)
     if reason is None:
-        calls = LayerCalls()
         try:
-            with cut(layers, calls):
-                program = export()
-            reason = check_bodies(model, layers, program, example, kwargs)
+            program, calls, added = _cut_trace(model, layers, export, example,
+                                               dynamic_shapes, kwargs is None, progress)
+            reason = check_bodies(model, layers, program, example, kwargs, added > 0)
         except (Unavailable, InputError, LibraryError) as e:  # not supported by the cut
             reason = f"the cut trace failed: {type(e).__name__}: {first_line(e)}"
         if reason is None:
             if used is not None:
                 used.append(True)
             progress.note(f"torch.export: {len(calls.traced)} of {len(layers)} layers traced "
-                          f"({_classes(calls.traced)}), {calls.recorded} recorded as calls of "
-                          "their traces")
+                          f"({_classes(calls.traced)}), {calls.recorded + added} recorded as "
+                          "calls of their traces" + (f" ({added} added to the program of "
+                                                     f"the first {len(layers) - added})"
+                                                     if added else ""))
             return program
     progress.note(f"torch.export traces every layer: {reason}")
     return export()
+
+
+def _cut_trace(model: "torch.nn.Module", layers: "torch.nn.ModuleList",
+               export: Callable[..., "torch.export.ExportedProgram"], example: tuple,
+               dynamic_shapes: Any, first: bool, progress: "Progress"
+               ) -> tuple["torch.export.ExportedProgram", LayerCalls, int]:
+    """The program with each layer a call of its kind's trace, the traced calls, and how
+    many layers were added to the program without a trace: the model cut to its
+    :func:`first_layers` when ``first`` and it can be (the further layers added), else
+    every layer's call traced or recorded."""
+    plan = first_layers(model, layers, example, dynamic_shapes) if first else None
+    if plan is not None:
+        calls = LayerCalls()
+        try:
+            with cut(layers, calls), plan.cut(model, layers):
+                program = export(args=plan.args, dynamic_shapes=plan.dynamic_shapes)
+            return extended(program, plan.extension(model)), calls, len(layers) - plan.count
+        except (Unavailable, InputError, LibraryError) as e:
+            progress.note(f"torch.export traces or records every layer's call: the program "
+                          f"of the first {plan.count} layers could not be extended: "
+                          f"{type(e).__name__}: {first_line(e)}")
+    calls = LayerCalls()
+    with cut(layers, calls):
+        return export(), calls, 0
+
+
+@frozen(eq=False)
+class FirstLayers:
+    """A checkpoint's model cut to its first layers for torch.export: as many as it takes
+    for each kind of the further layers to be traced after another layer (two of each
+    kind, at least), with its example inputs and dynamic shapes cut to their states."""
+
+    path: str
+    """The layer list's module path."""
+    count: int
+    """How many layers the cut model keeps."""
+    templates: tuple[int, ...]
+    """Per layer, the kept layer whose call it repeats: the second of its kind."""
+    whole_args: tuple
+    states_at: int | None
+    """Where the example inputs hold a list of per-layer states (the cache), or None."""
+    args: tuple
+    dynamic_shapes: Any
+
+    @contextlib.contextmanager
+    def cut(self, model: "torch.nn.Module", layers: "torch.nn.ModuleList") -> Iterator[None]:
+        """While inside, ``model``'s layer list and its config's layer count are cut."""
+        parent, _, name = self.path.rpartition(".")
+        owner = model.get_submodule(parent)
+        config = model.config.get_text_config(decoder=True)
+        count = config.num_hidden_layers
+        owner._modules[name] = layers[:self.count]
+        config.num_hidden_layers = self.count
+        try:
+            yield
+        finally:
+            owner._modules[name] = layers
+            config.num_hidden_layers = count
+
+    def extension(self, model: "torch.nn.Module") -> Extension:
+        """What the cut model's program needs to hold every layer."""
+        tensors = dict(model.named_parameters(remove_duplicate=False))
+        tensors.update(model.named_buffers(remove_duplicate=False))
+        return Extension(self.path, self.templates, self.whole_args, self.states_at, tensors)
+
+
+def first_layers(model: "torch.nn.Module", layers: "torch.nn.ModuleList", example: tuple,
+                 dynamic_shapes: Any) -> FirstLayers | None:
+    """How ``model`` is cut to its first layers (:class:`FirstLayers`), or None where it
+    would keep them all or its inputs hold per-layer values it cannot cut."""
+    kinds = [kind(layer) for layer in layers]
+    count = next((m for m in range(2, len(kinds)) if all(
+        kinds[:m].count(k) >= 2 for k in set(kinds[m:]))), None)
+    path = next((p for p, m in model.named_modules() if m is layers), None)
+    if count is None or not path:
+        return None
+    second = {}
+    for index, k in enumerate(kinds[:count]):
+        if kinds[:index].count(k) == 1:
+            second[k] = index
+    templates = (*range(count), *(second[k] for k in kinds[count:]))
+    at = [k for k, v in enumerate(example) if isinstance(v, list) and len(v) == len(kinds)]
+    if len(at) > 1:
+        return None
+    args, shapes = tuple(example), dynamic_shapes
+    if at:
+        if not isinstance(shapes, (tuple, list)) or len(shapes) != len(args) \
+                or not isinstance(shapes[at[0]], list) or len(shapes[at[0]]) != len(kinds):
+            return None
+        args = (*args[:at[0]], args[at[0]][:count], *args[at[0] + 1:])
+        shapes = (*shapes[:at[0]], shapes[at[0]][:count], *shapes[at[0] + 1:])
+    return FirstLayers(path, count, templates, tuple(example), at[0] if at else None, args,
+                       type(dynamic_shapes)(shapes) if shapes is not None else None)
 
 
 def _classes(identifiers: list[str]) -> str:
@@ -272,12 +374,16 @@ class _DynamicSlots:
 
     @staticmethod
     def read(cache: Any, index: int) -> tuple:
+        from rewrite.exporting.checkpoint.cache import layer_state
+
         return layer_state(cache.layers[index])
 
     @staticmethod
     def install(cache: Any, index: int, tensors: tuple, given: bool = False) -> None:
         """``tensors`` as layer ``index``'s state; a convolution state, updated in place by
         the layer, copied when ``given`` (the function's input)."""
+        from rewrite.exporting.checkpoint.cache import conv_state
+
         layer = cache.layers[index]
         if conv_state(layer) is not None:
             (state,) = tensors
@@ -393,7 +499,7 @@ class BodyRun(BodyCheck):
 
 def check_bodies(model: "torch.nn.Module", layers: "torch.nn.ModuleList",
                  program: "torch.export.ExportedProgram", example: tuple,
-                 kwargs: dict | None = None) -> str | None:
+                 kwargs: dict | None = None, added: bool = False) -> str | None:
     """Why ``program``'s traced bodies do not compute every layer (None when they do): the
     bodies hold no tensor constants of their own (the reader inlines nodes, not module
     attributes); the model whose layers go through their traced bodies gives what the
@@ -402,7 +508,9 @@ def check_bodies(model: "torch.nn.Module", layers: "torch.nn.ModuleList",
     tokens; a module's: the program as it is, on ``example`` and ``kwargs`` as given).
     Where it does not, the verdict is the layer by layer one: the model whose layers go
     through their functions gives what the model gives, and each layer's kind's body gives
-    what its function gives (one run more, to say which layer)."""
+    what its function gives (one run more, to say which layer). A program to which layers
+    were ``added`` is itself run instead of the model through the bodies: what joins the
+    added calls is checked too."""
     import torch
 
     bodies = _bodies(program)
@@ -421,17 +529,22 @@ def check_bodies(model: "torch.nn.Module", layers: "torch.nn.ModuleList",
 
     with library_call("transformers", f"running {name}", failed), torch.no_grad():
         whole = model(*example)
-        run = BodyRun(bodies)  # the model as the program computes it: two runs in all
-        with cut(layers, run):
-            through = model(*example)
-        if run.reason is None and _all_close(whole, through):
-            return None
+        if added:
+            if _all_close(whole, program.module()(*example)):
+                return None
+        else:
+            run = BodyRun(bodies)  # the model as the program computes it: two runs in all
+            with cut(layers, run):
+                through = model(*example)
+            if run.reason is None and _all_close(whole, through):
+                return None
         checked = BodyCheck(bodies)  # else, each layer against its function: which one
         with cut(layers, checked):
             through = model(*example)
     if not _all_close(whole, through):
         return "the model through its layers' functions does not give the model's outputs"
-    return checked.reason
+    return checked.reason or ("the program of the first layers, extended, does not give the "
+                              "model's outputs" if added else None)
 
 
 def _check_program(model: "torch.nn.Module", program: "torch.export.ExportedProgram",
