@@ -88,9 +88,10 @@ def architecture(config) -> type:
 
 
 def write(family: str, folder: Path, *, shard: str | None = None, seed: int = 0,
-          dtype: torch.dtype = torch.float32) -> Path:
+          dtype: torch.dtype = torch.float32, layers: int | None = None) -> Path:
     """A random checkpoint of ``family`` in ``folder`` (sharded at ``shard`` bytes, e.g.
-    ``"20KB"``), in ``dtype``; the folder."""
+    ``"20KB"``), in ``dtype``, with ``layers`` decoder layers instead of the family's
+    :data:`LAYERS` (a decoder family of :data:`FAMILIES`); the folder."""
     import transformers
 
     if family in ENCODERS or family in AUDIO:
@@ -99,6 +100,8 @@ def write(family: str, folder: Path, *, shard: str | None = None, seed: int = 0,
         cls = getattr(transformers, model_class)
     else:
         name, settings = {**FAMILIES, **OTHER_DECODERS}[family]
+        if layers is not None:
+            settings = {**settings, "num_hidden_layers": layers}
         config = getattr(transformers, name)(**settings)
         cls = architecture(config)
     torch.manual_seed(seed)

@@ -85,6 +85,75 @@ def test_a_layer_whose_code_reads_its_index_falls_back_to_the_whole_trace(tmp_pa
     assert max(decode_and_compare(folder, out)) < 1e-4
 
 
+@pytest.mark.parametrize("family, added, first", [
+    ("llama", 4, 2),  # one kind: the model cut to 2 layers, 4 added
+    pytest.param("gemma2", 2, 4, marks=pytest.mark.slow),  # sliding, full, sliding, full
+])
+def test_further_layers_are_added_to_the_program_of_the_first(family, added, first,
+                                                              tmp_path):
+    """torch.export traces the model cut to its first layers (two of each kind); the
+    further layers are added to the program as calls of their kind's trace: the same
+    structure and I/O as the whole trace, prefill and decode steps equal to eager."""
+    folder = checkpoints.write(family, tmp_path / "checkpoint", layers=6)
+    made = {}
+    for trace in ("layers", "whole"):
+        progress = Recorder()
+        out = tmp_path / trace / "model.onnx"
+        out.parent.mkdir()
+        made[trace] = rewrite.export(folder, output=out, trace=trace, progress=progress)
+        if trace == "layers":
+            assert f"({added} added to the program of the first {first})" in progress.text, \
+                progress.text
+    changes = compare(of_model(made["whole"]), of_model(made["layers"]))
+    assert not changes, render(changes)
+    names = [(v.name, str(v.shape)) for v in made["layers"].graph.inputs]
+    assert names == [(v.name, str(v.shape)) for v in made["whole"].graph.inputs]
+    assert max(decode_and_compare(folder, tmp_path / "layers" / "model.onnx")) < 1e-4
+
+
+def test_added_layers_wired_wrong_are_caught_and_the_model_traced_whole(tmp_path,
+                                                                        monkeypatch):
+    """A mutant that feeds every added layer what its kind's traced call is fed (the
+    output of the layer before that one, not of its own previous layer): the program run
+    against the model disagrees, the model is traced whole, said, and written right."""
+    from rewrite._private import torch_repeated_calls
+
+    operand = torch_repeated_calls._Builder._operand
+
+    def stale(self, value, before, index, paths, states):
+        if isinstance(value, torch.fx.Node) and value.args and value.args[0] is before:
+            return value
+        return operand(self, value, before, index, paths, states)
+
+    monkeypatch.setattr(torch_repeated_calls._Builder, "_operand", stale)
+    folder = checkpoints.write("llama", tmp_path / "checkpoint", layers=5)
+    progress = Recorder()
+    out = tmp_path / "model.onnx"
+    rewrite.export(folder, output=out, progress=progress)
+    assert "torch.export traces every layer: the program of the first layers, extended, " \
+           "does not give the model's outputs" in progress.text, progress.text
+    assert max(decode_and_compare(folder, out)) < 1e-4
+
+
+def test_a_program_that_cannot_be_extended_records_every_layers_call(tmp_path, monkeypatch):
+    from rewrite._private import torch_repeated_calls
+    from rewrite._private.errors import Unavailable
+
+    def refused(self, index):
+        raise Unavailable(f"layer {index} refused")
+
+    monkeypatch.setattr(torch_repeated_calls._Builder, "add_layer", refused)
+    folder = checkpoints.write("llama", tmp_path / "checkpoint", layers=5)
+    progress = Recorder()
+    out = tmp_path / "model.onnx"
+    rewrite.export(folder, output=out, progress=progress)
+    assert "the program of the first 2 layers could not be extended: Unavailable: layer 2 " \
+           "refused" in progress.text, progress.text
+    assert "1 of 5 layers traced (LlamaDecoderLayer), 4 recorded as calls of their traces\n" \
+        in progress.text + "\n", progress.text
+    assert max(decode_and_compare(folder, out)) < 1e-4
+
+
 def test_an_unknown_trace_is_refused(tmp_path):
     folder = checkpoints.write("llama", tmp_path / "checkpoint")
     with pytest.raises(InputError, match="trace='all'"):
