@@ -25,25 +25,21 @@ import torch
 
 from rewrite._private.errors import Unavailable
 from rewrite._private.torch_programs import fake_like
+from rewrite._private.torch_recording import record_call
 
 
 @functools.lru_cache(maxsize=1)
 def _apis() -> dict[str, Any]:
-    try:
-        from torch._higher_order_ops.invoke_subgraph import (
-            get_invoke_subgraph_cache,
-            invoke_subgraph,
-        )
-        from torch.fx.experimental.proxy_tensor import get_proxy_mode, track_tensor_tree
-    except ImportError as e:  # pragma: no cover - not in the checked versions
-        raise Unavailable(f"torch {torch.__version__}: {e}") from e
-    try:
-        from torch.fx.experimental.proxy_tensor import track_tensor
-    except ImportError:  # pragma: no cover - not in the checked versions
-        track_tensor = None
-    return {"hop": invoke_subgraph, "cache": get_invoke_subgraph_cache,
-            "proxy_mode": get_proxy_mode, "track": track_tensor_tree,
-            "track_one": track_tensor}
+    """What recording a call needs (:func:`~rewrite._private.torch_recording.recording_apis`)
+    and the ``invoke_subgraph`` op itself."""
+    from rewrite._private.torch_recording import recording_apis
+
+    apis = recording_apis()
+    if apis is None:  # pragma: no cover - not in the checked versions
+        raise Unavailable(f"torch {torch.__version__} lacks what recording a call needs")
+    from torch._higher_order_ops.invoke_subgraph import invoke_subgraph
+
+    return {**apis, "hop": invoke_subgraph}
 
 
 def available() -> bool:
@@ -104,8 +100,7 @@ class LayerCalls:
 
     def _record(self, tracer: Any, first: _First, operands: Sequence[Any]) -> tuple:
         """The call node the tracer would make for ``operands``, its outputs shaped as the
-        first call's."""
-        api = _apis()
+        first call's (their tensor metadata the first call's)."""
         outputs = tuple(fake_like(t) for t in first.outputs)
         args = []
         for operand in operands:
@@ -113,21 +108,10 @@ class LayerCalls:
             if not isinstance(proxy, torch.fx.Proxy):
                 raise Unavailable(f"an operand of {first.name} is not traced")
             args.append(proxy.node)
-        getter = tracer.create_node("get_attr", first.path, (), {})
-        node = tracer.create_node("call_function", api["hop"], (getter, first.name, *args), {})
         metas = [getattr(tracer.unwrap_proxy(t), "node", None) for t in first.outputs]
         metas = [n.meta.get("tensor_meta") if n is not None else None for n in metas]
-        if api["track_one"] is None or any(m is None for m in metas):
-            api["track"](outputs, tracer.proxy(node), constant=None, tracer=tracer)
-            return outputs
-        # what track_tensor_tree does for a tuple of tensors, the outputs' tensor metadata
-        # (sizes, strides, memory format: ~4 ms of symbolic reasoning each) the first call's
-        call = tracer.proxy(node)
-        call.node.meta["val"] = outputs
-        for k, (output, meta) in enumerate(zip(outputs, metas)):
-            item = call[k]
-            api["track_one"](output, item, constant=None, tracer=tracer)
-            item.node.meta["val"], item.node.meta["tensor_meta"] = output, meta
+        record_call(type(tracer).create_node, tracer, first.path, first.name, args, outputs,
+                    metas)
         return outputs
 
 

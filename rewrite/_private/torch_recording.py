@@ -14,7 +14,7 @@ is not possible at run time, the trace raises :class:`Unavailable` (the caller f
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -37,8 +37,51 @@ def recording_apis() -> dict[str, Any] | None:
         return None
     if _HOP is None:  # pragma: no cover - not in the checked versions
         return None
+    try:
+        from torch.fx.experimental.proxy_tensor import track_tensor
+    except ImportError:  # pragma: no cover - not in the checked versions
+        track_tensor = None
     return {"cache": get_invoke_subgraph_cache, "proxy_mode": get_proxy_mode,
-            "track": track_tensor_tree, "create_node": TracerBase.create_node}
+            "track": track_tensor_tree, "track_one": track_tensor,
+            "create_node": TracerBase.create_node}
+
+
+def record_call(create: Callable[..., torch.fx.Node], tracer: Any, path: str,
+                identifier: str, operands: Sequence[torch.fx.Node], outputs: tuple,
+                metas: Sequence[Any]) -> list[Any]:
+    """The nodes ``tracer`` makes for an ``invoke_subgraph`` call of the subgraph at
+    ``path`` (made by ``create``: a get_attr of the subgraph, the call) on ``operands``,
+    ``outputs`` tracked as its results; returns their tensor metadata. ``metas``: that
+    metadata where known (another call's of the subgraph: sizes, strides, memory format,
+    ~1-4 ms of symbolic reasoning each), else computed as ``track_tensor_tree`` does."""
+    api = recording_apis()
+    assert api is not None
+    getter = create(tracer, "get_attr", path, (), {})
+    node = create(tracer, "call_function", _HOP, (getter, identifier, *operands), {})
+    track_one = api["track_one"]
+    if track_one is None or len(metas) != len(outputs) or any(m is None for m in metas):
+        api["track"](outputs, tracer.proxy(node), constant=None, tracer=tracer)
+        made = {item.args[1]: item.meta.get("tensor_meta") for item in node.users}
+        return [made.get(k) for k in range(len(outputs))]
+    call = tracer.proxy(node)  # what track_tensor_tree does for a tuple of tensors
+    call.node.meta["val"] = outputs
+    for k, (output, meta) in enumerate(zip(outputs, metas)):
+        item = call[k]
+        track_one(output, item, constant=None, tracer=tracer)
+        item.node.meta["val"], item.node.meta["tensor_meta"] = output, meta
+    return list(metas)
+
+
+def _sizes_key(identifier: str, values: tuple) -> tuple:
+    """A call's identifier and its outputs' dtypes and sizes (symbolic ones by expression):
+    calls of one key have outputs of one tensor metadata."""
+    return (identifier, *((v.dtype, *(_expr(s) for s in (*v.shape, *v.stride())))
+                          for v in values))
+
+
+def _expr(size: Any) -> Any:
+    node = getattr(size, "node", None)
+    return node.expr if node is not None else size
 
 
 def repeated_calls(gm: torch.fx.GraphModule
@@ -51,15 +94,20 @@ def repeated_calls(gm: torch.fx.GraphModule
         if node.op != "call_function" or node.target is not _HOP:
             continue
         identifier = node.args[1]
-        val = node.meta.get("val")
-        if identifier in seen and isinstance(val, tuple) \
-                and all(isinstance(v, torch.Tensor) for v in val) \
-                and all(isinstance(a, torch.fx.Node) for a in node.args[2:]):
+        if identifier in seen and recordable(node):
             repeated.add(node)
         seen.add(identifier)
     deferred = {n for n in gm.graph.nodes if n.op == "placeholder" and n.users
                 and all(user in repeated for user in n.users)}
     return repeated, deferred
+
+
+def recordable(call: torch.fx.Node) -> bool:
+    """Whether an ``invoke_subgraph`` call can be recorded once its subgraph is traced: its
+    value is known (a tuple of tensors) and its operands are nodes."""
+    val = call.meta.get("val")
+    return isinstance(val, tuple) and all(isinstance(v, torch.Tensor) for v in val) \
+        and all(isinstance(a, torch.fx.Node) for a in call.args[2:])
 
 
 class _Deferred:
@@ -87,6 +135,8 @@ class Trace(torch.fx.Interpreter):
         """Each deferred placeholder -> the placeholder made for it in the traced graph."""
         self._tracked: set[int] = set()
         self._paths: dict[int, str] = {}
+        self._metas: dict[tuple, list] = {}
+        """The outputs' tensor metadata of the calls recorded, by :func:`_sizes_key`."""
 
     def run_node(self, n: torch.fx.Node) -> Any:
         if n in self.deferred:
@@ -129,14 +179,13 @@ class Trace(torch.fx.Interpreter):
             if path is None:
                 return None
             self._paths[id(body)] = path
-        create = api["create_node"]
+        key = _sizes_key(identifier, out)
+        metas = self._metas.get(key, [None] * len(out))
         with self._set_current_node(n):
-            # the nodes the tracer makes (a get_attr of the subgraph, the call), without the
-            # call's ``eager_input_vals`` (a detached copy of every operand's value, for
-            # Inductor's stride checks)
-            getter = create(tracer, "get_attr", path, (), {})
-            node = create(tracer, "call_function", _HOP, (getter, identifier, *operands), {})
-            api["track"](out, tracer.proxy(node), constant=None, tracer=tracer)
+            # the nodes the tracer makes, without the call's ``eager_input_vals`` (a detached
+            # copy of every operand's value, for Inductor's stride checks)
+            self._metas[key] = record_call(api["create_node"], tracer, path, identifier,
+                                           operands, out, metas)
         self._tracked.update(id(v) for v in out)
         return out
 

@@ -27,8 +27,10 @@ from attrs import frozen
 
 from rewrite._private.errors import Unavailable
 from rewrite._private.torch_programs import fake_like
+from rewrite._private.torch_recording import recordable
 
 _STACK = "nn_module_stack"
+_HOP = torch.ops.higher_order.invoke_subgraph
 
 
 @frozen
@@ -71,9 +73,8 @@ def extended(program: torch.export.ExportedProgram, extension: Extension
 
 def _calls(graph: torch.fx.Graph, path: str) -> list[torch.fx.Node]:
     """The program's layer calls in layer order: one ``invoke_subgraph`` call per layer."""
-    hop = torch.ops.higher_order.invoke_subgraph
     found: dict[int, torch.fx.Node] = {}
-    for node in graph.find_nodes(op="call_function", target=hop):
+    for node in graph.find_nodes(op="call_function", target=_HOP):
         last = list(node.meta.get(_STACK, {}).values())[-1:]
         where = last[0][0] if last else ""
         if not where.startswith(f"{path}.") or not where[len(path) + 1:].isdigit():
@@ -171,8 +172,8 @@ class _Builder:
         attr.meta = _moved(call.args[0].meta, old, new)
         with self.graph.inserting_after(attr):
             made = self.graph.call_function(call.target, (attr, call.args[1], *operands))
-        made.meta = _moved(call.meta, old, new)
-        value = made.meta["val"] = _fresh(call.meta.get("val"))
+        made.meta = _moved(call.meta, old, new)  # its value the template's: the
+        value = made.meta["val"]  # decomposition gives a recorded call's outputs their own
         previous = made
         for item in sorted(call.users, key=lambda n: n.args[1]):
             with self.graph.inserting_after(previous):
@@ -215,13 +216,17 @@ class _Builder:
         return node
 
     def _input(self, like: torch.fx.Node, kind: str, name: str) -> torch.fx.Node:
+        """An input placed after the last of its kind, valued as ``like``: the same fake
+        tensor where only recordable calls read it (:func:`recordable`: the decomposition
+        defers such inputs, never traces them; a fake tensor costs ~1 ms), else a copy."""
         after = self.last[kind]
         if after is None:
             raise Unavailable(f"a further layer has a {kind.lower()} the traced ones lack")
         with self.graph.inserting_after(after):
             node = self.graph.placeholder(name)
         node.meta = dict(like.meta)
-        node.meta["val"] = _fresh(like.meta.get("val"))
+        if not all(user.target is _HOP and recordable(user) for user in like.users):
+            node.meta["val"] = _fresh(like.meta.get("val"))
         self.last[kind] = node
         return node
 
