@@ -120,10 +120,10 @@ def test_added_layers_wired_wrong_are_caught_and_the_model_traced_whole(tmp_path
 
     operand = torch_repeated_calls._Builder._operand
 
-    def stale(self, value, before, index, paths, states):
-        if isinstance(value, torch.fx.Node) and value.args and value.args[0] is before:
+    def stale(self, value, layer):
+        if isinstance(value, torch.fx.Node) and value.args and value.args[0] is layer.before:
             return value
-        return operand(self, value, before, index, paths, states)
+        return operand(self, value, layer)
 
     monkeypatch.setattr(torch_repeated_calls._Builder, "_operand", stale)
     folder = checkpoints.write("llama", tmp_path / "checkpoint", layers=5)

@@ -162,45 +162,68 @@ class _Builder:
         if not 1 <= template < len(self.states.traced_inputs):
             raise Unavailable(f"layer {index} has no traced layer of its kind after another")
         call = self.calls[template]
-        old, new = f"{self.extension.path}.{template}", f"{self.extension.path}.{index}"
-        states = dict(zip(self.states.traced_inputs[template], self._state_inputs(index, template)))
-        operands = [self._operand(o, self.calls[template - 1], index, (old, new), states)
-                    for o in call.args[2:]]
-        anchor = _last_read(self.calls[index - 1])
-        with self.graph.inserting_after(anchor):
+        path = self.extension.path
+        layer = _Layer(index, template, f"{path}.{template}", f"{path}.{index}",
+                       self.calls[template - 1], _last_read(self.calls[index - 1]))
+        layer.states = dict(zip(self.states.traced_inputs[template],
+                                self._state_inputs(index, template)))
+        operands = [self._operand(o, layer) for o in call.args[2:]]
+        with self.graph.inserting_after(layer.at):
             attr = self.graph.get_attr(call.args[0].target)
-        attr.meta = _moved(call.args[0].meta, old, new)
+        attr.meta = _moved(call.args[0].meta, layer.old, layer.new)
         with self.graph.inserting_after(attr):
             made = self.graph.call_function(call.target, (attr, call.args[1], *operands))
-        made.meta = _moved(call.meta, old, new)  # its value the template's: the
+        made.meta = _moved(call.meta, layer.old, layer.new)  # its value the template's: the
         value = made.meta["val"]  # decomposition gives a recorded call's outputs their own
         previous = made
         for item in sorted(call.users, key=lambda n: n.args[1]):
             with self.graph.inserting_after(previous):
                 previous = self.graph.call_function(operator.getitem, (made, item.args[1]))
-            previous.meta = _moved(item.meta, old, new)
+            previous.meta = _moved(item.meta, layer.old, layer.new)
             previous.meta["val"] = value[item.args[1]] if isinstance(value, tuple) else None
         self.calls.append(made)
 
-    def _operand(self, operand: Any, before: torch.fx.Node, index: int,
-                 paths: tuple[str, str], states: Mapping[torch.fx.Node, torch.fx.Node]) -> Any:
-        """What layer ``index`` is fed where its template is fed ``operand``."""
+    def _operand(self, operand: Any, layer: "_Layer") -> Any:
+        """What ``layer`` is fed where its template is fed ``operand``: its own input, the
+        previous layer's output, a copy of what is computed from its template's inputs
+        before the first layer (a state's copy), or the shared value itself."""
         if not isinstance(operand, torch.fx.Node):
             return operand
-        if operand in states:
-            return states[operand]
+        if operand in layer.states:
+            return layer.states[operand]
+        if operand in layer.copies:
+            return layer.copies[operand]
         if operand.op == "placeholder":
             spec = self.specs[operand.name]
-            old, new = paths
             if spec.kind.name in ("PARAMETER", "BUFFER") and str(spec.target).startswith(
-                    f"{old}."):
-                return self._weight(operand, spec, new + spec.target[len(old):])
+                    f"{layer.old}."):
+                return self._weight(operand, spec, layer.new + spec.target[len(layer.old):])
             return operand  # shared: an input of the model, a weight outside the layers
-        if operand.target is operator.getitem and operand.args[0] is before:
-            return _getitem(self.calls[index - 1], operand.args[1])
-        if operand in self.shared:
+        if operand.target is operator.getitem and operand.args[0] is layer.before:
+            return _getitem(self.calls[layer.index - 1], operand.args[1])
+        if operand not in self.shared:
+            raise Unavailable(f"a layer call reads {operand.name}, computed between the "
+                              "layers")
+        if not self._reads_template(operand, layer):
             return operand  # computed before the first layer: the mask, rotary tables
-        raise Unavailable(f"a layer call reads {operand.name}, computed between the layers")
+        with self.graph.inserting_after(layer.at):
+            copy = self.graph.node_copy(operand, lambda a: self._operand(a, layer))
+        copy.meta = _moved(operand.meta, layer.old, layer.new)
+        layer.copies[operand] = layer.at = copy
+        return copy
+
+    def _reads_template(self, node: torch.fx.Node, layer: "_Layer") -> bool:
+        """Whether ``node`` (before the first layer) is computed from an input of ``layer``'s
+        template: its state or its weights."""
+        memo = layer.reads
+        if node not in memo:
+            if node.op == "placeholder":
+                spec = self.specs[node.name]
+                memo[node] = node in layer.states or str(spec.target).startswith(
+                    f"{layer.old}.")
+            else:
+                memo[node] = any(self._reads_template(n, layer) for n in node.all_input_nodes)
+        return memo[node]
 
     def _weight(self, like: torch.fx.Node, spec: Any, target: str) -> torch.fx.Node:
         """The input of weight ``target`` (made once), placed after the layers' weights."""
@@ -260,6 +283,20 @@ class _Builder:
                 at += 1
         output.args = (tuple(values),)
         return specs
+
+
+class _Layer:
+    """An added layer while its nodes are made: its index, its template's, their module
+    paths, the template's previous call, where the next node goes, its state inputs by the
+    template's, the copies made for it and what reads its template's inputs."""
+
+    def __init__(self, index: int, template: int, old: str, new: str, before: torch.fx.Node,
+                 at: torch.fx.Node) -> None:
+        self.index, self.template, self.old, self.new = index, template, old, new
+        self.before, self.at = before, at
+        self.states: dict[torch.fx.Node, torch.fx.Node] = {}
+        self.copies: dict[torch.fx.Node, torch.fx.Node] = {}
+        self.reads: dict[torch.fx.Node, bool] = {}
 
 
 class _States:

@@ -178,18 +178,23 @@ class FirstLayers:
 
     @contextlib.contextmanager
     def cut(self, model: "torch.nn.Module", layers: "torch.nn.ModuleList") -> Iterator[None]:
-        """While inside, ``model``'s layer list and its config's layer count are cut."""
+        """While inside, ``model``'s layer list and its config's layer count (and list of
+        layer types) are cut."""
         parent, _, name = self.path.rpartition(".")
         owner = model.get_submodule(parent)
         config = model.config.get_text_config(decoder=True)
-        count = config.num_hidden_layers
+        saved = {key: getattr(config, key) for key in ("num_hidden_layers", "layer_types")
+                 if hasattr(config, key)}
         owner._modules[name] = layers[:self.count]
         config.num_hidden_layers = self.count
+        if isinstance(saved.get("layer_types"), list):  # per layer: cut as the layers are
+            config.layer_types = saved["layer_types"][:self.count]
         try:
             yield
         finally:
             owner._modules[name] = layers
-            config.num_hidden_layers = count
+            for key, value in saved.items():
+                setattr(config, key, value)
 
     def extension(self, model: "torch.nn.Module") -> Extension:
         """What the cut model's program needs to hold every layer."""
