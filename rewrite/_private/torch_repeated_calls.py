@@ -9,10 +9,11 @@ layer). :func:`extended` takes the program of the model cut to its first layers 
 one ``invoke_subgraph`` call) and adds, for each further layer, the nodes a trace would have
 made: its weights and cache as new inputs, a copy of the call of the traced layer of its
 kind (its ``template``), fed the previous layer's outputs where the template is fed its
-previous layer's and the same shared values (mask, rotary tables) otherwise; the layers'
-cache outputs join the program's outputs, and what followed the last layer reads the new last
-layer. A program it cannot extend so raises :class:`Unavailable` (the caller traces every
-layer).
+previous layer's, a copy of what the template's inputs go through before the first layer (a
+hybrid's convolution state is copied) and the same shared values (mask, rotary tables)
+otherwise; the layers' cache outputs join the program's outputs, and what followed the last
+layer reads the new last layer. A program it cannot extend so raises :class:`Unavailable`
+(the caller then traces or records every layer's call).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from rewrite._private.torch_programs import fake_like
 from rewrite._private.torch_recording import recordable
 
 _STACK = "nn_module_stack"
-_HOP = torch.ops.higher_order.invoke_subgraph
+_HOP = getattr(getattr(torch.ops, "higher_order", None), "invoke_subgraph", None)
 
 
 @frozen
@@ -66,7 +67,7 @@ def extended(program: torch.export.ExportedProgram, extension: Extension
     last = builder.calls[-1]
     for user, old in tail:
         user.replace_input_with(old, _getitem(last, old.args[1]))
-    output_specs = builder.extend_outputs(program.graph_signature.output_specs, traced)
+    output_specs = _extend_outputs(builder, program.graph_signature.output_specs, traced)
     gm.recompile()
     return _program(program, gm, builder, output_specs, traced)
 
@@ -264,25 +265,27 @@ class _Builder:
             made.append(node)
         return made
 
-    def extend_outputs(self, specs: Sequence[Any], traced: int) -> list[Any]:
-        """The program's outputs with the further layers' (after the last traced layer's,
-        each layer's in its template's order); their specs returned."""
-        output = self.graph.output_node()
-        values, specs = list(output.args[0]), list(specs)
-        mine = [k for k, v in enumerate(values) if _reads(v, self.calls[traced - 1])]
-        at = mine[-1] + 1 if mine else None
-        for index in range(traced, len(self.calls)):
-            template = self.calls[self.extension.templates[index]]
-            for k in [k for k, v in enumerate(values[:at or 0]) if _reads(v, template)]:
-                if at is None:
-                    raise Unavailable("a layer's outputs are not after the last traced one's")
-                item = _getitem(self.calls[index], values[k].args[1])
-                values.insert(at, item)
-                specs.insert(at, dataclasses.replace(
-                    specs[k], arg=dataclasses.replace(specs[k].arg, name=item.name)))
-                at += 1
-        output.args = (tuple(values),)
-        return specs
+
+def _extend_outputs(builder: _Builder, specs: Sequence[Any], traced: int) -> list[Any]:
+    """The program's outputs with the added layers' (after the last traced layer's, each
+    layer's in its template's order); their specs returned."""
+    graph, calls, templates = builder.graph, builder.calls, builder.extension.templates
+    output = graph.output_node()
+    values, specs = list(output.args[0]), list(specs)
+    mine = [k for k, v in enumerate(values) if _reads(v, calls[traced - 1])]
+    at = mine[-1] + 1 if mine else None
+    for index in range(traced, len(calls)):
+        template = calls[templates[index]]
+        for k in [k for k, v in enumerate(values[:at or 0]) if _reads(v, template)]:
+            if at is None:
+                raise Unavailable("a layer's outputs are not after the last traced one's")
+            item = _getitem(calls[index], values[k].args[1])
+            values.insert(at, item)
+            specs.insert(at, dataclasses.replace(
+                specs[k], arg=dataclasses.replace(specs[k].arg, name=item.name)))
+            at += 1
+    output.args = (tuple(values),)
+    return specs
 
 
 class _Layer:
