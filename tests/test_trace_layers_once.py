@@ -135,6 +135,7 @@ def test_added_layers_wired_wrong_are_caught_and_the_model_traced_whole(tmp_path
     assert max(decode_and_compare(folder, out)) < 1e-4
 
 
+@pytest.mark.slow
 def test_a_program_that_cannot_be_extended_records_every_layers_call(tmp_path, monkeypatch):
     from rewrite._private import torch_repeated_calls
     from rewrite._private.errors import Unavailable
@@ -264,7 +265,7 @@ def test_a_module_without_repeated_layers_is_traced_whole_and_an_unknown_trace_r
 
 
 @pytest.mark.parametrize("family, note", [
-    ("bart", "1 of 4 layers traced (BartEncoderLayer)"),
+    pytest.param("bart", "1 of 4 layers traced (BartEncoderLayer)", marks=pytest.mark.slow),
     pytest.param("t5", "2 of 4 layers traced (T5Block x2)", marks=pytest.mark.slow),
     pytest.param("whisper", "1 of 4 layers traced (WhisperEncoderLayer)",
                  marks=pytest.mark.slow),
