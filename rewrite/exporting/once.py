@@ -171,10 +171,13 @@ class FirstLayers:
     templates: tuple[int, ...]
     """Per layer, the kept layer whose call it repeats: the second of its kind."""
     whole_args: tuple
+    """The whole model's example inputs."""
     states_at: int | None
     """Where the example inputs hold a list of per-layer states (the cache), or None."""
     args: tuple
+    """The cut model's example inputs: the states list cut to :attr:`count` layers."""
     dynamic_shapes: Any
+    """Their dynamic shapes, cut the same way."""
 
     @contextlib.contextmanager
     def cut(self, model: "torch.nn.Module", layers: "torch.nn.ModuleList") -> Iterator[None]:
