@@ -249,6 +249,10 @@ def _add_export(sub, common: argparse.ArgumentParser) -> None:
     export.add_argument("--asymmetric", action="store_true", default=None,
                         help="--precision int4: uint4 with zero points (default: symmetric "
                         "int4, as the builder's default)")
+    export.add_argument("--unfused-attention", dest="fuse_attention", action="store_false",
+                        help="keep each layer's attention as torch.onnx lowers it (MatMul, "
+                        "Softmax, the grouped KV heads expanded) instead of one opset-23 "
+                        "Attention node per layer function (the default)")
     onnx_output_options(export)
 
 
