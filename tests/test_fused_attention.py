@@ -1,0 +1,128 @@
+"""``rewrite export`` writes each layer function's attention as one opset-23 ``Attention``.
+
+Small random checkpoints (tests/checkpoints.py): the attention function's body holds one
+``Attention`` on the grouped key / value heads (no ``Expand`` of the cache, no ``Softmax``),
+the cache's past in and present out, once in the whole file (one function per layer class,
+called by every layer); the model imports opset 23 and passes onnx's full check; prefill and
+3 decode steps in onnxruntime equal eager within 1e-4 (one row left-padded), sliding windows
+included. Where the op cannot say what the model computes (Gemma-2 caps its attention logits
+with ``tanh`` before the mask), the body keeps its unfused attention. ``--unfused-attention``
+keeps torch.onnx's lowering everywhere.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import onnx
+import onnx_ir as ir
+import pytest
+
+import rewrite
+from tests import checkpoints
+from tests.test_checkpoint_export import LAYER_CLASSES, Recorder, decode_and_compare
+
+
+def _export(family: str, tmp_path: Path, config: dict | None = None, **options
+            ) -> tuple[Path, Path, ir.Model]:
+    """``family``'s checkpoint (its config.json updated with ``config``) exported with
+    ``options``, its prefill and decode steps checked equal to eager within 1e-4."""
+    folder = checkpoints.write(family, tmp_path / "checkpoint")
+    if config:
+        path = folder / "config.json"
+        path.write_text(json.dumps({**json.loads(path.read_text()), **config}))
+    out = tmp_path / "out" / "model.onnx"
+    out.parent.mkdir()
+    model = rewrite.export(folder, output=out, progress=Recorder(), **options)
+    errors = decode_and_compare(folder, out)
+    assert max(errors) < 1e-4, errors
+    return folder, out, model
+
+
+def _ops(out: Path) -> tuple[Counter, dict[str, Counter], Counter]:
+    """Op types of the main graph, of each function (by name), and how often each function
+    is called anywhere in the file as written."""
+    proto = onnx.load(str(out), load_external_data=False)
+    onnx.checker.check_model(proto, full_check=True)
+    bodies = {f.name: Counter(n.op_type for n in f.node) for f in proto.functions}
+    calls = Counter(n.op_type for graph in [proto.graph.node, *(f.node for f in proto.functions)]
+                    for n in graph if n.op_type in bodies)
+    return Counter(n.op_type for n in proto.graph.node), bodies, calls
+
+
+def _assert_fused(out: Path, model: ir.Model, family: str) -> None:
+    main, bodies, calls = _ops(out)
+    attention = [name for name, ops in bodies.items() if ops["Attention"]]
+    assert len(attention) == 1, bodies  # one body, not one per layer
+    body = bodies[attention[0]]
+    assert body["Attention"] == 1 and not body["Softmax"] and not body["Expand"], body
+    assert main["Attention"] == 0 and sum(ops["Attention"] for ops in bodies.values()) == 1
+    assert calls[LAYER_CLASSES[family]] == checkpoints.LAYERS  # every layer calls one body
+    assert model.opset_imports[""] == 23
+    node = next(n for f in model.functions.values() for n in f if n.op_type == "Attention")
+    grouped = node.inputs[1].shape[1] if node.inputs[1].shape else None
+    assert len(node.inputs) == 6 and len(node.outputs) == 3  # the cache in and out
+    assert grouped is None or grouped == 2  # two KV heads for four query heads: no copies
+
+
+@pytest.mark.parametrize("family", ["llama", pytest.param("qwen3", marks=pytest.mark.slow)])
+def test_attention_is_one_opset23_node_per_body_and_decodes_equal_eager(family, tmp_path):
+    """Llama; Qwen3 (query / key norms before the rotary): fused once, equal to eager."""
+    _, out, model = _export(family, tmp_path)
+    _assert_fused(out, model, family)
+
+
+@pytest.mark.slow  # a tiny Mistral exported, prefill + 3 decode steps past its window
+def test_a_sliding_window_stays_the_models_mask(tmp_path):
+    """Mistral with a window of 3 tokens (a prompt of 5, then 3 steps): the mask the model
+    computes is the fused op's mask, so the window holds in prefill and decode."""
+    _, out, model = _export("mistral", tmp_path, {"sliding_window": 3})
+    _assert_fused(out, model, "mistral")
+
+
+@pytest.mark.slow  # a tiny Gemma-2 exported, prefill + 3 decode steps
+def test_logits_capped_before_the_mask_keep_the_unfused_attention(tmp_path):
+    """Gemma-2 caps its attention logits (``tanh``) before adding the (sliding-window) mask;
+    ``Attention``'s ``softcap`` caps after the mask: its body stays unfused, opset as
+    exported, and equal to eager."""
+    _, out, model = _export("gemma2", tmp_path)
+    main, bodies, _ = _ops(out)
+    assert not any(ops["Attention"] for ops in [main, *bodies.values()])
+    assert bodies["Gemma2Attention"]["Tanh"] and bodies["Gemma2Attention"]["Softmax"]
+    assert model.opset_imports[""] < 23
+
+
+def test_unfused_attention_keeps_torch_onnx_lowering(tmp_path, run_cli):
+    """``--unfused-attention``: no ``Attention`` anywhere, the grouped heads expanded, opset
+    as exported; equal to eager."""
+    folder = checkpoints.write("llama", tmp_path / "checkpoint")
+    out = tmp_path / "out" / "model.onnx"
+    out.parent.mkdir()
+    r = run_cli("export", folder, "-o", out, "--unfused-attention")
+    assert r.code == 0, r.err
+    main, bodies, _ = _ops(out)
+    assert not any(ops["Attention"] for ops in [main, *bodies.values()])
+    assert bodies["LlamaAttention"]["Softmax"] == 1 and bodies["LlamaAttention"]["Expand"] == 2
+    imports = onnx.load(str(out), load_external_data=False).opset_import
+    assert next(i.version for i in imports if i.domain == "") < 23
+    assert max(decode_and_compare(folder, out)) < 1e-4
+
+
+def test_int4_dequantizes_and_attends_in_one_body(tmp_path):
+    """``--precision int4``: the layer's bodies dequantize its seven weights
+    (``DequantizeLinear`` with ``block_size``, valid at opset 23) and attend with one
+    ``Attention``; the export's
+    own check (eager on the same weights dequantized, prefill and a decode step) passes."""
+    folder = checkpoints.write("llama", tmp_path / "checkpoint")
+    out = tmp_path / "out" / "model.onnx"
+    out.parent.mkdir()
+    progress = Recorder()
+    model = rewrite.export(folder, output=out, precision="int4", block_size=16,
+                           progress=progress)
+    assert "max |difference|" in progress.text
+    _, bodies, _ = _ops(out)
+    assert sum(ops["DequantizeLinear"] for ops in bodies.values()) == 7, bodies
+    assert bodies["LlamaAttention"]["Attention"] == 1 and not bodies["LlamaAttention"]["Softmax"]
+    assert model.opset_imports[""] == 23
