@@ -266,3 +266,98 @@ def _scalar(value: ir.Value | None) -> float | None:
     if array is None or array.size != 1 or array.dtype.kind != "f":
         return None
     return float(array.reshape(-1)[0])
+
+
+def flatten_heads(graph: ir.Graph) -> int:
+    """Each ``Attention`` of ``graph`` reading ``[batch, heads, sequence, head]`` views of
+    ``[batch, sequence, heads * head]`` projections (``Transpose(Reshape(x))``, through a
+    ``RotaryEmbedding``) and read back the same way, on the 3-D projections themselves
+    (``q_num_heads`` / ``kv_num_heads``; the rotary with ``num_heads``): three ``Reshape`` +
+    ``Transpose`` pairs in and one out fewer per layer. How many."""
+    done = 0
+    for node in [n for n in graph if _is(n, "Attention") and len(n.inputs) == 6]:
+        views = [_view(v) for v in node.inputs[:3]]
+        out = _merged(node.outputs[0])
+        if any(v is None for v in views) or out is None or views[2][1] is not None:
+            continue
+        inputs = [_flat_rotary(graph, *view) for view in views]  # type: ignore[misc]
+        heads = [view[2] for view in views]  # type: ignore[index]
+        attrs = [*node.attributes.values(), ir.AttrInt64("q_num_heads", heads[0]),
+                 ir.AttrInt64("kv_num_heads", heads[1])]
+        flat = ir.Node("", "Attention", (*inputs, *node.inputs[3:]), attrs, num_outputs=3,
+                       name=node.name, metadata_props=dict(node.metadata_props))
+        graph.insert_after(node, flat)
+        for old, new in zip([out, *node.outputs[1:]], flat.outputs):
+            ir.convenience.replace_all_uses_with(old, new, replace_graph_outputs=True)
+            new.name, new.type, new.shape = old.name, old.type, old.shape
+            old.name = None
+        done += 1
+    if done:
+        _remove_unused(graph)
+        graph.sort()
+    return done
+
+
+def _view(value: ir.Value | None) -> tuple[ir.Value, ir.Node | None, int] | None:
+    """``(x, rotary, heads)`` where ``value`` is ``[rotary](Transpose(Reshape(x), [0, 2, 1,
+    3]))`` splitting the last dimension of a 3-D ``x`` into ``heads`` static heads (``rotary``
+    a 4-D ``RotaryEmbedding``, read only there, or None)."""
+    rotary = value.producer() if value is not None else None
+    if rotary is not None and _is(rotary, "RotaryEmbedding") and len(rotary.inputs) == 3:
+        if len(list(rotary.outputs[0].uses())) != 1:
+            return None
+        value = rotary.inputs[0]
+    else:
+        rotary = None
+    transpose = _producer(value, "Transpose")
+    reshape = _producer(transpose.inputs[0], "Reshape") if transpose is not None else None
+    if (transpose is None or reshape is None or tuple(transpose.attributes.get_ints(
+            "perm", ())) != (0, 2, 1, 3)):
+        return None
+    x, split = reshape.inputs[0], reshape.outputs[0].shape
+    if x is None or x.shape is None or split is None or len(x.shape) != 3 or len(split) != 4:
+        return None
+    heads, size = split[2], split[3]
+    if (not isinstance(heads, int) or not isinstance(size, int) or x.shape[2] != heads * size
+            or x.shape[0] != split[0] or x.shape[1] != split[1]):
+        return None
+    return x, rotary, heads
+
+
+def _merged(value: ir.Value) -> ir.Value | None:
+    """The 3-D ``Reshape(Transpose(value, [0, 2, 1, 3]))`` merging the heads back (after a
+    ``Reshape`` to ``value``'s own shape, torch's ``view``), where it is the only reader of
+    ``value``."""
+    uses = list(value.uses())
+    if len(uses) != 1 or value.is_graph_output():
+        return None
+    transpose = uses[0].node
+    if _is(transpose, "Reshape") and value.shape is not None and (
+            transpose.outputs[0].shape == value.shape) and all(
+            isinstance(d, int) or d.value is not None for d in value.shape):
+        uses = list(transpose.outputs[0].uses())
+        transpose = uses[0].node if len(uses) == 1 else transpose
+    if not _is(transpose, "Transpose"):
+        return None
+    after = list(transpose.outputs[0].uses())
+    if (tuple(transpose.attributes.get_ints("perm", ())) != (0, 2, 1, 3) or len(after) != 1
+            or not _is(after[0].node, "Reshape") or after[0].idx != 0):
+        return None
+    split, out = transpose.outputs[0].shape, after[0].node.outputs[0]
+    if (split is None or out.shape is None or len(split) != 4 or len(out.shape) != 3
+            or not isinstance(split[2], int) or not isinstance(split[3], int)
+            or out.shape[2] != split[2] * split[3] or out.shape[:2] != split[:2]):
+        return None
+    return out
+
+
+def _flat_rotary(graph: ir.Graph, x: ir.Value, rotary: ir.Node | None, heads: int
+                 ) -> ir.Value:
+    """``x``, rotated where ``rotary`` is given (the same caches, ``num_heads``)."""
+    if rotary is None:
+        return x
+    node = ir.Node("", "RotaryEmbedding", (x, *rotary.inputs[1:]),
+                   (*rotary.attributes.values(), ir.AttrInt64("num_heads", heads)),
+                   name=rotary.name, metadata_props=dict(rotary.metadata_props))
+    graph.insert_after(rotary, node)
+    return node.outputs[0]

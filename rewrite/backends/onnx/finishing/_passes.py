@@ -8,9 +8,9 @@ Each pass changes the model in place and states, in ``ensures``, the invariant i
   merging removed;
 * :class:`OptimizeBodies`: onnxscript's optimizer once per distinct body and over the main
   graph; no function body holds an initializer;
-* :class:`FuseAttention`: each body's attention as one opset-23 ``Attention``
-  (``OnnxOptions.fuse_attention``); every graph imports the default domain at 23 where one
-  fused;
+* :class:`FuseAttention`: each body's attention as one opset-23 ``Attention``, its rotary
+  embeddings as ``RotaryEmbedding`` (``OnnxOptions.fuse_attention``); every graph imports the
+  default domain at 23 where one fused;
 * :class:`MergeEqualFunctions`: no two functions of one identity have equal body keys;
 * :class:`FixOpsets`: every domain a graph uses is imported, by the model and by each
   function made;
@@ -30,9 +30,10 @@ from attrs import define, field
 
 from rewrite.backends.onnx._opsets import fix_opsets, used_domains
 from rewrite.backends.onnx.distinct import Variants
-from rewrite.backends.onnx.finishing._attention import OPSET, fuse_attention
+from rewrite.backends.onnx.finishing._attention import OPSET, flatten_heads, fuse_attention
 from rewrite.backends.onnx.finishing._merge import merge_functions, merge_keys
 from rewrite.backends.onnx.finishing._optimize import optimize
+from rewrite.backends.onnx.finishing._rotary import call_sites, fuse_rotary
 from rewrite.backends.onnx.outlining import drop_node_names
 from rewrite.backends.onnx.summary import FunctionId
 from rewrite.errors import RewriteError
@@ -51,7 +52,8 @@ class Finishing:
     merged: dict[FunctionId, FunctionId] = field(factory=dict)
     variants: Variants | None = None
     fused: dict[FunctionId, int] = field(factory=dict)
-    """Function -> the attention subgraphs :class:`FuseAttention` fused in its body."""
+    """Function -> the attention and rotary subgraphs :class:`FuseAttention` fused in its
+    body."""
 
     def merge(self, found: Mapping[FunctionId, FunctionId]) -> None:
         """``found`` (a merge's result) composed with the merges before it."""
@@ -105,11 +107,16 @@ class OptimizeBodies(_Pass):
 
 
 class FuseAttention(_Pass):
-    """:func:`_attention.fuse_attention` once per body outlining made; where any fused, the
-    model and every function import the default domain at ``Attention``'s opset."""
+    """:func:`_attention.fuse_attention` and :func:`_rotary.fuse_rotary` once per body
+    outlining made; where any fused, the model and every function import the default domain
+    at the opset of ``Attention`` and ``RotaryEmbedding``."""
 
     def call(self, model: ir.Model) -> ir.passes.PassResult:
-        fused = {fid: fuse_attention(model.functions[fid].graph) for fid in self.state.identity}
+        sites = call_sites(model)
+        fused = {fid: fuse_attention(model.functions[fid].graph)
+                 + fuse_rotary(model, fid, sites) for fid in self.state.identity}
+        for fid in fused:
+            flatten_heads(model.functions[fid].graph)
         self.state.fused = {fid: n for fid, n in fused.items() if n}
         if self.state.fused:
             for imports in [model.opset_imports, *(f.opset_imports
@@ -121,7 +128,7 @@ class FuseAttention(_Pass):
         low = [fid for fid in self.state.fused
                if model.functions[fid].opset_imports.get("", 0) < OPSET]
         if low:
-            raise ir.passes.PostconditionError(f"bodies with Attention below opset 23: {low}")
+            raise ir.passes.PostconditionError(f"fused bodies below opset 23: {low}")
 
 
 class MergeEqualFunctions(_Pass):
