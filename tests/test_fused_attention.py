@@ -2,11 +2,13 @@
 
 Small random checkpoints (tests/checkpoints.py): the attention function's body holds one
 ``Attention`` on the grouped key / value heads (no ``Expand`` of the cache, no ``Softmax``),
-the cache's past in and present out, once in the whole file (one function per layer class,
+the cache's past in and present out, and two ``RotaryEmbedding``, on the 3-D projections (no
+``Reshape`` / ``Transpose`` to heads), once in the whole file (one function per layer class,
 called by every layer); the model imports opset 23 and passes onnx's full check; prefill and
 3 decode steps in onnxruntime equal eager within 1e-4 (one row left-padded), sliding windows
 included. Where the op cannot say what the model computes (Gemma-2 caps its attention logits
-with ``tanh`` before the mask), the body keeps its unfused attention. ``--unfused-attention``
+with ``tanh`` before the mask), the body keeps its unfused attention; a rotary whose caches'
+halves are not proven equal stays unfused. ``--unfused-attention``
 keeps torch.onnx's lowering everywhere.
 """
 
@@ -60,11 +62,13 @@ def _assert_fused(out: Path, model: ir.Model, family: str) -> None:
     assert body["Attention"] == 1 and not body["Softmax"] and not body["Expand"], body
     assert main["Attention"] == 0 and sum(ops["Attention"] for ops in bodies.values()) == 1
     assert calls[LAYER_CLASSES[family]] == checkpoints.LAYERS  # every layer calls one body
+    assert body["RotaryEmbedding"] == 2 and not body["Neg"] and not body["Reshape"], body
     assert model.opset_imports[""] == 23
     node = next(n for f in model.functions.values() for n in f if n.op_type == "Attention")
-    grouped = node.inputs[1].shape[1] if node.inputs[1].shape else None
     assert len(node.inputs) == 6 and len(node.outputs) == 3  # the cache in and out
-    assert grouped is None or grouped == 2  # two KV heads for four query heads: no copies
+    # on the [batch, sequence, heads * head] projections; two KV heads for four query heads
+    assert node.attributes.get_int("q_num_heads") == 4
+    assert node.attributes.get_int("kv_num_heads") == 2
 
 
 @pytest.mark.parametrize("family", ["llama", pytest.param("qwen3", marks=pytest.mark.slow)])
@@ -85,13 +89,13 @@ def test_a_sliding_window_stays_the_models_mask(tmp_path):
 @pytest.mark.slow  # a tiny Gemma-2 exported, prefill + 3 decode steps
 def test_logits_capped_before_the_mask_keep_the_unfused_attention(tmp_path):
     """Gemma-2 caps its attention logits (``tanh``) before adding the (sliding-window) mask;
-    ``Attention``'s ``softcap`` caps after the mask: its body stays unfused, opset as
-    exported, and equal to eager."""
+    ``Attention``'s ``softcap`` caps after the mask: its attention stays unfused (its rotary
+    is fused), and equal to eager."""
     _, out, model = _export("gemma2", tmp_path)
     main, bodies, _ = _ops(out)
     assert not any(ops["Attention"] for ops in [main, *bodies.values()])
-    assert bodies["Gemma2Attention"]["Tanh"] and bodies["Gemma2Attention"]["Softmax"]
-    assert model.opset_imports[""] < 23
+    body = bodies["Gemma2Attention"]
+    assert body["Tanh"] and body["Softmax"] and body["RotaryEmbedding"] == 2, body
 
 
 def test_unfused_attention_keeps_torch_onnx_lowering(tmp_path, run_cli):
@@ -126,3 +130,57 @@ def test_int4_dequantizes_and_attends_in_one_body(tmp_path):
     assert sum(ops["DequantizeLinear"] for ops in bodies.values()) == 7, bodies
     assert bodies["LlamaAttention"]["Attention"] == 1 and not bodies["LlamaAttention"]["Softmax"]
     assert model.opset_imports[""] == 23
+
+
+def _rotary_model(doubled: bool) -> ir.Model:
+    """A main graph computing ``cos`` / ``sin`` of ``Concat(f, f)`` (``doubled``) or of
+    ``Concat(f, g)``, and a function rotating ``x`` ``[1, 2, S, 8]`` by them as transformers
+    writes it, called once."""
+    from onnx import TensorProto, helper
+
+    ints = {n: helper.make_tensor(n, TensorProto.INT64, [1], [v]) for n, v in
+            (("one", 1), ("zero", 0), ("four", 4), ("end", 8), ("last", -1))}
+    body = [helper.make_node("Constant", [], [n], value=t) for n, t in ints.items()]
+    body += [helper.make_node("Unsqueeze", ["cos", "one"], ["c4"]),
+             helper.make_node("Unsqueeze", ["sin", "one"], ["s4"]),
+             helper.make_node("Slice", ["x", "zero", "four", "last"], ["x1"]),
+             helper.make_node("Slice", ["x", "four", "end", "last"], ["x2"]),
+             helper.make_node("Neg", ["x2"], ["n"]),
+             helper.make_node("Concat", ["n", "x1"], ["r"], axis=-1),
+             helper.make_node("Mul", ["x", "c4"], ["a"]),
+             helper.make_node("Mul", ["r", "s4"], ["b"]),
+             helper.make_node("Add", ["a", "b"], ["y"])]
+    function = helper.make_function("test", "Rotate", ["x", "cos", "sin"], ["y"], body,
+                                    [helper.make_opsetid("", 20)])
+    second = "f" if doubled else "g"
+    nodes = [helper.make_node("Concat", ["f", second], ["e"], axis=-1),
+             helper.make_node("Cos", ["e"], ["cos"]), helper.make_node("Sin", ["e"], ["sin"]),
+             helper.make_node("Rotate", ["x", "cos", "sin"], ["y"], domain="test")]
+    floats = [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in (
+        ("x", [1, 2, "S", 8]), ("f", [1, "S", 4]), ("g", [1, "S", 4]))]
+    graph = helper.make_graph(nodes, "g", floats, [
+        helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2, "S", 8])])
+    proto = helper.make_model(graph, functions=[function], opset_imports=[
+        helper.make_opsetid("", 20), helper.make_opsetid("test", 1)])
+    model = ir.from_proto(onnx.shape_inference.infer_shapes(proto))
+    body_values = {v.name: v for n in model.functions[("test", "Rotate", "")] for v in n.outputs}
+    for name, shape in (("c4", [1, 1, "S", 8]), ("s4", [1, 1, "S", 8])):
+        body_values[name].shape = ir.Shape(shape)
+    inputs = model.functions[("test", "Rotate", "")].inputs
+    for value, shape in zip(inputs, ([1, 2, "S", 8], [1, "S", 8], [1, "S", 8])):
+        value.shape = ir.Shape(shape)
+    return model
+
+
+@pytest.mark.parametrize("doubled", [True, False])
+def test_a_rotary_is_fused_only_where_its_caches_halves_are_equal(doubled):
+    """``RotaryEmbedding`` reads half of ``cos`` / ``sin``: it replaces the rotation only
+    where every call's caches are ``Cos`` / ``Sin`` of frequencies concatenated with
+    themselves (the main graph's, through the call)."""
+    from rewrite.backends.onnx.finishing._rotary import call_sites, fuse_rotary
+
+    model = _rotary_model(doubled)
+    fid = ("test", "Rotate", "")
+    assert fuse_rotary(model, fid, call_sites(model)) == int(doubled)
+    ops = Counter(n.op_type for n in model.functions[fid])
+    assert (ops["RotaryEmbedding"], ops["Neg"]) == ((1, 0) if doubled else (0, 1))
