@@ -68,13 +68,16 @@ def fuse_attention(graph: ir.Graph) -> int:
 
 
 def _replace(graph: ir.Graph, old: ir.Node, new: ir.Node) -> None:
-    """``new`` after ``old``, its first output standing for ``old``'s (name, type, shape)."""
+    """``new`` after ``old``, its first output standing for ``old``'s."""
     graph.insert_after(old, new)
-    out = old.outputs[0]
-    ir.convenience.replace_all_uses_with(out, new.outputs[0], replace_graph_outputs=True)
-    new.outputs[0].name, new.outputs[0].type, new.outputs[0].shape = (
-        out.name, out.type, out.shape)
-    out.name = None
+    _stand_in(old.outputs[0], new.outputs[0])
+
+
+def _stand_in(old: ir.Value, new: ir.Value) -> None:
+    """``new`` read wherever ``old`` was (graph outputs too), with its name, type, shape."""
+    ir.convenience.replace_all_uses_with(old, new, replace_graph_outputs=True)
+    new.name, new.type, new.shape = old.name, old.type, old.shape
+    old.name = None
 
 
 def _remove_unused(graph: ir.Graph) -> None:
@@ -220,10 +223,7 @@ def _fold_cache(graph: ir.Graph, node: ir.Node) -> None:
                     name=node.name, metadata_props=dict(node.metadata_props))
     _replace(graph, node, fused)
     for concat, out in zip(concats, fused.outputs[1:]):
-        made = concat.outputs[0]  # type: ignore[union-attr]
-        ir.convenience.replace_all_uses_with(made, out, replace_graph_outputs=True)
-        out.name, out.type, out.shape = made.name, made.type, made.shape
-        made.name = None
+        _stand_in(concat.outputs[0], out)  # type: ignore[union-attr]
 
 
 def _is(node: ir.Node, op: str) -> bool:
@@ -288,9 +288,7 @@ def flatten_heads(graph: ir.Graph) -> int:
                        name=node.name, metadata_props=dict(node.metadata_props))
         graph.insert_after(node, flat)
         for old, new in zip([out, *node.outputs[1:]], flat.outputs):
-            ir.convenience.replace_all_uses_with(old, new, replace_graph_outputs=True)
-            new.name, new.type, new.shape = old.name, old.type, old.shape
-            old.name = None
+            _stand_in(old, new)
         done += 1
     if done:
         _remove_unused(graph)

@@ -23,6 +23,7 @@ from rewrite.backends.onnx.finishing._attention import (
     _is,
     _producer,
     _remove_unused,
+    _replace,
     _scalar,
 )
 from rewrite.backends.onnx.summary import FunctionId
@@ -56,12 +57,7 @@ def fuse_rotary(model: ir.Model, fid: FunctionId, sites: Sites) -> int:
         caches = [halves.get((v, half)) or _half(graph, v, half, halves) for v in (cos, sin)]
         node = ir.Node("", "RotaryEmbedding", (x, *caches), name=add.name,
                        metadata_props=dict(add.metadata_props))
-        graph.insert_after(add, node)
-        out = add.outputs[0]
-        ir.convenience.replace_all_uses_with(out, node.outputs[0], replace_graph_outputs=True)
-        node.outputs[0].name, node.outputs[0].type, node.outputs[0].shape = (
-            out.name, out.type, out.shape)
-        out.name = None
+        _replace(graph, add, node)
         fused += 1
     if fused:
         _remove_unused(graph)
