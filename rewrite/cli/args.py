@@ -249,7 +249,16 @@ def _add_export(sub, common: argparse.ArgumentParser) -> None:
     export.add_argument("--asymmetric", action="store_true", default=None,
                         help="--precision int4: uint4 with zero points (default: symmetric "
                         "int4, as the builder's default)")
+    _add_fusion(export)
     onnx_output_options(export)
+
+
+def _add_fusion(export: argparse.ArgumentParser) -> None:
+    export.add_argument("--unfused-attention", dest="fuse_attention", action="store_false",
+                        help="keep each layer's attention and rotary embedding as torch.onnx "
+                        "lowers them (MatMul, Softmax, the grouped KV heads expanded) instead "
+                        "of opset-23 Attention and RotaryEmbedding nodes in each layer "
+                        "function (the default)")
 
 
 def _model_or_rules_and_model(parser: argparse.ArgumentParser) -> None:

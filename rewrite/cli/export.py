@@ -35,7 +35,8 @@ def cmd_export(args: argparse.Namespace, io: Consoles) -> int:
                        symmetric=False if args.asymmetric else None,
                        progress=Steps.backend(io),
                        constants=args.constants, optimize=args.optimize,
-                       body_node_names=args.body_node_names, **options)
+                       body_node_names=args.body_node_names,
+                       fuse_attention=args.fuse_attention, **options)
     from rewrite.exporting.checkpoint import read_checkpoint, written
 
     config = read_checkpoint(args.folder, trust_model=args.trust_model).config

@@ -54,6 +54,13 @@ class OnnxOptions:
     reader: an untied LM head), so every weight stays the input's bytes, a range of the
     input file; onnxruntime transposes it once when it loads the model. ``rewrite export``
     (a checkpoint folder) sets it."""
+    fuse_attention: bool = False
+    """After optimizing, each function body's attention (torchlib's
+    ``scaled_dot_product_attention``, transformers' ``repeat_kv`` before it, the key cache's
+    ``Concat``) as one opset-23 ``Attention`` node and its rotary embeddings as
+    ``RotaryEmbedding``, on the 3-D projections, once per distinct body; the model then
+    imports opset 23 (``finishing._attention``, ``finishing._rotary``). ``rewrite export`` of
+    a checkpoint folder sets it."""
     custom_translation_table: Mapping[Callable, Callable | Sequence[Callable]] | None = field(
         default=None, eq=False)
     """Translations of ops torch.onnx does not know (custom ops) into ONNX ops of any domain,

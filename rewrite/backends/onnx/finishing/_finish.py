@@ -12,6 +12,7 @@ from rewrite.backends.onnx.finishing._passes import (
     DropBodyNodeNames,
     Finishing,
     FixOpsets,
+    FuseAttention,
     InitializersInFirstUseOrder,
     MergeEqualFunctions,
     MergeScalarVariants,
@@ -44,6 +45,8 @@ def finish(model: ir.Model, tree: GroupTree, outlined: Outlined, options: OnnxOp
         if lift:  # scalar variants first: a function attribute is not folded away
             passes.append(MergeScalarVariants(state))
         passes.append(OptimizeBodies(state, options.fold_weights))
+        if options.fuse_attention:
+            passes.append(FuseAttention(state))
     passes += [MergeEqualFunctions(state, lift), FixOpsets(state, model.opset_imports),
                InitializersInFirstUseOrder()]
     if not options.body_node_names:

@@ -8,6 +8,9 @@ Each pass changes the model in place and states, in ``ensures``, the invariant i
   merging removed;
 * :class:`OptimizeBodies`: onnxscript's optimizer once per distinct body and over the main
   graph; no function body holds an initializer;
+* :class:`FuseAttention`: each body's attention as one opset-23 ``Attention``, its rotary
+  embeddings as ``RotaryEmbedding`` (``OnnxOptions.fuse_attention``); every graph imports the
+  default domain at 23 where one fused;
 * :class:`MergeEqualFunctions`: no two functions of one identity have equal body keys;
 * :class:`FixOpsets`: every domain a graph uses is imported, by the model and by each
   function made;
@@ -27,8 +30,10 @@ from attrs import define, field
 
 from rewrite.backends.onnx._opsets import fix_opsets, used_domains
 from rewrite.backends.onnx.distinct import Variants
+from rewrite.backends.onnx.finishing._attention import OPSET, flatten_heads, fuse_attention
 from rewrite.backends.onnx.finishing._merge import merge_functions, merge_keys
 from rewrite.backends.onnx.finishing._optimize import optimize
+from rewrite.backends.onnx.finishing._rotary import call_sites, fuse_rotary
 from rewrite.backends.onnx.outlining import drop_node_names
 from rewrite.backends.onnx.summary import FunctionId
 from rewrite.errors import RewriteError
@@ -46,6 +51,9 @@ class Finishing:
     """The functions outlining made, in order."""
     merged: dict[FunctionId, FunctionId] = field(factory=dict)
     variants: Variants | None = None
+    fused: dict[FunctionId, int] = field(factory=dict)
+    """Function -> the attention and rotary subgraphs :class:`FuseAttention` fused in its
+    body."""
 
     def merge(self, found: Mapping[FunctionId, FunctionId]) -> None:
         """``found`` (a merge's result) composed with the merges before it."""
@@ -96,6 +104,31 @@ class OptimizeBodies(_Pass):
                 if f.graph.initializers]
         if held:
             raise ir.passes.PostconditionError(f"function bodies hold initializers: {held}")
+
+
+class FuseAttention(_Pass):
+    """:func:`_attention.fuse_attention` and :func:`_rotary.fuse_rotary` once per body
+    outlining made; where any fused, the model and every function import the default domain
+    at the opset of ``Attention`` and ``RotaryEmbedding``."""
+
+    def call(self, model: ir.Model) -> ir.passes.PassResult:
+        sites = call_sites(model)
+        fused = {fid: fuse_attention(model.functions[fid].graph)
+                 + fuse_rotary(model, fid, sites) for fid in self.state.identity}
+        for fid in fused:
+            flatten_heads(model.functions[fid].graph)
+        self.state.fused = {fid: n for fid, n in fused.items() if n}
+        if self.state.fused:
+            for imports in [model.opset_imports, *(f.opset_imports
+                                                   for f in model.functions.values())]:
+                imports[""] = max(imports.get("", OPSET), OPSET)
+        return ir.passes.PassResult(model, bool(self.state.fused))
+
+    def ensures(self, model: ir.Model) -> None:
+        low = [fid for fid in self.state.fused
+               if model.functions[fid].opset_imports.get("", 0) < OPSET]
+        if low:
+            raise ir.passes.PostconditionError(f"fused bodies below opset 23: {low}")
 
 
 class MergeEqualFunctions(_Pass):
