@@ -129,14 +129,11 @@ def test_one_function_per_layer_class_taking_and_returning_its_buffers(static_ex
 
 
 def test_dynamic_batch_and_chunk_keep_one_function_per_layer_class(exported):
-    """With batch and chunk dynamic the MoE's first layer reads its sizes from other values
-    than the rest (two bodies): a known gap, the dense families have one."""
+    """With batch and chunk dynamic too (the MoE's sizes of its tokens, computed once by the
+    program and first read in its first layer, are read by every layer alike)."""
     family, _, out = exported
     model = onnx.load(str(out), load_external_data=False)
     kinds = {n.op_type for n in model.graph.node if n.op_type.startswith(LAYERS[family])}
-    if family == "qwen2_moe":
-        pytest.xfail("MoE with dynamic sizes: the first layer's body reads its sizes "
-                     "elsewhere (fixed with --static)")
     assert len(kinds) == 1, kinds
 
 

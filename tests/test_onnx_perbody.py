@@ -29,6 +29,7 @@ from tests.onnx_fixtures import (
     MODULARIZE,
     assert_matches_eager,
     checked_proto,
+    top_calls,
 )
 
 SCOPES = "pkg.torch.onnx.name_scopes"
@@ -161,6 +162,44 @@ def test_dynamic_shapes_are_lowered_per_body(name):
         checked_proto(lowering.model)
         assert not lowering.model.graph.inputs[0].shape.is_static()
         assert_matches_eager(lowering.model, triple, other)
+
+
+class _Mixer(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = torch.nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = 2 * x.shape[0] * x.shape[1]  # a size of the tokens: its node is made once
+        flat = self.proj(x).reshape(rows, 2)
+        return x + torch.relu(flat).reshape(x.shape)
+
+
+class _Mixers(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = torch.nn.ModuleList([_Mixer(), _Mixer()])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
+def test_a_size_computed_in_the_first_block_is_read_alike_by_every_block():
+    """torch.export computes ``2 * batch * sequence`` once, in the first block, and the
+    second reads that node: the size is computed before the blocks (one body, each block
+    one call of it; per body too), not left in the first block for the others to read."""
+    torch.manual_seed(0)
+    model = _Mixers().eval()
+    args = (torch.randn(2, 3, 4),)
+    dims = {0: torch.export.Dim("batch", min=2, max=64), 1: torch.export.Dim("sequence")}
+    program = torch.export.export(model, args, dynamic_shapes=(dims,))
+    fast, flat = _both(rewrite.parse_rules("group class *_Mixer", "mixers.rules"), program)
+    for lowering in (fast, flat):
+        checked_proto(lowering.model)
+        assert top_calls(lowering.model) == {"_Mixer": 2}, top_calls(lowering.model)
+        assert_matches_eager(lowering.model, (model, args, {}), (torch.randn(3, 5, 4),))
 
 
 def test_a_repeated_call_that_cannot_be_recorded_falls_back(gpt2_model, gpt2_program,

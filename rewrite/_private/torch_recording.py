@@ -22,7 +22,8 @@ from rewrite._private.errors import Unavailable
 from rewrite._private.torch_programs import fake_like
 
 _HOP = getattr(getattr(torch.ops, "higher_order", None), "invoke_subgraph", None)
-_TRACKED = (torch.Tensor, torch.SymInt, torch.SymFloat, torch.SymBool)
+_SIZES = (torch.SymInt, torch.SymFloat, torch.SymBool)
+_TRACKED = (torch.Tensor, *_SIZES)
 """Operand values whose proxies the tracer tracks."""
 
 
@@ -110,6 +111,19 @@ def recordable(call: torch.fx.Node) -> bool:
         and all(isinstance(a, torch.fx.Node) for a in call.args[2:])
 
 
+def _read_apart(node: torch.fx.Node) -> bool:
+    """Whether a node is read in a module call that does not hold its first reader's: a size
+    computed once and read by several layers, made where the first layer reads it, would be
+    that layer's (the others read it from inside it: not one body)."""
+    stacks = [list(stack) for user in node.users
+              if (stack := user.meta.get("nn_module_stack")) and _EMPTY_STACK not in stack]
+    return any(stack[:len(stacks[0])] != stacks[0] for stack in stacks[1:])
+
+
+_EMPTY_STACK = "_empty_nn_module_stack_from_metadata_hook"
+"""The stack torch gives a node a pass made (it says nothing of where the node is)."""
+
+
 class _Deferred:
     """The value of a placeholder only repeated calls read (not traced)."""
 
@@ -148,7 +162,19 @@ class Trace(torch.fx.Interpreter):
             if any(isinstance(self.env.get(a), _Deferred) for a in n.all_input_nodes):
                 # its weights were not traced: the trace cannot dispatch it either
                 raise Unavailable(f"cannot record the repeated call {n.name}")
-        return super().run_node(n)
+        out = super().run_node(n)
+        if isinstance(out, _SIZES) and n.op == "call_function" and _read_apart(n):
+            self._size_here(n, out)
+        return out
+
+    def _size_here(self, n: torch.fx.Node, size: Any) -> None:
+        """The node of symbolic size ``size`` made now, with ``n``'s metadata (make_fx would
+        make it where it is first read, with that reader's module stack)."""
+        api = recording_apis()
+        mode = api["proxy_mode"]() if api is not None else None
+        if mode is not None:
+            with self._set_current_node(n):
+                mode.tracer.unwrap_proxy(size)
 
     def _call_again(self, n: torch.fx.Node) -> Any:
         api = recording_apis()

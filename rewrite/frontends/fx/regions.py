@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from rewrite.frontends.fx.nn_module_stack import EMPTY_STACK_KEY
 from rewrite.ir import ModuleCall
 
 _STACK = "nn_module_stack"
@@ -140,7 +141,7 @@ def readable_program(program: torch.export.ExportedProgram) -> torch.export.Expo
     hop = getattr(torch.ops.higher_order, "invoke_subgraph", None)
     calls = graph.find_nodes(op="call_function", target=hop) if hop is not None else []
     stacks = region_stacks(graph)
-    if not calls and not stacks:
+    if not calls and not stacks and not shared_sizes(graph):
         return program
     import copy
 
@@ -150,31 +151,88 @@ def readable_program(program: torch.export.ExportedProgram) -> torch.export.Expo
         for node, stack in stacks.items():
             copies[node].meta[_STACK] = stack
     if calls:
-        from rewrite._private.torch_programs import inline_invoke_subgraph_nodes
-
-        sizes: dict[str, torch.fx.Node] = {}
-        scanned = None  # the last node whose symbolic size is in ``sizes``
-        for node in list(gm.graph.find_nodes(op="call_function", target=hop)):
-            body = _attr(gm, node.args[0].target)
-            base = _common_stack(body) if isinstance(body, torch.fx.GraphModule) else []
-            call = _items(node)
-            start = gm.graph.call_function(operator.getitem, ((), 0))  # around the call
-            end = gm.graph.call_function(operator.getitem, ((), 1))
-            node.prepend(start)
-            node.append(end)
-            inline_invoke_subgraph_nodes(gm, [node])
-            new = _between(start, end)
-            for n in new:
-                if _STACK in n.meta:
-                    n.meta[_STACK] = _rerooted(_items(n), base, call)
-            first = scanned.next if scanned is not None else next(iter(gm.graph.nodes))
-            _known_sizes(_between(first.prev, start), sizes)
-            _sizes_from_before(gm.graph, new, sizes)
-            scanned = end.prev if end.prev is not start else start.prev
-            gm.graph.erase_node(start)
-            gm.graph.erase_node(end)
+        _inline_calls(gm, hop)
+    sizes_at_top(gm.graph)
     gm.recompile()
     return _with_graph_module(program, gm)
+
+
+def _inline_calls(gm: torch.fx.GraphModule, hop: Any) -> None:
+    """Each ``invoke_subgraph`` call of ``gm`` replaced by its body's nodes, with the stacks
+    of its own call (see :func:`readable_program`); a size a node before the call computes
+    is that node's."""
+    from rewrite._private.torch_programs import inline_invoke_subgraph_nodes
+
+    sizes: dict[str, torch.fx.Node] = {}
+    scanned = None  # the last node whose symbolic size is in ``sizes``
+    for node in list(gm.graph.find_nodes(op="call_function", target=hop)):
+        body = _attr(gm, node.args[0].target)
+        base = _common_stack(body) if isinstance(body, torch.fx.GraphModule) else []
+        call = _items(node)
+        start = gm.graph.call_function(operator.getitem, ((), 0))  # around the call
+        end = gm.graph.call_function(operator.getitem, ((), 1))
+        node.prepend(start)
+        node.append(end)
+        inline_invoke_subgraph_nodes(gm, [node])
+        new = _between(start, end)
+        for n in new:
+            if _STACK in n.meta:
+                n.meta[_STACK] = _rerooted(_items(n), base, call)
+        first = scanned.next if scanned is not None else next(iter(gm.graph.nodes))
+        _known_sizes(_between(first.prev, start), sizes)
+        _sizes_from_before(gm.graph, new, sizes)
+        scanned = end.prev if end.prev is not start else start.prev
+        gm.graph.erase_node(start)
+        gm.graph.erase_node(end)
+
+
+_SIZES = (torch.SymInt, torch.SymFloat, torch.SymBool)
+
+
+def shared_sizes(graph: torch.fx.Graph) -> list[torch.fx.Node]:
+    """The symbolic sizes computed from the graph's inputs alone (``sym_size`` of an input,
+    their products...) inside a module call and read outside it, in graph order.
+
+    torch's tracer computes each size once, where it is first needed: a MoE's ``2 * batch``
+    inside its first layer's experts, read again by every later layer. Left there, the
+    first layer's body holds nodes the others do not (not one repeated body)."""
+    pure: dict[torch.fx.Node, list] = {}  # a size of the inputs alone -> its stack
+    for node in graph.nodes:
+        inputs = node.all_input_nodes
+        if node.op == "call_function" and isinstance(node.meta.get("val"), _SIZES) and \
+                inputs and all(a.op == "placeholder" or a in pure for a in inputs):
+            pure[node] = _items(node)
+    read: dict[torch.fx.Node, list | None] = {}  # its users' common stack (None: unknown)
+    for node in reversed(pure):
+        stacks = [read[u] if u in pure else [] if u.op == "output" else _known(_items(u))
+                  for u in node.users]
+        known = [s for s in stacks if s is not None]
+        read[node] = _common(known) if known else None
+    return [n for n, items in pure.items() if (own := _known(items)) is not None
+            and (users := read[n]) is not None and users[:len(own)] != own]
+
+
+def _known(items: list) -> list | None:
+    """Stack ``items``, or None where they do not say where the node is (none, or torch's
+    mark of a node a pass made)."""
+    return items if items and all(k != EMPTY_STACK_KEY for k, _ in items) else None
+
+
+def sizes_at_top(graph: torch.fx.Graph) -> None:
+    """The :func:`shared_sizes` of ``graph`` moved after the graph's inputs and their own,
+    with torch's mark of a node a pass made: grouping places them with their users, as
+    torch's own ``sym_size`` nodes (in the module call that holds all of them)."""
+    moved = shared_sizes(graph)
+    if not moved:
+        return
+    order = {node: n for n, node in enumerate(graph.nodes)}
+    cursor = graph.find_nodes(op="placeholder")[-1]
+    for node in moved:
+        anchor = max([cursor, *node.all_input_nodes], key=order.__getitem__)
+        anchor.append(node)
+        order[node] = order[anchor]
+        cursor = node
+        node.meta[_STACK] = {EMPTY_STACK_KEY: (EMPTY_STACK_KEY, EMPTY_STACK_KEY)}
 
 
 def _between(start: torch.fx.Node, end: torch.fx.Node) -> list[torch.fx.Node]:
