@@ -374,7 +374,7 @@ class LayerCall:
 
 class _DynamicSlots:
     """A ``DynamicCache`` layer's state, all updated by the layer: its keys and values (and
-    indexer keys), or a hybrid's convolution state
+    indexer keys), or a hybrid's convolution state (and recurrent state)
     (:func:`~rewrite.exporting.checkpoint.cache.layer_state`)."""
 
     @staticmethod
@@ -385,14 +385,16 @@ class _DynamicSlots:
 
     @staticmethod
     def install(cache: Any, index: int, tensors: tuple, given: bool = False) -> None:
-        """``tensors`` as layer ``index``'s state; a convolution state, updated in place by
-        the layer, copied when ``given`` (the function's input)."""
+        """``tensors`` as layer ``index``'s state; a convolution (and recurrent) state,
+        updated in place by the layer, copied when ``given`` (the function's input)."""
         from rewrite.exporting.checkpoint.cache import conv_state
 
         layer = cache.layers[index]
         if conv_state(layer) is not None:
-            (state,) = tensors
-            layer.conv_states[0] = state.clone() if given else state
+            copies = [state.clone() if given else state for state in tensors]
+            layer.conv_states[0], *recurrent = copies
+            if recurrent:
+                (layer.recurrent_states[0],) = recurrent
         else:
             layer.keys, layer.values, *indexer = tensors
             if indexer:
