@@ -3,8 +3,9 @@ as the coverage tool builds them (``tools/coverage.py``): each converts, decode-
 equals eager (the export itself runs the written model against eager before publishing it);
 one that cannot be exported says so in one line, exit 2. The caches that are not one pair
 of keys and values per layer, decoded (prefill + 3 greedy steps equal eager): DeepSeek-V3's
-latent attention with dense and MoE layers, LFM2's convolution layers, DeepSeek-V3.2's
-indexer keys, Gemma 3n's layers reading another layer's cache."""
+latent attention with dense and MoE layers, LFM2's convolution layers, Bamba's Mamba-2
+layers (convolution and recurrent states), DeepSeek-V3.2's indexer keys, Gemma 3n's layers
+reading another layer's cache."""
 
 from __future__ import annotations
 
@@ -153,6 +154,44 @@ def test_lfm2_hybrid_decodes_with_its_convolution_states(tmp_path):
         assert f"past.{n}.conv" in {v.name for v in calls[n].inputs if v is not None}
         assert f"present.{n}.conv" in {v.name for v in calls[n].outputs}
     assert not (out.parent / "genai_config.json").exists()  # genai: key/value caches only
+
+
+@pytest.mark.slow  # a tiny Bamba checkpoint, exported, then prefill + 3 decode steps
+def test_mamba2_hybrid_decodes_with_its_recurrent_states(tmp_path):
+    """Bamba, a Mamba-2 hybrid of state-space layers (0, 2, 3) and an attention layer (1): a
+    state-space layer keeps its convolution's last inputs and its recurrent state,
+    ``past.N.conv`` / ``past.N.recurrent`` -> ``present.N.*``; eager scans the prefill in
+    chunks of 4 tokens and decodes in the recurrent form, the graph scans every call as one
+    chunk. Prefill of a left-padded batch and 3 greedy decode steps equal eager within 1e-4;
+    one function per layer kind."""
+    folder = checkpoints.write("bamba", tmp_path / "checkpoint")
+    out = tmp_path / "out" / "model.onnx"
+    out.parent.mkdir()
+    progress = Recorder()
+    model = rewrite.export(folder, output=out, cache="kv", progress=progress)
+    assert "2 of 4 layers traced" in progress.text, progress.text
+    errors = decode_and_compare(folder, out)
+    assert len(errors) == 4 and max(errors) < 1e-4, errors
+    onnx.checker.check_model(str(out), full_check=True)
+    conv, recurrent = ["batch_size", "80", "4"], ["batch_size", "4", "16", "8"]
+    shapes = {v.name: [str(d) for d in v.shape] for v in model.graph.inputs[3:]}
+    assert shapes == {"past.0.conv": conv, "past.0.recurrent": recurrent,
+                      "past_key_values.1.key": ["batch_size", "2", "past_sequence_length", "8"],
+                      "past_key_values.1.value": ["batch_size", "2", "past_sequence_length",
+                                                  "8"],
+                      "past.2.conv": conv, "past.2.recurrent": recurrent,
+                      "past.3.conv": conv, "past.3.recurrent": recurrent}, shapes
+    assert [v.name for v in model.graph.outputs] == [
+        "logits", "present.0.conv", "present.0.recurrent", "present.1.key", "present.1.value",
+        "present.2.conv", "present.2.recurrent", "present.3.conv", "present.3.recurrent"]
+    calls = [n for n in model.graph if n.op_type.startswith("BambaDecoderLayer")]
+    kinds = [(c.domain, c.op_type, c.overload) for c in calls]
+    assert kinds[0] == kinds[2] == kinds[3] != kinds[1], kinds
+    for n in (0, 2, 3):  # a state-space layer's call: its states in, the updated ones out
+        assert {f"past.{n}.conv", f"past.{n}.recurrent"} <= {
+            v.name for v in calls[n].inputs if v is not None}
+        assert {f"present.{n}.conv", f"present.{n}.recurrent"} <= {
+            v.name for v in calls[n].outputs}
 
 
 @pytest.mark.slow  # a tiny LFM2 checkpoint built, then refused before any export

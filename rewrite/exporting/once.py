@@ -387,18 +387,19 @@ class _DynamicSlots:
     def install(cache: Any, index: int, tensors: tuple, given: bool = False) -> None:
         """``tensors`` as layer ``index``'s state; a convolution (and recurrent) state,
         updated in place by the layer, copied when ``given`` (the function's input)."""
-        from rewrite.exporting.checkpoint.cache import conv_state
+        import torch
 
         layer = cache.layers[index]
-        if conv_state(layer) is not None:
+        if isinstance(getattr(layer, "keys", None), torch.Tensor):
+            layer.keys, layer.values, *rest = tensors
+            if len(rest) == 1:
+                (layer.indexer_keys,) = rest
+            tensors = tuple(rest) if len(rest) == 2 else ()  # Falcon-H1's Mamba-2 states
+        if tensors:
             copies = [state.clone() if given else state for state in tensors]
             layer.conv_states[0], *recurrent = copies
             if recurrent:
                 (layer.recurrent_states[0],) = recurrent
-        else:
-            layer.keys, layer.values, *indexer = tensors
-            if indexer:
-                (layer.indexer_keys,) = indexer
 
     updated = read
 

@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 from attrs import frozen
 
 from rewrite.errors import InputError, first_line, library_call
-from rewrite.exporting.checkpoint.scans import one_chunk_scans
+from rewrite.exporting.checkpoint.scans import one_chunk_scans, scan_modules
 
 if TYPE_CHECKING:
     import torch
@@ -163,13 +163,14 @@ def cache_layout(model: "torch.nn.Module") -> tuple[LayerCache, ...]:
     cache = model_cache(model)
     own_forward(model, torch.zeros(1, 1, dtype=torch.long), 1, cache,
                 "one token with a cache")
-    return layers_of(type(model).__name__, cache)
+    return layers_of(type(model).__name__, cache, scans=bool(scan_modules(model)))
 
 
-def layers_of(name: str, cache: Any) -> tuple[LayerCache, ...]:
+def layers_of(name: str, cache: Any, scans: bool = False) -> tuple[LayerCache, ...]:
     """The shapes of the filled ``cache`` that ``name``'s forward returned, per layer (a
     layer holding nothing has none); :class:`InputError` for a layer holding a state other
-    than keys and values or a convolution layer's (with its recurrent state), or a cache
+    than keys and values or a convolution layer's (with its recurrent state if ``scans``:
+    the model's scan is Mamba-2's, :mod:`~rewrite.exporting.checkpoint.scans`), or a cache
     holding nothing."""
     import torch
 
@@ -178,8 +179,10 @@ def layers_of(name: str, cache: Any) -> tuple[LayerCache, ...]:
         keys, values = getattr(layer, "keys", None), getattr(layer, "values", None)
         kv = (isinstance(keys, torch.Tensor) and isinstance(values, torch.Tensor)
               and keys.dim() == 4 and values.dim() == 4)
-        conv = None if kv else conv_state(layer)  # beside keys and values: not carried
-        recurrent = None if conv is None else recurrent_state(layer)
+        # beside keys and values: carried with a Mamba-2 scan's recurrent state only
+        conv = conv_state(layer) if not kv or scans else None
+        recurrent = None if conv is None or not scans else recurrent_state(layer)
+        conv = None if kv and recurrent is None else conv
         if not kv and conv is None and not _keeps_nothing(layer):
             raise InputError(
                 f"{name}: layer {n}'s cache is a {type(layer).__name__}, not keys and values: "
@@ -196,7 +199,8 @@ def layers_of(name: str, cache: Any) -> tuple[LayerCache, ...]:
             raise InputError(
                 f"{name}: layer {n}'s cache ({type(layer).__name__}) keeps {', '.join(beside)} "
                 f"beside its {'keys and values' if kv else 'convolution state'}: --cache kv "
-                "carries keys and values, or a convolution layer's state alone (use --cache "
+                "carries keys and values, or a convolution layer's state (with a recurrent "
+                "state where the model scans as Mamba-2 does: mamba2_chunk_scan; use --cache "
                 "none for the prefill)")
         shape = (keys.shape[1], keys.shape[3], values.shape[1], values.shape[3]) if kv \
             else (0, 0, 0, 0)
@@ -264,11 +268,15 @@ def filled_cache(model: "torch.nn.Module", past: list) -> Any:
         return cache_holding(past)
     cache = model_cache(model)
     for n, tensors in enumerate(past):
-        if tensors and tensors[0].dim() == 4:  # keys and values, maybe indexer keys
+        own = cache.layers[n]
+        if tensors and tensors[0].dim() == 4 and hasattr(own, "conv_states"):
+            holding(own, *tensors[:2])  # keys and values beside Mamba-2 states (Falcon-H1)
+            holding_states(own, *tensors[2:])
+        elif tensors and tensors[0].dim() == 4:  # keys and values, maybe indexer keys
             empty = DynamicIndexedLayer() if len(tensors) == 3 else DynamicLayer()
             cache.layers[n] = holding(empty, *tensors)
         elif tensors:  # a convolution state (3-d), maybe a recurrent state
-            holding_states(cache.layers[n], *tensors)
+            holding_states(own, *tensors)
     return cache
 
 
@@ -290,10 +298,12 @@ def layer_state(layer: Any) -> tuple["torch.Tensor", ...]:
     import torch
 
     keys, indexer = getattr(layer, "keys", None), getattr(layer, "indexer_keys", None)
-    if isinstance(keys, torch.Tensor):
-        return (keys, layer.values, *((indexer,) if isinstance(indexer, torch.Tensor) else ()))
     state, recurrent = conv_state(layer), recurrent_state(layer)
-    return () if state is None else (state, *(() if recurrent is None else (recurrent,)))
+    states = () if state is None else (state, *(() if recurrent is None else (recurrent,)))
+    if isinstance(keys, torch.Tensor):
+        indexed = (indexer,) if isinstance(indexer, torch.Tensor) else ()
+        return (keys, layer.values, *indexed, *(states if recurrent is not None else ()))
+    return states
 
 
 def own_forward(model: "torch.nn.Module", ids: "torch.Tensor", total: int, cache: Any,

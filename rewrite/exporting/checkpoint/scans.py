@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import sys
+import types
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 if TYPE_CHECKING:
@@ -31,9 +32,7 @@ SCAN = "mamba2_chunk_scan"
 def one_chunk_scans(model: "torch.nn.Module") -> Iterator[None]:
     """``model``'s modeling modules' ``mamba2_chunk_scan`` on one chunk of the whole sequence
     (:func:`one_chunk`) while the block runs; nothing changed for a model without one."""
-    modules = {sys.modules.get(type(m).__module__) for m in model.modules()}
-    originals = {module: getattr(module, SCAN) for module in modules
-                 if module is not None and callable(getattr(module, SCAN, None))}
+    originals = scan_modules(model)
     try:
         for module, original in originals.items():
             setattr(module, SCAN, one_chunk(original))
@@ -41,6 +40,14 @@ def one_chunk_scans(model: "torch.nn.Module") -> Iterator[None]:
     finally:
         for module, original in originals.items():
             setattr(module, SCAN, original)
+
+
+def scan_modules(model: "torch.nn.Module") -> dict[types.ModuleType, Callable[..., Any]]:
+    """The modeling modules of ``model``'s classes that define ``mamba2_chunk_scan``, each
+    with it: a model whose recurrent states rewrite carries."""
+    modules = {sys.modules.get(type(m).__module__) for m in model.modules()}
+    return {module: getattr(module, SCAN) for module in modules
+            if module is not None and callable(getattr(module, SCAN, None))}
 
 
 def one_chunk(scan: Callable[..., Any]) -> Callable[..., Any]:
