@@ -76,14 +76,14 @@ def test_a_model_whose_own_decode_fails_is_refused_before_export(tmp_path, run_c
 @pytest.mark.slow  # a tiny hybrid checkpoint built from its config
 def test_a_cache_keeping_state_beside_keys_and_values_is_refused_before_export(tmp_path,
                                                                               run_cli):
-    """Falcon-H1's layers keep convolution and recurrent states beside their keys and values:
-    refused in one line before torch.export runs (it used to fail inside torch.export, which
-    the message then blamed)."""
+    """Inkling's layers keep a convolution state beside their keys and values (no Mamba-2
+    scan): refused in one line before torch.export runs (such a failure used to be inside
+    torch.export, which the message then blamed)."""
     out = tmp_path / "out" / "model.onnx"
     out.parent.mkdir()
-    r = run_cli("export", _checkpoint("falcon_h1", tmp_path), "-o", out)
+    r = run_cli("export", _checkpoint("inkling_text", tmp_path), "-o", out)
     assert r.code == 2, r.err
-    assert "keeps conv_states, recurrent_states beside its keys and values" in r.err
+    assert "keeps conv_states beside its keys and values" in r.err
     assert "torch.export" not in r.err
     assert not list(out.parent.iterdir())
 
@@ -192,6 +192,16 @@ def test_mamba2_hybrid_decodes_with_its_recurrent_states(tmp_path):
             v.name for v in calls[n].inputs if v is not None}
         assert {f"present.{n}.conv", f"present.{n}.recurrent"} <= {
             v.name for v in calls[n].outputs}
+
+
+@pytest.mark.slow  # a tiny Falcon-H1 checkpoint, exported, then prefill + 3 decode steps
+def test_attention_and_mamba2_in_one_layer_carry_all_four_states(tmp_path):
+    """Falcon-H1's layers attend and scan side by side: each keeps keys, values, a
+    convolution and a recurrent state, carried in that order; prefill + 3 decode steps
+    equal eager within 1e-4."""
+    _, model = _decoded("falcon_h1", tmp_path)
+    assert [v.name for v in model.graph.outputs][:5] == [
+        "logits", "present.0.key", "present.0.value", "present.0.conv", "present.0.recurrent"]
 
 
 @pytest.mark.slow  # a tiny LFM2 checkpoint built, then refused before any export
