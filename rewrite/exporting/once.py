@@ -387,10 +387,8 @@ class _DynamicSlots:
     def install(cache: Any, index: int, tensors: tuple, given: bool = False) -> None:
         """``tensors`` as layer ``index``'s state; a convolution (and recurrent) state,
         updated in place by the layer, copied when ``given`` (the function's input)."""
-        import torch
-
         layer = cache.layers[index]
-        if isinstance(getattr(layer, "keys", None), torch.Tensor):
+        if tensors and tensors[0].dim() == 4:  # keys (a convolution state is 3-d)
             layer.keys, layer.values, *rest = tensors
             if len(rest) == 1:
                 (layer.indexer_keys,) = rest
