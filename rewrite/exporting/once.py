@@ -183,12 +183,13 @@ class FirstLayers:
         parent, _, name = self.path.rpartition(".")
         owner = model.get_submodule(parent)
         config = model.config.get_text_config(decoder=True)
-        saved = {key: getattr(config, key) for key in ("num_hidden_layers", "layer_types")
-                 if hasattr(config, key)}
+        saved = {"num_hidden_layers": config.num_hidden_layers}
+        types = getattr(config, "layer_types", None)
         owner._modules[name] = layers[:self.count]
         config.num_hidden_layers = self.count
-        if isinstance(saved.get("layer_types"), list):  # per layer: cut as the layers are
-            config.layer_types = saved["layer_types"][:self.count]
+        if isinstance(types, list):  # per layer: cut as the layers are
+            with contextlib.suppress(AttributeError):  # a property of the count (Bamba's)
+                config.layer_types, saved["layer_types"] = types[:self.count], types
         try:
             yield
         finally:
