@@ -163,7 +163,8 @@ def test_mamba2_hybrid_decodes_with_its_recurrent_states(tmp_path):
     ``past.N.conv`` / ``past.N.recurrent`` -> ``present.N.*``; eager scans the prefill in
     chunks of 4 tokens and decodes in the recurrent form, the graph scans every call as one
     chunk. Prefill of a left-padded batch and 3 greedy decode steps equal eager within 1e-4;
-    one function per layer kind."""
+    one function per layer kind; a prompt fed in pieces of 5, 4 and 3 tokens equals eager's
+    one prefill of it."""
     folder = checkpoints.write("bamba", tmp_path / "checkpoint")
     out = tmp_path / "out" / "model.onnx"
     out.parent.mkdir()
@@ -192,6 +193,40 @@ def test_mamba2_hybrid_decodes_with_its_recurrent_states(tmp_path):
             v.name for v in calls[n].inputs if v is not None}
         assert {f"present.{n}.conv", f"present.{n}.recurrent"} <= {
             v.name for v in calls[n].outputs}
+    assert _prompt_in_pieces(folder, out, (5, 4, 3)) < 1e-4
+
+
+def _prompt_in_pieces(folder: Path, out: Path, pieces: tuple[int, ...]) -> float:
+    """A prompt fed to the written model in ``pieces``, each with the states the previous
+    returned, against eager's one prefill of it: the max |difference| of the logits."""
+    import numpy as np
+    import onnxruntime as ort
+    from transformers import AutoModelForCausalLM
+
+    from rewrite.exporting.checkpoint.cache import cache_layout
+
+    eager = AutoModelForCausalLM.from_pretrained(folder).eval()
+    layout = cache_layout(eager)
+    session = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
+    names = [o.name for o in session.get_outputs()]
+    ids = torch.randint(0, eager.config.vocab_size, (1, sum(pieces)),
+                        generator=torch.Generator().manual_seed(2))
+    past = {name: t.numpy() for n, layer in enumerate(layout)
+            for name, t in zip(layer.names(n), layer.past(1, 0))}
+    logits, done = [], 0
+    for piece in pieces:
+        outputs = dict(zip(names, session.run(None, {
+            "input_ids": ids[:, done:done + piece].numpy(),
+            "attention_mask": np.ones((1, done + piece), np.int64),
+            "position_ids": np.arange(done, done + piece)[None], **past})))
+        logits.append(outputs["logits"])
+        past = {name: outputs[present] for n, layer in enumerate(layout)
+                for name, present in zip(layer.names(n), layer.names(n, present=True))}
+        done += piece
+    with torch.no_grad():
+        reference = eager(input_ids=ids, position_ids=torch.arange(done)[None],
+                          use_cache=False).logits.numpy()
+    return float(np.abs(np.concatenate(logits, 1) - reference).max())
 
 
 @pytest.mark.slow  # a tiny Falcon-H1 checkpoint, exported, then prefill + 3 decode steps
