@@ -47,6 +47,12 @@ OTHER_DECODERS: dict[str, tuple[str, dict]] = {
     # attention layers
     "lfm2": ("Lfm2Config", {**SMALL, "layer_types": ["conv", "full_attention", "conv", "conv"],
                             "conv_L_cache": 3, "block_auto_adjust_ff_dim": False}),
+    # a Mamba-2 hybrid: state-space layers (a convolution and a recurrent state) around an
+    # attention layer (convolution channels 64 + 2 x 8); chunks of 4 tokens, so that eager's
+    # prefill scans several
+    "bamba": ("BambaConfig", {**SMALL, "attn_layer_indices": [1], "mamba_n_heads": 4,
+                              "mamba_d_head": 16, "mamba_d_state": 8, "mamba_expand": 2,
+                              "mamba_chunk_size": 4, "mamba_d_conv": 4}),
 }
 """Causal LMs the family tests do not run (tests of one behaviour each)."""
 

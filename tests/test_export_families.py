@@ -3,8 +3,9 @@ as the coverage tool builds them (``tools/coverage.py``): each converts, decode-
 equals eager (the export itself runs the written model against eager before publishing it);
 one that cannot be exported says so in one line, exit 2. The caches that are not one pair
 of keys and values per layer, decoded (prefill + 3 greedy steps equal eager): DeepSeek-V3's
-latent attention with dense and MoE layers, LFM2's convolution layers, DeepSeek-V3.2's
-indexer keys, Gemma 3n's layers reading another layer's cache."""
+latent attention with dense and MoE layers, LFM2's convolution layers, Bamba's Mamba-2
+layers (convolution and recurrent states), DeepSeek-V3.2's indexer keys, Gemma 3n's layers
+reading another layer's cache."""
 
 from __future__ import annotations
 
@@ -75,14 +76,14 @@ def test_a_model_whose_own_decode_fails_is_refused_before_export(tmp_path, run_c
 @pytest.mark.slow  # a tiny hybrid checkpoint built from its config
 def test_a_cache_keeping_state_beside_keys_and_values_is_refused_before_export(tmp_path,
                                                                               run_cli):
-    """Falcon-H1's layers keep convolution and recurrent states beside their keys and values:
-    refused in one line before torch.export runs (it used to fail inside torch.export, which
-    the message then blamed)."""
+    """Inkling's layers keep a convolution state beside their keys and values (no Mamba-2
+    scan): refused in one line before torch.export runs (such a failure used to be inside
+    torch.export, which the message then blamed)."""
     out = tmp_path / "out" / "model.onnx"
     out.parent.mkdir()
-    r = run_cli("export", _checkpoint("falcon_h1", tmp_path), "-o", out)
+    r = run_cli("export", _checkpoint("inkling_text", tmp_path), "-o", out)
     assert r.code == 2, r.err
-    assert "keeps conv_states, recurrent_states beside its keys and values" in r.err
+    assert "keeps conv_states beside its keys and values" in r.err
     assert "torch.export" not in r.err
     assert not list(out.parent.iterdir())
 
@@ -155,6 +156,89 @@ def test_lfm2_hybrid_decodes_with_its_convolution_states(tmp_path):
     assert not (out.parent / "genai_config.json").exists()  # genai: key/value caches only
 
 
+@pytest.mark.slow  # a tiny Bamba checkpoint, exported, then prefill + 3 decode steps
+def test_mamba2_hybrid_decodes_with_its_recurrent_states(tmp_path):
+    """Bamba, a Mamba-2 hybrid of state-space layers (0, 2, 3) and an attention layer (1): a
+    state-space layer keeps its convolution's last inputs and its recurrent state,
+    ``past.N.conv`` / ``past.N.recurrent`` -> ``present.N.*``; eager scans the prefill in
+    chunks of 4 tokens and decodes in the recurrent form, the graph scans every call as one
+    chunk. Prefill of a left-padded batch and 3 greedy decode steps equal eager within 1e-4;
+    one function per layer kind; a prompt fed in pieces of 5, 4 and 3 tokens equals eager's
+    one prefill of it."""
+    folder = checkpoints.write("bamba", tmp_path / "checkpoint")
+    out = tmp_path / "out" / "model.onnx"
+    out.parent.mkdir()
+    progress = Recorder()
+    model = rewrite.export(folder, output=out, cache="kv", progress=progress)
+    assert "2 of 4 layers traced" in progress.text, progress.text
+    errors = decode_and_compare(folder, out)
+    assert len(errors) == 4 and max(errors) < 1e-4, errors
+    onnx.checker.check_model(str(out), full_check=True)
+    conv, recurrent = ["batch_size", "80", "4"], ["batch_size", "4", "16", "8"]
+    shapes = {v.name: [str(d) for d in v.shape] for v in model.graph.inputs[3:]}
+    assert shapes == {"past.0.conv": conv, "past.0.recurrent": recurrent,
+                      "past_key_values.1.key": ["batch_size", "2", "past_sequence_length", "8"],
+                      "past_key_values.1.value": ["batch_size", "2", "past_sequence_length",
+                                                  "8"],
+                      "past.2.conv": conv, "past.2.recurrent": recurrent,
+                      "past.3.conv": conv, "past.3.recurrent": recurrent}, shapes
+    assert [v.name for v in model.graph.outputs] == [
+        "logits", "present.0.conv", "present.0.recurrent", "present.1.key", "present.1.value",
+        "present.2.conv", "present.2.recurrent", "present.3.conv", "present.3.recurrent"]
+    calls = [n for n in model.graph if n.op_type.startswith("BambaDecoderLayer")]
+    kinds = [(c.domain, c.op_type, c.overload) for c in calls]
+    assert kinds[0] == kinds[2] == kinds[3] != kinds[1], kinds
+    for n in (0, 2, 3):  # a state-space layer's call: its states in, the updated ones out
+        assert {f"past.{n}.conv", f"past.{n}.recurrent"} <= {
+            v.name for v in calls[n].inputs if v is not None}
+        assert {f"present.{n}.conv", f"present.{n}.recurrent"} <= {
+            v.name for v in calls[n].outputs}
+    assert _prompt_in_pieces(folder, out, (5, 4, 3)) < 1e-4
+
+
+def _prompt_in_pieces(folder: Path, out: Path, pieces: tuple[int, ...]) -> float:
+    """A prompt fed to the written model in ``pieces``, each with the states the previous
+    returned, against eager's one prefill of it: the max |difference| of the logits."""
+    import numpy as np
+    import onnxruntime as ort
+    from transformers import AutoModelForCausalLM
+
+    from rewrite.exporting.checkpoint.cache import cache_layout
+
+    eager = AutoModelForCausalLM.from_pretrained(folder).eval()
+    layout = cache_layout(eager)
+    session = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
+    names = [o.name for o in session.get_outputs()]
+    ids = torch.randint(0, eager.config.vocab_size, (1, sum(pieces)),
+                        generator=torch.Generator().manual_seed(2))
+    past = {name: t.numpy() for n, layer in enumerate(layout)
+            for name, t in zip(layer.names(n), layer.past(1, 0))}
+    logits, done = [], 0
+    for piece in pieces:
+        outputs = dict(zip(names, session.run(None, {
+            "input_ids": ids[:, done:done + piece].numpy(),
+            "attention_mask": np.ones((1, done + piece), np.int64),
+            "position_ids": np.arange(done, done + piece)[None], **past})))
+        logits.append(outputs["logits"])
+        past = {name: outputs[present] for n, layer in enumerate(layout)
+                for name, present in zip(layer.names(n), layer.names(n, present=True))}
+        done += piece
+    with torch.no_grad():
+        reference = eager(input_ids=ids, position_ids=torch.arange(done)[None],
+                          use_cache=False).logits.numpy()
+    return float(np.abs(np.concatenate(logits, 1) - reference).max())
+
+
+@pytest.mark.slow  # a tiny Falcon-H1 checkpoint, exported, then prefill + 3 decode steps
+def test_attention_and_mamba2_in_one_layer_carry_all_four_states(tmp_path):
+    """Falcon-H1's layers attend and scan side by side: each keeps keys, values, a
+    convolution and a recurrent state, carried in that order; prefill + 3 decode steps
+    equal eager within 1e-4."""
+    _, model = _decoded("falcon_h1", tmp_path)
+    assert [v.name for v in model.graph.outputs][:5] == [
+        "logits", "present.0.key", "present.0.value", "present.0.conv", "present.0.recurrent"]
+
+
 @pytest.mark.slow  # a tiny LFM2 checkpoint built, then refused before any export
 def test_a_hybrid_with_a_fixed_cache_is_refused(tmp_path, run_cli):
     out = tmp_path / "out" / "model.onnx"
@@ -176,6 +260,22 @@ def _decoded(model_type: str, tmp_path: Path) -> tuple[Path, ir.Model]:
     errors = decode_and_compare(folder, out)
     assert max(errors) < 1e-4, errors
     return folder, model
+
+
+@pytest.mark.slow  # a tiny Llama 4 checkpoint, exported, then prefill + 3 decode steps
+def test_a_complex_rotary_embedding_lowers_per_body(tmp_path):
+    """Llama 4's rotary embedding multiplies complex tensors, unsqueezed and given to each
+    layer: lowered per body (torchlib lacks those two translations for complex tensors; the
+    flat program failed on them), prefill + 3 decode steps equal eager within 1e-4."""
+    folder = _checkpoint("llama4_text", tmp_path)
+    out = tmp_path / "out" / "model.onnx"
+    out.parent.mkdir()
+    progress = Recorder()
+    rewrite.export(folder, output=out, cache="kv", progress=progress)
+    assert "lowered the flat program" not in progress.text, progress.text
+    errors = decode_and_compare(folder, out)
+    assert len(errors) == 4 and max(errors) < 1e-4, errors
+    onnx.checker.check_model(str(out), full_check=True)
 
 
 @pytest.mark.slow  # a tiny DeepSeek-V3.2 checkpoint, exported, then prefill + 3 decode steps

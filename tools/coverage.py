@@ -61,6 +61,10 @@ SHORT_CONV = ["conv", "full_attention", "conv", "conv"]
 """The layers of a short-convolution hybrid (LFM2's family: ``conv_L_cache``) whose config
 lists none of its convolution layers (its defaults attend everywhere, or list nothing)."""
 
+STATE_SPACE = ["linear_attention", "full_attention", "linear_attention", "linear_attention"]
+"""The layers of a state-space hybrid whose config lists state-space layers only
+(GraniteMoE-Hybrid's defaults: transformers' own forward fails without an attention layer)."""
+
 TOKENS = ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id",
           "sep_token_id", "cls_token_id")
 """Special token ids, kept inside the small vocabulary."""
@@ -100,6 +104,8 @@ def _small(fields: dict) -> dict:
             small[key] = _token(fields[key])
     if "conv_L_cache" in fields and "conv" not in (fields.get("layer_types") or ()):
         fields = {**fields, "layer_types": SHORT_CONV}
+    if set(fields.get("layer_types") or ()) == {"linear_attention"}:
+        fields = {**fields, "layer_types": STATE_SPACE}
     for key in PATTERNS:
         pattern = fields.get(key)
         if isinstance(pattern, list) and pattern:

@@ -118,9 +118,31 @@ def _registry_and_tables():
     try:
         registry = from_torchlib(max(api["default_opset"], api["torchlib_opset"]))
         _with_invoke_subgraph(registry)
+        _with_complex(registry)
     except (ImportError, AttributeError) as e:  # pragma: no cover - not in the checked versions
         raise Unavailable(f"torch {torch.__version__}: {e}") from e
     return (registry, *_tables(registry))
+
+
+def _with_complex(registry) -> None:
+    """Translations torchlib lacks for complex tensors (Llama 4's and DeepSeek-V2's rotary
+    embeddings, ``freqs_cis[:, :, None, :]``, given to each layer): the ONNX exporter holds a
+    complex tensor as real and imaginary parts in a last axis of 2. ``aten.unsqueeze``: the
+    new axis goes where it goes in the complex tensor, a negative one counted before that
+    last axis; ``invoke_subgraph`` (a layer's call): the same call, its operand the real
+    form its function takes."""
+    from onnxscript import opset18
+
+    def complex_unsqueeze(self, dim: int):
+        axis = dim - 1 if dim < 0 else dim
+        return opset18.Unsqueeze(self, opset18.Constant(value_ints=[axis]))
+
+    hop = torch.ops.higher_order.invoke_subgraph
+    calls = [f.onnx_function for f in registry.get_decomps(hop) if not f.is_complex]
+    for op, function in ((torch.ops.aten.unsqueeze.default, complex_unsqueeze),
+                         (hop, calls[0] if calls else None)):
+        if function is not None and not any(f.is_complex for f in registry.get_decomps(op)):
+            registry.register_op(op, function, is_complex=True)
 
 
 def _with_invoke_subgraph(registry) -> None:

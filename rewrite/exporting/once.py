@@ -186,12 +186,13 @@ class FirstLayers:
         parent, _, name = self.path.rpartition(".")
         owner = model.get_submodule(parent)
         config = model.config.get_text_config(decoder=True)
-        saved = {key: getattr(config, key) for key in ("num_hidden_layers", "layer_types")
-                 if hasattr(config, key)}
+        saved = {"num_hidden_layers": config.num_hidden_layers}
+        types = getattr(config, "layer_types", None)
         owner._modules[name] = layers[:self.count]
         config.num_hidden_layers = self.count
-        if isinstance(saved.get("layer_types"), list):  # per layer: cut as the layers are
-            config.layer_types = saved["layer_types"][:self.count]
+        if isinstance(types, list):  # per layer: cut as the layers are
+            with contextlib.suppress(AttributeError):  # a property of the count (Bamba's)
+                config.layer_types, saved["layer_types"] = types[:self.count], types
         try:
             yield
         finally:
@@ -377,7 +378,7 @@ class LayerCall:
 
 class _DynamicSlots:
     """A ``DynamicCache`` layer's state, all updated by the layer: its keys and values (and
-    indexer keys), or a hybrid's convolution state
+    indexer keys), or a hybrid's convolution state (and recurrent state)
     (:func:`~rewrite.exporting.checkpoint.cache.layer_state`)."""
 
     @staticmethod
@@ -388,18 +389,19 @@ class _DynamicSlots:
 
     @staticmethod
     def install(cache: Any, index: int, tensors: tuple, given: bool = False) -> None:
-        """``tensors`` as layer ``index``'s state; a convolution state, updated in place by
-        the layer, copied when ``given`` (the function's input)."""
-        from rewrite.exporting.checkpoint.cache import conv_state
-
+        """``tensors`` as layer ``index``'s state; a convolution (and recurrent) state,
+        updated in place by the layer, copied when ``given`` (the function's input)."""
         layer = cache.layers[index]
-        if conv_state(layer) is not None:
-            (state,) = tensors
-            layer.conv_states[0] = state.clone() if given else state
-        else:
-            layer.keys, layer.values, *indexer = tensors
-            if indexer:
-                (layer.indexer_keys,) = indexer
+        if tensors and tensors[0].dim() == 4:  # keys (a convolution state is 3-d)
+            layer.keys, layer.values, *rest = tensors
+            if len(rest) == 1:
+                (layer.indexer_keys,) = rest
+            tensors = tuple(rest) if len(rest) == 2 else ()  # Falcon-H1's Mamba-2 states
+        if tensors:
+            copies = [state.clone() if given else state for state in tensors]
+            layer.conv_states[0], *recurrent = copies
+            if recurrent:
+                (layer.recurrent_states[0],) = recurrent
 
     updated = read
 

@@ -16,8 +16,9 @@ onnxruntime-genai use::
 (the ONNX model's dimension names; ``total_sequence_length`` is the past and the new tokens).
 A hybrid's short-convolution layer (LFM2) keeps no keys and values but its convolution's last
 inputs: ``past.N.conv`` / ``present.N.conv [batch_size, channels, kernel width]`` (zeros
-before the first token), the names onnxruntime-genai uses; a layer with a recurrent state
-(Mamba, linear attention) is refused.
+before the first token), the names onnxruntime-genai uses; a Mamba-2 layer (Bamba,
+GraniteMoE-Hybrid...) its recurrent state beside it, ``past.N.recurrent`` /
+``present.N.recurrent [batch_size, heads, head_dim, state]`` (zeros before the first token).
 
 ``position_ids`` count from 0 in every model, as onnxruntime-genai feeds them (from the
 attention mask). A family that numbers its positions from elsewhere has the offset added
@@ -44,6 +45,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 from attrs import frozen
 
 from rewrite.errors import InputError, first_line, library_call
+from rewrite.exporting.checkpoint.scans import one_chunk_scans, scan_modules
 
 if TYPE_CHECKING:
     import torch
@@ -82,6 +84,9 @@ class LayerCache:
     conv: tuple[int, int] | None = None
     """A short convolution's state, ``[batch, channels, width]``: (channels, width), kept
     instead of keys and values by a hybrid's convolution layer (LFM2)."""
+    recurrent: tuple[int, ...] | None = None
+    """A recurrent state's shape without its batch, kept beside the convolution state by a
+    state-space layer (Mamba-2's ``[batch, heads, head_dim, state]``), or None."""
     kv: bool = True
     """Whether the layer keeps keys and values (a hybrid's convolution layer does not)."""
     indexer: int | None = None
@@ -115,48 +120,58 @@ class LayerCache:
              ) -> tuple["torch.Tensor", ...]:
         """The layer's state as the graph takes it (:meth:`names`): keys and values of
         ``length`` positions if it keeps them, indexer keys of as many, or a convolution state
-        (zeros: no token before)."""
+        and maybe a recurrent state (zeros: no token before)."""
         import torch
 
         conv = (torch.zeros(batch, *self.conv, dtype=dtype),) if self.conv else ()
+        recurrent = (torch.zeros(batch, *self.recurrent, dtype=dtype),) \
+            if self.recurrent else ()
         indexer = (torch.zeros(batch, length, self.indexer, dtype=dtype),) \
             if self.indexer else ()
-        return (*(self.empty(batch, length, dtype) if self.kv else ()), *indexer, *conv)
+        return (*(self.empty(batch, length, dtype) if self.kv else ()), *indexer, *conv,
+                *recurrent)
 
     def names(self, n: int, present: bool = False) -> tuple[str, ...]:
         """The I/O names of layer ``n``'s state, in :meth:`past`'s order: ``past_key_values
-        .N.key`` / ``.value``, ``past.N.indexer_key``, ``past.N.conv`` (``present.N.*`` when
-        ``present``; the names onnxruntime-genai gives keys, values and convolutions)."""
+        .N.key`` / ``.value``, ``past.N.indexer_key``, ``past.N.conv``, ``past.N.recurrent``
+        (``present.N.*`` when ``present``; the names onnxruntime-genai gives keys, values,
+        convolution and recurrent states)."""
         kv, state = ("present", "present") if present else ("past_key_values", "past")
         return (*((f"{kv}.{n}.key", f"{kv}.{n}.value") if self.kv else ()),
                 *((f"{state}.{n}.indexer_key",) if self.indexer else ()),
-                *((f"{state}.{n}.conv",) if self.conv else ()))
+                *((f"{state}.{n}.conv",) if self.conv else ()),
+                *((f"{state}.{n}.recurrent",) if self.recurrent else ()))
 
     def axes(self, batch: Any, length: Any) -> tuple[dict[int, Any], ...]:
         """Each :meth:`past` tensor's varying axes: keys, values and indexer keys' ``batch``
-        and ``length``, the convolution state's ``batch`` (its width is the kernel's)."""
+        and ``length``, the convolution and recurrent states' ``batch`` (their other sizes are
+        the model's)."""
         return (*(({0: batch, 2: length},) * 2 if self.kv else ()),
                 *(({0: batch, 1: length},) if self.indexer else ()),
-                *(({0: batch},) if self.conv else ()))
+                *(({0: batch},) if self.conv else ()),
+                *(({0: batch},) if self.recurrent else ()))
 
 
 def cache_layout(model: "torch.nn.Module") -> tuple[LayerCache, ...]:
     """Per layer, the shapes of the KV cache ``model`` itself returns for one token (config
     fields mean different things per family: multi-head latent attention, per-layer head
     sizes, multi-query). :class:`InputError` when the model's forward fails on one token or
-    its cache holds a state other than keys and values (Mamba, linear attention)."""
+    its cache holds a state other than keys and values, a convolution state, or one with a
+    recurrent state."""
     import torch
 
     cache = model_cache(model)
     own_forward(model, torch.zeros(1, 1, dtype=torch.long), 1, cache,
                 "one token with a cache")
-    return layers_of(type(model).__name__, cache)
+    return layers_of(type(model).__name__, cache, scans=bool(scan_modules(model)))
 
 
-def layers_of(name: str, cache: Any) -> tuple[LayerCache, ...]:
+def layers_of(name: str, cache: Any, scans: bool = False) -> tuple[LayerCache, ...]:
     """The shapes of the filled ``cache`` that ``name``'s forward returned, per layer (a
     layer holding nothing has none); :class:`InputError` for a layer holding a state other
-    than keys and values or a convolution layer's, or a cache holding nothing."""
+    than keys and values or a convolution layer's (with its recurrent state if ``scans``:
+    the model's scan is Mamba-2's, :mod:`~rewrite.exporting.checkpoint.scans`), or a cache
+    holding nothing."""
     import torch
 
     layers = []
@@ -164,7 +179,10 @@ def layers_of(name: str, cache: Any) -> tuple[LayerCache, ...]:
         keys, values = getattr(layer, "keys", None), getattr(layer, "values", None)
         kv = (isinstance(keys, torch.Tensor) and isinstance(values, torch.Tensor)
               and keys.dim() == 4 and values.dim() == 4)
-        conv = None if kv else conv_state(layer)  # beside keys and values: not carried
+        # beside keys and values: carried with a Mamba-2 scan's recurrent state only
+        conv = conv_state(layer) if not kv or scans else None
+        recurrent = None if conv is None or not scans else recurrent_state(layer)
+        conv = None if kv and recurrent is None else conv
         if not kv and conv is None and not _keeps_nothing(layer):
             raise InputError(
                 f"{name}: layer {n}'s cache is a {type(layer).__name__}, not keys and values: "
@@ -173,6 +191,7 @@ def layers_of(name: str, cache: Any) -> tuple[LayerCache, ...]:
         indexer = getattr(layer, "indexer_keys", None) if kv else None
         indexer = indexer if isinstance(indexer, torch.Tensor) and indexer.dim() == 3 else None
         carried = ("keys", "values", "conv_states" if conv is not None else "keys",
+                   "recurrent_states" if recurrent is not None else "keys",
                    "indexer_keys" if indexer is not None else "keys")
         beside = sorted(k for k, v in _public(layer).items()
                         if k not in carried and _holds_tensors(v))
@@ -180,13 +199,15 @@ def layers_of(name: str, cache: Any) -> tuple[LayerCache, ...]:
             raise InputError(
                 f"{name}: layer {n}'s cache ({type(layer).__name__}) keeps {', '.join(beside)} "
                 f"beside its {'keys and values' if kv else 'convolution state'}: --cache kv "
-                "carries keys and values, or a convolution layer's state alone (use --cache "
+                "carries keys and values, or a convolution layer's state (with a recurrent "
+                "state where the model scans as Mamba-2 does: mamba2_chunk_scan; use --cache "
                 "none for the prefill)")
         shape = (keys.shape[1], keys.shape[3], values.shape[1], values.shape[3]) if kv \
             else (0, 0, 0, 0)
-        layers.append(LayerCache(*shape, conv=None if conv is None else
-                                 (conv.shape[1], conv.shape[2]), kv=kv,
-                                 indexer=None if indexer is None else indexer.shape[2]))
+        layers.append(LayerCache(
+            *shape, conv=None if conv is None else (conv.shape[1], conv.shape[2]), kv=kv,
+            recurrent=None if recurrent is None else tuple(recurrent.shape[1:]),
+            indexer=None if indexer is None else indexer.shape[2]))
     if not any(layer.kv or layer.conv for layer in layers):
         raise InputError(f"{name} returned no key/value cache: use --cache none")
     return tuple(layers)
@@ -220,54 +241,85 @@ def conv_state(layer: Any) -> "torch.Tensor | None":
     return state if isinstance(state, torch.Tensor) and state.dim() == 3 else None
 
 
+def recurrent_state(layer: Any) -> "torch.Tensor | None":
+    """The one recurrent state of a transformers linear-attention cache layer (a Mamba-2
+    layer's ``[batch, heads, head_dim, state]``), or None: it keeps none (LFM2's short
+    convolutions) or several."""
+    import torch
+
+    states = getattr(layer, "recurrent_states", None)
+    if not isinstance(states, dict) or len(states) != 1:
+        return None
+    state = states.get(0)
+    return state if isinstance(state, torch.Tensor) else None
+
+
 def filled_cache(model: "torch.nn.Module", past: list) -> Any:
     """A transformers ``DynamicCache`` holding ``past`` (per layer the tensors
     :meth:`LayerCache.past` lists): keys and values in full layers (a sliding window is the
     mask's), as :func:`cache_holding` makes them. With convolution states, the model's own
-    cache's convolution layers (from its config) hold them, each a copy (the layer updates it
-    in place) marked as following earlier tokens (zeros for the first step: the convolution's
-    own left padding); a layer without a state stays the model's own."""
+    cache's convolution layers (from its config) hold them (and their recurrent states), each
+    a copy (the layer updates it in place) marked as following earlier tokens (zeros for the
+    first step: the convolution's own left padding, no state before); a layer without a state
+    stays the model's own."""
     from transformers.cache_utils import DynamicIndexedLayer, DynamicLayer
 
-    if all(len(tensors) == 2 for tensors in past):
+    if all(len(tensors) == 2 and tensors[0].dim() == 4 for tensors in past):
         return cache_holding(past)
     cache = model_cache(model)
     for n, tensors in enumerate(past):
-        if len(tensors) > 1:  # keys and values, maybe indexer keys
+        own = cache.layers[n]
+        if tensors and tensors[0].dim() == 4 and hasattr(own, "conv_states"):
+            holding(own, *tensors[:2])  # keys and values beside Mamba-2 states (Falcon-H1)
+            holding_states(own, *tensors[2:])
+        elif tensors and tensors[0].dim() == 4:  # keys and values, maybe indexer keys
             empty = DynamicIndexedLayer() if len(tensors) == 3 else DynamicLayer()
             cache.layers[n] = holding(empty, *tensors)
-            continue
-        if not tensors:
-            continue
-        (state,), layer = tensors, cache.layers[n]
-        layer.conv_states[0], layer.conv_kernel_size[0] = state.clone(), state.shape[-1]
-        layer.dtype, layer.device = state.dtype, state.device
-        layer.is_conv_states_initialized[0] = layer.has_previous_state[0] = True
+        elif tensors:  # a convolution state (3-d), maybe a recurrent state
+            holding_states(own, *tensors)
     return cache
+
+
+def holding_states(layer: Any, conv: "torch.Tensor", recurrent: "torch.Tensor | None" = None
+                   ) -> None:
+    """A linear-attention cache ``layer`` holding copies of ``conv`` (and ``recurrent``),
+    marked as following earlier tokens (:func:`filled_cache`)."""
+    layer.conv_states[0], layer.conv_kernel_size[0] = conv.clone(), conv.shape[-1]
+    layer.dtype, layer.device = conv.dtype, conv.device
+    layer.is_conv_states_initialized[0] = layer.has_previous_state[0] = True
+    if recurrent is not None:
+        layer.recurrent_states[0] = recurrent.clone()
+        layer.is_recurrent_states_initialized[0] = True
 
 
 def layer_state(layer: Any) -> tuple["torch.Tensor", ...]:
     """A filled cache layer's state in :meth:`LayerCache.past`'s order: its keys and values
-    (and indexer keys), or a convolution layer's state."""
+    (and indexer keys), or a convolution layer's state (and its recurrent state)."""
     import torch
 
     keys, indexer = getattr(layer, "keys", None), getattr(layer, "indexer_keys", None)
+    state, recurrent = conv_state(layer), recurrent_state(layer)
+    states = () if state is None else (state, *(() if recurrent is None else (recurrent,)))
     if isinstance(keys, torch.Tensor):
-        return (keys, layer.values, *((indexer,) if isinstance(indexer, torch.Tensor) else ()))
-    state = conv_state(layer)
-    return () if state is None else (state,)
+        indexed = (indexer,) if isinstance(indexer, torch.Tensor) else ()
+        return (keys, layer.values, *indexed, *(states if recurrent is not None else ()))
+    return states
 
 
 def own_forward(model: "torch.nn.Module", ids: "torch.Tensor", total: int, cache: Any,
-                situation: str) -> Any:
+                situation: str, positions: bool = False) -> Any:
     """The class's forward as a user calls it: ``ids`` after ``total - len(ids)`` cached
-    tokens, all attended, no positions given, ``cache`` (None: no cache). The model's own
-    failure is an :class:`InputError` naming ``situation`` (the error rule:
+    tokens, all attended, no positions given (``positions``: the documented ones, as the
+    model numbers them), ``cache`` (None: no cache). The model's own failure is an
+    :class:`InputError` naming ``situation`` (the error rule:
     :func:`~rewrite.errors.library_call`)."""
     import torch
 
     keywords: dict[str, Any] = {"input_ids": ids,
                                 "attention_mask": torch.ones(1, total, dtype=torch.long)}
+    if positions:
+        keywords["position_ids"] = model_positions(
+            model, torch.arange(total - ids.shape[1], total)[None])
     if cache is not None:
         keywords.update(use_cache=True, **{cache_keyword(model): cache})
     else:
@@ -420,9 +472,11 @@ def cache_keyword(model: "torch.nn.Module") -> str:
 
 @contextlib.contextmanager
 def calling(model: "torch.nn.Module", call: Call) -> Iterator["torch.nn.Module"]:
-    """``model`` with ``call``'s forward as its forward while the block runs."""
+    """``model`` with ``call``'s forward as its forward while the block runs (and its
+    Mamba-2 scans on whole chunks: :func:`~rewrite.exporting.checkpoint.scans.one_chunk_scans`)."""
     model.forward = types.MethodType(call.forward, model)
     try:
-        yield model
+        with one_chunk_scans(model):
+            yield model
     finally:
         del model.forward

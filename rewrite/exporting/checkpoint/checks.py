@@ -42,7 +42,10 @@ def causal_lm_check(model: "torch.nn.Module", layout: tuple[LayerCache, ...] | N
     vocab = model.config.get_text_config(decoder=True).vocab_size
     ids = torch.randint(0, vocab, (1, PROMPT), generator=torch.Generator().manual_seed(0))
     cache = model_cache(model) if layout is not None else None
-    logits, prefill_cache = _own_call(model, ids, PROMPT, cache)
+    # Bamba's family numbers a call's positions from 0 when given none, each decode step
+    # too (transformers 5.24): given the documented ones, as onnxruntime is
+    positions = any(layer.recurrent for layer in layout or ())
+    logits, prefill_cache = _own_call(model, ids, PROMPT, cache, positions)
     feeds = _feeds(ids, PROMPT)
     expected = {"logits": logits}
     if layout is None:
@@ -52,7 +55,7 @@ def causal_lm_check(model: "torch.nn.Module", layout: tuple[LayerCache, ...] | N
         feeds.update(zip(layer.names(n), map(as_numpy, layer.past(1, 0, model.dtype))))
     expected.update(_presents(prefill_cache, PROMPT, layout))
     token = torch.from_numpy(logits[:, -1:]).argmax(-1)
-    logits_next, decode_cache = _own_call(model, token, PROMPT + 1, cache)
+    logits_next, decode_cache = _own_call(model, token, PROMPT + 1, cache, positions)
     carried = {past: present for n, layer in enumerate(layout)
                for past, present in zip(layer.names(n), layer.names(n, present=True))}
     steps = (Step(feeds, expected, name="prefill"),
@@ -127,13 +130,14 @@ def encoder_check(model: "torch.nn.Module", call: Call) -> Check | None:
                  what="the example inputs")
 
 
-def _own_call(model: "torch.nn.Module", ids: "torch.Tensor", total: int, cache: Any
-              ) -> tuple[Any, Any]:
-    """The eager reference: the model's own call (:func:`own_forward`); (logits, cache)."""
+def _own_call(model: "torch.nn.Module", ids: "torch.Tensor", total: int, cache: Any,
+              positions: bool = False) -> tuple[Any, Any]:
+    """The eager reference: the model's own call (:func:`own_forward`, ``positions`` given
+    or not); (logits, cache)."""
     step = "a decode step" if cache is not None and total > ids.shape[1] else "a prefill"
     out = own_forward(model, ids, total, cache,
                       f"{step} of {ids.shape[1]} token(s), the eager reference the written "
-                      "model is checked against")
+                      "model is checked against", positions)
     return as_numpy(out.logits), _snapshot(cache)
 
 
