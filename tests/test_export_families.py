@@ -19,7 +19,7 @@ import torch
 import rewrite
 from rewrite.errors import InputError
 from tests import checkpoints
-from tests.test_checkpoint_export import Recorder, decode_and_compare
+from tests.test_checkpoint_export import DECODE_STEPS, Recorder, decode_and_compare
 from tools.coverage import write_checkpoint
 
 
@@ -123,15 +123,7 @@ def test_lfm2_hybrid_decodes_with_its_convolution_states(tmp_path):
     ``past.N.conv`` / ``present.N.conv`` (onnxruntime-genai's names); the attention layer
     ``past_key_values.1.*``. Each distinct layer traced once; prefill of a left-padded batch
     and 3 greedy decode steps equal eager within 1e-4; one function per layer kind."""
-    folder = checkpoints.write("lfm2", tmp_path / "checkpoint")
-    out = tmp_path / "out" / "model.onnx"
-    out.parent.mkdir()
-    progress = Recorder()
-    model = _exported_hybrid(folder, out, progress)
-    assert "2 of 4 layers traced" in progress.text, progress.text
-    errors = decode_and_compare(folder, out)
-    assert max(errors) < 1e-4, errors
-    onnx.checker.check_model(str(out), full_check=True)
+    _, out, model = _hybrid_decoded("lfm2", tmp_path)
     conv = ["batch_size", "32", "3"]
     assert {v.name: [str(d) for d in v.shape] for v in model.graph.inputs[3:]} == {
         "past.0.conv": conv, "past_key_values.1.key": ["batch_size", "2",
@@ -159,15 +151,7 @@ def test_mamba2_hybrid_decodes_with_its_recurrent_states(tmp_path):
     chunk. Prefill of a left-padded batch and 3 greedy decode steps equal eager within 1e-4;
     one function per layer kind; a prompt fed in pieces of 5, 4 and 3 tokens equals eager's
     one prefill of it."""
-    folder = checkpoints.write("bamba", tmp_path / "checkpoint")
-    out = tmp_path / "out" / "model.onnx"
-    out.parent.mkdir()
-    progress = Recorder()
-    model = _exported_hybrid(folder, out, progress)
-    assert "2 of 4 layers traced" in progress.text, progress.text
-    errors = decode_and_compare(folder, out)
-    assert len(errors) == 4 and max(errors) < 1e-4, errors
-    onnx.checker.check_model(str(out), full_check=True)
+    folder, out, model = _hybrid_decoded("bamba", tmp_path)
     conv, recurrent = ["batch_size", "80", "4"], ["batch_size", "4", "16", "8"]
     shapes = {v.name: [str(d) for d in v.shape] for v in model.graph.inputs[3:]}
     assert shapes == {"past.0.conv": conv, "past.0.recurrent": recurrent,
@@ -254,6 +238,22 @@ def _decoded(model_type: str, tmp_path: Path) -> tuple[Path, ir.Model]:
     errors = decode_and_compare(folder, out)
     assert max(errors) < 1e-4, errors
     return folder, model
+
+
+def _hybrid_decoded(family: str, tmp_path: Path) -> tuple[Path, Path, ir.Model]:
+    """The tiny checkpoint of ``family`` (tests/checkpoints.py: two layer kinds, the first
+    two layers traced) exported with --cache kv: the prefill and 3 greedy decode steps equal
+    eager within 1e-4, the full checker passes; (folder, model path, model)."""
+    folder = checkpoints.write(family, tmp_path / "checkpoint")
+    out = tmp_path / "out" / "model.onnx"
+    out.parent.mkdir()
+    progress = Recorder()
+    model = _exported_hybrid(folder, out, progress)
+    assert "2 of 4 layers traced" in progress.text, progress.text
+    errors = decode_and_compare(folder, out)
+    assert len(errors) == 1 + DECODE_STEPS and max(errors) < 1e-4, errors
+    onnx.checker.check_model(str(out), full_check=True)
+    return folder, out, model
 
 
 def _exported_hybrid(folder: Path, out: Path, progress: Recorder) -> ir.Model:

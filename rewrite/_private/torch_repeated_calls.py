@@ -137,7 +137,6 @@ class _Builder:
         self.graph, self.extension, self.specs = graph, extension, dict(specs)
         self.calls = list(calls)
         placeholders = [n for n in graph.nodes if n.op == "placeholder"]
-        self.first_op = placeholders[-1].next
         self.last = {kind: self._last_of(placeholders, kind) for kind in ("PARAMETER", "BUFFER")}
         self.last["USER_INPUT"] = placeholders[-1]
         users = [n for n in placeholders if self.specs[n.name].kind.name == "USER_INPUT"]
@@ -164,7 +163,7 @@ class _Builder:
             raise Unavailable(f"layer {index} has no traced layer of its kind after another")
         call = self.calls[template]
         path = self.extension.path
-        layer = _Layer(index, template, f"{path}.{template}", f"{path}.{index}",
+        layer = _Layer(index, f"{path}.{template}", f"{path}.{index}",
                        self.calls[template - 1], _last_read(self.calls[index - 1]))
         layer.states = dict(zip(self.states.traced_inputs[template],
                                 self._state_inputs(index, template)))
@@ -276,9 +275,10 @@ def _extend_outputs(builder: _Builder, specs: Sequence[Any], traced: int) -> lis
     at = mine[-1] + 1 if mine else None
     for index in range(traced, len(calls)):
         template = calls[templates[index]]
-        for k in [k for k, v in enumerate(values[:at or 0]) if _reads(v, template)]:
-            if at is None:
-                raise Unavailable("a layer's outputs are not after the last traced one's")
+        read = [k for k, v in enumerate(values) if _reads(v, template)]
+        if read and at is None:
+            raise Unavailable("a layer's outputs are not after the last traced one's")
+        for k in read:
             item = _getitem(calls[index], values[k].args[1])
             values.insert(at, item)
             specs.insert(at, dataclasses.replace(
@@ -289,13 +289,13 @@ def _extend_outputs(builder: _Builder, specs: Sequence[Any], traced: int) -> lis
 
 
 class _Layer:
-    """An added layer while its nodes are made: its index, its template's, their module
+    """An added layer while its nodes are made: its index, its and its template's module
     paths, the template's previous call, where the next node goes, its state inputs by the
     template's, the copies made for it and what reads its template's inputs."""
 
-    def __init__(self, index: int, template: int, old: str, new: str, before: torch.fx.Node,
+    def __init__(self, index: int, old: str, new: str, before: torch.fx.Node,
                  at: torch.fx.Node) -> None:
-        self.index, self.template, self.old, self.new = index, template, old, new
+        self.index, self.old, self.new = index, old, new
         self.before, self.at = before, at
         self.states: dict[torch.fx.Node, torch.fx.Node] = {}
         self.copies: dict[torch.fx.Node, torch.fx.Node] = {}
