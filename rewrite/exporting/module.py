@@ -19,6 +19,7 @@ from attrs import frozen
 from rewrite._private.exclusive import exclusive
 from rewrite.api import apply, as_ruleset
 from rewrite.compile import RuleSet, parse_rules
+from rewrite.exporting.bounds import Bounded, bounds, within
 from rewrite.exporting.dim_names import dim_names, rename_dims
 from rewrite.errors import library_call
 from rewrite.errors import InputError, first_line
@@ -112,10 +113,17 @@ def _lowered(model: "torch.nn.Module", args: tuple, kwargs: Mapping[str, Any] | 
     lowered: (program, the rules used, ONNX model)."""
     from rewrite.backends.onnx import lower
 
-    export = partial(_torch_export, model, args=args, kwargs=kwargs,
-                     dynamic_shapes=dynamic_shapes, strict=strict)
+    def traced(limits: Mapping[str, int] | None) -> "torch.export.ExportedProgram":
+        export = partial(_torch_export, model, args=args, kwargs=kwargs,
+                         dynamic_shapes=dynamic_shapes, strict=strict, limits=limits)
+        return trace(export, args, dynamic_shapes) if trace is not None else export()
+
     with progress.step(f"exporting {type(model).__name__} with torch.export"), exclusive():
-        program = trace(export, args, dynamic_shapes) if trace is not None else export()
+        try:
+            program = traced(None)
+        except Bounded as bounded:
+            progress.note(bounded.says)
+            program = traced(bounded.limits)
     if ruleset is None:
         ruleset = suggested_rules(program, type(model).__name__, progress)
     lowering = lower(apply(ruleset, program), options, progress)
@@ -125,26 +133,33 @@ def _lowered(model: "torch.nn.Module", args: tuple, kwargs: Mapping[str, Any] | 
 
 
 def _torch_export(model: "torch.nn.Module", args: tuple, kwargs: Mapping[str, Any] | None,
-                  dynamic_shapes: Any, strict: bool) -> "torch.export.ExportedProgram":
-    """``torch.export.export`` keeping node metadata. What it rejects in the model is an
-    :class:`InputError`; a failure in rewrite's own code that it traces (a checkpoint's
-    decode-ready forward) is rewrite's bug, a crash of torch's own a ``LibraryError``
-    (:func:`~rewrite.errors.library_call`)."""
+                  dynamic_shapes: Any, strict: bool, limits: Mapping[str, int] | None = None
+                  ) -> "torch.export.ExportedProgram":
+    """``torch.export.export`` keeping node metadata, its dynamic sizes bounded by ``limits``
+    (:mod:`rewrite.exporting.bounds`). What it rejects in the model is an
+    :class:`InputError` (a :class:`~rewrite.exporting.bounds.Bounded` where the model holds
+    for bounded sizes and ``limits`` is None); a failure in rewrite's own code that it traces
+    (a checkpoint's decode-ready forward) is rewrite's bug, a crash of torch's own a
+    ``LibraryError`` (:func:`~rewrite.errors.library_call`)."""
     import torch
 
     name = type(model).__name__
 
     def rejected(e: BaseException) -> InputError:
+        found = bounds(str(e)) if limits is None and dynamic_shapes is not None else {}
+        if found:
+            return Bounded(name, found)
         guard = violated(str(e))
         if guard:
             return InputError(f"torch.export could not export {name}: {guard}")
         first = first_line(e) or type(e).__name__
         return InputError(f"torch.export could not export {name}: {type(e).__name__}: {first}")
 
+    shapes = within(dynamic_shapes, limits) if limits else dynamic_shapes
     with library_call("torch.export", f"exporting {name}", rejected), \
             torch.fx.traceback.preserve_node_meta():
         return torch.export.export(model, tuple(args), kwargs=dict(kwargs or {}),
-                                   dynamic_shapes=dynamic_shapes, strict=strict)
+                                   dynamic_shapes=shapes, strict=strict)
 
 
 def violated(message: str) -> str:

@@ -34,6 +34,7 @@ from rewrite._private.errors import Unavailable
 from rewrite._private.torch_layer_calls import LayerCalls, available
 from rewrite._private.torch_repeated_calls import Extension, extended
 from rewrite.errors import InputError, LibraryError, first_line, library_call
+from rewrite.exporting.bounds import Bounded
 
 if TYPE_CHECKING:
     import torch
@@ -119,6 +120,8 @@ def traced_once(model: "torch.nn.Module", progress: "Progress",
             program, calls, added = _cut_trace(model, layers, export, example,
                                                dynamic_shapes, kwargs is None, progress)
             reason = check_bodies(model, layers, program, example, kwargs, added > 0)
+        except Bounded:
+            raise
         except (Unavailable, InputError, LibraryError) as e:  # not supported by the cut
             reason = f"the cut trace failed: {type(e).__name__}: {first_line(e)}"
         if reason is None:
@@ -149,6 +152,8 @@ def _cut_trace(model: "torch.nn.Module", layers: "torch.nn.ModuleList",
             with cut(layers, calls), plan.cut(model, layers):
                 program = export(args=plan.args, dynamic_shapes=plan.dynamic_shapes)
             return extended(program, plan.extension(model)), calls, len(layers) - plan.count
+        except Bounded:
+            raise
         except (Unavailable, InputError, LibraryError) as e:
             progress.note(f"torch.export traces or records every layer's call: the program "
                           f"of the first {plan.count} layers could not be extended: "

@@ -25,6 +25,8 @@ functions (one version of a domain per model).
 
 from __future__ import annotations
 
+from typing import Sequence
+
 import numpy as np
 import onnx_ir as ir
 from attrs import frozen
@@ -218,12 +220,30 @@ def _fold_cache(graph: ir.Graph, node: ir.Node) -> None:
            or any(i is None for i in c.inputs) for c in concats):
         return
     (past_k, new_k), (past_v, new_v) = (c.inputs for c in concats)  # type: ignore[union-attr]
+    inputs = (node.inputs[0], new_k, new_v, node.inputs[3], past_k, past_v)
+    if _reads_any(inputs, {c.outputs[0] for c in concats}):  # type: ignore[union-attr]
+        return  # the mask or the query is computed from the cache (Doge): a cycle if folded
     fused = ir.Node("", "Attention", (node.inputs[0], new_k, new_v, node.inputs[3], past_k,
                                       past_v), node.attributes.values(), num_outputs=3,
                     name=node.name, metadata_props=dict(node.metadata_props))
     _replace(graph, node, fused)
     for concat, out in zip(concats, fused.outputs[1:]):
         _stand_in(concat.outputs[0], out)  # type: ignore[union-attr]
+
+
+def _reads_any(values: Sequence[ir.Value | None], read: set[ir.Value]) -> bool:
+    """Whether any of ``values`` is computed, through any path, from a value of ``read``."""
+    seen: set[ir.Node] = set()
+    todo = [v.producer() for v in values if v is not None]
+    while todo:
+        node = todo.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        if any(v in read for v in node.inputs):
+            return True
+        todo.extend(v.producer() for v in node.inputs if v is not None)
+    return False
 
 
 def _is(node: ir.Node, op: str) -> bool:
