@@ -3,7 +3,10 @@ exported within the bounds torch.export suggests, and the user told which."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
+import onnx
 import pytest
 import torch
 
@@ -11,6 +14,7 @@ import rewrite
 from rewrite.exporting.bounds import bounds
 from tests.onnx_fixtures import checked_proto, run_onnx
 from tests.test_checkpoint_export import Recorder
+from tools.coverage import write_checkpoint
 
 
 class _Positions(torch.nn.Module):
@@ -38,12 +42,32 @@ def test_a_model_bounded_in_length_is_exported_within_the_bound_and_says_so(tmp_
                               progress=progress)
     assert "_Positions: its code holds for seq <= 12 only" in progress.text
     checked_proto(exported)
+    written = onnx.load(str(tmp_path / "m.onnx"))
+    assert {p.key: p.value for p in written.metadata_props}["rewrite.bounded_sizes"] == "seq<=12"
     for length in (1, 7, 12):
         x = torch.randn(1, length, 8)
         with torch.no_grad():
             expected = model(x).numpy()
         (got,) = run_onnx(exported, (x,))
         np.testing.assert_allclose(got, expected, atol=1e-5)
+
+
+@pytest.mark.slow  # a tiny XGLM checkpoint exported
+def test_xglm_is_exported_within_its_position_table_and_genai_told_its_context(tmp_path,
+                                                                                run_cli):
+    folder = tmp_path / "xglm"
+    assert write_checkpoint("xglm", folder) is None
+    out = tmp_path / "out" / "model.onnx"
+    out.parent.mkdir()
+    r = run_cli("export", folder, "-o", out)
+    assert r.code == 0, r.err
+    said = r.out + r.err
+    assert ("XGLMForCausalLM: its code holds for sequence_length <= 126, past_sequence_length "
+            "<= 126 only") in said
+    assert "verified against eager in onnxruntime" in said
+    config = json.loads((out.parent / "genai_config.json").read_text())
+    table = json.loads((folder / "config.json").read_text())["max_position_embeddings"]
+    assert config["model"]["context_length"] == config["search"]["max_length"] == 126 < table
 
 
 def test_a_shape_condition_that_is_not_a_bound_is_still_refused(tmp_path):

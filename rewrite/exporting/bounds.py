@@ -6,14 +6,22 @@ so in a "Constraints violated" error, with the bounds that would make it hold (i
 "Suggested fixes"). Where each fix only bounds a size from above, the model is exported
 again within those bounds (:class:`Bounded` carries them) and the user is told: a longer
 input takes another path in the model's own code, which the exported graph does not have.
+The written model says so too, in its metadata (:data:`KEY`, :func:`record`), where a runtime
+configuration can read it (``genai_config.json``'s context length).
 """
 
 from __future__ import annotations
 
 import re
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 from rewrite.errors import InputError
+
+if TYPE_CHECKING:
+    import onnx_ir as ir
+
+KEY = "rewrite.bounded_sizes"
+"""The ONNX metadata key of the sizes a model was exported for: ``name<=N`` joined by ``;``."""
 
 
 class Bounded(InputError):
@@ -59,3 +67,17 @@ def within(shapes: Any, limits: Mapping[str, int]) -> Any:
     if name in limits and hasattr(shapes, "min"):
         return torch.export.Dim(name, min=shapes.min, max=limits[name])
     return shapes
+
+
+def record(model: "ir.Model", limits: Mapping[str, int]) -> None:
+    """Say in ``model``'s metadata the largest value of each size in ``limits`` (none: no
+    entry)."""
+    if limits:
+        model.metadata_props[KEY] = ";".join(f"{n}<={v}" for n, v in limits.items())
+
+
+def recorded(model: "ir.Model") -> dict[str, int]:
+    """The bounds :func:`record` put in ``model``'s metadata."""
+    text = model.metadata_props.get(KEY, "")
+    pairs = (part.split("<=") for part in text.split(";") if "<=" in part)
+    return {name: int(value) for name, value in pairs}

@@ -19,7 +19,7 @@ from attrs import frozen
 from rewrite._private.exclusive import exclusive
 from rewrite.api import apply, as_ruleset
 from rewrite.compile import RuleSet, parse_rules
-from rewrite.exporting.bounds import Bounded, bounds, within
+from rewrite.exporting.bounds import Bounded, bounds, record, within
 from rewrite.exporting.dim_names import dim_names, rename_dims
 from rewrite.errors import library_call
 from rewrite.errors import InputError, first_line
@@ -118,15 +118,18 @@ def _lowered(model: "torch.nn.Module", args: tuple, kwargs: Mapping[str, Any] | 
                          dynamic_shapes=dynamic_shapes, strict=strict, limits=limits)
         return trace(export, args, dynamic_shapes) if trace is not None else export()
 
+    limits: dict[str, int] = {}
     with progress.step(f"exporting {type(model).__name__} with torch.export"), exclusive():
         try:
             program = traced(None)
         except Bounded as bounded:
             progress.note(bounded.says)
-            program = traced(bounded.limits)
+            limits = bounded.limits
+            program = traced(limits)
     if ruleset is None:
         ruleset = suggested_rules(program, type(model).__name__, progress)
     lowering = lower(apply(ruleset, program), options, progress)
+    record(lowering.model, limits)
     for warning in lowering.warnings:
         progress.note(warning.render())
     return program, ruleset, lowering.model

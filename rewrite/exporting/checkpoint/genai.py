@@ -21,7 +21,8 @@ exported graph, with the field names of onnxruntime-genai's model builder:
   ``top_p``, ``num_beams``, ``repetition_penalty``...), ``max_length`` the context length, and
   ``past_present_share_buffer`` only where the graph allows it: every ``present`` as long as
   its ``past`` (a cache written in place). The ``kv`` graph grows the cache by ``Concat``, so
-  it is ``false``.
+  it is ``false``. A model exported for bounded lengths (:mod:`rewrite.exporting.bounds`) has
+  a context length (and ``max_length``) of at most the smallest bound.
 
 The tokenizer files present in the checkpoint (:data:`TOKENIZER_FILES`) are copied byte for
 byte, whatever the model.
@@ -46,6 +47,7 @@ from attrs import frozen
 
 from rewrite.exporting.checkpoint.cache import Call, LayerCache
 from rewrite.exporting.checkpoint.folder import Checkpoint
+from rewrite.exporting.bounds import recorded
 from rewrite.files.outputs import Beside, Companion
 
 if TYPE_CHECKING:
@@ -129,6 +131,9 @@ def beside(genai: Genai, output: Path, model: "ir.Model") -> Beside:
     config = json.loads(json.dumps(genai.config))
     config["model"]["decoder"]["filename"] = output.name
     config["search"]["past_present_share_buffer"] = shares_buffer(model)
+    within = min(recorded(model).values(), default=None)
+    if within is not None and within < config["model"]["context_length"]:
+        config["model"]["context_length"] = config["search"]["max_length"] = within
     text = json.dumps(config, indent=4) + "\n"
     return Beside((Companion(GENAI_CONFIG, text=text), *files))
 
