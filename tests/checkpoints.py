@@ -53,6 +53,14 @@ OTHER_DECODERS: dict[str, tuple[str, dict]] = {
     "bamba": ("BambaConfig", {**SMALL, "attn_layer_indices": [1], "mamba_n_heads": 4,
                               "mamba_d_head": 16, "mamba_d_state": 8, "mamba_expand": 2,
                               "mamba_chunk_size": 4, "mamba_d_conv": 4}),
+    # a gated delta net hybrid: linear-attention layers (a convolution and a recurrent
+    # state; 4 value heads over 2 key heads, convolution channels 2 x 16 + 32) around an
+    # attention layer, MoE in every layer
+    "qwen3_next": ("Qwen3NextConfig", {
+        **SMALL, **MOE, "head_dim": 8, "linear_num_key_heads": 2, "linear_num_value_heads": 4,
+        "linear_key_head_dim": 8, "linear_value_head_dim": 8, "linear_conv_kernel_dim": 4,
+        "layer_types": ["linear_attention", "full_attention", "linear_attention",
+                        "linear_attention"]}),
 }
 """Causal LMs the family tests do not run (tests of one behaviour each)."""
 

@@ -1,17 +1,27 @@
-"""Mamba-2's chunked scan, as torch.export can trace it for every sequence length.
+"""The recurrent layers' scans, as torch.export can trace them for every sequence length.
 
-transformers' ``mamba2_chunk_scan`` (Bamba, GraniteMoE-Hybrid, Falcon-H1, Nemotron-H, Mamba-2:
-the torch path, which transformers itself takes under torch.export instead of a
-``mamba_ssm`` kernel) pads the sequence to whole chunks of the config's size by ``(chunk -
-length % chunk) % chunk``: torch's shape reasoning cannot prove that padded length a
-multiple of the chunk, so every reshape into chunks guards on it, and the export specializes
-the sequence length. While exporting, :func:`one_chunk_scans` calls it with the whole sequence
-as its one chunk (``chunk_size`` the length itself: no padding, one chunk, both of which
-torch proves). The scan is exact for any chunk size (state-space duality: within a chunk
-the quadratic form, across chunks the recurrence), so the result is the model's; a decode
-step's one token is a chunk of one. A prefill's cost grows with the square of its length,
-as attention's does: ``[batch, heads, length, length]`` per layer. A runtime may bound it by
-feeding a long prompt in pieces, each with the states the previous one returned.
+**Mamba-2.** transformers' ``mamba2_chunk_scan`` (Bamba, GraniteMoE-Hybrid, Falcon-H1,
+Nemotron-H, Mamba-2: the torch path, which transformers itself takes under torch.export
+instead of a ``mamba_ssm`` kernel) pads the sequence to whole chunks of the config's size by
+``(chunk - length % chunk) % chunk``: torch's shape reasoning cannot prove that padded length
+a multiple of the chunk, so every reshape into chunks guards on it, and the export
+specializes the sequence length. While exporting, :func:`one_chunk_scans` calls it with the
+whole sequence as its one chunk (``chunk_size`` the length itself: no padding, one chunk,
+both of which torch proves). The scan is exact for any chunk size (state-space duality:
+within a chunk the quadratic form, across chunks the recurrence), so the result is the
+model's; a decode step's one token is a chunk of one. A prefill's cost grows with the square
+of its length, as attention's does: ``[batch, heads, length, length]`` per layer. A runtime
+may bound it by feeding a long prompt in pieces, each with the states the previous one
+returned.
+
+**Gated delta nets.** transformers' ``torch_chunk_gated_delta_rule`` (Qwen3-Next, Qwen3.5,
+OLMo-Hybrid...) loops in Python over chunks, and under torch.export over the rows of each
+chunk's triangular system: torch.export would unroll both for the example's length. While
+exporting, both it and ``torch_recurrent_gated_delta_rule`` (the decode step's) are replaced
+by :func:`scanned_gated_delta_rule`, the recurrent form (the one transformers decodes with)
+as one ``torch.scan`` over the tokens: an ONNX ``Scan`` whose body is one token's update, for
+any length, linear in it. The replacement is the module's attribute, so neither transformers'
+hub kernel nor ``fla``'s (picked at run time when installed) is ever traced.
 """
 
 from __future__ import annotations
@@ -26,28 +36,36 @@ if TYPE_CHECKING:
     import torch
 
 SCAN = "mamba2_chunk_scan"
+DELTA_RULES = ("torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule")
 
 
 @contextlib.contextmanager
 def one_chunk_scans(model: "torch.nn.Module") -> Iterator[None]:
-    """``model``'s modeling modules' ``mamba2_chunk_scan`` on one chunk of the whole sequence
-    (:func:`one_chunk`) while the block runs; nothing changed for a model without one."""
-    originals = scan_modules(model)
+    """``model``'s modeling modules' scans as torch.export traces them for every length while
+    the block runs (Mamba-2's on one chunk, :func:`one_chunk`; gated delta rules as one scan
+    over the tokens, :func:`scanned_gated_delta_rule`); nothing changed for a model without
+    one."""
+    originals = {(module, name): getattr(module, name)
+                 for module, names in scan_modules(model).items() for name in names}
     try:
-        for module, original in originals.items():
-            setattr(module, SCAN, one_chunk(original))
+        for (module, name), original in originals.items():
+            setattr(module, name, one_chunk(original) if name == SCAN
+                    else scanned_gated_delta_rule)
         yield
     finally:
-        for module, original in originals.items():
-            setattr(module, SCAN, original)
+        for (module, name), original in originals.items():
+            setattr(module, name, original)
 
 
-def scan_modules(model: "torch.nn.Module") -> dict[types.ModuleType, Callable[..., Any]]:
-    """The modeling modules of ``model``'s classes that define ``mamba2_chunk_scan``, each
-    with it: a model whose recurrent states rewrite carries."""
+def scan_modules(model: "torch.nn.Module") -> dict[types.ModuleType, tuple[str, ...]]:
+    """The modeling modules of ``model``'s classes that define a scan rewrite can trace
+    (``mamba2_chunk_scan``, the gated delta rules), each with the names it defines: a model
+    whose recurrent states rewrite carries."""
     modules = {sys.modules.get(type(m).__module__) for m in model.modules()}
-    return {module: getattr(module, SCAN) for module in modules
-            if module is not None and callable(getattr(module, SCAN, None))}
+    found = {module: tuple(name for name in (SCAN, *DELTA_RULES)
+                           if callable(getattr(module, name, None)))
+             for module in modules if module is not None}
+    return {module: names for module, names in found.items() if names}
 
 
 def one_chunk(scan: Callable[..., Any]) -> Callable[..., Any]:
@@ -62,3 +80,43 @@ def one_chunk(scan: Callable[..., Any]) -> Callable[..., Any]:
         return scan(hidden_states, dt, A, B, C, hidden_states.shape[1], *args, **kwargs)
 
     return whole
+
+
+def scanned_gated_delta_rule(
+        query: "torch.Tensor", key: "torch.Tensor", value: "torch.Tensor", g: "torch.Tensor",
+        beta: "torch.Tensor", chunk_size: int = 64, initial_state: "torch.Tensor | None" = None,
+        output_final_state: bool = False, use_qk_l2norm_in_kernel: bool = False,
+        **kwargs: Any) -> tuple["torch.Tensor", "torch.Tensor | None"]:
+    """transformers' gated delta rule (``query``, ``key [batch, length, key_heads, key_dim]``,
+    ``value [batch, length, heads, value_dim]``, decay ``g`` and ``beta [batch, length,
+    heads]``, ``initial_state [batch, heads, key_dim, value_dim]``) in its recurrent form,
+    in float32 as transformers computes it, as one scan over the tokens: ``(out [batch,
+    length, heads, value_dim], final state or None)``. ``chunk_size`` is not used."""
+    import torch
+    from torch._higher_order_ops.scan import scan
+
+    dtype, (batch, _, key_heads, key_dim) = query.dtype, key.shape
+    heads, value_dim = value.shape[-2:]
+    if key_heads != heads:  # grouped: each query/key head serves consecutive value heads
+        query = query.repeat_interleave(heads // key_heads, dim=2)
+        key = key.repeat_interleave(heads // key_heads, dim=2)
+    query, key, value, g, beta = (x.to(torch.float32) for x in (query, key, value, g, beta))
+    if use_qk_l2norm_in_kernel:
+        query, key = (x * torch.rsqrt((x * x).sum(-1, keepdim=True) + 1e-6)
+                      for x in (query, key))
+    query = query / query.shape[-1] ** 0.5
+    state = torch.zeros(batch, heads, key_dim, value_dim) if initial_state is None \
+        else initial_state.to(torch.float32)
+    state, out = scan(_delta_step, state, (query, key, value, g, beta), dim=1)
+    return out.to(dtype), state if output_final_state else None
+
+
+def _delta_step(state: "torch.Tensor", token: tuple["torch.Tensor", ...]
+                ) -> tuple["torch.Tensor", "torch.Tensor"]:
+    """One token's gated delta update of ``state [batch, heads, key_dim, value_dim]``
+    (``token``: its query, key, value, decay, beta): (new state, the token's output)."""
+    query, key, value, g, beta = token
+    state = state * g.exp()[..., None, None]
+    delta = (value - (state * key.unsqueeze(-1)).sum(-2)) * beta.unsqueeze(-1)
+    state = state + key.unsqueeze(-1) * delta.unsqueeze(-2)
+    return state.clone(), (state * query.unsqueeze(-1)).sum(-2)
