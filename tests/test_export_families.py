@@ -174,6 +174,39 @@ def test_mamba2_hybrid_decodes_with_its_recurrent_states(tmp_path):
     assert _prompt_in_pieces(folder, out, (5, 4, 3)) < 1e-4
 
 
+@pytest.mark.slow  # a tiny Qwen3-Next checkpoint, exported, then prefill + 3 decode steps
+def test_gated_delta_net_hybrid_decodes_with_its_recurrent_states(tmp_path):
+    """Qwen3-Next, gated delta net layers (0, 2, 3) around an attention layer (1), MoE in
+    each: a linear-attention layer keeps its convolution's last inputs and its recurrent state
+    ``[batch, value heads, key_dim, value_dim]``, ``past.N.conv`` / ``past.N.recurrent`` ->
+    ``present.N.*``; the graph scans the tokens (an ONNX ``Scan``) where eager scans a prefill
+    in chunks of 64 and decodes in the recurrent form. Prefill of a left-padded batch and 3
+    greedy decode steps equal eager within 1e-4; one function per layer kind; a prompt fed in
+    pieces (5, 4, 3 tokens; 70 then 1: eager's prefill two chunks) equals eager's one prefill."""
+    # the scan's body is a subgraph of the layer's: every layer traced (not only the first
+    # of its kind, whose copies would share it)
+    folder, out, model = _hybrid_decoded("qwen3_next", tmp_path, "traces every layer")
+    conv, recurrent = ["batch_size", "64", "4"], ["batch_size", "4", "8", "8"]
+    shapes = {v.name: [str(d) for d in v.shape] for v in model.graph.inputs[3:]}
+    assert shapes == {"past.0.conv": conv, "past.0.recurrent": recurrent,
+                      "past_key_values.1.key": ["batch_size", "2", "past_sequence_length", "8"],
+                      "past_key_values.1.value": ["batch_size", "2", "past_sequence_length",
+                                                  "8"],
+                      "past.2.conv": conv, "past.2.recurrent": recurrent,
+                      "past.3.conv": conv, "past.3.recurrent": recurrent}, shapes
+    calls = [n for n in model.graph if n.op_type.startswith("Qwen3NextDecoderLayer")]
+    kinds = [(c.domain, c.op_type, c.overload) for c in calls]
+    assert kinds[0] == kinds[2] == kinds[3] != kinds[1], kinds
+    for n in (0, 2, 3):  # a linear-attention layer's call: its states in, updated ones out
+        assert {f"past.{n}.conv", f"past.{n}.recurrent"} <= {
+            v.name for v in calls[n].inputs if v is not None}
+        assert {f"present.{n}.conv", f"present.{n}.recurrent"} <= {
+            v.name for v in calls[n].outputs}
+    assert any(n.op_type == "Scan" for f in model.functions.values() for n in f)
+    assert _prompt_in_pieces(folder, out, (5, 4, 3)) < 1e-4
+    assert _prompt_in_pieces(folder, out, (70, 1)) < 1e-4
+
+
 def _prompt_in_pieces(folder: Path, out: Path, pieces: tuple[int, ...]) -> float:
     """A prompt fed to the written model in ``pieces``, each with the states the previous
     returned, against eager's one prefill of it: the max |difference| of the logits."""
@@ -240,16 +273,18 @@ def _decoded(model_type: str, tmp_path: Path) -> tuple[Path, ir.Model]:
     return folder, model
 
 
-def _hybrid_decoded(family: str, tmp_path: Path) -> tuple[Path, Path, ir.Model]:
+def _hybrid_decoded(family: str, tmp_path: Path, traced: str = "2 of 4 layers traced"
+                    ) -> tuple[Path, Path, ir.Model]:
     """The tiny checkpoint of ``family`` (tests/checkpoints.py: two layer kinds, the first
-    two layers traced) exported with --cache kv: the prefill and 3 greedy decode steps equal
-    eager within 1e-4, the full checker passes; (folder, model path, model)."""
+    two layers traced, or as ``traced`` says) exported with --cache kv: the prefill and 3
+    greedy decode steps equal eager within 1e-4, the full checker passes; (folder, model
+    path, model)."""
     folder = checkpoints.write(family, tmp_path / "checkpoint")
     out = tmp_path / "out" / "model.onnx"
     out.parent.mkdir()
     progress = Recorder()
     model = _exported_hybrid(folder, out, progress)
-    assert "2 of 4 layers traced" in progress.text, progress.text
+    assert traced in progress.text, progress.text
     errors = decode_and_compare(folder, out)
     assert len(errors) == 1 + DECODE_STEPS and max(errors) < 1e-4, errors
     onnx.checker.check_model(str(out), full_check=True)
