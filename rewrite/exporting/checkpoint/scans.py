@@ -22,6 +22,15 @@ by :func:`scanned_gated_delta_rule`, the recurrent form (the one transformers de
 as one ``torch.scan`` over the tokens: an ONNX ``Scan`` whose body is one token's update, for
 any length, linear in it. The replacement is the module's attribute, so neither transformers'
 hub kernel nor ``fla``'s (picked at run time when installed) is ever traced.
+
+**Mamba (1).** transformers' ``mamba_selective_scan`` (Mamba, Falcon-Mamba, Jamba) loops in
+Python over the tokens and starts from zeros: it takes no state, the decode step's one token
+goes through ``mamba_selective_state_update`` instead. While exporting it is replaced by
+:func:`scanned_selective_scan`, the same recurrence as one ``torch.scan`` over the tokens from
+the state the mixer read from its cache (:class:`MixerStates`, a pre-hook on each mixer): zeros
+before the first token (transformers' start), the cached state at a decode step (transformers'
+recurrent form). A multi-token call after earlier tokens continues their state, where
+transformers 5.24 restarts it from zeros.
 """
 
 from __future__ import annotations
@@ -37,35 +46,66 @@ if TYPE_CHECKING:
 
 SCAN = "mamba2_chunk_scan"
 DELTA_RULES = ("torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule")
+SELECTIVE = "mamba_selective_scan"
 
 
 @contextlib.contextmanager
 def one_chunk_scans(model: "torch.nn.Module") -> Iterator[None]:
     """``model``'s modeling modules' scans as torch.export traces them for every length while
-    the block runs (Mamba-2's on one chunk, :func:`one_chunk`; gated delta rules as one scan
-    over the tokens, :func:`scanned_gated_delta_rule`); nothing changed for a model without
-    one."""
+    the block runs (Mamba-2's on one chunk, :func:`one_chunk`; gated delta rules and Mamba's
+    selective scan as one scan over the tokens, :func:`scanned_gated_delta_rule`,
+    :func:`scanned_selective_scan`); nothing changed for a model without one."""
+    found = scan_modules(model)
     originals = {(module, name): getattr(module, name)
-                 for module, names in scan_modules(model).items() for name in names}
+                 for module, names in found.items() for name in names}
+    states = MixerStates(model, [module for module, names in found.items()
+                                 if SELECTIVE in names])
     try:
         for (module, name), original in originals.items():
             setattr(module, name, one_chunk(original) if name == SCAN
+                    else functools.partial(scanned_selective_scan, states) if name == SELECTIVE
                     else scanned_gated_delta_rule)
         yield
     finally:
+        states.remove()
         for (module, name), original in originals.items():
             setattr(module, name, original)
 
 
 def scan_modules(model: "torch.nn.Module") -> dict[types.ModuleType, tuple[str, ...]]:
     """The modeling modules of ``model``'s classes that define a scan rewrite can trace
-    (``mamba2_chunk_scan``, the gated delta rules), each with the names it defines: a model
-    whose recurrent states rewrite carries."""
+    (``mamba2_chunk_scan``, the gated delta rules, ``mamba_selective_scan``), each with the
+    names it defines: a model whose recurrent states rewrite carries."""
     modules = {sys.modules.get(type(m).__module__) for m in model.modules()}
-    found = {module: tuple(name for name in (SCAN, *DELTA_RULES)
+    found = {module: tuple(name for name in (SCAN, *DELTA_RULES, SELECTIVE)
                            if callable(getattr(module, name, None)))
              for module in modules if module is not None}
     return {module: names for module, names in found.items() if names}
+
+
+class MixerStates:
+    """The recurrent state each Mamba mixer of ``model`` (a module of a class of ``modules``
+    with ``A_log`` and ``layer_idx``) reads from the cache it is called with, kept by a
+    forward pre-hook for the selective scan the mixer calls next (:attr:`last`)."""
+
+    def __init__(self, model: "torch.nn.Module", modules: list[types.ModuleType]) -> None:
+        self.last: "torch.Tensor | None" = None
+        self.handles = [
+            mixer.register_forward_pre_hook(self.read, with_kwargs=True)
+            for mixer in model.modules()
+            if sys.modules.get(type(mixer).__module__) in modules
+            and hasattr(mixer, "A_log") and hasattr(mixer, "layer_idx")]
+
+    def read(self, mixer: "torch.nn.Module", args: tuple, kwargs: dict) -> None:
+        """Keep the state ``mixer``'s cache (its ``cache`` argument) holds for its layer."""
+        cache = kwargs.get("cache", kwargs.get("cache_params", args[1] if len(args) > 1
+                                               else None))
+        self.last = None if cache is None else cache.get_recurrent_state(mixer.layer_idx, 0)
+
+    def remove(self) -> None:
+        """Remove the hooks."""
+        for handle in self.handles:
+            handle.remove()
 
 
 def one_chunk(scan: Callable[..., Any]) -> Callable[..., Any]:
@@ -120,3 +160,49 @@ def _delta_step(state: "torch.Tensor", token: tuple["torch.Tensor", ...]
     delta = (value - (state * key.unsqueeze(-1)).sum(-2)) * beta.unsqueeze(-1)
     state = state + key.unsqueeze(-1) * delta.unsqueeze(-2)
     return state.clone(), (state * query.unsqueeze(-1)).sum(-2)
+
+
+def scanned_selective_scan(
+        states: MixerStates, hidden_states: "torch.Tensor", dt: "torch.Tensor",
+        A: "torch.Tensor", B: "torch.Tensor", C: "torch.Tensor", D: "torch.Tensor | None" = None,
+        z: "torch.Tensor | None" = None, delta_bias: "torch.Tensor | None" = None,
+        delta_softplus: bool = False, return_last_state: bool = False, **kwargs: Any) -> Any:
+    """transformers' ``mamba_selective_scan`` (``hidden_states`` and ``dt [batch, channels,
+    length]``, ``A [channels, state]``, ``B``, ``C [batch, state, length]``...) from the state
+    its mixer read (``states.last [batch, channels, state]``, zeros when None) as one scan over
+    the tokens: the output ``[batch, channels, length]`` (and the final state)."""
+    import torch
+    import torch.nn.functional as F
+    from torch._higher_order_ops.scan import scan
+
+    dtype = hidden_states.dtype
+    if delta_bias is not None:
+        dt = dt + delta_bias.to(dt.dtype)[..., None]
+    if delta_softplus:
+        dt = F.softplus(dt)
+    decay = torch.exp(A[None, :, None, :] * dt[:, :, :, None])
+    update = dt[:, :, :, None] * B[:, None].transpose(2, 3).float() \
+        * hidden_states[:, :, :, None].float()
+    state = states.last
+    state = torch.zeros(hidden_states.shape[0], *A.shape, dtype=dtype) if state is None \
+        else state.to(dtype)
+    tokens = (decay.movedim(2, 0), update.movedim(2, 0), C.to(state.dtype).movedim(2, 0))
+    state, out = scan(_selective_step, state, tokens)
+    out = out.movedim(0, 2).to(dtype)
+    if D is not None:
+        out = out + hidden_states * D[None, :, None]
+    if z is not None:
+        out = out * F.silu(z)
+    return (out, state) if return_last_state else out
+
+
+def _selective_step(state: "torch.Tensor", token: tuple["torch.Tensor", ...]
+                    ) -> tuple["torch.Tensor", "torch.Tensor"]:
+    """One token's selective-scan update of ``state [batch, channels, state]`` (``token``: its
+    decay and update ``[batch, channels, state]``, its ``C [batch, state]``): (new state, the
+    token's output ``[batch, channels]``)."""
+    decay, update, C = token
+    state = decay * state + update
+    # a product and a sum: with a matmul, torch.onnx's type promotion pass reruns the scan
+    # and fails (a SymInt among the body's outputs; Jamba, torch 2.13)
+    return state.clone(), (state * C.unsqueeze(1)).sum(-1)
