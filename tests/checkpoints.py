@@ -61,6 +61,17 @@ OTHER_DECODERS: dict[str, tuple[str, dict]] = {
         "linear_key_head_dim": 8, "linear_value_head_dim": 8, "linear_conv_kernel_dim": 4,
         "layer_types": ["linear_attention", "full_attention", "linear_attention",
                         "linear_attention"]}),
+    # Mamba (1) layers (a convolution and a recurrent state [batch, 64 channels, state 8])
+    # around an attention layer (1); MoE in layers 1 and 3: three layer kinds
+    "jamba": ("JambaConfig", {
+        **SMALL, **MOE, "attn_layer_period": 4, "attn_layer_offset": 1,
+        "expert_layer_period": 2, "expert_layer_offset": 1, "mamba_d_state": 8,
+        "mamba_d_conv": 4, "mamba_expand": 2, "mamba_dt_rank": 8, "use_mamba_kernels": False}),
+    # Mamba (1) alone: no attention, its mask the new tokens' (the graph keeps the last
+    # columns of the documented one)
+    "mamba": ("MambaConfig", dict(vocab_size=96, hidden_size=32, state_size=8,
+                                  num_hidden_layers=LAYERS, expand=2, conv_kernel=4,
+                                  time_step_rank=8)),
 }
 """Causal LMs the family tests do not run (tests of one behaviour each)."""
 

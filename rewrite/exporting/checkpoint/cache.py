@@ -307,16 +307,16 @@ def layer_state(layer: Any) -> tuple["torch.Tensor", ...]:
 
 
 def own_forward(model: "torch.nn.Module", ids: "torch.Tensor", total: int, cache: Any,
-                situation: str, positions: bool = False) -> Any:
+                situation: str, positions: bool = False, new_only: bool = False) -> Any:
     """The class's forward as a user calls it: ``ids`` after ``total - len(ids)`` cached
-    tokens, all attended, no positions given (``positions``: the documented ones, as the
-    model numbers them), ``cache`` (None: no cache). The model's own failure is an
-    :class:`InputError` naming ``situation`` (the error rule:
-    :func:`~rewrite.errors.library_call`)."""
+    tokens, all attended (``new_only``: the mask of ``ids`` alone, :func:`new_tokens_mask`),
+    no positions given (``positions``: the documented ones, as the model numbers them),
+    ``cache`` (None: no cache). The model's own failure is an :class:`InputError` naming
+    ``situation`` (the error rule: :func:`~rewrite.errors.library_call`)."""
     import torch
 
-    keywords: dict[str, Any] = {"input_ids": ids,
-                                "attention_mask": torch.ones(1, total, dtype=torch.long)}
+    mask = torch.ones(1, ids.shape[1] if new_only else total, dtype=torch.long)
+    keywords: dict[str, Any] = {"input_ids": ids, "attention_mask": mask}
     if positions:
         keywords["position_ids"] = model_positions(
             model, torch.arange(total - ids.shape[1], total)[None])
@@ -430,10 +430,23 @@ def decode_forward(self: "torch.nn.Module", input_ids: "torch.Tensor",
         out = cls_forward(self, input_ids=input_ids, attention_mask=attention_mask,
                           position_ids=position_ids, use_cache=False)
         return (out.logits,)
+    if new_tokens_mask(past_key_values):
+        attention_mask = attention_mask[:, -input_ids.shape[1]:]
     cache = filled_cache(self, past_key_values)
     out = cls_forward(self, input_ids=input_ids, attention_mask=attention_mask,
                       position_ids=position_ids, use_cache=True, **{cache_keyword(self): cache})
     return out.logits, [layer_state(layer) for layer in cache.layers]
+
+
+def new_tokens_mask(past: "list | tuple[LayerCache, ...]") -> bool:
+    """Whether a model of the cache ``past`` (tensors per layer, or its layout) reads its
+    ``attention_mask`` as the new tokens' alone: one that never attends (Mamba, Falcon-Mamba:
+    the mask only zeroes padded tokens' inputs, and transformers' ``generate`` gives it none
+    after the prompt). The graph takes the documented mask of every token and keeps its last
+    ``sequence_length`` columns."""
+    return bool(past) and not any(
+        layer.kv if isinstance(layer, LayerCache) else layer and layer[0].dim() == 4
+        for layer in past)
 
 
 def cache_holding(pairs: "Iterable[tuple[torch.Tensor, torch.Tensor]]") -> Any:
