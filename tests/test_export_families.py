@@ -50,13 +50,13 @@ def test_once_failing_families_convert_and_equal_eager(model_type, why, tmp_path
 
 
 def test_a_cache_that_is_not_keys_and_values_is_refused_in_one_line(tmp_path, run_cli):
-    """Mamba keeps an SSM state beside its convolution state, not keys and values: exit 2,
-    one line, nothing written (before any export runs)."""
+    """Inkling's layers keep a convolution state beside their keys and values (a scan
+    rewrite does not trace): exit 2, one line, nothing written (before any export runs)."""
     out = tmp_path / "out" / "model.onnx"
     out.parent.mkdir()
-    r = run_cli("export", _checkpoint("mamba", tmp_path), "-o", out)
+    r = run_cli("export", _checkpoint("inkling_text", tmp_path), "-o", out)
     assert r.code == 2, r.err
-    assert "keeps recurrent_states beside its convolution state" in r.err
+    assert "keeps conv_states beside its keys and values" in r.err
     assert "Traceback" not in r.err
     assert not list(out.parent.iterdir())
 
