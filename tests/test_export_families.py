@@ -23,6 +23,11 @@ from tests.test_checkpoint_export import DECODE_STEPS, Recorder, decode_and_comp
 from tools.coverage import write_checkpoint
 
 
+SCANNED = "torch.export traces every layer"
+"""A layer that scans (its ``Scan``'s body a subgraph of the layer's) is traced at every
+layer, not only at the first of its kind, whose copies would share the subgraph."""
+
+
 def _checkpoint(model_type: str, tmp_path: Path) -> Path:
     folder = tmp_path / model_type
     why = write_checkpoint(model_type, folder)
@@ -147,11 +152,11 @@ def test_mamba2_hybrid_decodes_with_its_recurrent_states(tmp_path):
     """Bamba, a Mamba-2 hybrid of state-space layers (0, 2, 3) and an attention layer (1): a
     state-space layer keeps its convolution's last inputs and its recurrent state,
     ``past.N.conv`` / ``past.N.recurrent`` -> ``present.N.*``; eager scans the prefill in
-    chunks of 4 tokens and decodes in the recurrent form, the graph scans every call as one
-    chunk. Prefill of a left-padded batch and 3 greedy decode steps equal eager within 1e-4;
-    one function per layer kind; a prompt fed in pieces of 5, 4 and 3 tokens equals eager's
-    one prefill of it."""
-    folder, out, model = _hybrid_decoded("bamba", tmp_path)
+    chunks of 4 tokens and decodes in the recurrent form, the graph scans the tokens (an
+    ONNX ``Scan``). Prefill of a left-padded batch and 3 greedy decode steps equal eager
+    within 1e-4; one function per layer kind; a prompt fed in pieces of 5, 4 and 3 tokens
+    equals eager's one prefill of it."""
+    folder, out, model = _hybrid_decoded("bamba", tmp_path, SCANNED)
     conv, recurrent = ["batch_size", "80", "4"], ["batch_size", "4", "16", "8"]
     shapes = {v.name: [str(d) for d in v.shape] for v in model.graph.inputs[3:]}
     assert shapes == {"past.0.conv": conv, "past.0.recurrent": recurrent,
@@ -183,9 +188,7 @@ def test_gated_delta_net_hybrid_decodes_with_its_recurrent_states(tmp_path):
     in chunks of 64 and decodes in the recurrent form. Prefill of a left-padded batch and 3
     greedy decode steps equal eager within 1e-4; one function per layer kind; a prompt fed in
     pieces (5, 4, 3 tokens; 70 then 1: eager's prefill two chunks) equals eager's one prefill."""
-    # the scan's body is a subgraph of the layer's: every layer traced (not only the first
-    # of its kind, whose copies would share it)
-    folder, out, model = _hybrid_decoded("qwen3_next", tmp_path, "traces every layer")
+    folder, out, model = _hybrid_decoded("qwen3_next", tmp_path, SCANNED)
     conv, recurrent = ["batch_size", "64", "4"], ["batch_size", "4", "8", "8"]
     shapes = {v.name: [str(d) for d in v.shape] for v in model.graph.inputs[3:]}
     assert shapes == {"past.0.conv": conv, "past.0.recurrent": recurrent,
@@ -218,7 +221,7 @@ def test_mamba1_layers_decode_with_their_recurrent_states(family, attention, tmp
     eager within 1e-4; each layer's call takes its states; a prompt fed in pieces equals
     eager's one prefill (transformers restarts the state at a multi-token call, the graph
     continues it)."""
-    folder, out, model = _hybrid_decoded(family, tmp_path, traced=None)
+    folder, out, model = _hybrid_decoded(family, tmp_path, SCANNED)
     conv, recurrent = ["batch_size", "64", "4"], ["batch_size", "64", "8"]
     kv = ["batch_size", "2", "past_sequence_length", "8"]
     shapes = {v.name: [str(d) for d in v.shape] for v in model.graph.inputs[3:]}
@@ -300,11 +303,10 @@ def _decoded(model_type: str, tmp_path: Path) -> tuple[Path, ir.Model]:
     return folder, model
 
 
-def _hybrid_decoded(family: str, tmp_path: Path,
-                    traced: str | None = "2 of 4 layers traced"
+def _hybrid_decoded(family: str, tmp_path: Path, traced: str = "2 of 4 layers traced"
                     ) -> tuple[Path, Path, ir.Model]:
     """The tiny checkpoint of ``family`` (tests/checkpoints.py: two layer kinds, the first
-    two layers traced, or as ``traced`` says; None: not checked) exported with --cache kv: the prefill and 3
+    two layers traced, or as ``traced`` says) exported with --cache kv: the prefill and 3
     greedy decode steps equal eager within 1e-4, the full checker passes; (folder, model
     path, model)."""
     folder = checkpoints.write(family, tmp_path / "checkpoint")
@@ -312,7 +314,7 @@ def _hybrid_decoded(family: str, tmp_path: Path,
     out.parent.mkdir()
     progress = Recorder()
     model = _exported_hybrid(folder, out, progress)
-    assert traced is None or traced in progress.text, progress.text
+    assert traced in progress.text, progress.text
     errors = decode_and_compare(folder, out)
     assert len(errors) == 1 + DECODE_STEPS and max(errors) < 1e-4, errors
     onnx.checker.check_model(str(out), full_check=True)

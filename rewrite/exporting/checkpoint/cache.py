@@ -48,7 +48,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 from attrs import frozen
 
 from rewrite.errors import InputError, first_line, library_call
-from rewrite.exporting.checkpoint.scans import one_chunk_scans, scan_modules
+from rewrite.exporting.checkpoint.scans import scan_modules, traced_scans
 
 if TYPE_CHECKING:
     import torch
@@ -491,10 +491,10 @@ def cache_keyword(model: "torch.nn.Module") -> str:
 @contextlib.contextmanager
 def calling(model: "torch.nn.Module", call: Call) -> Iterator["torch.nn.Module"]:
     """``model`` with ``call``'s forward as its forward while the block runs (and its scans
-    as torch.export traces them: :func:`~rewrite.exporting.checkpoint.scans.one_chunk_scans`)."""
+    as torch.export traces them: :func:`~rewrite.exporting.checkpoint.scans.traced_scans`)."""
     model.forward = types.MethodType(call.forward, model)
     try:
-        with one_chunk_scans(model):
+        with traced_scans(model):
             yield model
     finally:
         del model.forward

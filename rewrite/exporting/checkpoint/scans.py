@@ -1,36 +1,29 @@
 """The recurrent layers' scans, as torch.export can trace them for every sequence length.
 
-**Mamba-2.** transformers' ``mamba2_chunk_scan`` (Bamba, GraniteMoE-Hybrid, Falcon-H1,
-Nemotron-H, Mamba-2: the torch path, which transformers itself takes under torch.export
-instead of a ``mamba_ssm`` kernel) pads the sequence to whole chunks of the config's size by
-``(chunk - length % chunk) % chunk``: torch's shape reasoning cannot prove that padded length
-a multiple of the chunk, so every reshape into chunks guards on it, and the export
-specializes the sequence length. While exporting, :func:`one_chunk_scans` calls it with the
-whole sequence as its one chunk (``chunk_size`` the length itself: no padding, one chunk,
-both of which torch proves). The scan is exact for any chunk size (state-space duality:
-within a chunk the quadratic form, across chunks the recurrence), so the result is the
-model's; a decode step's one token is a chunk of one. A prefill's cost grows with the square
-of its length, as attention's does: ``[batch, heads, length, length]`` per layer. A runtime
-may bound it by feeding a long prompt in pieces, each with the states the previous one
-returned.
+transformers' torch paths loop in Python, which torch.export unrolls for the example's
+length only: Mamba's ``mamba_selective_scan`` (Mamba, Falcon-Mamba, Jamba) over the tokens,
+the gated delta rule's ``torch_chunk_gated_delta_rule`` (Qwen3-Next, Qwen3.5, OLMo-Hybrid...)
+over chunks and, under torch.export, over the rows of each chunk's triangular system; Mamba-2's
+``mamba2_chunk_scan`` (Bamba, GraniteMoE-Hybrid, Falcon-H1, Nemotron-H, Zamba2) pads the
+sequence to whole chunks by ``(chunk - length % chunk) % chunk``, which torch's shape
+reasoning cannot prove a multiple of the chunk (the export would fix the length). While
+exporting, :func:`traced_scans` replaces each with the recurrence the model decodes with,
+written as one ``torch.scan`` over the tokens: an ONNX ``Scan`` whose body is one token's
+update, for any length, linear in it, a decode step's one token a scan of one. The
+replacements are the modeling module's attributes, so neither transformers' hub kernels nor
+``fla``'s or ``mamba_ssm``'s (picked at run time when installed) are ever traced.
 
-**Gated delta nets.** transformers' ``torch_chunk_gated_delta_rule`` (Qwen3-Next, Qwen3.5,
-OLMo-Hybrid...) loops in Python over chunks, and under torch.export over the rows of each
-chunk's triangular system: torch.export would unroll both for the example's length. While
-exporting, both it and ``torch_recurrent_gated_delta_rule`` (the decode step's) are replaced
-by :func:`scanned_gated_delta_rule`, the recurrent form (the one transformers decodes with)
-as one ``torch.scan`` over the tokens: an ONNX ``Scan`` whose body is one token's update, for
-any length, linear in it. The replacement is the module's attribute, so neither transformers'
-hub kernel nor ``fla``'s (picked at run time when installed) is ever traced.
+Mamba's full-sequence scan takes no state (transformers starts it from zeros; the one-token
+step starts from the cache): :func:`scanned_selective_scan` starts from the state the mixer
+read from its cache (:class:`MixerStates`, a pre-hook on each mixer), zeros before the first
+token, so a multi-token call after earlier tokens continues their state, where transformers
+5.24 restarts it.
 
-**Mamba (1).** transformers' ``mamba_selective_scan`` (Mamba, Falcon-Mamba, Jamba) loops in
-Python over the tokens and starts from zeros: it takes no state, the decode step's one token
-goes through ``mamba_selective_state_update`` instead. While exporting it is replaced by
-:func:`scanned_selective_scan`, the same recurrence as one ``torch.scan`` over the tokens from
-the state the mixer read from its cache (:class:`MixerStates`, a pre-hook on each mixer): zeros
-before the first token (transformers' start), the cached state at a decode step (transformers'
-recurrent form). A multi-token call after earlier tokens continues their state, where
-transformers 5.24 restarts it from zeros.
+Mamba-2's scan operands are detached: torch.onnx's type promotion pass reruns the scan, and
+on operands that require gradients (computed from parameters) the scan's autograd form
+returns a size among its outputs, which it then cannot stack; the other two scans are
+exported as they are (detached, they fail torch.export's shape reasoning; torch 2.13). Each
+step is written with products and sums (a matmul in Mamba's step failed as Mamba-2's).
 """
 
 from __future__ import annotations
@@ -44,16 +37,15 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 if TYPE_CHECKING:
     import torch
 
-SCAN = "mamba2_chunk_scan"
+MAMBA2 = "mamba2_chunk_scan"
 DELTA_RULES = ("torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule")
 SELECTIVE = "mamba_selective_scan"
 
 
 @contextlib.contextmanager
-def one_chunk_scans(model: "torch.nn.Module") -> Iterator[None]:
-    """``model``'s modeling modules' scans as torch.export traces them for every length while
-    the block runs (Mamba-2's on one chunk, :func:`one_chunk`; gated delta rules and Mamba's
-    selective scan as one scan over the tokens, :func:`scanned_gated_delta_rule`,
+def traced_scans(model: "torch.nn.Module") -> Iterator[None]:
+    """``model``'s modeling modules' scans as one scan over the tokens while the block runs
+    (:func:`scanned_mamba2`, :func:`scanned_gated_delta_rule`,
     :func:`scanned_selective_scan`); nothing changed for a model without one."""
     found = scan_modules(model)
     originals = {(module, name): getattr(module, name)
@@ -62,7 +54,7 @@ def one_chunk_scans(model: "torch.nn.Module") -> Iterator[None]:
                                  if SELECTIVE in names])
     try:
         for (module, name), original in originals.items():
-            setattr(module, name, one_chunk(original) if name == SCAN
+            setattr(module, name, scanned_mamba2 if name == MAMBA2
                     else functools.partial(scanned_selective_scan, states) if name == SELECTIVE
                     else scanned_gated_delta_rule)
         yield
@@ -77,7 +69,7 @@ def scan_modules(model: "torch.nn.Module") -> dict[types.ModuleType, tuple[str, 
     (``mamba2_chunk_scan``, the gated delta rules, ``mamba_selective_scan``), each with the
     names it defines: a model whose recurrent states rewrite carries."""
     modules = {sys.modules.get(type(m).__module__) for m in model.modules()}
-    found = {module: tuple(name for name in (SCAN, *DELTA_RULES, SELECTIVE)
+    found = {module: tuple(name for name in (MAMBA2, *DELTA_RULES, SELECTIVE)
                            if callable(getattr(module, name, None)))
              for module in modules if module is not None}
     return {module: names for module, names in found.items() if names}
@@ -108,18 +100,48 @@ class MixerStates:
             handle.remove()
 
 
-def one_chunk(scan: Callable[..., Any]) -> Callable[..., Any]:
-    """``scan`` (transformers' ``mamba2_chunk_scan``: ``hidden_states [batch, length, heads,
-    head_dim]``, ``dt``, ``A``, ``B``, ``C``, ``chunk_size``...) with the sequence's length
-    as its chunk size."""
+def scanned_mamba2(hidden_states: "torch.Tensor", dt: "torch.Tensor", A: "torch.Tensor",
+                   B: "torch.Tensor", C: "torch.Tensor", chunk_size: int,
+                   D: "torch.Tensor | None" = None, dt_bias: "torch.Tensor | None" = None,
+                   initial_states: "torch.Tensor | None" = None, dt_softplus: bool = False,
+                   dt_limit: tuple[float, float] = (0.0, float("inf")),
+                   return_final_states: bool = False, **kwargs: Any) -> Any:
+    """transformers' ``mamba2_chunk_scan`` (``hidden_states [batch, length, heads,
+    head_dim]``, ``dt [batch, length, heads]``, ``A [heads]``, ``B``, ``C [batch, length,
+    groups, state]``, ``initial_states [batch, heads, head_dim, state]``...) as one scan over
+    the tokens, in float32 as transformers computes it: the output ``[batch, length, heads,
+    head_dim]`` (and the final state). ``chunk_size`` is not used."""
+    import torch
+    import torch.nn.functional as F
+    from torch._higher_order_ops.scan import scan
 
-    @functools.wraps(scan)
-    def whole(hidden_states: "torch.Tensor", dt: "torch.Tensor", A: "torch.Tensor",
-              B: "torch.Tensor", C: "torch.Tensor", chunk_size: int, *args: Any,
-              **kwargs: Any) -> Any:
-        return scan(hidden_states, dt, A, B, C, hidden_states.shape[1], *args, **kwargs)
+    batch, _, heads, head_dim = hidden_states.shape
+    if dt_bias is not None:
+        dt = dt + dt_bias.to(dt.dtype)
+    if dt_softplus:
+        dt = F.softplus(dt)
+    dt = torch.clamp(dt, min=dt_limit[0], max=dt_limit[1]).float()
+    x = hidden_states.float()
+    B, C = (t.float().repeat_interleave(heads // t.shape[2], dim=2, output_size=heads)
+            for t in (B, C))
+    state = torch.zeros(batch, heads, head_dim, B.shape[-1]) if initial_states is None \
+        else initial_states.float()
+    tokens = (torch.exp(A.float() * dt), x * dt[..., None], B, C)
+    state, out = scan(_mamba2_step, state.detach(), tuple(t.detach() for t in tokens), dim=1)
+    if D is not None:
+        out = out + D[..., None] * x
+    return (out, state) if return_final_states else out
 
-    return whole
+
+def _mamba2_step(state: "torch.Tensor", token: tuple["torch.Tensor", ...]
+                 ) -> tuple["torch.Tensor", "torch.Tensor"]:
+    """One token's Mamba-2 update of ``state [batch, heads, head_dim, state]`` (``token``:
+    its decay ``[batch, heads]``, input times step ``[batch, heads, head_dim]``, ``B`` and
+    ``C [batch, heads, state]``): (new state, the token's output ``[batch, heads,
+    head_dim]``)."""
+    decay, update, B, C = token
+    state = state * decay[..., None, None] + update[..., None] * B[:, :, None, :]
+    return state.clone(), (state * C[:, :, None, :]).sum(-1)
 
 
 def scanned_gated_delta_rule(
@@ -203,6 +225,4 @@ def _selective_step(state: "torch.Tensor", token: tuple["torch.Tensor", ...]
     token's output ``[batch, channels]``)."""
     decay, update, C = token
     state = decay * state + update
-    # a product and a sum: with a matmul, torch.onnx's type promotion pass reruns the scan
-    # and fails (a SymInt among the body's outputs; Jamba, torch 2.13)
     return state.clone(), (state * C.unsqueeze(1)).sum(-1)
