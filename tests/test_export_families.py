@@ -23,7 +23,7 @@ from tests.test_checkpoint_export import DECODE_STEPS, Recorder, decode_and_comp
 from tools.coverage import write_checkpoint
 
 
-SCANNED = "torch.export traces every layer"
+SCANNED = "traces every layer: a traced layer holds subgraphs (a scan's body) of its own"
 """A layer that scans (its ``Scan``'s body a subgraph of the layer's) is traced at every
 layer, not only at the first of its kind, whose copies would share the subgraph."""
 

@@ -32,7 +32,7 @@ import contextlib
 import functools
 import sys
 import types
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 if TYPE_CHECKING:
     import torch
