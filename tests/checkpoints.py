@@ -53,6 +53,25 @@ OTHER_DECODERS: dict[str, tuple[str, dict]] = {
     "bamba": ("BambaConfig", {**SMALL, "attn_layer_indices": [1], "mamba_n_heads": 4,
                               "mamba_d_head": 16, "mamba_d_state": 8, "mamba_expand": 2,
                               "mamba_chunk_size": 4, "mamba_d_conv": 4}),
+    # a gated delta net hybrid: linear-attention layers (a convolution and a recurrent
+    # state; 4 value heads over 2 key heads, convolution channels 2 x 16 + 32) around an
+    # attention layer, MoE in every layer
+    "qwen3_next": ("Qwen3NextConfig", {
+        **SMALL, **MOE, "head_dim": 8, "linear_num_key_heads": 2, "linear_num_value_heads": 4,
+        "linear_key_head_dim": 8, "linear_value_head_dim": 8, "linear_conv_kernel_dim": 4,
+        "layer_types": ["linear_attention", "full_attention", "linear_attention",
+                        "linear_attention"]}),
+    # Mamba (1) layers (a convolution and a recurrent state [batch, 64 channels, state 8])
+    # around an attention layer (1); MoE in layers 1 and 3: three layer kinds
+    "jamba": ("JambaConfig", {
+        **SMALL, **MOE, "attn_layer_period": 4, "attn_layer_offset": 1,
+        "expert_layer_period": 2, "expert_layer_offset": 1, "mamba_d_state": 8,
+        "mamba_d_conv": 4, "mamba_expand": 2, "mamba_dt_rank": 8, "use_mamba_kernels": False}),
+    # Mamba (1) alone: no attention, its mask the new tokens' (the graph keeps the last
+    # columns of the documented one)
+    "mamba": ("MambaConfig", dict(vocab_size=96, hidden_size=32, state_size=8,
+                                  num_hidden_layers=LAYERS, expand=2, conv_kernel=4,
+                                  time_step_rank=8)),
 }
 """Causal LMs the family tests do not run (tests of one behaviour each)."""
 

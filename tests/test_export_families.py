@@ -23,6 +23,11 @@ from tests.test_checkpoint_export import DECODE_STEPS, Recorder, decode_and_comp
 from tools.coverage import write_checkpoint
 
 
+SCANNED = "traces every layer: a traced layer holds subgraphs (a scan's body) of its own"
+"""A layer that scans (its ``Scan``'s body a subgraph of the layer's) is traced at every
+layer, not only at the first of its kind, whose copies would share the subgraph."""
+
+
 def _checkpoint(model_type: str, tmp_path: Path) -> Path:
     folder = tmp_path / model_type
     why = write_checkpoint(model_type, folder)
@@ -51,13 +56,13 @@ def test_once_failing_families_convert_and_equal_eager(model_type, why, tmp_path
 
 
 def test_a_cache_that_is_not_keys_and_values_is_refused_in_one_line(tmp_path, run_cli):
-    """Mamba keeps an SSM state beside its convolution state, not keys and values: exit 2,
-    one line, nothing written (before any export runs)."""
+    """Inkling's layers keep a convolution state beside their keys and values (a scan
+    rewrite does not trace): exit 2, one line, nothing written (before any export runs)."""
     out = tmp_path / "out" / "model.onnx"
     out.parent.mkdir()
-    r = run_cli("export", _checkpoint("mamba", tmp_path), "-o", out)
+    r = run_cli("export", _checkpoint("inkling_text", tmp_path), "-o", out)
     assert r.code == 2, r.err
-    assert "keeps recurrent_states beside its convolution state" in r.err
+    assert "keeps conv_states beside its keys and values" in r.err
     assert "Traceback" not in r.err
     assert not list(out.parent.iterdir())
 
@@ -148,11 +153,11 @@ def test_mamba2_hybrid_decodes_with_its_recurrent_states(tmp_path):
     """Bamba, a Mamba-2 hybrid of state-space layers (0, 2, 3) and an attention layer (1): a
     state-space layer keeps its convolution's last inputs and its recurrent state,
     ``past.N.conv`` / ``past.N.recurrent`` -> ``present.N.*``; eager scans the prefill in
-    chunks of 4 tokens and decodes in the recurrent form, the graph scans every call as one
-    chunk. Prefill of a left-padded batch and 3 greedy decode steps equal eager within 1e-4;
-    one function per layer kind; a prompt fed in pieces of 5, 4 and 3 tokens equals eager's
-    one prefill of it."""
-    folder, out, model = _hybrid_decoded("bamba", tmp_path)
+    chunks of 4 tokens and decodes in the recurrent form, the graph scans the tokens (an
+    ONNX ``Scan``). Prefill of a left-padded batch and 3 greedy decode steps equal eager
+    within 1e-4; one function per layer kind; a prompt fed in pieces of 5, 4 and 3 tokens
+    equals eager's one prefill of it."""
+    folder, out, model = _hybrid_decoded("bamba", tmp_path, SCANNED)
     conv, recurrent = ["batch_size", "80", "4"], ["batch_size", "4", "16", "8"]
     shapes = {v.name: [str(d) for d in v.shape] for v in model.graph.inputs[3:]}
     assert shapes == {"past.0.conv": conv, "past.0.recurrent": recurrent,
@@ -172,6 +177,64 @@ def test_mamba2_hybrid_decodes_with_its_recurrent_states(tmp_path):
             v.name for v in calls[n].inputs if v is not None}
         assert {f"present.{n}.conv", f"present.{n}.recurrent"} <= {
             v.name for v in calls[n].outputs}
+    assert _prompt_in_pieces(folder, out, (5, 4, 3)) < 1e-4
+
+
+@pytest.mark.slow  # a tiny Qwen3-Next checkpoint, exported, then prefill + 3 decode steps
+def test_gated_delta_net_hybrid_decodes_with_its_recurrent_states(tmp_path):
+    """Qwen3-Next, gated delta net layers (0, 2, 3) around an attention layer (1), MoE in
+    each: a linear-attention layer keeps its convolution's last inputs and its recurrent state
+    ``[batch, value heads, key_dim, value_dim]``, ``past.N.conv`` / ``past.N.recurrent`` ->
+    ``present.N.*``; the graph scans the tokens (an ONNX ``Scan``) where eager scans a prefill
+    in chunks of 64 and decodes in the recurrent form. Prefill of a left-padded batch and 3
+    greedy decode steps equal eager within 1e-4; one function per layer kind; a prompt fed in
+    pieces (5, 4, 3 tokens; 70 then 1: eager's prefill two chunks) equals eager's one prefill."""
+    folder, out, model = _hybrid_decoded("qwen3_next", tmp_path, SCANNED)
+    conv, recurrent = ["batch_size", "64", "4"], ["batch_size", "4", "8", "8"]
+    shapes = {v.name: [str(d) for d in v.shape] for v in model.graph.inputs[3:]}
+    assert shapes == {"past.0.conv": conv, "past.0.recurrent": recurrent,
+                      "past_key_values.1.key": ["batch_size", "2", "past_sequence_length", "8"],
+                      "past_key_values.1.value": ["batch_size", "2", "past_sequence_length",
+                                                  "8"],
+                      "past.2.conv": conv, "past.2.recurrent": recurrent,
+                      "past.3.conv": conv, "past.3.recurrent": recurrent}, shapes
+    calls = [n for n in model.graph if n.op_type.startswith("Qwen3NextDecoderLayer")]
+    kinds = [(c.domain, c.op_type, c.overload) for c in calls]
+    assert kinds[0] == kinds[2] == kinds[3] != kinds[1], kinds
+    for n in (0, 2, 3):  # a linear-attention layer's call: its states in, updated ones out
+        assert {f"past.{n}.conv", f"past.{n}.recurrent"} <= {
+            v.name for v in calls[n].inputs if v is not None}
+        assert {f"present.{n}.conv", f"present.{n}.recurrent"} <= {
+            v.name for v in calls[n].outputs}
+    assert any(n.op_type == "Scan" for f in model.functions.values() for n in f)
+    assert _prompt_in_pieces(folder, out, (5, 4, 3)) < 1e-4
+    assert _prompt_in_pieces(folder, out, (70, 1)) < 1e-4
+
+
+@pytest.mark.slow  # a tiny checkpoint, exported, then prefill + 3 decode steps
+@pytest.mark.parametrize("family, attention", [("jamba", (1,)), ("mamba", ())])
+def test_mamba1_layers_decode_with_their_recurrent_states(family, attention, tmp_path):
+    """Mamba (1) layers (Jamba's around an attention layer; Mamba's alone, reading the mask
+    of the new tokens): each keeps its convolution's last inputs and its recurrent state
+    ``[batch, channels, state]``, ``past.N.conv`` / ``past.N.recurrent`` -> ``present.N.*``,
+    the graph scanning the tokens (an ONNX ``Scan``) where eager loops over them and decodes
+    in the recurrent form. Prefill of a left-padded batch and 3 greedy decode steps equal
+    eager within 1e-4; each layer's call takes its states; a prompt fed in pieces equals
+    eager's one prefill (transformers restarts the state at a multi-token call, the graph
+    continues it)."""
+    folder, out, model = _hybrid_decoded(family, tmp_path, SCANNED)
+    conv, recurrent = ["batch_size", "64", "4"], ["batch_size", "64", "8"]
+    kv = ["batch_size", "2", "past_sequence_length", "8"]
+    shapes = {v.name: [str(d) for d in v.shape] for v in model.graph.inputs[3:]}
+    assert shapes == {name: shape for n in range(4) for name, shape in (
+        {f"past_key_values.{n}.key": kv, f"past_key_values.{n}.value": kv} if n in attention
+        else {f"past.{n}.conv": conv, f"past.{n}.recurrent": recurrent}).items()}, shapes
+    for n in set(range(4)) - set(attention):  # one call of a layer function: states in, out
+        assert any({f"past.{n}.conv", f"past.{n}.recurrent"} <= {
+            v.name for v in call.inputs if v is not None} and {
+            f"present.{n}.conv", f"present.{n}.recurrent"} <= {v.name for v in call.outputs}
+            for call in model.graph if call.domain.startswith("pkg.")), n
+    assert any(n.op_type == "Scan" for f in model.functions.values() for n in f)
     assert _prompt_in_pieces(folder, out, (5, 4, 3)) < 1e-4
 
 
@@ -241,16 +304,18 @@ def _decoded(model_type: str, tmp_path: Path) -> tuple[Path, ir.Model]:
     return folder, model
 
 
-def _hybrid_decoded(family: str, tmp_path: Path) -> tuple[Path, Path, ir.Model]:
+def _hybrid_decoded(family: str, tmp_path: Path, traced: str = "2 of 4 layers traced"
+                    ) -> tuple[Path, Path, ir.Model]:
     """The tiny checkpoint of ``family`` (tests/checkpoints.py: two layer kinds, the first
-    two layers traced) exported with --cache kv: the prefill and 3 greedy decode steps equal
-    eager within 1e-4, the full checker passes; (folder, model path, model)."""
+    two layers traced, or as ``traced`` says) exported with --cache kv: the prefill and 3
+    greedy decode steps equal eager within 1e-4, the full checker passes; (folder, model
+    path, model)."""
     folder = checkpoints.write(family, tmp_path / "checkpoint")
     out = tmp_path / "out" / "model.onnx"
     out.parent.mkdir()
     progress = Recorder()
     model = _exported_hybrid(folder, out, progress)
-    assert "2 of 4 layers traced" in progress.text, progress.text
+    assert traced in progress.text, progress.text
     errors = decode_and_compare(folder, out)
     assert len(errors) == 1 + DECODE_STEPS and max(errors) < 1e-4, errors
     onnx.checker.check_model(str(out), full_check=True)

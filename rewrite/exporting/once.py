@@ -529,10 +529,11 @@ def check_bodies(model: "torch.nn.Module", layers: "torch.nn.ModuleList",
     import torch
 
     bodies = _bodies(program)
-    held = [name for name, body in bodies.items()
-            if any(True for _ in body.graph.find_nodes(op="get_attr"))]
+    held = [(name, "subgraphs (a scan's body)" if isinstance(
+                getattr(body, node.target, None), torch.fx.GraphModule) else "tensor constants")
+            for name, body in bodies.items() for node in body.graph.find_nodes(op="get_attr")]
     if held:
-        return f"a traced layer holds tensor constants of its own ({held[0]})"
+        return f"a traced layer holds {held[0][1]} of its own ({held[0][0]})"
     if kwargs is not None:
         return _check_program(model, program, example, kwargs)
     example = _randomized(example)

@@ -16,9 +16,12 @@ onnxruntime-genai use::
 (the ONNX model's dimension names; ``total_sequence_length`` is the past and the new tokens).
 A hybrid's short-convolution layer (LFM2) keeps no keys and values but its convolution's last
 inputs: ``past.N.conv`` / ``present.N.conv [batch_size, channels, kernel width]`` (zeros
-before the first token), the names onnxruntime-genai uses; a Mamba-2 layer (Bamba,
-GraniteMoE-Hybrid...) its recurrent state beside it, ``past.N.recurrent`` /
-``present.N.recurrent [batch_size, heads, head_dim, state]`` (zeros before the first token).
+before the first token), the names onnxruntime-genai uses; a state-space or gated delta
+layer (Mamba-2: Bamba, GraniteMoE-Hybrid...; Mamba, Jamba; Qwen3-Next, Qwen3.5...) its
+recurrent state beside it, ``past.N.recurrent`` / ``present.N.recurrent`` (Mamba-2's
+``[batch_size, heads, head_dim, state]``, Mamba's ``[batch_size, channels, state]``, a gated
+delta net's ``[batch_size, value heads, key_dim, value_dim]``; zeros before the first
+token).
 
 ``position_ids`` count from 0 in every model, as onnxruntime-genai feeds them (from the
 attention mask). A family that numbers its positions from elsewhere has the offset added
@@ -45,7 +48,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 from attrs import frozen
 
 from rewrite.errors import InputError, first_line, library_call
-from rewrite.exporting.checkpoint.scans import one_chunk_scans, scan_modules
+from rewrite.exporting.checkpoint.scans import scan_modules, traced_scans
 
 if TYPE_CHECKING:
     import torch
@@ -86,7 +89,8 @@ class LayerCache:
     instead of keys and values by a hybrid's convolution layer (LFM2)."""
     recurrent: tuple[int, ...] | None = None
     """A recurrent state's shape without its batch, kept beside the convolution state by a
-    state-space layer (Mamba-2's ``[batch, heads, head_dim, state]``), or None."""
+    state-space or gated delta layer (Mamba-2's ``[batch, heads, head_dim, state]``), or
+    None."""
     kv: bool = True
     """Whether the layer keeps keys and values (a hybrid's convolution layer does not)."""
     indexer: int | None = None
@@ -170,7 +174,7 @@ def layers_of(name: str, cache: Any, scans: bool = False) -> tuple[LayerCache, .
     """The shapes of the filled ``cache`` that ``name``'s forward returned, per layer (a
     layer holding nothing has none); :class:`InputError` for a layer holding a state other
     than keys and values or a convolution layer's (with its recurrent state if ``scans``:
-    the model's scan is Mamba-2's, :mod:`~rewrite.exporting.checkpoint.scans`), or a cache
+    the model scans as :mod:`~rewrite.exporting.checkpoint.scans` traces), or a cache
     holding nothing."""
     import torch
 
@@ -179,7 +183,7 @@ def layers_of(name: str, cache: Any, scans: bool = False) -> tuple[LayerCache, .
         keys, values = getattr(layer, "keys", None), getattr(layer, "values", None)
         kv = (isinstance(keys, torch.Tensor) and isinstance(values, torch.Tensor)
               and keys.dim() == 4 and values.dim() == 4)
-        # beside keys and values: carried with a Mamba-2 scan's recurrent state only
+        # beside keys and values: carried with a traced scan's recurrent state only
         conv = conv_state(layer) if not kv or scans else None
         recurrent = None if conv is None or not scans else recurrent_state(layer)
         conv = None if kv and recurrent is None else conv
@@ -200,8 +204,9 @@ def layers_of(name: str, cache: Any, scans: bool = False) -> tuple[LayerCache, .
                 f"{name}: layer {n}'s cache ({type(layer).__name__}) keeps {', '.join(beside)} "
                 f"beside its {'keys and values' if kv else 'convolution state'}: --cache kv "
                 "carries keys and values, or a convolution layer's state (with a recurrent "
-                "state where the model scans as Mamba-2 does: mamba2_chunk_scan; use --cache "
-                "none for the prefill)")
+                "state where the model scans with transformers' mamba2_chunk_scan, "
+                "mamba_selective_scan or a gated delta rule; use --cache none for the "
+                "prefill)")
         shape = (keys.shape[1], keys.shape[3], values.shape[1], values.shape[3]) if kv \
             else (0, 0, 0, 0)
         layers.append(LayerCache(
@@ -242,7 +247,7 @@ def conv_state(layer: Any) -> "torch.Tensor | None":
 
 
 def recurrent_state(layer: Any) -> "torch.Tensor | None":
-    """The one recurrent state of a transformers linear-attention cache layer (a Mamba-2
+    """The one recurrent state of a transformers linear-attention cache layer (e.g. a Mamba-2
     layer's ``[batch, heads, head_dim, state]``), or None: it keeps none (LFM2's short
     convolutions) or several."""
     import torch
@@ -307,16 +312,16 @@ def layer_state(layer: Any) -> tuple["torch.Tensor", ...]:
 
 
 def own_forward(model: "torch.nn.Module", ids: "torch.Tensor", total: int, cache: Any,
-                situation: str, positions: bool = False) -> Any:
+                situation: str, positions: bool = False, new_only: bool = False) -> Any:
     """The class's forward as a user calls it: ``ids`` after ``total - len(ids)`` cached
-    tokens, all attended, no positions given (``positions``: the documented ones, as the
-    model numbers them), ``cache`` (None: no cache). The model's own failure is an
-    :class:`InputError` naming ``situation`` (the error rule:
-    :func:`~rewrite.errors.library_call`)."""
+    tokens, all attended (``new_only``: the mask of ``ids`` alone, :func:`new_tokens_mask`),
+    no positions given (``positions``: the documented ones, as the model numbers them),
+    ``cache`` (None: no cache). The model's own failure is an :class:`InputError` naming
+    ``situation`` (the error rule: :func:`~rewrite.errors.library_call`)."""
     import torch
 
-    keywords: dict[str, Any] = {"input_ids": ids,
-                                "attention_mask": torch.ones(1, total, dtype=torch.long)}
+    mask = torch.ones(1, ids.shape[1] if new_only else total, dtype=torch.long)
+    keywords: dict[str, Any] = {"input_ids": ids, "attention_mask": mask}
     if positions:
         keywords["position_ids"] = model_positions(
             model, torch.arange(total - ids.shape[1], total)[None])
@@ -430,10 +435,23 @@ def decode_forward(self: "torch.nn.Module", input_ids: "torch.Tensor",
         out = cls_forward(self, input_ids=input_ids, attention_mask=attention_mask,
                           position_ids=position_ids, use_cache=False)
         return (out.logits,)
+    if new_tokens_mask(past_key_values):
+        attention_mask = attention_mask[:, -input_ids.shape[1]:]
     cache = filled_cache(self, past_key_values)
     out = cls_forward(self, input_ids=input_ids, attention_mask=attention_mask,
                       position_ids=position_ids, use_cache=True, **{cache_keyword(self): cache})
     return out.logits, [layer_state(layer) for layer in cache.layers]
+
+
+def new_tokens_mask(past: "list | tuple[LayerCache, ...]") -> bool:
+    """Whether a model of the cache ``past`` (tensors per layer, or its layout) reads its
+    ``attention_mask`` as the new tokens' alone: one that never attends (Mamba, Falcon-Mamba:
+    the mask only zeroes padded tokens' inputs, and transformers' ``generate`` gives it none
+    after the prompt). The graph takes the documented mask of every token and keeps its last
+    ``sequence_length`` columns."""
+    return bool(past) and not any(
+        layer.kv if isinstance(layer, LayerCache) else layer and layer[0].dim() == 4
+        for layer in past)
 
 
 def cache_holding(pairs: "Iterable[tuple[torch.Tensor, torch.Tensor]]") -> Any:
@@ -472,11 +490,11 @@ def cache_keyword(model: "torch.nn.Module") -> str:
 
 @contextlib.contextmanager
 def calling(model: "torch.nn.Module", call: Call) -> Iterator["torch.nn.Module"]:
-    """``model`` with ``call``'s forward as its forward while the block runs (and its
-    Mamba-2 scans on whole chunks: :func:`~rewrite.exporting.checkpoint.scans.one_chunk_scans`)."""
+    """``model`` with ``call``'s forward as its forward while the block runs (and its scans
+    as torch.export traces them: :func:`~rewrite.exporting.checkpoint.scans.traced_scans`)."""
     model.forward = types.MethodType(call.forward, model)
     try:
-        with one_chunk_scans(model):
+        with traced_scans(model):
             yield model
     finally:
         del model.forward

@@ -21,6 +21,7 @@ from rewrite.exporting.checkpoint.cache import (
     layer_state,
     model_cache,
     model_call,
+    new_tokens_mask,
     own_forward,
 )
 from rewrite.exporting.verify import Check, Step, as_numpy, tolerances
@@ -45,7 +46,8 @@ def causal_lm_check(model: "torch.nn.Module", layout: tuple[LayerCache, ...] | N
     # Bamba's family numbers a call's positions from 0 when given none, each decode step
     # too (transformers 5.24): given the documented ones, as onnxruntime is
     positions = any(layer.recurrent for layer in layout or ())
-    logits, prefill_cache = _own_call(model, ids, PROMPT, cache, positions)
+    new_only = new_tokens_mask(layout or ())
+    logits, prefill_cache = _own_call(model, ids, PROMPT, cache, positions, new_only)
     feeds = _feeds(ids, PROMPT)
     expected = {"logits": logits}
     if layout is None:
@@ -55,7 +57,8 @@ def causal_lm_check(model: "torch.nn.Module", layout: tuple[LayerCache, ...] | N
         feeds.update(zip(layer.names(n), map(as_numpy, layer.past(1, 0, model.dtype))))
     expected.update(_presents(prefill_cache, PROMPT, layout))
     token = torch.from_numpy(logits[:, -1:]).argmax(-1)
-    logits_next, decode_cache = _own_call(model, token, PROMPT + 1, cache, positions)
+    logits_next, decode_cache = _own_call(model, token, PROMPT + 1, cache, positions,
+                                          new_only)
     carried = {past: present for n, layer in enumerate(layout)
                for past, present in zip(layer.names(n), layer.names(n, present=True))}
     steps = (Step(feeds, expected, name="prefill"),
@@ -131,13 +134,13 @@ def encoder_check(model: "torch.nn.Module", call: Call) -> Check | None:
 
 
 def _own_call(model: "torch.nn.Module", ids: "torch.Tensor", total: int, cache: Any,
-              positions: bool = False) -> tuple[Any, Any]:
+              positions: bool = False, new_only: bool = False) -> tuple[Any, Any]:
     """The eager reference: the model's own call (:func:`own_forward`, ``positions`` given
-    or not); (logits, cache)."""
+    or not, the mask of every token or ``new_only``); (logits, cache)."""
     step = "a decode step" if cache is not None and total > ids.shape[1] else "a prefill"
     out = own_forward(model, ids, total, cache,
                       f"{step} of {ids.shape[1]} token(s), the eager reference the written "
-                      "model is checked against", positions)
+                      "model is checked against", positions, new_only)
     return as_numpy(out.logits), _snapshot(cache)
 
 
