@@ -13,12 +13,14 @@ output are those of the whole-model trace.
 
 A kind is the layer's class, the names, shapes and dtypes of its weights, the settings of
 its modules (their plain attributes: a sliding or a full attention, dense or MoE; the layer's
-index aside) and the non-tensor arguments of its call. The export is checked after: every
-layer is run through its kind's traced body on the cached inputs of a one-token forward, and
-must give what the layer gives (a layer whose code reads its index or other state per layer
-would not). Where the model cannot be cut this way (no list of decoder layers, a cache other
-than transformers' ``DynamicCache``, a failure of the cut trace, a layer its body does not
-reproduce), :func:`traced_once` says why in one line and traces the whole model.
+index aside) and the non-tensor arguments of its call. The export is checked after
+(:func:`check_bodies`): the program is run against the model on one row of its example
+inputs, and must give what the model gives (a layer whose code reads its index or other
+state per layer would not); a fixed cache's program at its twin's sizes
+(:mod:`rewrite.exporting.twin`). Where the model cannot be cut this way (no list of decoder
+layers, a cache other than transformers' ``DynamicCache``, a failure of the cut trace, a
+layer its body does not reproduce), :func:`traced_once` says why in one line and traces the
+whole model.
 """
 
 from __future__ import annotations
@@ -570,8 +572,9 @@ def check_bodies(model: "torch.nn.Module", layers: "torch.nn.ModuleList",
     bodies hold no tensor constants of their own (the reader inlines nodes, not module
     attributes); the model whose layers go through their traced bodies gives what the
     model gives, eagerly on ``example`` (a checkpoint's export's example inputs, one row,
-    the cache made random; two runs: a static export's example is a whole chunk, 128
-    tokens; a module's: the program as it is, on ``example`` and ``kwargs`` as given).
+    the cache made random: two runs; a fixed cache's export checks its twin's program
+    instead, :mod:`rewrite.exporting.twin`; a module's: the program as it is, on
+    ``example`` and ``kwargs`` as given).
     Where it does not, the verdict is the layer by layer one: the model whose layers go
     through their functions gives what the model gives, and each layer's kind's body gives
     what its function gives (one run more, to say which layer). A program to which layers
