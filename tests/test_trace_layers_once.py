@@ -116,6 +116,14 @@ def test_added_layers_wired_wrong_are_caught_and_the_model_traced_whole(tmp_path
     """A mutant that feeds every added layer what its kind's traced call is fed (the
     output of the layer before that one, not of its own previous layer): the program run
     against the model disagrees, the model is traced whole, said, and written right."""
+    wire_added_layers_stale(monkeypatch)
+    text = _exported_equal_to_eager(tmp_path)
+    assert "torch.export traces every layer: the program of the first layers, extended, " \
+           "does not give the model's outputs" in text, text
+
+
+def wire_added_layers_stale(monkeypatch) -> None:
+    """The mutant: every added layer fed what its kind's traced call is fed."""
     from rewrite._private import torch_repeated_calls
 
     operand = torch_repeated_calls._Builder._operand
@@ -126,9 +134,6 @@ def test_added_layers_wired_wrong_are_caught_and_the_model_traced_whole(tmp_path
         return operand(self, value, layer)
 
     monkeypatch.setattr(torch_repeated_calls._Builder, "_operand", stale)
-    text = _exported_equal_to_eager(tmp_path)
-    assert "torch.export traces every layer: the program of the first layers, extended, " \
-           "does not give the model's outputs" in text, text
 
 
 @pytest.mark.slow

@@ -10,6 +10,7 @@ survive), then :func:`rewrite.apply` and the ONNX backend, then graph input/outp
 from __future__ import annotations
 
 import contextlib
+import gc
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
@@ -94,8 +95,11 @@ def export_module(model: "torch.nn.Module", args: tuple, kwargs: Mapping[str, An
 
     with early as data:  # the weights in files are written while the graph is made
         ruleset, onnx_model = made(args, ruleset)
-        siblings = [Sibling(made(v.args, ruleset)[1], Path(v.output), v.check)
-                    for v in variants]
+        siblings = []
+        for variant in variants:  # the last model's program and lowering, held in cycles
+            gc.collect()  # (FX graphs), freed first: the next reuses their memory
+            siblings.append(Sibling(made(variant.args, ruleset)[1], Path(variant.output),
+                                    variant.check))
         if out is not None:
             files = beside(onnx_model) if beside is not None else Beside()
             with progress.step(f"writing {out}"):

@@ -13,12 +13,14 @@ output are those of the whole-model trace.
 
 A kind is the layer's class, the names, shapes and dtypes of its weights, the settings of
 its modules (their plain attributes: a sliding or a full attention, dense or MoE; the layer's
-index aside) and the non-tensor arguments of its call. The export is checked after: every
-layer is run through its kind's traced body on the cached inputs of a one-token forward, and
-must give what the layer gives (a layer whose code reads its index or other state per layer
-would not). Where the model cannot be cut this way (no list of decoder layers, a cache other
-than transformers' ``DynamicCache``, a failure of the cut trace, a layer its body does not
-reproduce), :func:`traced_once` says why in one line and traces the whole model.
+index aside) and the non-tensor arguments of its call. The export is checked after
+(:func:`check_bodies`): the program is run against the model on one row of its example
+inputs, and must give what the model gives (a layer whose code reads its index or other
+state per layer would not); a fixed cache's program at its twin's sizes
+(:mod:`rewrite.exporting.twin`). Where the model cannot be cut this way (no list of decoder
+layers, a cache other than transformers' ``DynamicCache``, a failure of the cut trace, a
+layer its body does not reproduce), :func:`traced_once` says why in one line and traces the
+whole model.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from rewrite._private.torch_layer_calls import LayerCalls, available
 from rewrite._private.torch_repeated_calls import Extension, extended
 from rewrite.errors import InputError, LibraryError, first_line, library_call
 from rewrite.exporting.bounds import Bounded
+from rewrite.exporting.twin import Twin, alike
 
 if TYPE_CHECKING:
     import torch
@@ -97,8 +100,8 @@ def _plain(value: Any) -> bool:
 def traced_once(model: "torch.nn.Module", progress: "Progress",
                 export: Callable[..., "torch.export.ExportedProgram"], example: tuple,
                 dynamic_shapes: Any = None, used: list | None = None,
-                kwargs: dict | None = None, layers: "torch.nn.ModuleList | None" = None
-                ) -> "torch.export.ExportedProgram":
+                kwargs: dict | None = None, layers: "torch.nn.ModuleList | None" = None,
+                twin: Twin | None = None) -> "torch.export.ExportedProgram":
     """``export()`` with each distinct decoder layer of ``model`` traced once (``example``
     and ``dynamic_shapes``: the export's example inputs and their dynamic shapes; ``used``
     gets a ``True`` when the program is so made); where the model cannot be cut so, a
@@ -111,7 +114,9 @@ def traced_once(model: "torch.nn.Module", progress: "Progress",
     (``rewrite.export(module)``): its layers are its :func:`repeated_layers`, checked on
     ``example`` and ``kwargs`` as given; without it, a checkpoint's decoder layers, checked
     on a row of ``example`` randomized. ``layers``: the list to cut, when not the model's
-    own (an encoder-decoder's encoder)."""
+    own (an encoder-decoder's encoder). ``twin``: smaller inputs of the same call, at which
+    a program extended from its first layers is checked when its example costs more
+    (:mod:`rewrite.exporting.twin`)."""
     if layers is None:
         layers = decoder_layers(model) if kwargs is None else repeated_layers(model)
     reason = _cannot_cut(model, layers, kwargs is not None)
@@ -119,7 +124,8 @@ def traced_once(model: "torch.nn.Module", progress: "Progress",
         try:
             program, calls, added = _cut_trace(model, layers, export, example,
                                                dynamic_shapes, kwargs is None, progress)
-            reason = check_bodies(model, layers, program, example, kwargs, added > 0)
+            checking = _Checking(model, layers, export, dynamic_shapes)
+            reason, by_twin = checking.verdict(program, example, kwargs, added > 0, twin)
         except Bounded:
             raise
         except (Unavailable, InputError, LibraryError) as e:  # not supported by the cut
@@ -131,7 +137,9 @@ def traced_once(model: "torch.nn.Module", progress: "Progress",
                           f"({_classes(calls.traced)}), {calls.recorded + added} recorded as "
                           "calls of their traces" + (f" ({added} added to the program of "
                                                      f"the first {len(layers) - added})"
-                                                     if added else ""))
+                                                     if added else "")
+                          + ("; checked at its twin's sizes, its program alike" if by_twin
+                             else ""))
             return program
     progress.note(f"torch.export traces every layer: {reason}")
     return export()
@@ -149,9 +157,8 @@ def _cut_trace(model: "torch.nn.Module", layers: "torch.nn.ModuleList",
     if plan is not None:
         calls = LayerCalls()
         try:
-            with cut(layers, calls), plan.cut(model, layers):
-                program = export(args=plan.args, dynamic_shapes=plan.dynamic_shapes)
-            return extended(program, plan.extension(model)), calls, len(layers) - plan.count
+            return _extended(model, layers, export, plan, calls), calls, \
+                len(layers) - plan.count
         except Bounded:
             raise
         except (Unavailable, InputError, LibraryError) as e:
@@ -161,6 +168,52 @@ def _cut_trace(model: "torch.nn.Module", layers: "torch.nn.ModuleList",
     calls = LayerCalls()
     with cut(layers, calls):
         return export(), calls, 0
+
+
+def _extended(model: "torch.nn.Module", layers: "torch.nn.ModuleList",
+              export: Callable[..., "torch.export.ExportedProgram"], plan: "FirstLayers",
+              calls: LayerCalls) -> "torch.export.ExportedProgram":
+    """The program of the model cut as ``plan`` says (its layers' calls traced or recorded
+    by ``calls``), extended to every layer."""
+    with cut(layers, calls), plan.cut(model, layers):
+        program = export(args=plan.args, dynamic_shapes=plan.dynamic_shapes)
+    return extended(program, plan.extension(model))
+
+
+@frozen(eq=False)
+class _Checking:
+    """How a program traced once is checked: :func:`check_bodies` on its example, or on its
+    twin's where the twin stands for it (:mod:`rewrite.exporting.twin`)."""
+
+    model: "torch.nn.Module"
+    layers: "torch.nn.ModuleList"
+    export: Callable[..., "torch.export.ExportedProgram"]
+    dynamic_shapes: Any
+
+    def verdict(self, program: "torch.export.ExportedProgram", example: tuple,
+                kwargs: dict | None, added: bool, twin: Twin | None
+                ) -> tuple[str | None, bool]:
+        """Why ``program`` does not compute the model (None: it does), and whether its twin
+        was checked in its stead."""
+        if twin is not None and added and kwargs is None and twin.stands_for(example):
+            made = self._twin(twin)
+            if made is not None and alike(made, program):
+                return twin.made["reason"], True
+        return check_bodies(self.model, self.layers, program, example, kwargs, added), False
+
+    def _twin(self, twin: Twin) -> "torch.export.ExportedProgram | None":
+        """The twin's program extended from its first layers, checked (its verdict kept in
+        ``twin.made``), traced once per export; None where it cannot be so made."""
+        if "program" not in twin.made:
+            plan = first_layers(self.model, self.layers, twin.args, self.dynamic_shapes)
+            program = None
+            with contextlib.suppress(Unavailable, InputError, LibraryError):
+                program = None if plan is None else _extended(
+                    self.model, self.layers, self.export, plan, LayerCalls())
+            twin.made["reason"] = None if program is None else check_bodies(
+                self.model, self.layers, program, twin.args, None, True)
+            twin.made["program"] = program
+        return twin.made["program"]
 
 
 @frozen(eq=False)
@@ -519,8 +572,9 @@ def check_bodies(model: "torch.nn.Module", layers: "torch.nn.ModuleList",
     bodies hold no tensor constants of their own (the reader inlines nodes, not module
     attributes); the model whose layers go through their traced bodies gives what the
     model gives, eagerly on ``example`` (a checkpoint's export's example inputs, one row,
-    the cache made random; two runs: a static export's example is a whole chunk, 128
-    tokens; a module's: the program as it is, on ``example`` and ``kwargs`` as given).
+    the cache made random: two runs; a fixed cache's export checks its twin's program
+    instead, :mod:`rewrite.exporting.twin`; a module's: the program as it is, on
+    ``example`` and ``kwargs`` as given).
     Where it does not, the verdict is the layer by layer one: the model whose layers go
     through their functions gives what the model gives, and each layer's kind's body gives
     what its function gives (one run more, to say which layer). A program to which layers

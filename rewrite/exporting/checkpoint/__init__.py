@@ -47,6 +47,7 @@ from rewrite.exporting.checkpoint.fixed_cache import (
     check_chunks,
     chunk_lengths,
     fixed_cache_call,
+    fixed_cache_twin,
 )
 from rewrite.exporting.checkpoint.encoders import encoder_call, takes_text
 from rewrite.exporting.checkpoint.seq2seq import (
@@ -73,6 +74,7 @@ if TYPE_CHECKING:
 
     from rewrite.backends.onnx import OnnxOptions, Progress
     from rewrite.exporting.int4 import Int4Export
+    from rewrite.exporting.twin import Twin
     from rewrite.exporting.verify import Check
 
 
@@ -127,24 +129,26 @@ def export_checkpoint(folder: str | Path, *, rules: RuleSet | str | Path | None,
                      progress=progress, options=options, inputs=inputs,
                      axis_names=call.axis_names, check=check, beside=published,
                      finish=None if int4 is None else int4.finish, variants=variants)
+    twin = fixed_cache_twin(model, layout, context, first) if kind == "static" else None
     with calling(model, call), grouped_query_attention():
-        exported = _traced(export, model, progress, trace == "layers")
+        exported = _traced(export, model, progress, trace == "layers", twin)
     if output is not None:
         progress.note(genai.note(Path(output)))
     return exported
 
 
 def _traced(export: Callable[..., "ir.Model"], model: "torch.nn.Module",
-            progress: "Progress", layers: bool) -> "ir.Model":
+            progress: "Progress", layers: bool, twin: "Twin | None" = None) -> "ir.Model":
     """``export(trace=...)``: each distinct layer traced once when ``layers``
-    (:func:`traced_once`); a model so made that disagrees with eager when checked before
+    (:func:`traced_once`; checked at ``twin``'s sizes where it stands for the export's); a
+    model so made that disagrees with eager when checked before
     publishing (nothing was written) is exported again with every layer traced, said in one
     line (the check runs the model's own code: what the per-layer check did not see)."""
     if not layers:
         return export()
     cut: list[bool] = []
     try:
-        return export(trace=partial(traced_once, model, progress, used=cut))
+        return export(trace=partial(traced_once, model, progress, used=cut, twin=twin))
     except VerificationError as e:
         if not cut:
             raise

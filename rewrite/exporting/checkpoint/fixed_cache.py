@@ -28,6 +28,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Mapping
 
 from rewrite.errors import InputError
+from rewrite.exporting.twin import SLOTS, TOKENS, Twin
 from rewrite.exporting.checkpoint.cache import (
     EXAMPLE_BATCH,
     EXAMPLE_SEQUENCE,
@@ -174,6 +175,18 @@ def fixed_cache_call(model: "torch.nn.Module", layout: tuple[LayerCache, ...],
                  *[f"past_key_values.{e}" for e in entries]),
                 ("logits", *[f"present.{e}" for e in entries]), tuple(names), fixed_forward,
                 position_offset(model))
+
+
+def fixed_cache_twin(model: "torch.nn.Module", layout: tuple[LayerCache, ...], context: int,
+                     static: Mapping[str, Any]) -> Twin:
+    """The fixed-cache call's :class:`~rewrite.exporting.twin.Twin`: over
+    :data:`~rewrite.exporting.twin.SLOTS` slots (at most ``context``), one row of
+    :data:`~rewrite.exporting.twin.TOKENS` tokens where ``static`` fixes batch and chunk (a
+    dynamic size as the export's example has it)."""
+    slots = min(context, SLOTS)
+    sizes = {"batch": 1, "seq": min(TOKENS, slots)}
+    return Twin(fixed_cache_call(model, layout, slots,
+                                 {k: v for k, v in sizes.items() if k in static}).args)
 
 
 def fixed_forward(self: "torch.nn.Module", input_ids: "torch.Tensor",
