@@ -93,9 +93,11 @@ def test_a_weight_wired_to_another_call_fails_the_check(tmp_path, monkeypatch):
 def test_a_wrong_layout_fails_the_check(tmp_path, monkeypatch, symmetric):
     original = _blockwise._packed
 
-    def transposed(values, like):  # the mutant: square weights written [N, K]
-        square = values.shape[0] == values.shape[1]
-        return original(values.T if square else values, like)
+    def transposed(rows, pairs, like):  # the mutant: square weights written [N, K]
+        if rows.shape[0] == rows.shape[1]:
+            rows = rows.T.contiguous()
+            pairs = _blockwise._row_pairs(rows)
+        return original(rows, pairs, like)
 
     monkeypatch.setattr(_blockwise, "_packed", transposed)
     assert "differs by up to" in str(_export_fails(tmp_path, symmetric=symmetric))

@@ -165,7 +165,7 @@ class Int4Export:
             loose = make()
         if strict is None or loose is None:
             return "not verified against eager"
-        session = open_session(path)
+        session = open_session(path, int4=True)
         if isinstance(session, str):
             return session
         memo: dict = {}  # the first step, fed alike, is run once for both
