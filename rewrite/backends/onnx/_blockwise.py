@@ -301,10 +301,19 @@ class Kept:
     def weight(self, key: str, layout: str, block: int) -> "torch.Tensor":
         """The float32 weight ``key``'s ``DequantizeLinear`` computes, in its source's
         layout (``"NK"``: the rows; ``"KN"``: transposed, a view)."""
+        import torch
+
         pairs, rows, scale, zero_point = self._parts[key]
+        back = torch.empty(rows, pairs.shape[1])
+        step = max(2, CHUNK // max(pairs.shape[1], 1) // 2 * 2)  # an even count of rows
         with one_thread():
-            q = _unpair(pairs, rows, signed=zero_point is None)
-            back = dequantize_rows(q, scale, zero_point, block)
+            for start in range(0, rows, step):  # a chunk of rows at a time, cache-hot
+                stop = min(start + step, rows)
+                q = _unpair(pairs[start // 2:(stop + 1) // 2], stop - start,
+                            signed=zero_point is None)
+                back[start:stop] = dequantize_rows(
+                    q, scale[start:stop],
+                    None if zero_point is None else zero_point[start:stop], block)
         return back if layout == "NK" else back.T
 
 

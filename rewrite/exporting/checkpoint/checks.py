@@ -31,10 +31,11 @@ if TYPE_CHECKING:
 PROMPT = 5
 
 
-def causal_lm_check(model: "torch.nn.Module", layout: tuple[LayerCache, ...] | None
-                    ) -> Check | None:
-    """A prefill of :data:`PROMPT` tokens, then (with a cache: ``layout``) one decode step;
-    None for a bfloat16 model (numpy, which onnxruntime is fed from, has no bfloat16)."""
+def causal_lm_check(model: "torch.nn.Module", layout: tuple[LayerCache, ...] | None,
+                    decode: bool = True) -> Check | None:
+    """A prefill of :data:`PROMPT` tokens, then (with a cache: ``layout``; ``decode``) one
+    decode step; None for a bfloat16 model (numpy, which onnxruntime is fed from, has no
+    bfloat16)."""
     import torch
 
     if model.dtype == torch.bfloat16:
@@ -54,6 +55,9 @@ def causal_lm_check(model: "torch.nn.Module", layout: tuple[LayerCache, ...] | N
     for n, layer in enumerate(layout):
         feeds.update(zip(layer.names(n), map(as_numpy, layer.past(1, 0, model.dtype))))
     expected.update(_presents(prefill_cache, PROMPT, layout))
+    if not decode:
+        return Check((Step(feeds, expected, name="prefill"),), *tolerances(model.dtype),
+                     what=f"prefill of {PROMPT} tokens")
     token = torch.from_numpy(logits[:, -1:]).argmax(-1)
     logits_next, decode_cache = _own_call(model, token, PROMPT + 1, cache, positions)
     carried = {past: present for n, layer in enumerate(layout)
@@ -67,11 +71,12 @@ def causal_lm_check(model: "torch.nn.Module", layout: tuple[LayerCache, ...] | N
 
 
 def fixed_cache_check(model: "torch.nn.Module", layout: tuple[LayerCache, ...],
-                      context: int, static: Mapping[str, int]) -> Check | None:
+                      context: int, static: Mapping[str, int], decode: bool = True
+                      ) -> Check | None:
     """The fixed cache's prefill of :data:`PROMPT` tokens (or what the context holds) and
-    one decode step, against the model's own call: the logits (the buffers' other slots are
-    zeros, not the eager cache's). With ``static`` shapes: one chunk of exactly ``seq``
-    tokens in ``batch`` equal rows."""
+    (``decode``) one decode step, against the model's own call: the logits (the buffers'
+    other slots are zeros, not the eager cache's). With ``static`` shapes: one chunk of
+    exactly ``seq`` tokens in ``batch`` equal rows."""
     import torch
 
     if model.dtype == torch.bfloat16:
@@ -83,7 +88,7 @@ def fixed_cache_check(model: "torch.nn.Module", layout: tuple[LayerCache, ...],
     cache = model_cache(model)
     logits, _ = _own_call(model, ids, prompt, cache)
     runs = [(ids, prompt, logits)]
-    if "seq" not in static:
+    if "seq" not in static and decode:
         token = torch.from_numpy(logits[:, -1:]).argmax(-1)
         runs.append((token, prompt + 1, _own_call(model, token, prompt + 1, cache)[0]))
     steps = [_fixed_step(n, tokens, total, expected, layout, context, batch, model.dtype)
