@@ -237,7 +237,8 @@ def _packed(rows: "torch.Tensor", pairs: "torch.Tensor", like: ir.LazyTensor
     written transposed, ``[K, N]``, packed two to a byte in row-major order, the first in
     the low nibble (ONNX's packing): for an even N, the pairs of rows transposed."""
     data = pairs.T.contiguous() if rows.shape[0] % 2 == 0 else _pack(rows.T)
-    return ir.PackedTensor(data.numpy(), like.dtype, shape=like.shape, name=like.name)
+    return ir.PackedTensor(data.numpy().reshape(-1), like.dtype, shape=like.shape,
+                           name=like.name)
 
 
 def _row_pairs(rows: "torch.Tensor") -> "torch.Tensor":
