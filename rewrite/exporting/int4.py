@@ -159,11 +159,11 @@ class Int4Export:
 
         assert self.quantized is not None, "checked before it was quantized"
         with swapped(self.model, *self._weights(quantized=True)):
-            strict = make()
+            strict = _taking(make, one_pass=True)()
         if self.kept is not None:
             self.kept.clear()  # before onnxruntime loads the model (a new export refills it)
         with swapped(self.model, *self._weights(quantized=False)):
-            loose = _first_step(make)()
+            loose = _taking(make, decode=False)()
         if strict is None or loose is None:
             return "not verified against eager"
         session = open_session(path, int4=True)
@@ -203,12 +203,14 @@ class Int4Export:
         return linear, tables
 
 
-def _first_step(make: "Callable[..., Check | None]") -> "Callable[[], Check | None]":
-    """``make`` computing its first step only where it can (a ``decode`` parameter): the
-    error against float32 is reported on the first step; an eager run saved."""
-    if "decode" in inspect.signature(make).parameters:
-        return partial(make, decode=False)
-    return make
+def _taking(make: "Callable[..., Check | None]", **flags: bool
+            ) -> "Callable[[], Check | None]":
+    """``make`` given those of ``flags`` it takes: the quantized weights' reference from one
+    eager pass (``one_pass``), the float weights' of the first step only (``decode=False``:
+    the error against float32 is reported on the prefill). Each eager pass converts or
+    dequantizes every weight."""
+    taken = inspect.signature(make).parameters
+    return partial(make, **{name: value for name, value in flags.items() if name in taken})
 
 
 def _float32(source: "torch.Tensor", name: str) -> "ir.LazyTensor":
