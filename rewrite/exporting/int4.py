@@ -17,10 +17,13 @@ weight at a time as it is written, checked against eager on the same weights.
   weights, quantized and dequantized as its ``DequantizeLinear`` computes them (the
   quantized weights kept when written: :class:`~rewrite.backends.onnx.quantize.Kept`),
   with float32's tight tolerance; a wrong layout or a weight wired to the wrong call is a
-  mismatch. The eager weights are swapped in module by module while it runs (forward
-  hooks: one float32 weight at a time). The error against eager float32 is measured on the
-  same file (its first step, the prefill: one onnxruntime run for both) and reported, not
-  checked.
+  mismatch; the eager reference from one call where it can
+  (:func:`~rewrite.exporting.checkpoint.checks.causal_lm_check`'s ``one_pass``), onnxruntime
+  with the ``MatMulNBits`` fusion in float32 (:func:`~rewrite.exporting.verify.open_session`).
+  The eager weights are swapped in module by module while it runs (forward hooks: one
+  float32 weight at a time). The error against eager float32 is measured on the same file
+  (its first step, the prefill: one eager run, one onnxruntime run for both) and reported,
+  not checked.
 """
 
 from __future__ import annotations

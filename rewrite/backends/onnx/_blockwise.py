@@ -13,17 +13,19 @@ The numbers are onnxruntime's (``MlasQuantizeBlockwise``, what the model builder
 the same magnitude, the negative); asymmetric, the range ``[min(w, 0), max(w, 0)]`` over 15
 levels, the zero point rounded. One difference: values are divided by the scale and rounded
 half to even, where MLAS multiplies by the reciprocal and rounds half away from zero (on a
-random bf16 weight of 16.7M values, 25,757 differ by one step). Computed with torch,
-vectorized, in float32 whatever the weight's dtype (a bfloat16 weight is read as it is
-mapped).
+random bf16 weight of 16.7M values, 25,757 differ by one step). Computed with torch on one
+thread, in float32 whatever the weight's dtype (a bfloat16 weight is read as it is mapped),
+:data:`CHUNK` values at a time (each chunk converted, reduced, divided and rounded while it
+is in the processor's cache); pairs of rows are packed to bytes, then transposed once to the
+file's ``[K, N]`` layout (:func:`_row_pairs`, :func:`_packed`).
 
 Each part is an :class:`onnx_ir.LazyTensor`: the source is read and quantized when the
 first part is written (``q`` and the zero points packed two to a byte), and dropped once
 every part has been read, so that writing a model holds one weight at a time
 (:class:`Blockwise`). :func:`fake_quantized` is the weight the written model computes with
 (its ``DequantizeLinear``), for an eager reference; :class:`Kept` keeps the quantized
-weights written (packed, in their source's layout) for one, so that they are not computed
-twice.
+weights written (their pairs of rows packed, in their source's layout) for one, so that they
+are not computed twice.
 """
 
 from __future__ import annotations
