@@ -32,6 +32,7 @@ def test_half_checkpoint_to_int4_equals_eager_on_the_same_weights(family, dtype,
     r = run_cli("export", folder, "-o", out, "--cache", "kv", "--precision", "int4")
     assert r.code == 0, r
     assert "on the same int4 weights dequantized" in r.err, r.err
+    assert "and one decode step, from one eager call" in r.err  # one dequantizing pass
     assert "int4 against eager float32 (prefill): max |difference|" in r.err
     onnx.checker.check_model(onnx.load(str(out)), full_check=True)
     packed = [t for t in onnx.load(str(out), load_external_data=False).graph.initializer
