@@ -32,6 +32,7 @@ def test_half_checkpoint_to_int4_equals_eager_on_the_same_weights(family, dtype,
     r = run_cli("export", folder, "-o", out, "--cache", "kv", "--precision", "int4")
     assert r.code == 0, r
     assert "on the same int4 weights dequantized" in r.err, r.err
+    assert "and one decode step, from one eager call" in r.err  # one dequantizing pass
     assert "int4 against eager float32 (prefill): max |difference|" in r.err
     onnx.checker.check_model(onnx.load(str(out)), full_check=True)
     packed = [t for t in onnx.load(str(out), load_external_data=False).graph.initializer
@@ -93,9 +94,11 @@ def test_a_weight_wired_to_another_call_fails_the_check(tmp_path, monkeypatch):
 def test_a_wrong_layout_fails_the_check(tmp_path, monkeypatch, symmetric):
     original = _blockwise._packed
 
-    def transposed(values, like):  # the mutant: square weights written [N, K]
-        square = values.shape[0] == values.shape[1]
-        return original(values.T if square else values, like)
+    def transposed(rows, pairs, like):  # the mutant: square weights written [N, K]
+        if rows.shape[0] == rows.shape[1]:
+            rows = rows.T.contiguous()
+            pairs = _blockwise._row_pairs(rows)
+        return original(rows, pairs, like)
 
     monkeypatch.setattr(_blockwise, "_packed", transposed)
     assert "differs by up to" in str(_export_fails(tmp_path, symmetric=symmetric))

@@ -160,6 +160,31 @@ def test_blockwise_round_to_nearest_with_a_short_last_block(symmetric):
     assert q.min() >= (-8 if symmetric else 0) and q.max() <= (7 if symmetric else 15)
 
 
+@pytest.mark.parametrize("symmetric", [True, False])
+@pytest.mark.parametrize("shape", [(7, 100), (6, 64), (1, 5)], ids=["odd", "even", "one"])
+def test_blockwise_chunks_and_packing_do_not_change_the_weights(shape, symmetric,
+                                                                monkeypatch):
+    from rewrite.backends.onnx import _blockwise
+
+    torch.manual_seed(0)
+    weight = torch.randn(shape, dtype=torch.bfloat16)  # [N, K], a Linear's
+    whole = _blockwise.quantize_rows(weight, 32, symmetric)
+    monkeypatch.setattr(_blockwise, "CHUNK", 64)  # a row or two at a time
+    q, scale, zero_point = _blockwise.quantize_rows(weight, 32, symmetric)
+    assert torch.equal(q, whole[0]) and torch.equal(scale, whole[1])
+    assert zero_point is None if symmetric else torch.equal(zero_point, whole[2])
+    written = _blockwise._packed(q, _blockwise._row_pairs(q), ir.LazyTensor(
+        lambda: None, ir.DataType.INT4 if symmetric else ir.DataType.UINT4,
+        ir.Shape(shape[::-1])))  # [K, N], ONNX's packing: read back by onnx_ir
+    assert np.array_equal(written.numpy().astype(np.int16), q.T.numpy().astype(np.int16))
+    back = np.asarray(dequantize(q.T.numpy(), scale.T.numpy(), None if symmetric
+                                 else zero_point.T.numpy(), 32))
+    kept = _blockwise.Kept()
+    kept.put("w", _blockwise._row_pairs(q), shape[0], scale, zero_point)
+    assert np.array_equal(kept.weight("w", "NK", 32).numpy(), back.T)
+    assert np.array_equal(kept.weight("w", "KN", 32).numpy(), back)
+
+
 def test_fp16_builds_the_model_in_that_dtype(tmp_path):
     folder = checkpoints.write("llama", tmp_path / "ckpt")
     model = rewrite.export(folder, output=tmp_path / "fp16.onnx", precision="fp16")

@@ -17,15 +17,19 @@ weight at a time as it is written, checked against eager on the same weights.
   weights, quantized and dequantized as its ``DequantizeLinear`` computes them (the
   quantized weights kept when written: :class:`~rewrite.backends.onnx.quantize.Kept`),
   with float32's tight tolerance; a wrong layout or a weight wired to the wrong call is a
-  mismatch. The eager weights are swapped in module by module while it runs (forward
-  hooks: one float32 weight at a time). The error against eager float32 is measured on the
-  same file (its first step, the prefill: one onnxruntime run for both) and reported, not
-  checked.
+  mismatch; the eager reference from one call where it can
+  (:func:`~rewrite.exporting.checkpoint.checks.causal_lm_check`'s ``one_pass``), onnxruntime
+  with the ``MatMulNBits`` fusion in float32 (:func:`~rewrite.exporting.verify.open_session`).
+  The eager weights are swapped in module by module while it runs (forward hooks: one
+  float32 weight at a time). The error against eager float32 is measured on the same file
+  (its first step, the prefill: one eager run, one onnxruntime run for both) and reported,
+  not checked.
 """
 
 from __future__ import annotations
 
 import contextlib
+import inspect
 import mmap
 from functools import partial
 from pathlib import Path
@@ -158,14 +162,14 @@ class Int4Export:
 
         assert self.quantized is not None, "checked before it was quantized"
         with swapped(self.model, *self._weights(quantized=True)):
-            strict = make()
+            strict = _taking(make, one_pass=True)()
         if self.kept is not None:
             self.kept.clear()  # before onnxruntime loads the model (a new export refills it)
         with swapped(self.model, *self._weights(quantized=False)):
-            loose = make()
+            loose = _taking(make, decode=False)()
         if strict is None or loose is None:
             return "not verified against eager"
-        session = open_session(path)
+        session = open_session(path, int4=True)
         if isinstance(session, str):
             return session
         memo: dict = {}  # the first step, fed alike, is run once for both
@@ -200,6 +204,16 @@ class Int4Export:
                     fake_quantized, self.model.get_parameter(name) if source is None
                     else source, layout, self.block, self.symmetric)
         return linear, tables
+
+
+def _taking(make: "Callable[..., Check | None]", **flags: bool
+            ) -> "Callable[[], Check | None]":
+    """``make`` given those of ``flags`` it takes: the quantized weights' reference from one
+    eager pass (``one_pass``), the float weights' of the first step only (``decode=False``:
+    the error against float32 is reported on the prefill). Each eager pass converts or
+    dequantizes every weight."""
+    taken = inspect.signature(make).parameters
+    return partial(make, **{name: value for name, value in flags.items() if name in taken})
 
 
 def _float32(source: "torch.Tensor", name: str) -> "ir.LazyTensor":

@@ -101,17 +101,24 @@ class Check:
         return worst, relative
 
 
-def open_session(model_path: Path) -> Any:
+def open_session(model_path: Path, int4: bool = False) -> Any:
     """An onnxruntime session of the file, unoptimized (what the file says), or a note
-    saying why there is none."""
+    saying why there is none. ``int4``: optimized instead, each ``DequantizeLinear`` +
+    ``MatMul`` fused into one ``MatMulNBits`` computing in float32 (accuracy level 0: the
+    file's numbers to float32's rounding), which dequantizes each weight once, not at
+    every run (a 1.24B model's two runs: 9.5 s instead of 20 s)."""
     try:
         import onnxruntime as ort
     except ImportError:
         return ("not verified against eager: onnxruntime is not installed "
                 "(pip install onnxruntime)")
     options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    options.add_session_config_entry("session.disable_prepacking", "1")
+    if int4:
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+        options.add_session_config_entry("session.qdq_matmulnbits_accuracy_level", "0")
+    else:
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        options.add_session_config_entry("session.disable_prepacking", "1")
     try:
         return ort.InferenceSession(str(model_path), options,
                                     providers=["CPUExecutionProvider"])

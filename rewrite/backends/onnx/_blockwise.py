@@ -13,22 +13,25 @@ The numbers are onnxruntime's (``MlasQuantizeBlockwise``, what the model builder
 the same magnitude, the negative); asymmetric, the range ``[min(w, 0), max(w, 0)]`` over 15
 levels, the zero point rounded. One difference: values are divided by the scale and rounded
 half to even, where MLAS multiplies by the reciprocal and rounds half away from zero (on a
-random bf16 weight of 16.7M values, 25,757 differ by one step). Computed with torch,
-vectorized, in float32 whatever the weight's dtype (a bfloat16 weight is read as it is
-mapped).
+random bf16 weight of 16.7M values, 25,757 differ by one step). Computed with torch on one
+thread, in float32 whatever the weight's dtype (a bfloat16 weight is read as it is mapped),
+:data:`CHUNK` values at a time (each chunk converted, reduced, divided and rounded while it
+is in the processor's cache); pairs of rows are packed to bytes, then transposed once to the
+file's ``[K, N]`` layout (:func:`_row_pairs`, :func:`_packed`).
 
 Each part is an :class:`onnx_ir.LazyTensor`: the source is read and quantized when the
 first part is written (``q`` and the zero points packed two to a byte), and dropped once
 every part has been read, so that writing a model holds one weight at a time
 (:class:`Blockwise`). :func:`fake_quantized` is the weight the written model computes with
 (its ``DequantizeLinear``), for an eager reference; :class:`Kept` keeps the quantized
-weights written (packed, in their source's layout) for one, so that they are not computed
-twice.
+weights written (their pairs of rows packed, in their source's layout) for one, so that they
+are not computed twice.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable
+import contextlib
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import numpy as np
 import onnx_ir as ir
@@ -65,7 +68,8 @@ class Blockwise:
 
     def _read(self, part: str) -> ir.TensorProtocol:
         if self._parts is None:
-            self._parts = self._quantize()
+            with one_thread():
+                self._parts = self._quantize()
             self._unread = set(self._parts)
         tensor = self._parts[part]
         self._unread.discard(part)
@@ -74,16 +78,22 @@ class Blockwise:
         return tensor
 
     def _quantize(self) -> dict[str, ir.TensorProtocol]:
-        q, scale, zero_point = _in_slices(self._source(), self._transposed, self.block,
-                                          self.symmetric)
+        import torch
+
+        source = self._source()
+        source = source.detach() if isinstance(source, torch.Tensor) else as_float32(source)
+        q, scale, zero_point = quantize_rows(source if self._transposed else source.T,
+                                             self.block, self.symmetric)
+        pairs = _row_pairs(q)
         if self._kept is not None:
-            self._kept[0].put(self._kept[1], q, scale, zero_point)
+            self._kept[0].put(self._kept[1], pairs, q.shape[0], scale, zero_point)
         parts: dict[str, ir.TensorProtocol] = {
-            "q": _packed(q.T, self.q),
+            "q": _packed(q, pairs, self.q),
             "scale": ir.Tensor(_as(scale.T.contiguous().numpy(), self._scale_dtype),
                                dtype=self._scale_dtype, name=self.scale.name)}
         if zero_point is not None and self.zero_point is not None:
-            parts["zero_point"] = _packed(zero_point.T, self.zero_point)
+            parts["zero_point"] = _packed(zero_point, _row_pairs(zero_point),
+                                          self.zero_point)
         return parts
 
 
@@ -97,55 +107,85 @@ def as_float32(weight: Any) -> "torch.Tensor":
     return weight.detach().to(torch.float32)
 
 
-SLICE = 1 << 24
-"""Values quantized at a time: a large weight (a vocabulary's head) is quantized a slice of
-rows at a time, so that its float32 copies are of the slice."""
-
-
-def _in_slices(source: Any, transposed: bool, block: int, symmetric: bool
-               ) -> tuple["torch.Tensor", "torch.Tensor", "torch.Tensor | None"]:
-    """:func:`quantize_rows` of the weight as stored (``[N, K]`` when ``transposed``, else
-    ``[K, N]``), :data:`SLICE` values at a time."""
-    import torch
-
-    n, k = source.shape if transposed else source.shape[::-1]
-    step = max(1, SLICE // max(k, 1))
-    parts = []
-    for start in range(0, n, step):
-        part = source[start:start + step] if transposed else source[:, start:start + step].T
-        parts.append(quantize_rows(as_float32(part).contiguous(), block, symmetric))
-    if len(parts) == 1:
-        return parts[0]
-    q, scale, zero_point = zip(*parts)
-    return (torch.cat(q), torch.cat(scale),
-            None if zero_point[0] is None else torch.cat(zero_point))
+CHUNK = 1 << 18
+"""Values quantized at a time: each chunk of rows is converted to float32 and quantized in
+place while it is in the processor's cache; only the 4-bit results are kept."""
 
 
 def quantize_rows(rows: "torch.Tensor", block: int, symmetric: bool
                   ) -> tuple["torch.Tensor", "torch.Tensor", "torch.Tensor | None"]:
-    """``rows`` ``[N, K]`` float32, blocks along K (the last dimension) -> (q ``[N, K]``:
-    int8 in [-8, 7] or uint8 in [0, 15], scale ``[N, ceil(K/block)]`` float32, zero point
-    (uint8, None when symmetric))."""
+    """``rows`` ``[N, K]`` (any floating dtype, any strides, never modified), blocks along
+    K (the last dimension) -> (q ``[N, K]``: int8 in [-8, 7] or uint8 in [0, 15], scale
+    ``[N, ceil(K/block)]`` float32, zero point (uint8, None when symmetric));
+    :data:`CHUNK` values at a time."""
     import torch
 
     n, k = rows.shape
     blocks = -(-k // block)
-    if blocks * block != k:
-        rows = torch.nn.functional.pad(rows, (0, blocks * block - k))
-    grouped = rows.reshape(n, blocks, block)
-    if symmetric:
-        high, low = grouped.amax(2), grouped.amin(2)
+    q = torch.empty(n, k, dtype=torch.int8 if symmetric else torch.uint8)
+    scale = torch.empty(n, blocks)
+    zero_point = None if symmetric else torch.empty(n, blocks, dtype=torch.uint8)
+    step = max(1, CHUNK // (blocks * block))
+    buffer = torch.zeros(min(step, max(n, 1)), blocks * block)
+    with one_thread():
+        _quantize_chunks(rows, q, scale, zero_point, buffer, block)
+    return q, scale, zero_point
+
+
+def _quantize_chunks(rows: "torch.Tensor", q: "torch.Tensor", scale: "torch.Tensor",
+                     zero_point: "torch.Tensor | None", buffer: "torch.Tensor", block: int
+                     ) -> None:
+    """:func:`quantize_rows`' loop: ``buffer``'s rows at a time into ``q``, ``scale`` and
+    ``zero_point``."""
+    n, k = rows.shape
+    step, width = buffer.shape
+    blocks = width // block
+    for start in range(0, n, step):
+        count = min(step, n - start)
+        part = buffer[:count]
+        part[:, :k].copy_(rows[start:start + count])
+        if blocks * block != k:
+            part[:, k:].zero_()  # the last block as if padded with zeros
+        grouped = part.view(count, blocks, block)
+        scale[start:start + count] = _quantize_in_place(
+            grouped, None if zero_point is None else zero_point[start:start + count])
+        q[start:start + count] = part[:, :k]
+
+
+@contextlib.contextmanager
+def one_thread() -> Iterator[None]:
+    """torch on one thread while the block runs: chunks of a cache's size are too small to
+    share between threads (on a loaded machine 2 threads took 3-5x 1 thread's time)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _quantize_in_place(grouped: "torch.Tensor", zero_point: "torch.Tensor | None"
+                       ) -> "torch.Tensor":
+    """``grouped`` ``[rows, blocks, block]`` float32 replaced by its 4-bit values (as
+    floats); its scales returned, its zero points written to ``zero_point`` (asymmetric)."""
+    import torch
+
+    low, high = torch.aminmax(grouped, dim=2)
+    if zero_point is None:
         scale = torch.where(high > -low, high, low).div_(-8.0)
         scale.masked_fill_(scale == 0, 1.0)
-        q = (grouped / scale[..., None]).round_().clamp_(-8, 7).to(torch.int8)
-        return q.view(n, -1)[:, :k], scale, None
-    low = torch.clamp(grouped.amin(2), max=0.0)
-    high = torch.clamp(grouped.amax(2), min=0.0)
-    scale = (high - low) / 15.0
-    scale = torch.where(scale == 0, 1.0, scale)
-    zero_point = torch.clamp(torch.round(-low / scale), 0, 15)
-    q = torch.clamp(torch.round(grouped / scale[..., None]) + zero_point[..., None], 0, 15)
-    return q.to(torch.uint8).view(n, -1)[:, :k], scale, zero_point.to(torch.uint8)
+        grouped.div_(scale[..., None]).round_().clamp_(-8, 7)
+        return scale
+    low.clamp_(max=0.0)
+    high.clamp_(min=0.0)
+    scale = (high - low).div_(15.0)
+    scale.masked_fill_(scale == 0, 1.0)
+    zeros = low.neg_().div_(scale).round_().clamp_(0, 15)
+    grouped.div_(scale[..., None]).round_().add_(zeros[..., None]).clamp_(0, 15)
+    zero_point.copy_(zeros)
+    return scale
 
 
 def dequantize_rows(q: "torch.Tensor", scale: "torch.Tensor",
@@ -193,12 +233,26 @@ def dequantize(q: np.ndarray, scale: np.ndarray, zero_point: np.ndarray | None,
     return (q.astype(np.float32) - zero) * scale_k
 
 
-def _packed(values: "torch.Tensor", like: ir.LazyTensor) -> ir.PackedTensor:
-    """4-bit ``values`` (int8 or uint8, any layout) packed two to a byte in row-major
-    order, the first in the low nibble (ONNX's packing)."""
-
-    return ir.PackedTensor(_pack(values).numpy(), like.dtype, shape=like.shape,
+def _packed(rows: "torch.Tensor", pairs: "torch.Tensor", like: ir.LazyTensor
+            ) -> ir.PackedTensor:
+    """4-bit ``rows`` ``[N, K]`` (int8 or uint8; ``pairs``: :func:`_row_pairs` of them)
+    written transposed, ``[K, N]``, packed two to a byte in row-major order, the first in
+    the low nibble (ONNX's packing): for an even N, the pairs of rows transposed."""
+    data = pairs.T.contiguous() if rows.shape[0] % 2 == 0 else _pack(rows.T)
+    return ir.PackedTensor(data.numpy().reshape(-1), like.dtype, shape=like.shape,
                            name=like.name)
+
+
+def _row_pairs(rows: "torch.Tensor") -> "torch.Tensor":
+    """4-bit ``rows`` ``[N, K]`` (int8 or uint8) packed two rows to a row of bytes: row
+    ``2i`` in the low nibbles of row ``i``, row ``2i + 1`` in the high ones (a zero row
+    added to an odd N): uint8 ``[ceil(N / 2), K]``."""
+    import torch
+
+    if rows.shape[0] % 2:
+        rows = torch.nn.functional.pad(rows, (0, 0, 0, 1))
+    pairs = rows.view(torch.int8).view(-1, 2, rows.shape[1])
+    return ((pairs[:, 0] & 0xF) | (pairs[:, 1] << 4)).view(torch.uint8)
 
 
 def _pack(values: "torch.Tensor") -> "torch.Tensor":
@@ -212,29 +266,26 @@ def _pack(values: "torch.Tensor") -> "torch.Tensor":
     return ((flat[0::2] & 0xF) | (flat[1::2] << 4)).view(torch.uint8)
 
 
-def _unpack(packed: "torch.Tensor", shape: tuple[int, int], signed: bool) -> "torch.Tensor":
-    """:func:`_pack`'s inverse, as float32 values of ``shape`` (a table of each byte's two
-    values, gathered a slice of bytes at a time)."""
+def _unpair(pairs: "torch.Tensor", rows: int, signed: bool) -> "torch.Tensor":
+    """:func:`_row_pairs`' inverse: the first ``rows`` rows as float32 values (int4 when
+    ``signed``, else uint4)."""
     import torch
 
-    codes = torch.arange(256)
-    pairs = torch.stack([codes & 0xF, codes >> 4], dim=-1)
+    half, k = pairs.shape
+    values = torch.empty(half, 2, k)
     if signed:
-        pairs = pairs - ((pairs & 0x8) << 1)
-    table = pairs.to(torch.float32)
-    count = shape[0] * shape[1]
-    values = torch.empty(2 * len(packed), dtype=torch.float32)
-    step = 1 << 22
-    for start in range(0, len(packed), step):
-        chunk = packed[start:start + step].to(torch.int32)
-        values[2 * start:2 * (start + len(chunk))] = \
-            torch.nn.functional.embedding(chunk, table).view(-1)
-    return values[:count].view(shape)
+        codes = pairs.view(torch.int8)
+        values[:, 0] = (codes << 4) >> 4
+        values[:, 1] = codes >> 4
+    else:
+        values[:, 0] = pairs & 0xF
+        values[:, 1] = pairs >> 4
+    return values.view(2 * half, k)[:rows]
 
 
 class Kept:
-    """Quantized weights kept (rows packed two to a byte, scales, zero points) under a key,
-    for :meth:`weight`: 0.6 bytes per value."""
+    """Quantized weights kept (pairs of rows packed to bytes, scales, zero points) under a
+    key, for :meth:`weight`: 0.6 bytes per value."""
 
     def __init__(self) -> None:
         self._parts: dict[str, tuple] = {}
@@ -245,19 +296,28 @@ class Kept:
     def clear(self) -> None:
         self._parts.clear()
 
-    def put(self, key: str, q: "torch.Tensor", scale: "torch.Tensor",
+    def put(self, key: str, pairs: "torch.Tensor", rows: int, scale: "torch.Tensor",
             zero_point: "torch.Tensor | None") -> None:
-        self._parts[key] = (_pack(q), tuple(q.shape), scale, zero_point, q.dtype)
+        """``pairs``: :func:`_row_pairs` of the ``rows`` rows of q (``[N, K]``)."""
+        self._parts[key] = (pairs, rows, scale, zero_point)
 
     def weight(self, key: str, layout: str, block: int) -> "torch.Tensor":
         """The float32 weight ``key``'s ``DequantizeLinear`` computes, in its source's
-        layout (``"NK"``: the rows; ``"KN"``: transposed)."""
+        layout (``"NK"``: the rows; ``"KN"``: transposed, a view)."""
         import torch
 
-        packed, shape, scale, zero_point, dtype = self._parts[key]
-        q = _unpack(packed, shape, signed=dtype == torch.int8)
-        back = dequantize_rows(q, scale, zero_point, block)
-        return back if layout == "NK" else back.T.contiguous()
+        pairs, rows, scale, zero_point = self._parts[key]
+        back = torch.empty(rows, pairs.shape[1])
+        step = max(2, CHUNK // max(pairs.shape[1], 1) // 2 * 2)  # an even count of rows
+        with one_thread():
+            for start in range(0, rows, step):  # a chunk of rows at a time, cache-hot
+                stop = min(start + step, rows)
+                q = _unpair(pairs[start // 2:(stop + 1) // 2], stop - start,
+                            signed=zero_point is None)
+                back[start:stop] = dequantize_rows(
+                    q, scale[start:stop],
+                    None if zero_point is None else zero_point[start:stop], block)
+        return back if layout == "NK" else back.T
 
 
 def _as(array: np.ndarray, dtype: ir.DataType) -> np.ndarray:

@@ -106,14 +106,16 @@ def export_checkpoint(folder: str | Path, *, rules: RuleSet | str | Path | None,
         check_output_path(path, inputs)
     ruleset = _rules(checkpoint, rules, progress)
     verifying = verify and output is not None
+    kind = cache or ("kv" if causal else "none")
     with progress.step(f"loading {checkpoint.path}"), exclusive():
         model = load_model(checkpoint, cls, precision.dtype())
+        # on the weights as loaded: int4's shell reads no weight cheaply (zero pages)
+        layout = cache_layout(model) if causal and kind in ("kv", "static") else None
         int4 = precision.start(model, progress.note, verifying)
     if pair:
         return _export_pair(model, checkpoint, ruleset, output, progress, options,
                             verifying, int4, trace == "layers")
-    kind = cache or ("kv" if causal else "none")
-    call, make, layout = _call_and_check(model, causal, kind, context, first, verifying)
+    call, make = _call_and_check(model, causal, kind, layout, context, first, verifying)
     check = checked(int4, make)
     variants = [_variant(model, layout, context, one, Path(output), verifying, int4)
                 for one in more if layout is not None and output is not None]
@@ -275,23 +277,23 @@ def _variant(model: "torch.nn.Module", layout: tuple[LayerCache, ...], context: 
     return Variant(call.args, sibling_path(output, static["seq"]), check)
 
 
-def _call_and_check(model: "torch.nn.Module", causal: bool, cache: str, context: int | None,
+def _call_and_check(model: "torch.nn.Module", causal: bool, cache: str,
+                    layout: "tuple[LayerCache, ...] | None", context: int | None,
                     static: dict[str, Any], verify: bool
-                    ) -> tuple[Call, "Callable[[], Check | None] | None",
-                               "tuple[LayerCache, ...] | None"]:
-    """How ``model`` is called while exporting, how to compute what the written model must
-    reproduce (None: not checked) and the model's own cache layout (None: no cache)."""
+                    ) -> tuple[Call, "Callable[[], Check | None] | None"]:
+    """How ``model`` is called while exporting and how to compute what the written model
+    must reproduce (None: not checked); ``layout``: the model's own cache layout
+    (:func:`cache_layout`; None: no cache)."""
     if not causal:
         call = encoder_call(model)
-        return call, partial(encoder_check, model, call) if verify else None, None
+        return call, partial(encoder_check, model, call) if verify else None
     if cache == "static":
-        layout = cache_layout(model)
+        assert layout is not None
         call = fixed_cache_call(model, layout, context, static)
         return (call, partial(fixed_cache_check, model, layout, context, static)
-                if verify else None, layout)
-    layout = cache_layout(model) if cache == "kv" else None
+                if verify else None)
     return (causal_lm_call(model, layout),
-            partial(causal_lm_check, model, layout) if verify else None, layout)
+            partial(causal_lm_check, model, layout) if verify else None)
 
 
 def _check_kind(checkpoint: Checkpoint, cls: type, cache: str | None) -> bool:

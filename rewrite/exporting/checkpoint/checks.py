@@ -32,16 +32,22 @@ if TYPE_CHECKING:
 PROMPT = 5
 
 
-def causal_lm_check(model: "torch.nn.Module", layout: tuple[LayerCache, ...] | None
-                    ) -> Check | None:
-    """A prefill of :data:`PROMPT` tokens, then (with a cache: ``layout``) one decode step;
-    None for a bfloat16 model (numpy, which onnxruntime is fed from, has no bfloat16)."""
+def causal_lm_check(model: "torch.nn.Module", layout: tuple[LayerCache, ...] | None,
+                    decode: bool = True, one_pass: bool = False) -> Check | None:
+    """A prefill of :data:`PROMPT` tokens, then (with a cache: ``layout``; ``decode``) one
+    decode step; None for a bfloat16 model (numpy, which onnxruntime is fed from, has no
+    bfloat16). ``one_pass``: both from one eager call where every layer keeps keys and
+    values only (:func:`_one_pass_check`)."""
     import torch
 
     if model.dtype == torch.bfloat16:
         return None
     vocab = model.config.get_text_config(decoder=True).vocab_size
     ids = torch.randint(0, vocab, (1, PROMPT), generator=torch.Generator().manual_seed(0))
+    if one_pass and decode and layout and all(
+            layer.kv and not (layer.conv or layer.recurrent or layer.indexer)
+            for layer in layout):
+        return _one_pass_check(model, layout, ids, vocab)
     cache = model_cache(model) if layout is not None else None
     # Bamba's family numbers a call's positions from 0 when given none, each decode step
     # too (transformers 5.24): given the documented ones, as onnxruntime is
@@ -56,6 +62,9 @@ def causal_lm_check(model: "torch.nn.Module", layout: tuple[LayerCache, ...] | N
     for n, layer in enumerate(layout):
         feeds.update(zip(layer.names(n), map(as_numpy, layer.past(1, 0, model.dtype))))
     expected.update(_presents(prefill_cache, PROMPT, layout))
+    if not decode:
+        return Check((Step(feeds, expected, name="prefill"),), *tolerances(model.dtype),
+                     what=f"prefill of {PROMPT} tokens")
     token = torch.from_numpy(logits[:, -1:]).argmax(-1)
     logits_next, decode_cache = _own_call(model, token, PROMPT + 1, cache, positions,
                                           new_only)
@@ -69,12 +78,39 @@ def causal_lm_check(model: "torch.nn.Module", layout: tuple[LayerCache, ...] | N
                  what=f"prefill of {PROMPT} tokens and one decode step")
 
 
+def _one_pass_check(model: "torch.nn.Module", layout: tuple[LayerCache, ...],
+                    ids: "torch.Tensor", vocab: int) -> Check:
+    """:func:`causal_lm_check`'s prefill and decode step from one eager call of
+    :data:`PROMPT` + 1 tokens: a causal model's first :data:`PROMPT` rows and cache positions
+    are its prefill's (the decode step's token is drawn, not the prefill's greedy choice).
+    One eager pass over the weights instead of two: an int4 reference dequantizes each."""
+    import torch
+
+    token = torch.randint(0, vocab, (1, 1), generator=torch.Generator().manual_seed(1))
+    logits, cache = _own_call(model, torch.cat([ids, token], 1), PROMPT + 1,
+                              model_cache(model))
+    whole = _presents(cache, PROMPT + 1, layout)
+    feeds = _feeds(ids, PROMPT)
+    for n, layer in enumerate(layout):
+        feeds.update(zip(layer.names(n), map(as_numpy, layer.past(1, 0, model.dtype))))
+    carried = {past: present for n, layer in enumerate(layout)
+               for past, present in zip(layer.names(n), layer.names(n, present=True))}
+    prefill = {"logits": logits[:, :PROMPT],
+               **{name: value[:, :, :PROMPT] for name, value in whole.items()}}
+    steps = (Step(feeds, prefill, name="prefill"),
+             Step(_feeds(token, PROMPT + 1), {"logits": logits[:, PROMPT:], **whole},
+                  carried, name="decode step"))
+    return Check(steps, *tolerances(model.dtype),
+                 what=f"prefill of {PROMPT} tokens and one decode step, from one eager call")
+
+
 def fixed_cache_check(model: "torch.nn.Module", layout: tuple[LayerCache, ...],
-                      context: int, static: Mapping[str, int]) -> Check | None:
+                      context: int, static: Mapping[str, int], decode: bool = True
+                      ) -> Check | None:
     """The fixed cache's prefill of :data:`PROMPT` tokens (or what the context holds) and
-    one decode step, against the model's own call: the logits (the buffers' other slots are
-    zeros, not the eager cache's). With ``static`` shapes: one chunk of exactly ``seq``
-    tokens in ``batch`` equal rows."""
+    (``decode``) one decode step, against the model's own call: the logits (the buffers'
+    other slots are zeros, not the eager cache's). With ``static`` shapes: one chunk of
+    exactly ``seq`` tokens in ``batch`` equal rows."""
     import torch
 
     if model.dtype == torch.bfloat16:
@@ -86,7 +122,7 @@ def fixed_cache_check(model: "torch.nn.Module", layout: tuple[LayerCache, ...],
     cache = model_cache(model)
     logits, _ = _own_call(model, ids, prompt, cache)
     runs = [(ids, prompt, logits)]
-    if "seq" not in static:
+    if "seq" not in static and decode:
         token = torch.from_numpy(logits[:, -1:]).argmax(-1)
         runs.append((token, prompt + 1, _own_call(model, token, prompt + 1, cache)[0]))
     steps = [_fixed_step(n, tokens, total, expected, layout, context, batch, model.dtype)
