@@ -158,25 +158,11 @@ def test_mamba2_hybrid_decodes_with_its_recurrent_states(tmp_path):
     within 1e-4; one function per layer kind; a prompt fed in pieces of 5, 4 and 3 tokens
     equals eager's one prefill of it."""
     folder, out, model = _hybrid_decoded("bamba", tmp_path, SCANNED)
-    conv, recurrent = ["batch_size", "80", "4"], ["batch_size", "4", "16", "8"]
-    shapes = {v.name: [str(d) for d in v.shape] for v in model.graph.inputs[3:]}
-    assert shapes == {"past.0.conv": conv, "past.0.recurrent": recurrent,
-                      "past_key_values.1.key": ["batch_size", "2", "past_sequence_length", "8"],
-                      "past_key_values.1.value": ["batch_size", "2", "past_sequence_length",
-                                                  "8"],
-                      "past.2.conv": conv, "past.2.recurrent": recurrent,
-                      "past.3.conv": conv, "past.3.recurrent": recurrent}, shapes
+    _three_scanning_layers_around_attention(model, "BambaDecoderLayer", ["batch_size", "80", "4"],
+                                            ["batch_size", "4", "16", "8"])
     assert [v.name for v in model.graph.outputs] == [
         "logits", "present.0.conv", "present.0.recurrent", "present.1.key", "present.1.value",
         "present.2.conv", "present.2.recurrent", "present.3.conv", "present.3.recurrent"]
-    calls = [n for n in model.graph if n.op_type.startswith("BambaDecoderLayer")]
-    kinds = [(c.domain, c.op_type, c.overload) for c in calls]
-    assert kinds[0] == kinds[2] == kinds[3] != kinds[1], kinds
-    for n in (0, 2, 3):  # a state-space layer's call: its states in, the updated ones out
-        assert {f"past.{n}.conv", f"past.{n}.recurrent"} <= {
-            v.name for v in calls[n].inputs if v is not None}
-        assert {f"present.{n}.conv", f"present.{n}.recurrent"} <= {
-            v.name for v in calls[n].outputs}
     assert _prompt_in_pieces(folder, out, (5, 4, 3)) < 1e-4
 
 
@@ -190,22 +176,9 @@ def test_gated_delta_net_hybrid_decodes_with_its_recurrent_states(tmp_path):
     greedy decode steps equal eager within 1e-4; one function per layer kind; a prompt fed in
     pieces (5, 4, 3 tokens; 70 then 1: eager's prefill two chunks) equals eager's one prefill."""
     folder, out, model = _hybrid_decoded("qwen3_next", tmp_path, SCANNED)
-    conv, recurrent = ["batch_size", "64", "4"], ["batch_size", "4", "8", "8"]
-    shapes = {v.name: [str(d) for d in v.shape] for v in model.graph.inputs[3:]}
-    assert shapes == {"past.0.conv": conv, "past.0.recurrent": recurrent,
-                      "past_key_values.1.key": ["batch_size", "2", "past_sequence_length", "8"],
-                      "past_key_values.1.value": ["batch_size", "2", "past_sequence_length",
-                                                  "8"],
-                      "past.2.conv": conv, "past.2.recurrent": recurrent,
-                      "past.3.conv": conv, "past.3.recurrent": recurrent}, shapes
-    calls = [n for n in model.graph if n.op_type.startswith("Qwen3NextDecoderLayer")]
-    kinds = [(c.domain, c.op_type, c.overload) for c in calls]
-    assert kinds[0] == kinds[2] == kinds[3] != kinds[1], kinds
-    for n in (0, 2, 3):  # a linear-attention layer's call: its states in, updated ones out
-        assert {f"past.{n}.conv", f"past.{n}.recurrent"} <= {
-            v.name for v in calls[n].inputs if v is not None}
-        assert {f"present.{n}.conv", f"present.{n}.recurrent"} <= {
-            v.name for v in calls[n].outputs}
+    _three_scanning_layers_around_attention(model, "Qwen3NextDecoderLayer",
+                                            ["batch_size", "64", "4"],
+                                            ["batch_size", "4", "8", "8"])
     assert any(n.op_type == "Scan" for f in model.functions.values() for n in f)
     assert _prompt_in_pieces(folder, out, (5, 4, 3)) < 1e-4
     assert _prompt_in_pieces(folder, out, (70, 1)) < 1e-4
@@ -236,6 +209,28 @@ def test_mamba1_layers_decode_with_their_recurrent_states(family, attention, tmp
             for call in model.graph if call.domain.startswith("pkg.")), n
     assert any(n.op_type == "Scan" for f in model.functions.values() for n in f)
     assert _prompt_in_pieces(folder, out, (5, 4, 3)) < 1e-4
+
+
+def _three_scanning_layers_around_attention(model: ir.Model, layer_class: str, conv: list,
+                                            recurrent: list) -> None:
+    """Layers 0, 2, 3 of ``model`` keep a convolution and a recurrent state of the given
+    shapes (``past.N.*`` in, ``present.N.*`` out of each one's call), layer 1 keys and values;
+    one function per layer kind."""
+    shapes = {v.name: [str(d) for d in v.shape] for v in model.graph.inputs[3:]}
+    assert shapes == {"past.0.conv": conv, "past.0.recurrent": recurrent,
+                      "past_key_values.1.key": ["batch_size", "2", "past_sequence_length", "8"],
+                      "past_key_values.1.value": ["batch_size", "2", "past_sequence_length",
+                                                  "8"],
+                      "past.2.conv": conv, "past.2.recurrent": recurrent,
+                      "past.3.conv": conv, "past.3.recurrent": recurrent}, shapes
+    calls = [n for n in model.graph if n.op_type.startswith(layer_class)]
+    kinds = [(c.domain, c.op_type, c.overload) for c in calls]
+    assert kinds[0] == kinds[2] == kinds[3] != kinds[1], kinds
+    for n in (0, 2, 3):  # a scanning layer's call: its states in, the updated ones out
+        assert {f"past.{n}.conv", f"past.{n}.recurrent"} <= {
+            v.name for v in calls[n].inputs if v is not None}
+        assert {f"present.{n}.conv", f"present.{n}.recurrent"} <= {
+            v.name for v in calls[n].outputs}
 
 
 def _prompt_in_pieces(folder: Path, out: Path, pieces: tuple[int, ...]) -> float:
