@@ -19,8 +19,9 @@ read from its cache (:class:`MixerStates`, a pre-hook on each mixer), zeros befo
 token, so a multi-token call after earlier tokens continues their state, where transformers
 5.24 restarts it.
 
-Mamba-2's scan operands are detached: torch.onnx's type promotion pass reruns the scan, and
-on operands that require gradients (computed from parameters) the scan's autograd form
+Each scan runs along its operands' first axis (torch 2.9's scan stacks its outputs there
+whatever its ``dim``; later releases along ``dim``). Mamba-2's scan operands are detached:
+torch.onnx's type promotion pass reruns the scan, and on operands that require gradients (computed from parameters) the scan's autograd form
 returns a size among its outputs, which it then cannot stack; the other two scans are
 exported as they are (detached, they fail torch.export's shape reasoning; torch 2.13). Each
 step is written with products and sums (a matmul in Mamba's step failed as Mamba-2's).
@@ -127,7 +128,9 @@ def scanned_mamba2(hidden_states: "torch.Tensor", dt: "torch.Tensor", A: "torch.
     state = torch.zeros(batch, heads, head_dim, B.shape[-1]) if initial_states is None \
         else initial_states.float()
     tokens = (torch.exp(A.float() * dt), x * dt[..., None], B, C)
-    state, out = scan(_mamba2_step, state.detach(), tuple(t.detach() for t in tokens), dim=1)
+    state, out = scan(_mamba2_step, state.detach(),
+                      tuple(t.detach().movedim(1, 0) for t in tokens))
+    out = out.movedim(0, 1)
     if D is not None:
         out = out + D[..., None] * x
     return (out, state) if return_final_states else out
@@ -169,8 +172,9 @@ def scanned_gated_delta_rule(
     query = query / query.shape[-1] ** 0.5
     state = torch.zeros(batch, heads, key_dim, value_dim) if initial_state is None \
         else initial_state.to(torch.float32)
-    state, out = scan(_delta_step, state, (query, key, value, g, beta), dim=1)
-    return out.to(dtype), state if output_final_state else None
+    state, out = scan(_delta_step, state,
+                      tuple(x.movedim(1, 0) for x in (query, key, value, g, beta)))
+    return out.movedim(0, 1).to(dtype), state if output_final_state else None
 
 
 def _delta_step(state: "torch.Tensor", token: tuple["torch.Tensor", ...]
