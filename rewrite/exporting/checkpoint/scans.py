@@ -21,10 +21,11 @@ token, so a multi-token call after earlier tokens continues their state, where t
 
 Each scan runs along its operands' first axis (torch 2.9's scan stacks its outputs there
 whatever its ``dim``; later releases along ``dim``). Mamba-2's scan operands are detached:
-torch.onnx's type promotion pass reruns the scan, and on operands that require gradients (computed from parameters) the scan's autograd form
-returns a size among its outputs, which it then cannot stack; the other two scans are
-exported as they are (detached, they fail torch.export's shape reasoning; torch 2.13). Each
-step is written with products and sums (a matmul in Mamba's step failed as Mamba-2's).
+torch.onnx's type promotion pass reruns the scan, and on operands that require gradients
+(computed from parameters) the scan's autograd form returns a size among its outputs, which
+it then cannot stack; the other two scans are exported as they are (detached, they fail
+torch.export's shape reasoning; torch 2.13). Each step is written with products and sums
+(a matmul in Mamba's step failed as Mamba-2's).
 """
 
 from __future__ import annotations
