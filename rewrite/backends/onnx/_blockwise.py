@@ -31,6 +31,9 @@ are not computed twice.
 from __future__ import annotations
 
 import contextlib
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import numpy as np
@@ -56,6 +59,7 @@ class Blockwise:
         self._scale_dtype = scale_dtype
         self._parts: dict[str, ir.TensorProtocol] | None = None
         self._unread: set[str] = set()
+        self._lock = threading.Lock()  # parts may be written by concurrent writers
         q_type = ir.DataType.INT4 if symmetric else ir.DataType.UINT4
         self.q = self._lazy("q", q_type, (k, n), f"{name}_Q4G{block}")
         self.scale = self._lazy("scale", scale_dtype, (blocks, n), f"{name}_scale")
@@ -67,23 +71,24 @@ class Blockwise:
         return ir.LazyTensor(lambda: self._read(part), dtype, ir.Shape(shape), name=name)
 
     def _read(self, part: str) -> ir.TensorProtocol:
-        if self._parts is None:
-            with one_thread():
-                self._parts = self._quantize()
-            self._unread = set(self._parts)
-        tensor = self._parts[part]
-        self._unread.discard(part)
-        if not self._unread:
-            self._parts = None  # every part read: free the weight's memory
-        return tensor
+        with self._lock:
+            if self._parts is None:
+                with one_thread() as workers:
+                    self._parts = self._quantize(workers)
+                self._unread = set(self._parts)
+            tensor = self._parts[part]
+            self._unread.discard(part)
+            if not self._unread:
+                self._parts = None  # every part read: free the weight's memory
+            return tensor
 
-    def _quantize(self) -> dict[str, ir.TensorProtocol]:
+    def _quantize(self, workers: int) -> dict[str, ir.TensorProtocol]:
         import torch
 
         source = self._source()
         source = source.detach() if isinstance(source, torch.Tensor) else as_float32(source)
         q, scale, zero_point = quantize_rows(source if self._transposed else source.T,
-                                             self.block, self.symmetric)
+                                             self.block, self.symmetric, workers=workers)
         pairs = _row_pairs(q)
         if self._kept is not None:
             self._kept[0].put(self._kept[1], pairs, q.shape[0], scale, zero_point)
@@ -112,12 +117,13 @@ CHUNK = 1 << 18
 place while it is in the processor's cache; only the 4-bit results are kept."""
 
 
-def quantize_rows(rows: "torch.Tensor", block: int, symmetric: bool
+def quantize_rows(rows: "torch.Tensor", block: int, symmetric: bool, *,
+                  workers: int | None = None
                   ) -> tuple["torch.Tensor", "torch.Tensor", "torch.Tensor | None"]:
     """``rows`` ``[N, K]`` (any floating dtype, any strides, never modified), blocks along
     K (the last dimension) -> (q ``[N, K]``: int8 in [-8, 7] or uint8 in [0, 15], scale
     ``[N, ceil(K/block)]`` float32, zero point (uint8, None when symmetric));
-    :data:`CHUNK` values at a time."""
+    :data:`CHUNK` values at a time, shared by ``workers`` threads (torch's, by default)."""
     import torch
 
     n, k = rows.shape
@@ -126,44 +132,78 @@ def quantize_rows(rows: "torch.Tensor", block: int, symmetric: bool
     scale = torch.empty(n, blocks)
     zero_point = None if symmetric else torch.empty(n, blocks, dtype=torch.uint8)
     step = max(1, CHUNK // (blocks * block))
-    buffer = torch.zeros(min(step, max(n, 1)), blocks * block)
-    with one_thread():
-        _quantize_chunks(rows, q, scale, zero_point, buffer, block)
+    with one_thread() as threads:
+        spread(n, step, partial(_quantize_chunk, rows, q, scale, zero_point, block),
+               workers or threads)
     return q, scale, zero_point
 
 
-def _quantize_chunks(rows: "torch.Tensor", q: "torch.Tensor", scale: "torch.Tensor",
-                     zero_point: "torch.Tensor | None", buffer: "torch.Tensor", block: int
-                     ) -> None:
-    """:func:`quantize_rows`' loop: ``buffer``'s rows at a time into ``q``, ``scale`` and
-    ``zero_point``."""
-    n, k = rows.shape
-    step, width = buffer.shape
-    blocks = width // block
-    for start in range(0, n, step):
-        count = min(step, n - start)
-        part = buffer[:count]
-        part[:, :k].copy_(rows[start:start + count])
-        if blocks * block != k:
-            part[:, k:].zero_()  # the last block as if padded with zeros
-        grouped = part.view(count, blocks, block)
-        scale[start:start + count] = _quantize_in_place(
-            grouped, None if zero_point is None else zero_point[start:start + count])
-        q[start:start + count] = part[:, :k]
+def _quantize_chunk(rows: "torch.Tensor", q: "torch.Tensor", scale: "torch.Tensor",
+                    zero_point: "torch.Tensor | None", block: int, start: int, stop: int
+                    ) -> None:
+    """:func:`quantize_rows`' rows ``start:stop`` into ``q``, ``scale`` and
+    ``zero_point``, through a float32 copy of a cache's size."""
+    import torch
+
+    k = rows.shape[1]
+    blocks = scale.shape[1]
+    part = torch.empty(stop - start, blocks * block)
+    part[:, :k].copy_(rows[start:stop])
+    if blocks * block != k:
+        part[:, k:].zero_()  # the last block as if padded with zeros
+    scale[start:stop] = _quantize_in_place(
+        part.view(stop - start, blocks, block),
+        None if zero_point is None else zero_point[start:stop])
+    q[start:stop] = part[:, :k]
+
+
+def spread(count: int, step: int, work: Callable[[int, int], None], workers: int) -> None:
+    """``work(start, stop)`` over ``range(count)`` in steps of ``step``, the steps shared
+    by ``workers`` threads (each a torch op at a time on one thread, the GIL released while
+    it runs); ``work`` writes disjoint slices. The first error is raised."""
+    starts = range(0, count, step)
+    workers = max(1, min(workers, len(starts)))
+
+    def run(offset: int) -> None:
+        for start in starts[offset::workers]:
+            work(start, min(start + step, count))
+
+    if workers == 1:
+        run(0)
+        return
+    with ThreadPoolExecutor(workers, thread_name_prefix="rewrite-int4") as pool:
+        for done in [pool.submit(run, offset) for offset in range(workers)]:
+            done.result()
+
+
+_threads_lock = threading.Lock()
+_threads_users = [0, 0]
+"""How many blocks run under :func:`one_thread` (in any thread), and torch's thread count
+before the first of them."""
 
 
 @contextlib.contextmanager
-def one_thread() -> Iterator[None]:
-    """torch on one thread while the block runs: chunks of a cache's size are too small to
-    share between threads (on a loaded machine 2 threads took 3-5x 1 thread's time)."""
+def one_thread() -> Iterator[int]:
+    """torch on one thread per op while the block runs, which gets the count torch had (the
+    workers :func:`spread` shares chunks between): chunks of a cache's size are too small to
+    share between torch's threads (on a loaded machine 2 threads took 3-5x 1 thread's
+    time), not between threads of their own. Blocks may overlap in several threads (weights
+    written concurrently): the count is restored when the last ends."""
     import torch
 
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
+    with _threads_lock:
+        if not _threads_users[0]:
+            _threads_users[1] = torch.get_num_threads()
+            torch.set_num_threads(1)
+        _threads_users[0] += 1
+        threads = _threads_users[1]
     try:
-        yield
+        yield threads
     finally:
-        torch.set_num_threads(threads)
+        with _threads_lock:
+            _threads_users[0] -= 1
+            if not _threads_users[0]:
+                torch.set_num_threads(_threads_users[1])
 
 
 def _quantize_in_place(grouped: "torch.Tensor", zero_point: "torch.Tensor | None"
@@ -309,14 +349,16 @@ class Kept:
         pairs, rows, scale, zero_point = self._parts[key]
         back = torch.empty(rows, pairs.shape[1])
         step = max(2, CHUNK // max(pairs.shape[1], 1) // 2 * 2)  # an even count of rows
-        with one_thread():
-            for start in range(0, rows, step):  # a chunk of rows at a time, cache-hot
-                stop = min(start + step, rows)
-                q = _unpair(pairs[start // 2:(stop + 1) // 2], stop - start,
-                            signed=zero_point is None)
-                back[start:stop] = dequantize_rows(
-                    q, scale[start:stop],
-                    None if zero_point is None else zero_point[start:stop], block)
+
+        def chunk(start: int, stop: int) -> None:  # a chunk of rows at a time, cache-hot
+            q = _unpair(pairs[start // 2:(stop + 1) // 2], stop - start,
+                        signed=zero_point is None)
+            back[start:stop] = dequantize_rows(
+                q, scale[start:stop], None if zero_point is None else zero_point[start:stop],
+                block)
+
+        with one_thread() as threads:
+            spread(rows, step, chunk, threads)
         return back if layout == "NK" else back.T
 
 

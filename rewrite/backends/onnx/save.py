@@ -52,6 +52,12 @@ ALIGNMENT = 65536
 granularity runtimes map with)."""
 MAX_PROTO_BYTES = 2**31 - 2**26
 """What one ONNX file can hold (protobuf's 2 GiB, minus headroom for the graph)."""
+WRITERS = 2
+"""Threads writing the data file (onnx_ir's ``max_workers``): a weight made when written (a
+conversion, int4 blocks) is computed while another is written; the bytes are the same."""
+IN_FLIGHT_BYTES = 256 << 20
+"""What the writers may hold at once besides the largest weight (onnx_ir's
+``max_in_flight_bytes``): the memory of a serial write."""
 
 
 def tensor_bytes(model: ir.Model) -> int:
@@ -262,7 +268,8 @@ def _save_external(model: ir.Model, staged: Path, total: int, chunk: int | None,
     with _weights_by_reference(model, mapped) as copied:
         ir.save(model, staged, external_data=data_path(staged).name,
                 size_threshold_bytes=EXTERNAL_TENSOR_BYTES, max_shard_size_bytes=chunk,
-                alignment=ALIGNMENT, callback=_byte_counter(total, progress))
+                alignment=ALIGNMENT, callback=_byte_counter(total, progress),
+                max_workers=WRITERS, max_in_flight_bytes=IN_FLIGHT_BYTES)
     seconds = time.perf_counter() - start
     return (f"weights: {total / 1e9:.2f} GB in {seconds:.1f}s "
             f"({total / 1e9 / max(seconds, 1e-9):.2f} GB/s); {copied}")
