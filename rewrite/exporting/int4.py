@@ -49,8 +49,9 @@ if TYPE_CHECKING:
     from rewrite.backends.onnx.quantize import Quantized
     from rewrite.exporting.verify import Check
 
-Weights = dict[str, Callable[[], "torch.Tensor"]]
-"""Parameter name -> the float32 value eager uses for it while a reference is computed."""
+Weights = dict[str, Callable[..., "torch.Tensor"]]
+"""Parameter name -> the value eager uses for it while a reference is computed: a linear
+layer's made in float32 into the buffer given (``out``), an embedding's as it is."""
 
 
 def float32_shell(model: "torch.nn.Module") -> dict[str, "torch.Tensor"]:
@@ -192,9 +193,9 @@ class Int4Export:
         written int4 weights dequantized (``quantized``), else the shell's sources in
         float32; an embedding looks its rows up in its source as built (converted after:
         :func:`swapped`)."""
-        from rewrite.backends.onnx.quantize import as_float32, fake_quantized
+        from rewrite.backends.onnx.quantize import fake_quantized
 
-        floats: Weights = {name: partial(as_float32, source)
+        floats: Weights = {name: partial(_converted, source)
                            for name, source in self.sources.items()}
         tables: Weights = {name: partial(_as_is, source) for name, source in self.sources.items()}
         if not quantized or self.quantized is None:
@@ -206,9 +207,9 @@ class Int4Export:
                 linear[name] = partial(self.kept.weight, key, layout, self.block)
             else:
                 source = self.sources.get(name)
-                linear[name] = partial(
+                linear[name] = partial(_converted, partial(
                     fake_quantized, self.model.get_parameter(name) if source is None
-                    else source, layout, self.block, self.symmetric)
+                    else source, layout, self.block, self.symmetric))
         return linear, tables
 
 
@@ -244,6 +245,7 @@ def swapped(model: "torch.nn.Module", linear: Weights, embedding: Weights
     tables = {id(model.get_parameter(name)): make for name, make in embedding.items()}
     others = {id(model.get_parameter(name)): make for name, make in linear.items()}
     handles, found = [], set()
+    buffers = _Buffers()
     for module in model.modules():
         table = isinstance(module, torch.nn.Embedding)
         wanted = tables if table else others
@@ -253,8 +255,9 @@ def swapped(model: "torch.nn.Module", linear: Weights, embedding: Weights
             continue
         found.update(id(module._parameters[attr]) for attr in mine)
         saved: dict[str, torch.nn.Parameter] = {}
-        handles.append(module.register_forward_pre_hook(partial(_swap_in, mine, saved)))
-        handles.append(module.register_forward_hook(partial(_swap_out, saved, table)))
+        lent = None if table else buffers
+        handles.append(module.register_forward_pre_hook(partial(_swap_in, mine, saved, lent)))
+        handles.append(module.register_forward_hook(partial(_swap_out, saved, lent)))
     try:
         missing = (set(tables) | set(others)) - found
         if missing:
@@ -266,21 +269,56 @@ def swapped(model: "torch.nn.Module", linear: Weights, embedding: Weights
             handle.remove()
 
 
-def _swap_in(mine: Weights, saved: dict, module: "torch.nn.Module", args: object) -> None:
+class _Buffers:
+    """The float32 buffers weights are made into while eager runs, each given back when
+    its module returns and taken again by the next module with a weight of its shape: a
+    fresh buffer of 64 MB costs 3x the time of writing into one already touched (its pages
+    are faulted in and zeroed)."""
+
+    def __init__(self) -> None:
+        self._free: dict[tuple[int, ...], list[torch.Tensor]] = {}
+
+    def take(self, shape: tuple[int, ...]) -> "torch.Tensor":
+        import torch
+
+        free = self._free.get(shape)
+        return free.pop() if free else torch.empty(shape)
+
+    def give(self, buffer: "torch.Tensor") -> None:
+        self._free.setdefault(tuple(buffer.shape), []).append(buffer)
+
+
+def _swap_in(mine: Weights, saved: dict, buffers: _Buffers | None,
+             module: "torch.nn.Module", args: object) -> None:
+    """``module``'s weights made (a linear layer's into a buffer, an embedding's as it
+    is) in place of its own, saved."""
     import torch
 
     for attr, make in mine.items():
         saved[attr] = module._parameters[attr]
-        module._parameters[attr] = torch.nn.Parameter(make(), requires_grad=False)
+        made = make() if buffers is None else \
+            make(out=buffers.take(tuple(saved[attr].shape)))
+        module._parameters[attr] = torch.nn.Parameter(made, requires_grad=False)
 
 
-def _swap_out(saved: dict, table: bool, module: "torch.nn.Module", args: object,
-              output: "torch.Tensor") -> "torch.Tensor | None":
+def _swap_out(saved: dict, buffers: _Buffers | None, module: "torch.nn.Module",
+              args: object, output: "torch.Tensor") -> "torch.Tensor | None":
+    """``module``'s own weights back, its buffers given back; an embedding's output in
+    float32 (a table looked up as built)."""
     import torch
 
+    if buffers is not None:
+        for attr in saved:
+            buffers.give(module._parameters[attr].data)
     module._parameters.update(saved)
     saved.clear()
-    return output.to(torch.float32) if table else None
+    return output.to(torch.float32) if buffers is None else None
+
+
+def _converted(source: "torch.Tensor | Callable[[], torch.Tensor]", out: "torch.Tensor"
+               ) -> "torch.Tensor":
+    """``source`` (or what it makes) in float32, in ``out``."""
+    return out.copy_(source() if callable(source) else source)
 
 
 def _as_is(source: "torch.Tensor") -> "torch.Tensor":

@@ -341,13 +341,17 @@ class Kept:
         """``pairs``: :func:`_row_pairs` of the ``rows`` rows of q (``[N, K]``)."""
         self._parts[key] = (pairs, rows, scale, zero_point)
 
-    def weight(self, key: str, layout: str, block: int) -> "torch.Tensor":
+    def weight(self, key: str, layout: str, block: int, out: "torch.Tensor | None" = None
+               ) -> "torch.Tensor":
         """The float32 weight ``key``'s ``DequantizeLinear`` computes, in its source's
-        layout (``"NK"``: the rows; ``"KN"``: transposed, a view)."""
+        layout (``"NK"``: the rows; ``"KN"``: transposed), in ``out`` when given."""
         import torch
 
         pairs, rows, scale, zero_point = self._parts[key]
-        back = torch.empty(rows, pairs.shape[1])
+        if out is None:
+            out = torch.empty((rows, pairs.shape[1]) if layout == "NK"
+                              else (pairs.shape[1], rows))
+        back = out if layout == "NK" else out.T
         step = max(2, CHUNK // max(pairs.shape[1], 1) // 2 * 2)  # an even count of rows
 
         def chunk(start: int, stop: int) -> None:  # a chunk of rows at a time, cache-hot
@@ -359,7 +363,7 @@ class Kept:
 
         with one_thread() as threads:
             spread(rows, step, chunk, threads)
-        return back if layout == "NK" else back.T
+        return out
 
 
 def _as(array: np.ndarray, dtype: ir.DataType) -> np.ndarray:
