@@ -15,6 +15,7 @@ import torch
 
 import rewrite
 from tests import checkpoints
+from tests.test_checkpoint_export import Recorder
 
 CONTEXT, CHUNK, PROMPT, DECODE = 24, 4, 10, 8
 LAYERS = {"llama": "LlamaDecoderLayer", "qwen3": "Qwen3DecoderLayer",
@@ -33,8 +34,20 @@ def exported(request, tmp_path_factory):
     root = tmp_path_factory.mktemp(family)
     folder = checkpoints.write(family, root / "checkpoint")
     out = root / "model.onnx"
-    rewrite.export(folder, output=out, cache="static", context=CONTEXT)
-    return family, folder, out
+    progress = Recorder()
+    rewrite.export(folder, output=out, cache="static", context=CONTEXT, progress=progress)
+    return family, folder, out, progress
+
+
+def test_each_layer_kind_is_traced_once(exported):
+    """The program of one traced layer per kind, extended to every layer, is what is written:
+    its in-place cache writes made functional without binding the recorded layers to one
+    layer's weights (the MoE's fell back to tracing every layer)."""
+    family, _, _, progress = exported
+    assert "traces every layer" not in progress.text, progress.text
+    kinds = 2 if family == "gemma2" else 1  # sliding-window and global layers
+    assert f"{kinds} of {checkpoints.LAYERS} layers traced ({LAYERS[family]}" in progress.text
+    assert "recorded as calls of their traces" in progress.text
 
 
 def _eager(folder: Path):
@@ -81,7 +94,7 @@ def _run(session, layout, ids: np.ndarray, pads: list[int]) -> np.ndarray:
 def test_chunked_prefill_and_decode_equal_eager(exported, pads):
     from rewrite.exporting.checkpoint.cache import cache_layout
 
-    family, folder, out = exported
+    family, folder, out, _ = exported
     eager = _eager(folder)
     layout = cache_layout(eager)
     session = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
@@ -131,7 +144,7 @@ def test_one_function_per_layer_class_taking_and_returning_its_buffers(static_ex
 def test_dynamic_batch_and_chunk_keep_one_function_per_layer_class(exported):
     """With batch and chunk dynamic too (the MoE's sizes of its tokens, computed once by the
     program and first read in its first layer, are read by every layer alike)."""
-    family, _, out = exported
+    family, _, out, _ = exported
     model = onnx.load(str(out), load_external_data=False)
     kinds = {n.op_type for n in model.graph.node if n.op_type.startswith(LAYERS[family])}
     assert len(kinds) == 1, kinds
@@ -179,7 +192,7 @@ def test_check_static_passes_the_static_models(static_exported, run_cli):
 
 
 def test_check_static_names_what_stops_a_dynamic_model(exported, run_cli):
-    _, _, out = exported
+    _, _, out, _ = exported
     r = run_cli("check-static", out)
     assert r.code == 1
     assert "function pkg.transformers::" in r.out

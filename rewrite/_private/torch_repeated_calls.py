@@ -120,6 +120,21 @@ def _moved(meta: Mapping[str, Any], old: str, new: str) -> dict[str, Any]:
     return meta
 
 
+def inputs_apart(program: torch.export.ExportedProgram) -> None:
+    """Each input of ``program`` with a value of its own, in place: :func:`extended` gives a
+    further layer's weights their template's fake tensors where only recorded calls read
+    them, and torch's re-traces (``run_decompositions``) bind inputs by their fake tensors,
+    so that every layer sharing one would compute with the last one's weights."""
+    seen: set[int] = set()
+    for node in program.graph.nodes:
+        if node.op != "placeholder":
+            continue
+        value = node.meta.get("val")
+        if isinstance(value, torch.Tensor) and id(value) in seen:
+            node.meta["val"] = _fresh(value)
+        seen.add(id(node.meta.get("val")))
+
+
 def _fresh(value: Any) -> Any:
     """A node value of its own: fake tensors made anew with the same sizes."""
     if isinstance(value, torch.Tensor):

@@ -47,6 +47,7 @@ from rewrite._private import torch_exporter
 from rewrite._private.errors import Unavailable, torch_code
 from rewrite._private.torch_graphs import is_higher_order, is_in_place
 from rewrite._private.onnx_ir_inline import inline_functions
+from rewrite._private.torch_repeated_calls import inputs_apart
 from rewrite.backends.onnx._standins import DOMAIN as STANDIN_DOMAIN
 from rewrite.backends.onnx._standins import (
     MustInline,
@@ -133,7 +134,11 @@ def functional(program: torch.export.ExportedProgram) -> torch.export.ExportedPr
     (``run_decompositions({})``, nothing decomposed), which writes each mutation as a new
     value that the program returns (its signature says which buffer or input it updates).
     An AOT-autograd re-trace of the flat program: the one step of this path whose cost grows
-    with the model rather than with its distinct bodies. torch's errors: :class:`TorchFailed`."""
+    with the model rather than with its distinct bodies; inputs sharing a fake tensor (an
+    extended program's further layers) are given their own first
+    (:func:`~rewrite._private.torch_repeated_calls.inputs_apart`). torch's errors:
+    :class:`TorchFailed`."""
+    inputs_apart(program)
     with torch_code():
         return program.run_decompositions({})
 
