@@ -23,11 +23,6 @@ from tests.test_checkpoint_export import DECODE_STEPS, Recorder, decode_and_comp
 from tools.coverage import write_checkpoint
 
 
-SCANNED = "traces every layer: a traced layer holds subgraphs (a scan's body) of its own"
-"""A layer that scans (its ``Scan``'s body a subgraph of the layer's) is traced at every
-layer, not only at the first of its kind, whose copies would share the subgraph."""
-
-
 def _checkpoint(model_type: str, tmp_path: Path) -> Path:
     folder = tmp_path / model_type
     why = write_checkpoint(model_type, folder)
@@ -157,7 +152,7 @@ def test_mamba2_hybrid_decodes_with_its_recurrent_states(tmp_path):
     ONNX ``Scan``). Prefill of a left-padded batch and 3 greedy decode steps equal eager
     within 1e-4; one function per layer kind; a prompt fed in pieces of 5, 4 and 3 tokens
     equals eager's one prefill of it."""
-    folder, out, model = _hybrid_decoded("bamba", tmp_path, SCANNED)
+    folder, out, model = _hybrid_decoded("bamba", tmp_path)
     _three_scanning_layers_around_attention(model, "BambaDecoderLayer", ["batch_size", "80", "4"],
                                             ["batch_size", "4", "16", "8"])
     assert [v.name for v in model.graph.outputs] == [
@@ -175,7 +170,7 @@ def test_gated_delta_net_hybrid_decodes_with_its_recurrent_states(tmp_path):
     in chunks of 64 and decodes in the recurrent form. Prefill of a left-padded batch and 3
     greedy decode steps equal eager within 1e-4; one function per layer kind; a prompt fed in
     pieces (5, 4, 3 tokens; 70 then 1: eager's prefill two chunks) equals eager's one prefill."""
-    folder, out, model = _hybrid_decoded("qwen3_next", tmp_path, SCANNED)
+    folder, out, model = _hybrid_decoded("qwen3_next", tmp_path)
     _three_scanning_layers_around_attention(model, "Qwen3NextDecoderLayer",
                                             ["batch_size", "64", "4"],
                                             ["batch_size", "4", "8", "8"])
@@ -185,8 +180,10 @@ def test_gated_delta_net_hybrid_decodes_with_its_recurrent_states(tmp_path):
 
 
 @pytest.mark.slow  # a tiny checkpoint, exported, then prefill + 3 decode steps
-@pytest.mark.parametrize("family, attention", [("jamba", (1,)), ("mamba", ())])
-def test_mamba1_layers_decode_with_their_recurrent_states(family, attention, tmp_path):
+@pytest.mark.parametrize("family, attention, traced", [
+    ("jamba", (1,), "3 of 4 layers traced"), ("mamba", (), "1 of 4 layers traced")])
+def test_mamba1_layers_decode_with_their_recurrent_states(family, attention, traced,
+                                                          tmp_path):
     """Mamba (1) layers (Jamba's around an attention layer; Mamba's alone, reading the mask
     of the new tokens): each keeps its convolution's last inputs and its recurrent state
     ``[batch, channels, state]``, ``past.N.conv`` / ``past.N.recurrent`` -> ``present.N.*``,
@@ -195,7 +192,7 @@ def test_mamba1_layers_decode_with_their_recurrent_states(family, attention, tmp
     eager within 1e-4; each layer's call takes its states; a prompt fed in pieces equals
     eager's one prefill (transformers restarts the state at a multi-token call, the graph
     continues it)."""
-    folder, out, model = _hybrid_decoded(family, tmp_path, SCANNED)
+    folder, out, model = _hybrid_decoded(family, tmp_path, traced)
     conv, recurrent = ["batch_size", "64", "4"], ["batch_size", "64", "8"]
     kv = ["batch_size", "2", "past_sequence_length", "8"]
     shapes = {v.name: [str(d) for d in v.shape] for v in model.graph.inputs[3:]}
