@@ -7,9 +7,7 @@ symbolic sizes' expressions, hints and replacements; checked against the torch v
 torch.export traces every layer of a model again (its symbolic-shape reasoning grows with the
 depth), and dispatching ``invoke_subgraph`` costs more than that at each call (a schema made
 by tracing the body again, an autograd function, a fake run). :class:`LayerCalls` dispatches
-one ``invoke_subgraph`` call per identifier (torch traces the body and keeps it; without
-gradients: a ``torch.scan`` in a body whose operands require them is traced with its backward,
-4x the time of the forward alone, tiny Qwen3-Next); a later call
+one ``invoke_subgraph`` call per identifier (torch traces the body and keeps it); a later call
 whose operands have the first call's dtypes and sizes (symbolic sizes of the same hint are
 declared equal, as tracing the body would guard them: two symbols of one range by the shape
 environment's replacement, ``ShapeEnv._set_replacement``, else ``torch._check``) is recorded as the
@@ -91,8 +89,7 @@ class LayerCalls:
                 self.recorded += 1
                 return self._record(mode.tracer, first, operands)
         name = f"{identifier}.{len(firsts)}" if firsts else identifier
-        with torch.no_grad():  # else a scan in the body is traced with its backward too
-            outputs = tuple(api["hop"](body, name, *operands))
+        outputs = tuple(api["hop"](body, name, *operands))
         graph = api["cache"]().get_proxy_dispatch_entry(name)
         path = next((path for path, m in mode.tracer.root.named_modules() if m is graph), None)
         if path is None:
