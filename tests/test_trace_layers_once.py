@@ -10,6 +10,8 @@ The decode numerics of the default path for every family are tests/test_checkpoi
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import onnx_ir as ir
 import pytest
 import torch
@@ -33,6 +35,12 @@ def both(request, tmp_path_factory):
     family = request.param
     root = tmp_path_factory.mktemp(f"once-{family}")
     folder = checkpoints.write(family, root / "checkpoint")
+    return family, folder, _both_traces(folder, root)
+
+
+def _both_traces(folder: Path, root: Path) -> dict:
+    """(model, progress, path) per trace of the checkpoint ``folder``, exported below
+    ``root``."""
     made = {}
     for trace in ("layers", "whole"):
         progress = Recorder()
@@ -40,7 +48,7 @@ def both(request, tmp_path_factory):
         out.parent.mkdir()
         made[trace] = (rewrite.export(folder, output=out, trace=trace, progress=progress),
                        progress, out)
-    return family, folder, made
+    return made
 
 
 @pytest.mark.parametrize("both", FAMILIES, indirect=True)
@@ -360,18 +368,12 @@ def test_a_hybrids_scanning_layers_are_traced_once(family, traced, tmp_path):
     trace's functions, calls and I/O (a function's inner wiring may differ: the state
     lengths are summed in another order), its prefill and decode steps equal to eager."""
     folder = checkpoints.write(family, tmp_path / "checkpoint")
-    made = {}
-    for trace in ("layers", "whole"):
-        progress = Recorder()
-        out = tmp_path / trace / "model.onnx"
-        out.parent.mkdir()
-        made[trace] = rewrite.export(folder, output=out, cache="kv", trace=trace,
-                                     progress=progress), progress.text
-    assert traced in made["layers"][1] and "traces every layer" not in made["layers"][1], \
-        made["layers"][1]
+    made = _both_traces(folder, tmp_path)
+    text = made["layers"][1].text
+    assert traced in text and "traces every layer" not in text, text
     whole, layers = (_calls_and_io(made[trace][0]) for trace in ("whole", "layers"))
     assert whole == layers
-    errors = decode_and_compare(folder, tmp_path / "layers" / "model.onnx")
+    errors = decode_and_compare(folder, made["layers"][2])
     assert max(errors) < 1e-4, errors
 
 
