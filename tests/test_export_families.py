@@ -9,7 +9,9 @@ reading another layer's cache."""
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
+from typing import Iterator
 
 import onnx
 import onnx_ir as ir
@@ -321,11 +323,17 @@ def _hybrid_decoded(family: str, tmp_path: Path, traced: str = "2 of 4 layers tr
 
 
 def _exported_hybrid(folder: Path, out: Path, progress: Recorder) -> ir.Model:
-    """``rewrite export --cache kv`` of ``folder``; skipped on a torch whose ONNX exporter
-    cannot translate ``torch.sym_sum`` (2.9: a hybrid's state lengths; rewrite says so,
-    exit 2)."""
-    try:
+    """``rewrite export --cache kv`` of ``folder`` (:func:`hybrid_export`)."""
+    with hybrid_export():
         return rewrite.export(folder, output=out, cache="kv", progress=progress)
+
+
+@contextlib.contextmanager
+def hybrid_export() -> Iterator[None]:
+    """A hybrid's export inside: skipped on a torch whose ONNX exporter cannot translate
+    ``torch.sym_sum`` (2.9: a hybrid's state lengths; rewrite says so, exit 2)."""
+    try:
+        yield
     except InputError as e:
         if "sym_sum" not in str(e):
             raise

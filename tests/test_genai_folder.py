@@ -26,6 +26,7 @@ from rewrite.files import outputs
 from rewrite.files.outputs import Companion, Staged
 from tests import checkpoints
 from tests.test_checkpoint_export import Recorder
+from tests.test_export_families import hybrid_export
 
 og = pytest.importorskip("onnxruntime_genai")
 
@@ -72,7 +73,8 @@ def exported(request, tmp_path_factory):
     (root / "out").mkdir()
     out = root / "out" / "model.onnx"
     progress = Recorder()
-    rewrite.export(folder, output=out, progress=progress)
+    with hybrid_export():  # torch 2.9 cannot translate a hybrid's state lengths: skipped
+        rewrite.export(folder, output=out, progress=progress)
     return family, folder, out, progress
 
 

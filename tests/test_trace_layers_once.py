@@ -367,8 +367,11 @@ def test_a_hybrids_scanning_layers_are_traced_once(family, traced, tmp_path):
     beside attention, three kinds): each kind traced once; the model written has the whole
     trace's functions, calls and I/O (a function's inner wiring may differ: the state
     lengths are summed in another order), its prefill and decode steps equal to eager."""
+    from tests.test_export_families import hybrid_export
+
     folder = checkpoints.write(family, tmp_path / "checkpoint")
-    made = _both_traces(folder, tmp_path)
+    with hybrid_export():
+        made = _both_traces(folder, tmp_path)
     text = made["layers"][1].text
     assert traced in text and "traces every layer" not in text, text
     whole, layers = (_calls_and_io(made[trace][0]) for trace in ("whole", "layers"))
