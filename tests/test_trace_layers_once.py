@@ -10,6 +10,8 @@ The decode numerics of the default path for every family are tests/test_checkpoi
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import onnx_ir as ir
 import pytest
 import torch
@@ -33,6 +35,12 @@ def both(request, tmp_path_factory):
     family = request.param
     root = tmp_path_factory.mktemp(f"once-{family}")
     folder = checkpoints.write(family, root / "checkpoint")
+    return family, folder, _both_traces(folder, root)
+
+
+def _both_traces(folder: Path, root: Path) -> dict:
+    """(model, progress, path) per trace of the checkpoint ``folder``, exported below
+    ``root``."""
     made = {}
     for trace in ("layers", "whole"):
         progress = Recorder()
@@ -40,7 +48,7 @@ def both(request, tmp_path_factory):
         out.parent.mkdir()
         made[trace] = (rewrite.export(folder, output=out, trace=trace, progress=progress),
                        progress, out)
-    return family, folder, made
+    return made
 
 
 @pytest.mark.parametrize("both", FAMILIES, indirect=True)
@@ -59,7 +67,7 @@ def test_the_model_is_the_whole_traces(both):
     _, _, made = both
     whole, layers = of_model(made["whole"][0]), of_model(made["layers"][0])
     changes = compare(whole, layers)
-    assert not changes, render(changes)
+    assert not changes, render(changes, "whole", "layers")
     names = [(v.name, str(v.shape)) for v in made["layers"][0].graph.inputs]
     assert names == [(v.name, str(v.shape)) for v in made["whole"][0].graph.inputs]
 
@@ -105,7 +113,7 @@ def test_further_layers_are_added_to_the_program_of_the_first(family, added, fir
             assert f"({added} added to the program of the first {first})" in progress.text, \
                 progress.text
     changes = compare(of_model(made["whole"]), of_model(made["layers"]))
-    assert not changes, render(changes)
+    assert not changes, render(changes, "whole", "layers")
     names = [(v.name, str(v.shape)) for v in made["layers"].graph.inputs]
     assert names == [(v.name, str(v.shape)) for v in made["whole"].graph.inputs]
     assert max(decode_and_compare(folder, tmp_path / "layers" / "model.onnx")) < 1e-4
@@ -234,7 +242,7 @@ def test_a_modules_repeated_layers_are_traced_once(build, tmp_path):
     depth = 5 if build == "stack" else 4
     assert f"torch.export: 1 of {depth} layers traced" in made["layers"][1], made["layers"][1]
     changes = compare(of_model(made["whole"][0]), of_model(made["layers"][0]))
-    assert not changes, render(changes)
+    assert not changes, render(changes, "whole", "layers")
     checked_proto(made["layers"][0])
     assert_matches_eager(tmp_path / "layers.onnx", triple)
 
@@ -296,4 +304,85 @@ def test_an_encoder_decoders_encoder_layers_are_traced_once(family, note, tmp_pa
     for graph in ("encoder_model.onnx", "decoder_model.onnx"):
         whole, layers = (ir.load(tmp_path / trace / graph) for trace in ("whole", "layers"))
         changes = compare(of_model(whole), of_model(layers))
-        assert not changes, render(changes)
+        assert not changes, render(changes, "whole", "layers")
+
+
+class _ScanLayer(torch.nn.Module):
+    """A recurrent layer: a ``torch.scan`` over the rows (a decayed running sum), its body a
+    subgraph of the layer's traced body."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(width, width)
+        self.decay = torch.nn.Parameter(torch.rand(width))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        from torch._higher_order_ops.scan import scan
+
+        def step(state: torch.Tensor, row: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            state = state * torch.sigmoid(self.decay) + row
+            return state.clone(), state.clone()
+
+        _, rows = scan(step, torch.zeros_like(x[0]), self.linear(x))
+        return torch.tanh(rows) + x
+
+
+class _ScanStack(torch.nn.Module):
+    def __init__(self, width: int = 8, depth: int = 4) -> None:
+        super().__init__()
+        self.layers = torch.nn.ModuleList(_ScanLayer(width) for _ in range(depth))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
+def test_a_layer_that_scans_is_traced_once(tmp_path):
+    """Layers whose traced body holds a subgraph (a ``torch.scan``'s body, an ONNX ``Scan``):
+    traced once, its copies sharing the subgraph; the model written is the whole trace's
+    (same functions, calls and I/O) and equals eager in onnxruntime."""
+    from tests.onnx_fixtures import assert_matches_eager, checked_proto
+
+    torch.manual_seed(0)
+    triple = (_ScanStack(), (torch.randn(6, 8),), {})
+    made = {}
+    for trace in ("layers", "whole"):
+        progress = Recorder()
+        made[trace] = rewrite.export(*triple, output=tmp_path / f"{trace}.onnx", trace=trace,
+                                     progress=progress), progress.text
+    assert "torch.export: 1 of 4 layers traced" in made["layers"][1], made["layers"][1]
+    changes = compare(of_model(made["whole"][0]), of_model(made["layers"][0]))
+    assert not changes, render(changes, "whole", "layers")
+    assert any(n.op_type == "Scan" for f in made["layers"][0].functions.values() for n in f)
+    checked_proto(made["layers"][0])
+    assert_matches_eager(tmp_path / "layers.onnx", triple)
+
+
+@pytest.mark.slow  # two exports of each of two tiny hybrid checkpoints
+@pytest.mark.parametrize("family, traced", [("bamba", "2 of 4 layers traced"),
+                                            ("jamba", "3 of 4 layers traced")])
+def test_a_hybrids_scanning_layers_are_traced_once(family, traced, tmp_path):
+    """A hybrid whose recurrent layers scan (Bamba's Mamba-2 layers, Jamba's Mamba layers
+    beside attention, three kinds): each kind traced once; the model written has the whole
+    trace's functions, calls and I/O (a function's inner wiring may differ: the state
+    lengths are summed in another order), its prefill and decode steps equal to eager."""
+    from tests.test_export_families import hybrid_export
+
+    folder = checkpoints.write(family, tmp_path / "checkpoint")
+    with hybrid_export():
+        made = _both_traces(folder, tmp_path)
+    text = made["layers"][1].text
+    assert traced in text and "traces every layer" not in text, text
+    whole, layers = (_calls_and_io(made[trace][0]) for trace in ("whole", "layers"))
+    assert whole == layers
+    errors = decode_and_compare(folder, made["layers"][2])
+    assert max(errors) < 1e-4, errors
+
+
+def _calls_and_io(model: ir.Model) -> tuple:
+    """A model's functions (their names and how many nodes each has), its main graph's
+    calls in order and its inputs and outputs with their shapes."""
+    return (sorted((f.name, len(f)) for f in model.functions.values()),
+            [(n.domain, n.op_type) for n in model.graph],
+            [(v.name, str(v.shape)) for v in (*model.graph.inputs, *model.graph.outputs)])

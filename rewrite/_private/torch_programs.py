@@ -15,9 +15,9 @@ working, slower or with a plainer result, instead of failing to import:
   loads, it makes lazy graph modules (:func:`lazy_program_graph_modules`; the loader made
   each graph's code twice, and rewrite reads graphs). Fallback: eager (same modules).
 * ``torch._higher_order_ops.passes.inline_invoke_subgraph.inline_invoke_subgraph_nodes``
-  (2.10+): each ``invoke_subgraph`` call replaced by its body's nodes
-  (:mod:`rewrite.frontends.fx.regions`). Fallback: the same copy made here (bodies without
-  submodules; torch 2.9 makes none).
+  (2.10+): each ``invoke_subgraph`` call replaced by its body's nodes, its submodules (a
+  scan's body) hoisted (:mod:`rewrite.frontends.fx.regions`). Fallback: the same copy made
+  here.
 * ``torch.fx.graph._PyTreeCodeGen`` / ``_PyTreeInfo``: the lowered GraphModule takes the
   program's (nested) arguments like ``ExportedProgram.module()``. Fallback: the default
   code generation (flat positional arguments).
@@ -122,9 +122,10 @@ def pytree_codegen(names: list[str], in_spec: Any, out_spec: Any) -> torch.fx.gr
 
 
 def inline_invoke_subgraph_nodes(gm: torch.fx.GraphModule, nodes: list[torch.fx.Node]) -> None:
-    """Replace each ``invoke_subgraph`` node of ``gm`` in ``nodes`` by its body's nodes:
-    torch's ``_higher_order_ops.passes.inline_invoke_subgraph`` (2.10+). Fallback (torch
-    2.9): the same copy, for bodies without submodules of their own."""
+    """Replace each ``invoke_subgraph`` node of ``gm`` in ``nodes`` by its body's nodes, the
+    body's submodules registered on ``gm``: torch's
+    ``_higher_order_ops.passes.inline_invoke_subgraph`` (2.10+). Fallback (torch 2.9): the
+    same copy."""
     try:
         from torch._higher_order_ops.passes.inline_invoke_subgraph import (
             inline_invoke_subgraph_nodes as inline)
@@ -139,13 +140,14 @@ def _inline_invoke_subgraph_nodes(gm: torch.fx.GraphModule, nodes: list[torch.fx
     for node in nodes:
         getter, operands = node.args[0], node.args[2:]
         body = getattr(gm, str(getter.target))
-        if any(True for _ in body.children()):
-            raise NotImplementedError("an invoke_subgraph body with submodules (torch < 2.10)")
+        names = _hoisted(gm, body)
         env = dict(zip(body.graph.find_nodes(op="placeholder"), operands))
         with gm.graph.inserting_before(node):
             for inner in body.graph.nodes:
                 if inner.op not in ("placeholder", "output"):
                     env[inner] = gm.graph.node_copy(inner, lambda n: env[n])
+                    if inner.op == "get_attr" and inner.target in names:
+                        env[inner].target = names[inner.target]
         outputs = body.graph.output_node().args[0]
         for user in list(node.users):
             if user.op == "call_function" and user.target is operator.getitem:
@@ -154,6 +156,21 @@ def _inline_invoke_subgraph_nodes(gm: torch.fx.GraphModule, nodes: list[torch.fx
         gm.graph.erase_node(node)
         if not getter.users:
             gm.graph.erase_node(getter)
+
+
+def _hoisted(gm: torch.fx.GraphModule, body: torch.fx.GraphModule) -> dict[str, str]:
+    """``body``'s submodules (a scan's body...) registered on ``gm`` under names of their
+    own, as torch 2.10+ hoists them: their names in ``body`` -> in ``gm``."""
+    names: dict[str, str] = {}
+    taken = {name for name, _ in gm.named_children()}
+    for name, module in body.named_children():
+        new, k = name, 0
+        while new in taken:
+            new, k = f"{name}_{k}", k + 1
+        gm.add_module(new, module)
+        taken.add(new)
+        names[name] = new
+    return names
 
 
 def fake_like(value: torch.Tensor) -> torch.Tensor:

@@ -121,6 +121,20 @@ def check_layer_kinds(model: "torch.nn.Module") -> None:
                          f"window attention; its layers also use {', '.join(sorted(kinds))}")
 
 
+def check_states(model: "torch.nn.Module", layout: tuple[LayerCache, ...]) -> None:
+    """:class:`InputError` for a hybrid: layers keeping a convolution (and a recurrent)
+    state, which :class:`FixedCache` does not carry."""
+    held = [n for n, layer in enumerate(layout) if layer.conv]
+    if held:
+        states = "a convolution and a recurrent state" if any(
+            layout[n].recurrent for n in held) else "a convolution state"
+        raise InputError(
+            f"{type(model).__name__}: --cache static keeps keys and values in fixed buffers; "
+            f"layers {', '.join(map(str, held))} keep {states}, which rewrite's fixed cache "
+            "does not carry yet (their sizes are fixed already: with --cache kv only the "
+            "attention layers' keys and values grow)")
+
+
 def chunk_lengths(static: Mapping[str, Any]) -> tuple[int, ...]:
     """The chunk lengths ``static["seq"]`` asks for (one size or several), in order; none
     when it asks none. :class:`InputError` for one that is not a positive int."""
@@ -151,6 +165,7 @@ def fixed_cache_call(model: "torch.nn.Module", layout: tuple[LayerCache, ...],
     import torch
     from torch.export import Dim
 
+    check_states(model, layout)
     check_layer_kinds(model)
     static = static or {}
     b = static.get("batch", EXAMPLE_BATCH)

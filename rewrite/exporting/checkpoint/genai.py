@@ -11,7 +11,11 @@ exported graph, with the field names of onnxruntime-genai's model builder:
   layers from the model's own cache (one shape for every layer's keys and values, else no
   config: multi-head latent attention, per-layer sizes);
   ``inputs`` / ``outputs``: the graph's names (``input_ids``, ``attention_mask``,
-  ``position_ids``, ``past_key_values.%d.key`` ... ``logits``, ``present.%d.key`` ...);
+  ``position_ids``, ``past_key_values.%d.key`` ... ``logits``, ``present.%d.key`` ...); a
+  hybrid whose other layers keep a convolution and a recurrent state (Bamba, Jamba,
+  Qwen3-Next...) also ``past.%d.conv`` / ``past.%d.recurrent`` (``past_conv_names``,
+  ``past_recurrent_names``: onnxruntime-genai 0.18 finds the layers that have them among the
+  graph's inputs), the KV heads and head size its attention layers';
 - ``model.context_length`` (``seq_length``, else ``max_position_embeddings``, less the
   positions the model numbers its tokens after: RoBERTa's ``padding_idx + 1``), ``vocab_size``,
   ``bos`` / ``eos`` / ``pad_token_id`` (the generation config's, else the config's; the
@@ -62,8 +66,9 @@ RUNTIME_FAMILIES = frozenset(
 """The language-model families of onnxruntime-genai 0.18 (``src/models/model_type.h``) that
 it runs as plain decoders with one key and one value cache per layer; any other
 ``model_type`` is the generic ``decoder``. Not ``gpt2``: the runtime's GPT-2 takes the
-builder's one combined ``past_%d`` per layer; nor the hybrid families (``lfm2``...), which
-carry a convolution state."""
+builder's one combined ``past_%d`` per layer; nor the hybrid families (``lfm2``...): a
+hybrid whose layers keep keys and values or a convolution and a recurrent state is the generic
+``decoder``, its states named by ``past_conv_names`` / ``past_recurrent_names``."""
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                    "added_tokens.json", "chat_template.jinja", "chat_template.json",
                    "tokenizer.model", "vocab.json", "merges.txt", "vocab.txt")
@@ -189,13 +194,20 @@ def _config(checkpoint: Checkpoint, model_config: Any, call: Call,
 
 
 def _one_shape(layout: tuple[LayerCache, ...]) -> tuple[int, int]:
-    """(KV heads, head size) of every layer's keys and values: the runtime takes one."""
-    if any(layer.conv or layer.indexer or not layer.kv for layer in layout):
-        raise _NotDerived("not every layer's cache is keys and values alone (convolution "
-                          "states, indexer keys, layers reading another's); rewrite writes "
-                          "genai_config.json for key/value caches only")
-    shapes = {(layer.key_heads, layer.key_dim) for layer in layout} | \
-        {(layer.value_heads, layer.value_dim) for layer in layout}
+    """(KV heads, head size) of every attention layer's keys and values: the runtime takes
+    one. The other layers may keep a convolution and a recurrent state instead (a hybrid's
+    recurrent layers: the runtime's recurrent state, 0.18)."""
+    if any(layer.indexer or (layer.kv and layer.conv) for layer in layout) or not all(
+            layer.kv or (layer.conv and layer.recurrent) for layer in layout):
+        raise _NotDerived("not every layer's cache is keys and values alone, or a "
+                          "convolution and a recurrent state alone (indexer keys, "
+                          "short-convolution layers, layers reading another's or keeping "
+                          "both); rewrite writes genai_config.json for those two only")
+    attending = [layer for layer in layout if layer.kv]
+    if not attending:
+        raise _NotDerived("no layer keeps keys and values")
+    shapes = {(layer.key_heads, layer.key_dim) for layer in attending} | \
+        {(layer.value_heads, layer.value_dim) for layer in attending}
     if len(shapes) != 1:
         raise _NotDerived("its layers' keys and values differ in heads or head size "
                           f"({', '.join(f'{h}x{d}' for h, d in sorted(shapes))}); "
@@ -205,11 +217,18 @@ def _one_shape(layout: tuple[LayerCache, ...]) -> tuple[int, int]:
 
 def _names(names: tuple[str, ...], cache: str, key: str) -> dict[str, str]:
     """The genai name map of the graph's inputs or outputs: plain names as themselves, the
-    cache as ``{cache}.%d.key`` / ``.value``."""
-    mapped = {name: name for name in names if not name.startswith(f"{cache}.")}
-    for kind in ("key", "value"):
-        if f"{cache}.0.{kind}" in names:
-            mapped[f"{key}_{kind}_names"] = f"{cache}.%d.{kind}"
+    cache as ``{cache}.%d.key`` / ``.value``, a hybrid's states as ``{key}.%d.conv`` /
+    ``.recurrent``."""
+    import re
+
+    def per_layer(prefix: str, kind: str) -> bool:
+        return any(re.fullmatch(rf"{re.escape(prefix)}\.\d+\.{kind}", n) for n in names)
+
+    mapped = {name: name for name in names
+              if not name.startswith((f"{cache}.", f"{key}."))}
+    for prefix, kind in ((cache, "key"), (cache, "value"), (key, "conv"), (key, "recurrent")):
+        if per_layer(prefix, kind):
+            mapped[f"{key}_{kind}_names"] = f"{prefix}.%d.{kind}"
     return mapped
 
 
