@@ -67,6 +67,24 @@ def test_a_cache_that_is_not_keys_and_values_is_refused_in_one_line(tmp_path, ru
     assert not list(out.parent.iterdir())
 
 
+@pytest.mark.parametrize("model_type, kept", [
+    ("openai-gpt", "it recomputes every token at each step"),
+    ("rwkv", "it returns its own state instead (state)"),
+])
+def test_a_model_that_keeps_no_cache_is_refused_in_one_line(model_type, kept, tmp_path,
+                                                             run_cli):
+    """GPT-1 fills no cache (each step recomputes every token); RWKV returns its recurrent
+    state as an output of its own: the cache they are given stays empty, refused with exit 2
+    and one line that says so, nothing written."""
+    out = tmp_path / "out" / "model.onnx"
+    out.parent.mkdir()
+    r = run_cli("export", _checkpoint(model_type, tmp_path), "-o", out)
+    assert r.code == 2, r.err
+    assert "leaves the cache it is given empty" in r.err and kept in r.err, r.err
+    assert "Traceback" not in r.err
+    assert not list(out.parent.iterdir())
+
+
 @pytest.mark.slow  # a tiny checkpoint built from its config, then its eager calls
 def test_a_model_whose_own_decode_fails_is_refused_before_export(tmp_path, run_cli):
     """CPM-Ant's own forward fails on a cached decode step (the eager reference the written

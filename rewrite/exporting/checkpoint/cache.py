@@ -165,9 +165,23 @@ def cache_layout(model: "torch.nn.Module") -> tuple[LayerCache, ...]:
     import torch
 
     cache = model_cache(model)
-    own_forward(model, torch.zeros(1, 1, dtype=torch.long), 1, cache,
-                "one token with a cache")
+    output = own_forward(model, torch.zeros(1, 1, dtype=torch.long), 1, cache,
+                         "one token with a cache")
+    if not any(_holds_tensors(v) for layer in getattr(cache, "layers", ())
+               for v in _public(layer).values()):
+        raise unused_cache(type(model).__name__, output)
     return layers_of(type(model).__name__, cache, scans=bool(scan_modules(model)))
+
+
+def unused_cache(name: str, output: Any) -> InputError:
+    """The refusal of a model whose forward left the cache it was given empty (GPT-1 keeps
+    none; RWKV and XLNet return a state of their own, ``state`` / ``mems``, in ``output``)."""
+    own = [key for key, value in getattr(output, "items", dict)() if key != "logits"
+           and _holds_tensors(value)]
+    kept = (f"it returns its own state instead ({', '.join(own)}), which --cache kv does not "
+            "carry" if own else "it recomputes every token at each step")
+    return InputError(f"{name} leaves the cache it is given empty (transformers' forward "
+                      f"keeps no keys and values: {kept}): use --cache none for the prefill")
 
 
 def layers_of(name: str, cache: Any, scans: bool = False) -> tuple[LayerCache, ...]:
