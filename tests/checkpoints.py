@@ -72,6 +72,11 @@ OTHER_DECODERS: dict[str, tuple[str, dict]] = {
     "mamba": ("MambaConfig", dict(vocab_size=96, hidden_size=32, state_size=8,
                                   num_hidden_layers=LAYERS, expand=2, conv_kernel=4,
                                   time_step_rank=8)),
+    # RecurrentGemma: recurrent blocks (a short convolution, then the RG-LRU; transformers
+    # keeps their states on the modules) around a sliding-window attention layer (1)
+    "recurrent_gemma": ("RecurrentGemmaConfig", {
+        **SMALL, "head_dim": 8, "lru_width": 32, "conv1d_width": 4, "attention_window_size": 8,
+        "block_types": ["recurrent", "attention", "recurrent", "recurrent"]}),
 }
 """Causal LMs the family tests do not run (tests of one behaviour each)."""
 

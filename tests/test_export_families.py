@@ -203,6 +203,22 @@ def test_gated_delta_net_hybrid_decodes_with_its_recurrent_states(tmp_path):
 
 
 @pytest.mark.slow  # a tiny checkpoint, exported, then prefill + 3 decode steps
+def test_recurrent_gemma_decodes_with_the_states_it_keeps_on_its_modules(tmp_path):
+    """RecurrentGemma's recurrent blocks (0, 2, 3) around a sliding-window attention layer
+    (1): transformers keeps their convolution's last inputs and the RG-LRU's state on the
+    modules, not in the cache; the export carries them as ``past.N.conv [batch, lru_width,
+    conv1d_width - 1]`` / ``past.N.recurrent [batch, lru_width]`` -> ``present.N.*``, the
+    recurrence an ONNX ``Scan``. Prefill of a left-padded batch and 3 greedy decode steps
+    equal eager within 1e-4; one function per layer kind; a prompt fed in pieces (past the
+    window of 8) equals eager's one prefill."""
+    folder, out, model = _hybrid_decoded("recurrent_gemma", tmp_path, SCANNED)
+    _three_scanning_layers_around_attention(model, "RecurrentGemmaDecoderLayer",
+                                            ["batch_size", "32", "3"], ["batch_size", "32"])
+    assert any(n.op_type == "Scan" for f in model.functions.values() for n in f)
+    assert _prompt_in_pieces(folder, out, (5, 4, 3)) < 1e-4
+
+
+@pytest.mark.slow  # a tiny checkpoint, exported, then prefill + 3 decode steps
 @pytest.mark.parametrize("family, attention", [("jamba", (1,)), ("mamba", ())])
 def test_mamba1_layers_decode_with_their_recurrent_states(family, attention, tmp_path):
     """Mamba (1) layers (Jamba's around an attention layer; Mamba's alone, reading the mask

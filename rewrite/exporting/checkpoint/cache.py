@@ -48,6 +48,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 from attrs import frozen
 
 from rewrite.errors import InputError, first_line, library_call
+from rewrite.exporting.checkpoint.module_states import states_in_cache
 from rewrite.exporting.checkpoint.scans import scan_modules, traced_scans
 
 if TYPE_CHECKING:
@@ -165,12 +166,13 @@ def cache_layout(model: "torch.nn.Module") -> tuple[LayerCache, ...]:
     import torch
 
     cache = model_cache(model)
-    output = own_forward(model, torch.zeros(1, 1, dtype=torch.long), 1, cache,
-                         "one token with a cache")
+    with states_in_cache(model) as moved:
+        output = own_forward(model, torch.zeros(1, 1, dtype=torch.long), 1, cache,
+                             "one token with a cache")
     if not any(_holds_tensors(v) for layer in getattr(cache, "layers", ())
                for v in _public(layer).values()):
         raise unused_cache(type(model).__name__, output)
-    return layers_of(type(model).__name__, cache, scans=bool(scan_modules(model)))
+    return layers_of(type(model).__name__, cache, scans=moved or bool(scan_modules(model)))
 
 
 def unused_cache(name: str, output: Any) -> InputError:
@@ -508,7 +510,7 @@ def calling(model: "torch.nn.Module", call: Call) -> Iterator["torch.nn.Module"]
     as torch.export traces them: :func:`~rewrite.exporting.checkpoint.scans.traced_scans`)."""
     model.forward = types.MethodType(call.forward, model)
     try:
-        with traced_scans(model):
+        with traced_scans(model), states_in_cache(model):
             yield model
     finally:
         del model.forward
