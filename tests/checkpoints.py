@@ -77,6 +77,13 @@ OTHER_DECODERS: dict[str, tuple[str, dict]] = {
     "recurrent_gemma": ("RecurrentGemmaConfig", {
         **SMALL, "head_dim": 8, "lru_width": 32, "conv1d_width": 4, "attention_window_size": 8,
         "block_types": ["recurrent", "attention", "recurrent", "recurrent"]}),
+    # MiniMax: lightning attention layers (a recurrent state [batch, 4 heads, 8, 8] in a
+    # cache class of its own; eager's prefill in blocks of 4 tokens) around an attention
+    # layer (1), MoE in each
+    "minimax": ("MiniMaxConfig", {
+        **SMALL, "head_dim": 8, "num_local_experts": 4, "num_experts_per_tok": 2,
+        "block_size": 4, "layer_types": ["linear_attention", "full_attention",
+                                         "linear_attention", "linear_attention"]}),
 }
 """Causal LMs the family tests do not run (tests of one behaviour each)."""
 

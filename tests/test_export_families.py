@@ -219,6 +219,32 @@ def test_recurrent_gemma_decodes_with_the_states_it_keeps_on_its_modules(tmp_pat
 
 
 @pytest.mark.slow  # a tiny checkpoint, exported, then prefill + 3 decode steps
+def test_minimax_lightning_attention_decodes_with_its_recurrent_states(tmp_path):
+    """MiniMax's lightning attention layers (0, 2, 3) around an attention layer (1): each
+    keeps a recurrent state ``[batch, heads, head_dim, head_dim]`` in a cache class of the
+    model's own (which its forward requires), carried as ``past.N.recurrent`` ->
+    ``present.N.recurrent`` with no convolution state, the recurrence an ONNX ``Scan`` where
+    eager computes a prefill in blocks of 4 tokens. Prefill of a left-padded batch and 3
+    greedy decode steps equal eager within 1e-4; one function per layer kind; a prompt fed in
+    pieces equals eager's one prefill."""
+    folder, out, model = _hybrid_decoded("minimax", tmp_path, "the cache is a MiniMaxCache")
+    kv = ["batch_size", "2", "past_sequence_length", "8"]
+    shapes = {v.name: [str(d) for d in v.shape] for v in model.graph.inputs[3:]}
+    recurrent = ["batch_size", "4", "8", "8"]
+    assert shapes == {"past.0.recurrent": recurrent, "past_key_values.1.key": kv,
+                      "past_key_values.1.value": kv, "past.2.recurrent": recurrent,
+                      "past.3.recurrent": recurrent}, shapes
+    calls = [n for n in model.graph if n.op_type.startswith("MiniMaxDecoderLayer")]
+    kinds = [(c.domain, c.op_type, c.overload) for c in calls]
+    assert kinds[0] == kinds[2] == kinds[3] != kinds[1], kinds
+    for n in (0, 2, 3):
+        assert f"past.{n}.recurrent" in {v.name for v in calls[n].inputs if v is not None}
+        assert f"present.{n}.recurrent" in {v.name for v in calls[n].outputs}
+    assert any(n.op_type == "Scan" for f in model.functions.values() for n in f)
+    assert _prompt_in_pieces(folder, out, (5, 4, 3)) < 1e-4
+
+
+@pytest.mark.slow  # a tiny checkpoint, exported, then prefill + 3 decode steps
 @pytest.mark.parametrize("family, attention", [("jamba", (1,)), ("mamba", ())])
 def test_mamba1_layers_decode_with_their_recurrent_states(family, attention, tmp_path):
     """Mamba (1) layers (Jamba's around an attention layer; Mamba's alone, reading the mask

@@ -48,7 +48,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 from attrs import frozen
 
 from rewrite.errors import InputError, first_line, library_call
-from rewrite.exporting.checkpoint.module_states import states_in_cache
+from rewrite.exporting.checkpoint.module_states import own_cache, states_in_cache
 from rewrite.exporting.checkpoint.scans import scan_modules, traced_scans
 
 if TYPE_CHECKING:
@@ -201,9 +201,9 @@ def layers_of(name: str, cache: Any, scans: bool = False) -> tuple[LayerCache, .
               and keys.dim() == 4 and values.dim() == 4)
         # beside keys and values: carried with a traced scan's recurrent state only
         conv = conv_state(layer) if not kv or scans else None
-        recurrent = None if conv is None or not scans else recurrent_state(layer)
+        recurrent = None if (conv is None and kv) or not scans else recurrent_state(layer)
         conv = None if kv and recurrent is None else conv
-        if not kv and conv is None and not _keeps_nothing(layer):
+        if not kv and conv is None and recurrent is None and not _keeps_nothing(layer):
             raise InputError(
                 f"{name}: layer {n}'s cache is a {type(layer).__name__}, not keys and values: "
                 "--cache kv exports key/value caches and convolution layers' states only "
@@ -229,7 +229,7 @@ def layers_of(name: str, cache: Any, scans: bool = False) -> tuple[LayerCache, .
             *shape, conv=None if conv is None else (conv.shape[1], conv.shape[2]), kv=kv,
             recurrent=None if recurrent is None else tuple(recurrent.shape[1:]),
             indexer=None if indexer is None else indexer.shape[2]))
-    if not any(layer.kv or layer.conv for layer in layers):
+    if not any(layer.kv or layer.conv or layer.recurrent for layer in layers):
         raise InputError(f"{name} returned no key/value cache: use --cache none")
     return tuple(layers)
 
@@ -290,24 +290,28 @@ def filled_cache(model: "torch.nn.Module", past: list) -> Any:
     cache = model_cache(model)
     for n, tensors in enumerate(past):
         own = cache.layers[n]
-        if tensors and tensors[0].dim() == 4 and hasattr(own, "conv_states"):
+        states = hasattr(own, "conv_states")  # a linear-attention layer
+        if tensors and states and isinstance(own, DynamicLayer):
             holding(own, *tensors[:2])  # keys and values beside Mamba-2 states (Falcon-H1)
             holding_states(own, *tensors[2:])
-        elif tensors and tensors[0].dim() == 4:  # keys and values, maybe indexer keys
+        elif tensors and states:  # a convolution and a recurrent state, or one of them
+            holding_states(own, *tensors)
+        elif tensors:  # keys and values, maybe indexer keys
             empty = DynamicIndexedLayer() if len(tensors) == 3 else DynamicLayer()
             cache.layers[n] = holding(empty, *tensors)
-        elif tensors:  # a convolution state (3-d), maybe a recurrent state
-            holding_states(own, *tensors)
     return cache
 
 
-def holding_states(layer: Any, conv: "torch.Tensor", recurrent: "torch.Tensor | None" = None
-                   ) -> None:
-    """A linear-attention cache ``layer`` holding copies of ``conv`` (and ``recurrent``),
-    marked as following earlier tokens (:func:`filled_cache`)."""
-    layer.conv_states[0], layer.conv_kernel_size[0] = conv.clone(), conv.shape[-1]
-    layer.dtype, layer.device = conv.dtype, conv.device
-    layer.is_conv_states_initialized[0] = layer.has_previous_state[0] = True
+def holding_states(layer: Any, *states: "torch.Tensor") -> None:
+    """A linear-attention cache ``layer`` holding copies of ``states`` (a convolution and a
+    recurrent state; one alone is a convolution state if 3-d, else a recurrent state: MiniMax's
+    lightning attention), marked as following earlier tokens (:func:`filled_cache`)."""
+    conv = states[0] if len(states) == 2 or states[0].dim() == 3 else None
+    recurrent = states[-1] if conv is None or len(states) == 2 else None
+    if conv is not None:
+        layer.conv_states[0], layer.conv_kernel_size[0] = conv.clone(), conv.shape[-1]
+        layer.is_conv_states_initialized[0] = layer.has_previous_state[0] = True
+    layer.dtype, layer.device = states[0].dtype, states[0].device
     if recurrent is not None:
         layer.recurrent_states[0] = recurrent.clone()
         layer.is_recurrent_states_initialized[0] = True
@@ -320,7 +324,7 @@ def layer_state(layer: Any) -> tuple["torch.Tensor", ...]:
 
     keys, indexer = getattr(layer, "keys", None), getattr(layer, "indexer_keys", None)
     state, recurrent = conv_state(layer), recurrent_state(layer)
-    states = () if state is None else (state, *(() if recurrent is None else (recurrent,)))
+    states = tuple(s for s in (state, recurrent) if s is not None)
     if isinstance(keys, torch.Tensor):
         indexed = (indexer,) if isinstance(indexer, torch.Tensor) else ()
         return (keys, layer.values, *indexed, *(states if recurrent is not None else ()))
@@ -377,13 +381,15 @@ def _holds_tensors(value: Any) -> bool:
 
 def model_cache(model: "torch.nn.Module") -> Any:
     """An empty ``DynamicCache`` for ``model`` (per-layer kinds, such as sliding windows, from
-    its config)."""
+    its config), in the model's own cache class where it requires one
+    (:func:`~rewrite.exporting.checkpoint.module_states.own_cache`)."""
     from transformers import DynamicCache
 
     try:
-        return DynamicCache(config=model.config)
+        cache = DynamicCache(config=model.config)
     except TypeError:  # transformers 4.x: no config argument
         return DynamicCache()
+    return own_cache(model, cache)
 
 
 def causal_lm_call(model: "torch.nn.Module", layout: tuple[LayerCache, ...] | None) -> Call:

@@ -15,6 +15,14 @@ keeps it) like any hybrid's. Numbers as transformers': the state restarts at pos
 (``reset``), the recurrence runs in float32. One difference: a multi-token call after
 earlier tokens continues their convolution state, where transformers' prefill path starts
 it from zeros (a prompt fed in pieces equals one prefill of it).
+
+MiniMax's lightning attention layers keep their state, ``[batch, heads, head_dim, head_dim]``,
+in a cache class of the model's own (``MiniMaxCache``, a list beside its layers; the model
+refuses any other cache): :func:`own_cache` makes one holding the layers transformers
+gives the config, and :func:`states_in_cache` gives each such layer a forward that keeps its
+state in its layer of the cache (``recurrent_states[0]``), its recurrence (transformers'
+blocks of ``block_size`` tokens for a prefill, a Python loop over the tokens after) one
+scan over the tokens from it: ``past.N.recurrent`` with no convolution state.
 """
 
 from __future__ import annotations
@@ -27,19 +35,23 @@ from typing import TYPE_CHECKING, Any, Iterator
 if TYPE_CHECKING:
     import torch
 
-RECURRENT_BLOCK = "RecurrentGemmaRecurrentBlock"
+FORWARDS = {"RecurrentGemmaRecurrentBlock": "recurrent_block_forward",
+            "MiniMaxLightningAttention": "lightning_forward"}
+"""The classes whose state transformers keeps outside its cache layers, and the forward
+(of this module) each has while the cache layout is read and while exporting."""
 
 
 @contextlib.contextmanager
 def states_in_cache(model: "torch.nn.Module") -> Iterator[bool]:
-    """``model``'s recurrent blocks keeping their states in the cache while the block runs
-    (:func:`recurrent_block_forward`); yields whether it has any."""
+    """``model``'s layers of :data:`FORWARDS` keeping their states in their layers of the
+    cache while the block runs; yields whether it has any."""
     blocks = [(int(re.findall(r"\d+", name)[-1]), module)
               for name, module in model.named_modules()
-              if type(module).__name__ == RECURRENT_BLOCK and re.search(r"\d", name)]
+              if type(module).__name__ in FORWARDS and re.search(r"\d", name)]
     try:
         for n, block in blocks:
-            block.forward = functools.partial(recurrent_block_forward, block, n)
+            block.forward = functools.partial(globals()[FORWARDS[type(block).__name__]],
+                                              block, n)
         yield bool(blocks)
     finally:
         for _, block in blocks:
@@ -108,3 +120,63 @@ def _lru_step(state: "torch.Tensor", token: tuple["torch.Tensor", "torch.Tensor"
     a, x = token
     state = a * state + x
     return state.clone(), state
+
+
+def own_cache(model: "torch.nn.Module", cache: Any) -> Any:
+    """``cache`` (transformers' ``DynamicCache`` for ``model``'s config), or its layers in
+    the cache class of ``model``'s own where its modeling module has one that keeps lightning
+    attention states (MiniMax's ``MiniMaxCache``, which its forward requires)."""
+    import sys
+
+    from transformers import DynamicCache
+
+    module = sys.modules.get(type(model).__module__)
+    own = [value for value in vars(module).values() if isinstance(value, type)
+           and issubclass(value, DynamicCache) and hasattr(value, "set_linear_cache")] \
+        if module is not None else []
+    if len(own) != 1:
+        return cache
+    made = own[0]()
+    made.layers, made.linear_cache = cache.layers, [None] * len(cache.layers)
+    return made
+
+
+def lightning_forward(attention: "torch.nn.Module", n: int, hidden_states: "torch.Tensor",
+                      position_embeddings: Any = None, attention_mask: Any = None,
+                      cache: Any = None, **kwargs: Any) -> tuple["torch.Tensor", "torch.Tensor"]:
+    """MiniMax's lightning attention (layer ``n``) with its state ``[batch, heads, head_dim,
+    head_dim]`` in ``cache.layers[n]`` (zeros when it holds none), its recurrence one scan
+    over the tokens: (output, the last state)."""
+    import sys
+
+    import torch
+    from torch._higher_order_ops.scan import scan
+
+    batch, length, _ = hidden_states.shape
+    heads, dim = attention.num_attention_heads, attention.head_dim
+    masked = sys.modules[type(attention).__module__].apply_mask_to_padding_states
+    qkv = masked(attention.act_fn(attention.qkv_proj(hidden_states)), attention_mask)
+    query, key, value = torch.split(qkv.reshape(batch, length, heads, 3 * dim), dim, dim=3)
+    layer = cache.layers[n] if cache is not None else None
+    state = None if layer is None else layer.recurrent_states.get(0)
+    state = value.new_zeros(batch, heads, dim, dim) if state is None else state
+    decay = torch.exp(-attention.slope_rate).reshape(1, heads, 1, 1).expand(
+        length, batch, heads, 1, 1)
+    state, out = scan(_lightning_step, state, (decay, *(t.movedim(1, 0) for t in (
+        query, key, value))))
+    out = attention.norm(out.movedim(0, 1).reshape(batch, length, heads * dim))
+    out = attention.out_proj(torch.sigmoid(attention.output_gate(hidden_states)) * out)
+    if layer is not None:
+        layer.recurrent_states[0], layer.is_recurrent_states_initialized[0] = state, True
+        layer.dtype, layer.device = state.dtype, state.device
+    return out, state
+
+
+def _lightning_step(state: "torch.Tensor", token: tuple["torch.Tensor", ...]
+                    ) -> tuple["torch.Tensor", "torch.Tensor"]:
+    """One token's lightning attention update of ``state [batch, heads, head_dim,
+    head_dim]`` (``token``: its decay ``[batch, heads, 1, 1]``, query, key and value
+    ``[batch, heads, head_dim]``): (new state, the token's output)."""
+    decay, query, key, value = token
+    state = decay * state + key[..., :, None] * value[..., None, :]
+    return state.clone(), (query[..., :, None] * state).sum(-2)
