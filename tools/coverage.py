@@ -41,7 +41,8 @@ SIZES = {
     "d_model": 64, "n_positions": 128, "decoder_layers": 2, "decoder_attention_heads": 4,
     "decoder_ffn_dim": 128, "encoder_layers": 2, "encoder_attention_heads": 4,
     "encoder_ffn_dim": 128, "num_layers": 2, "num_heads": 4, "ffn_dim": 128,
-    "hidden_size_global": 64, "encoder_hash_byte_group_vocab": 128,
+    "hidden_size_global": 64, "encoder_hash_byte_group_vocab": 128, "swa_head_dim": 16,
+    "swa_num_attention_heads": 4, "swa_num_key_value_heads": 2,
 }
 """Small values for the config fields that set sizes, applied where a config has the field."""
 
