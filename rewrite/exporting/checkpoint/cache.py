@@ -20,8 +20,10 @@ before the first token), the names onnxruntime-genai uses; a state-space or gate
 layer (Mamba-2: Bamba, GraniteMoE-Hybrid...; Mamba, Jamba; Qwen3-Next, Qwen3.5...) its
 recurrent state beside it, ``past.N.recurrent`` / ``present.N.recurrent`` (Mamba-2's
 ``[batch_size, heads, head_dim, state]``, Mamba's ``[batch_size, channels, state]``, a gated
-delta net's ``[batch_size, value heads, key_dim, value_dim]``; zeros before the first
-token).
+delta net's ``[batch_size, value heads, key_dim, value_dim]``, RecurrentGemma's
+``[batch_size, lru_width]``; zeros before the first token); MiniMax's lightning attention
+its recurrent state alone (``[batch_size, heads, head_dim, head_dim]``; states transformers
+keeps outside its cache layers: :mod:`~rewrite.exporting.checkpoint.module_states`).
 
 ``position_ids`` count from 0 in every model, as onnxruntime-genai feeds them (from the
 attention mask). A family that numbers its positions from elsewhere has the offset added
