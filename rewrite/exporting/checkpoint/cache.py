@@ -295,7 +295,8 @@ def filled_cache(model: "torch.nn.Module", past: list) -> Any:
         states = hasattr(own, "conv_states")  # a linear-attention layer
         if tensors and states and isinstance(own, DynamicLayer):
             holding(own, *tensors[:2])  # keys and values beside Mamba-2 states (Falcon-H1)
-            holding_states(own, *tensors[2:])
+            if tensors[2:]:
+                holding_states(own, *tensors[2:])
         elif tensors and states:  # a convolution and a recurrent state, or one of them
             holding_states(own, *tensors)
         elif tensors:  # keys and values, maybe indexer keys
