@@ -56,13 +56,13 @@ def test_once_failing_families_convert_and_equal_eager(model_type, why, tmp_path
 
 
 def test_a_cache_that_is_not_keys_and_values_is_refused_in_one_line(tmp_path, run_cli):
-    """Inkling's layers keep a convolution state beside their keys and values (a scan
-    rewrite does not trace): exit 2, one line, nothing written (before any export runs)."""
+    """DeepSeek-V4's layers keep a compressed cache beside their keys and values: exit 2, one
+    line, nothing written (before any export runs)."""
     out = tmp_path / "out" / "model.onnx"
     out.parent.mkdir()
-    r = run_cli("export", _checkpoint("inkling_text", tmp_path), "-o", out)
+    r = run_cli("export", _checkpoint("deepseek_v4", tmp_path), "-o", out)
     assert r.code == 2, r.err
-    assert "keeps conv_states beside its keys and values" in r.err
+    assert "keeps buffer_gate, buffer_kv, compressed_kv beside its keys and values" in r.err
     assert "Traceback" not in r.err
     assert not list(out.parent.iterdir())
 
@@ -100,14 +100,14 @@ def test_a_model_whose_own_decode_fails_is_refused_before_export(tmp_path, run_c
 @pytest.mark.slow  # a tiny hybrid checkpoint built from its config
 def test_a_cache_keeping_state_beside_keys_and_values_is_refused_before_export(tmp_path,
                                                                               run_cli):
-    """Inkling's layers keep a convolution state beside their keys and values (no Mamba-2
-    scan): refused in one line before torch.export runs (such a failure used to be inside
-    torch.export, which the message then blamed)."""
+    """DeepSeek-V4's layers keep a compressed cache beside their keys and values: refused in
+    one line before torch.export runs (such a failure used to be inside torch.export, which
+    the message then blamed)."""
     out = tmp_path / "out" / "model.onnx"
     out.parent.mkdir()
-    r = run_cli("export", _checkpoint("inkling_text", tmp_path), "-o", out)
+    r = run_cli("export", _checkpoint("deepseek_v4", tmp_path), "-o", out)
     assert r.code == 2, r.err
-    assert "keeps conv_states beside its keys and values" in r.err
+    assert "keeps buffer_gate, buffer_kv, compressed_kv beside its keys and values" in r.err
     assert "torch.export" not in r.err
     assert not list(out.parent.iterdir())
 
@@ -241,6 +241,26 @@ def test_minimax_lightning_attention_decodes_with_its_recurrent_states(tmp_path)
         assert f"past.{n}.recurrent" in {v.name for v in calls[n].inputs if v is not None}
         assert f"present.{n}.recurrent" in {v.name for v in calls[n].outputs}
     assert any(n.op_type == "Scan" for f in model.functions.values() for n in f)
+    assert _prompt_in_pieces(folder, out, (5, 4, 3)) < 1e-4
+
+
+@pytest.mark.slow  # a tiny checkpoint, exported, then prefill + 3 decode steps
+def test_inkling_carries_four_convolution_states_beside_keys_and_values(tmp_path):
+    """Inkling's layers (sliding-window 0, 2, 3, full 1; window 8) keep keys and values and
+    four convolution states (its keys', values', attention output's and MLP output's),
+    ``past_key_values.N.*`` then ``past.N.conv.0`` .. ``past.N.conv.3``, each layer's call
+    taking its own. Each distinct layer traced once; prefill of a left-padded batch and 3
+    greedy decode steps equal eager within 1e-4 (past the window); a prompt fed in pieces
+    equals eager's one prefill."""
+    folder, out, model = _hybrid_decoded("inkling_text", tmp_path)
+    kv = ["batch_size", "2", "past_sequence_length", "8"]
+    convs = [["batch_size", "16", "4"]] * 2 + [["batch_size", "32", "4"]] * 2
+    shapes = {v.name: [str(d) for d in v.shape] for v in model.graph.inputs[3:]}
+    assert shapes == {name: shape for n in range(4) for name, shape in [
+        (f"past_key_values.{n}.key", kv), (f"past_key_values.{n}.value", kv),
+        *((f"past.{n}.conv.{k}", conv) for k, conv in enumerate(convs))]}, shapes
+    states = {f"present.{n}.conv.{k}" for n in range(4) for k in range(4)}
+    assert states <= {v.name for call in model.graph for v in call.outputs}
     assert _prompt_in_pieces(folder, out, (5, 4, 3)) < 1e-4
 
 

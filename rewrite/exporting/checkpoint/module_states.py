@@ -23,6 +23,11 @@ gives the config, and :func:`states_in_cache` gives each such layer a forward th
 state in its layer of the cache (``recurrent_states[0]``), its recurrence (transformers'
 blocks of ``block_size`` tokens for a prefill, a Python loop over the tokens after) one
 scan over the tokens from it: ``past.N.recurrent`` with no convolution state.
+
+Inkling's short convolutions (four per layer, beside its keys and values) keep their states
+in the cache already, but update them in place (``copy_``), which the per-layer trace cannot
+follow: their forward keeps each state by assignment instead, the same convolution
+(:func:`short_convolution_forward`).
 """
 
 from __future__ import annotations
@@ -36,7 +41,8 @@ if TYPE_CHECKING:
     import torch
 
 FORWARDS = {"RecurrentGemmaRecurrentBlock": "recurrent_block_forward",
-            "MiniMaxLightningAttention": "lightning_forward"}
+            "MiniMaxLightningAttention": "lightning_forward",
+            "InklingShortConvolution": "short_convolution_forward"}
 """The classes whose state transformers keeps outside its cache layers, and the forward
 (of this module) each has while the cache layout is read and while exporting."""
 
@@ -180,3 +186,32 @@ def _lightning_step(state: "torch.Tensor", token: tuple["torch.Tensor", ...]
     decay, query, key, value = token
     state = decay * state + key[..., :, None] * value[..., None, :]
     return state.clone(), (query[..., :, None] * state).sum(-2)
+
+
+def short_convolution_forward(conv: "torch.nn.Module", n: int, hidden_states: "torch.Tensor",
+                              cache: Any = None, conv_mask: Any = None, **kwargs: Any
+                              ) -> "torch.Tensor":
+    """Inkling's short convolution (layer ``n``'s state ``conv.conv_idx``, ``[batch,
+    channels, conv_kernel_size]``, zeros when unset) over the state and the new tokens, in
+    float32 with its residual, as transformers computes it; the state kept by assignment."""
+    import sys
+
+    import torch
+    import torch.nn.functional as F
+
+    masked = sys.modules[type(conv).__module__].apply_mask_to_padding_states
+    residual = hidden_states.float()
+    x = masked(residual, conv_mask).transpose(1, 2)
+    layer = cache.layers[n] if cache is not None else None
+    k, width = conv.conv_idx, conv.conv_kernel_size
+    state = None if layer is None else layer.conv_states.get(k)
+    state = x.new_zeros(*x.shape[:2], width) if state is None else state.to(x.dtype)
+    full = torch.cat((state, x), -1)
+    weight = conv.conv1d.weight
+    out = F.conv1d(full.to(weight.dtype), weight, conv.conv1d.bias, groups=weight.shape[0])
+    if layer is not None:
+        layer.conv_states[k], layer.conv_kernel_size[k] = full[..., -width:], width
+        layer.is_conv_states_initialized[k] = layer.has_previous_state[k] = True
+        layer.dtype, layer.device = full.dtype, full.device
+    out = out[..., -x.shape[-1]:].to(x.dtype).transpose(1, 2)
+    return (out + residual).to(hidden_states.dtype)
