@@ -23,7 +23,9 @@ recurrent state beside it, ``past.N.recurrent`` / ``present.N.recurrent`` (Mamba
 delta net's ``[batch_size, value heads, key_dim, value_dim]``, RecurrentGemma's
 ``[batch_size, lru_width]``; zeros before the first token); MiniMax's lightning attention
 its recurrent state alone (``[batch_size, heads, head_dim, head_dim]``; states transformers
-keeps outside its cache layers: :mod:`~rewrite.exporting.checkpoint.module_states`).
+keeps outside its cache layers: :mod:`~rewrite.exporting.checkpoint.module_states`). A layer
+with several convolution states numbers them, ``past.N.conv.K`` (Inkling's four, beside its
+keys and values).
 
 ``position_ids`` count from 0 in every model, as onnxruntime-genai feeds them (from the
 attention mask). A family that numbers its positions from elsewhere has the offset added
