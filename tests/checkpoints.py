@@ -72,6 +72,27 @@ OTHER_DECODERS: dict[str, tuple[str, dict]] = {
     "mamba": ("MambaConfig", dict(vocab_size=96, hidden_size=32, state_size=8,
                                   num_hidden_layers=LAYERS, expand=2, conv_kernel=4,
                                   time_step_rank=8)),
+    # RecurrentGemma: recurrent blocks (a short convolution, then the RG-LRU; transformers
+    # keeps their states on the modules) around a sliding-window attention layer (1)
+    "recurrent_gemma": ("RecurrentGemmaConfig", {
+        **SMALL, "head_dim": 8, "lru_width": 32, "conv1d_width": 4, "attention_window_size": 8,
+        "block_types": ["recurrent", "attention", "recurrent", "recurrent"]}),
+    # MiniMax: lightning attention layers (a recurrent state [batch, 4 heads, 8, 8] in a
+    # cache class of its own; eager's prefill in blocks of 4 tokens) around an attention
+    # layer (1), MoE in each
+    "minimax": ("MiniMaxConfig", {
+        **SMALL, "head_dim": 8, "num_local_experts": 4, "num_experts_per_tok": 2,
+        "block_size": 4, "layer_types": ["linear_attention", "full_attention",
+                                         "linear_attention", "linear_attention"]}),
+    # Inkling: every layer keeps keys and values and four convolution states (its keys',
+    # values', attention output's and MLP output's); sliding-window layers (window 8) and a
+    # full one (1), MoE in each
+    "inkling_text": ("InklingTextConfig", {
+        **SMALL, "head_dim": 8, "swa_head_dim": 8, "swa_num_attention_heads": 4,
+        "swa_num_key_value_heads": 2, "d_rel": 8, "sliding_window_size": 8, "rel_extent": 64,
+        "n_routed_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 24,
+        "layer_types": ["hybrid_sliding", "hybrid", "hybrid_sliding", "hybrid_sliding"],
+        "mlp_layer_types": ["sparse"] * 4}),
 }
 """Causal LMs the family tests do not run (tests of one behaviour each)."""
 

@@ -23,7 +23,7 @@ from safetensors import safe_open
 
 import rewrite
 from rewrite.cli.steps import Steps
-from rewrite.exporting.checkpoint.cache import cache_layout, new_tokens_mask
+from rewrite.exporting.checkpoint.cache import cache_layout, model_cache, new_tokens_mask
 from tests import checkpoints
 
 DECODE_STEPS = 3
@@ -87,8 +87,6 @@ def decode_and_compare(folder: Path, onnx_path: Path, batch: int = 3) -> list[fl
     """Prefill and DECODE_STEPS greedy steps in both, the first row left-padded by PAD
     tokens; the max |difference| of each step (the padded positions' logits excluded).
     Batch, sequence and past lengths all differ from the example inputs of the export."""
-    from transformers import DynamicCache
-
     eager = _eager(folder)
     layout = cache_layout(eager)  # per layer: keys and values may differ (MLA), a hybrid's
     pairs = {past: present for n, layer in enumerate(layout)  # layers keep a conv state
@@ -101,7 +99,7 @@ def decode_and_compare(folder: Path, onnx_path: Path, batch: int = 3) -> list[fl
     mask[0, :PAD] = 0
     past = {name: t.numpy() for n, layer in enumerate(layout)
             for name, t in zip(layer.names(n), layer.past(batch, 0))}
-    cache, errors = DynamicCache(config=eager.config), []
+    cache, errors = model_cache(eager), []  # MiniMax's a class of its own
     new_only = new_tokens_mask(layout)
     for _ in range(1 + DECODE_STEPS):
         length = ids.shape[1]

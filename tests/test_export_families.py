@@ -53,13 +53,31 @@ def test_once_failing_families_convert_and_equal_eager(model_type, why, tmp_path
 
 
 def test_a_cache_that_is_not_keys_and_values_is_refused_in_one_line(tmp_path, run_cli):
-    """Inkling's layers keep a convolution state beside their keys and values (a scan
-    rewrite does not trace): exit 2, one line, nothing written (before any export runs)."""
+    """DeepSeek-V4's layers keep a compressed cache beside their keys and values: exit 2, one
+    line, nothing written (before any export runs)."""
     out = tmp_path / "out" / "model.onnx"
     out.parent.mkdir()
-    r = run_cli("export", _checkpoint("inkling_text", tmp_path), "-o", out)
+    r = run_cli("export", _checkpoint("deepseek_v4", tmp_path), "-o", out)
     assert r.code == 2, r.err
-    assert "keeps conv_states beside its keys and values" in r.err
+    assert "keeps buffer_gate, buffer_kv, compressed_kv beside its keys and values" in r.err
+    assert "Traceback" not in r.err
+    assert not list(out.parent.iterdir())
+
+
+@pytest.mark.parametrize("model_type, kept", [
+    ("openai-gpt", "it recomputes every token at each step"),
+    ("rwkv", "it returns its own state instead (state)"),
+])
+def test_a_model_that_keeps_no_cache_is_refused_in_one_line(model_type, kept, tmp_path,
+                                                             run_cli):
+    """GPT-1 fills no cache (each step recomputes every token); RWKV returns its recurrent
+    state as an output of its own: the cache they are given stays empty, refused with exit 2
+    and one line that says so, nothing written."""
+    out = tmp_path / "out" / "model.onnx"
+    out.parent.mkdir()
+    r = run_cli("export", _checkpoint(model_type, tmp_path), "-o", out)
+    assert r.code == 2, r.err
+    assert "leaves the cache it is given empty" in r.err and kept in r.err, r.err
     assert "Traceback" not in r.err
     assert not list(out.parent.iterdir())
 
@@ -79,14 +97,14 @@ def test_a_model_whose_own_decode_fails_is_refused_before_export(tmp_path, run_c
 @pytest.mark.slow  # a tiny hybrid checkpoint built from its config
 def test_a_cache_keeping_state_beside_keys_and_values_is_refused_before_export(tmp_path,
                                                                               run_cli):
-    """Inkling's layers keep a convolution state beside their keys and values (no Mamba-2
-    scan): refused in one line before torch.export runs (such a failure used to be inside
-    torch.export, which the message then blamed)."""
+    """DeepSeek-V4's layers keep a compressed cache beside their keys and values: refused in
+    one line before torch.export runs (such a failure used to be inside torch.export, which
+    the message then blamed)."""
     out = tmp_path / "out" / "model.onnx"
     out.parent.mkdir()
-    r = run_cli("export", _checkpoint("inkling_text", tmp_path), "-o", out)
+    r = run_cli("export", _checkpoint("deepseek_v4", tmp_path), "-o", out)
     assert r.code == 2, r.err
-    assert "keeps conv_states beside its keys and values" in r.err
+    assert "keeps buffer_gate, buffer_kv, compressed_kv beside its keys and values" in r.err
     assert "torch.export" not in r.err
     assert not list(out.parent.iterdir())
 
@@ -179,6 +197,68 @@ def test_gated_delta_net_hybrid_decodes_with_its_recurrent_states(tmp_path):
     assert any(n.op_type == "Scan" for f in model.functions.values() for n in f)
     assert _prompt_in_pieces(folder, out, (5, 4, 3)) < 1e-4
     assert _prompt_in_pieces(folder, out, (70, 1)) < 1e-4
+
+
+@pytest.mark.slow  # a tiny checkpoint, exported, then prefill + 3 decode steps
+def test_recurrent_gemma_decodes_with_the_states_it_keeps_on_its_modules(tmp_path):
+    """RecurrentGemma's recurrent blocks (0, 2, 3) around a sliding-window attention layer
+    (1): transformers keeps their convolution's last inputs and the RG-LRU's state on the
+    modules, not in the cache; the export carries them as ``past.N.conv [batch, lru_width,
+    conv1d_width - 1]`` / ``past.N.recurrent [batch, lru_width]`` -> ``present.N.*``, the
+    recurrence an ONNX ``Scan``. Prefill of a left-padded batch and 3 greedy decode steps
+    equal eager within 1e-4; one function per layer kind; a prompt fed in pieces (past the
+    window of 8) equals eager's one prefill."""
+    folder, out, model = _hybrid_decoded("recurrent_gemma", tmp_path)
+    _three_scanning_layers_around_attention(model, "RecurrentGemmaDecoderLayer",
+                                            ["batch_size", "32", "3"], ["batch_size", "32"])
+    assert any(n.op_type == "Scan" for f in model.functions.values() for n in f)
+    assert _prompt_in_pieces(folder, out, (5, 4, 3)) < 1e-4
+
+
+@pytest.mark.slow  # a tiny checkpoint, exported, then prefill + 3 decode steps
+def test_minimax_lightning_attention_decodes_with_its_recurrent_states(tmp_path):
+    """MiniMax's lightning attention layers (0, 2, 3) around an attention layer (1): each
+    keeps a recurrent state ``[batch, heads, head_dim, head_dim]`` in a cache class of the
+    model's own (which its forward requires), carried as ``past.N.recurrent`` ->
+    ``present.N.recurrent`` with no convolution state, the recurrence an ONNX ``Scan`` where
+    eager computes a prefill in blocks of 4 tokens. Prefill of a left-padded batch and 3
+    greedy decode steps equal eager within 1e-4; one function per layer kind; a prompt fed in
+    pieces equals eager's one prefill."""
+    folder, out, model = _hybrid_decoded("minimax", tmp_path, "the cache is a MiniMaxCache")
+    kv = ["batch_size", "2", "past_sequence_length", "8"]
+    shapes = {v.name: [str(d) for d in v.shape] for v in model.graph.inputs[3:]}
+    recurrent = ["batch_size", "4", "8", "8"]
+    assert shapes == {"past.0.recurrent": recurrent, "past_key_values.1.key": kv,
+                      "past_key_values.1.value": kv, "past.2.recurrent": recurrent,
+                      "past.3.recurrent": recurrent}, shapes
+    calls = [n for n in model.graph if n.op_type.startswith("MiniMaxDecoderLayer")]
+    kinds = [(c.domain, c.op_type, c.overload) for c in calls]
+    assert kinds[0] == kinds[2] == kinds[3] != kinds[1], kinds
+    for n in (0, 2, 3):
+        assert f"past.{n}.recurrent" in {v.name for v in calls[n].inputs if v is not None}
+        assert f"present.{n}.recurrent" in {v.name for v in calls[n].outputs}
+    assert any(n.op_type == "Scan" for f in model.functions.values() for n in f)
+    assert _prompt_in_pieces(folder, out, (5, 4, 3)) < 1e-4
+
+
+@pytest.mark.slow  # a tiny checkpoint, exported, then prefill + 3 decode steps
+def test_inkling_carries_four_convolution_states_beside_keys_and_values(tmp_path):
+    """Inkling's layers (sliding-window 0, 2, 3, full 1; window 8) keep keys and values and
+    four convolution states (its keys', values', attention output's and MLP output's),
+    ``past_key_values.N.*`` then ``past.N.conv.0`` .. ``past.N.conv.3``, each layer's call
+    taking its own. Each distinct layer traced once; prefill of a left-padded batch and 3
+    greedy decode steps equal eager within 1e-4 (past the window); a prompt fed in pieces
+    equals eager's one prefill."""
+    folder, out, model = _hybrid_decoded("inkling_text", tmp_path)
+    kv = ["batch_size", "2", "past_sequence_length", "8"]
+    convs = [["batch_size", "16", "4"]] * 2 + [["batch_size", "32", "4"]] * 2
+    shapes = {v.name: [str(d) for d in v.shape] for v in model.graph.inputs[3:]}
+    assert shapes == {name: shape for n in range(4) for name, shape in [
+        (f"past_key_values.{n}.key", kv), (f"past_key_values.{n}.value", kv),
+        *((f"past.{n}.conv.{k}", conv) for k, conv in enumerate(convs))]}, shapes
+    states = {f"present.{n}.conv.{k}" for n in range(4) for k in range(4)}
+    assert states <= {v.name for call in model.graph for v in call.outputs}
+    assert _prompt_in_pieces(folder, out, (5, 4, 3)) < 1e-4
 
 
 @pytest.mark.slow  # a tiny checkpoint, exported, then prefill + 3 decode steps

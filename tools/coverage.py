@@ -41,6 +41,8 @@ SIZES = {
     "d_model": 64, "n_positions": 128, "decoder_layers": 2, "decoder_attention_heads": 4,
     "decoder_ffn_dim": 128, "encoder_layers": 2, "encoder_attention_heads": 4,
     "encoder_ffn_dim": 128, "num_layers": 2, "num_heads": 4, "ffn_dim": 128,
+    "hidden_size_global": 64, "encoder_hash_byte_group_vocab": 128, "swa_head_dim": 16,
+    "swa_num_attention_heads": 4, "swa_num_key_value_heads": 2,
 }
 """Small values for the config fields that set sizes, applied where a config has the field."""
 
@@ -76,6 +78,12 @@ MLA = {"qk_rope_head_dim": 8, "qk_nope_head_dim": 8, "v_head_dim": 16, "kv_lora_
 head; DeepSeek-V3.2's indexer), where present."""
 
 
+NESTED = ("text_config", "decoder", "encoder_config", "decoder_config", "global_config",
+          "patcher_config")
+"""The fields of nested configs, made small likewise (BLT's byte encoder, decoder, global
+transformer and entropy patcher)."""
+
+
 def tiny_config(model_type: str):
     """The config of ``model_type`` with :data:`SIZES` wherever it has those fields (hybrid
     models keep the first four layers of their pattern, so that both kinds occur)."""
@@ -86,7 +94,7 @@ def tiny_config(model_type: str):
         config = AutoConfig.for_model(model_type, **_small(config.to_dict()))
     except Exception:  # noqa: BLE001 - a validator refusing a combination: set them after
         pass
-    for part in [config, *(getattr(config, k, None) for k in ("text_config", "decoder"))]:
+    for part in [config, *(getattr(config, k, None) for k in NESTED)]:
         if part is not None and hasattr(part, "to_dict"):
             for key, value in _small(part.to_dict()).items():
                 _set(part, key, value)

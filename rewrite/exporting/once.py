@@ -462,19 +462,17 @@ class _DynamicSlots:
 
     @staticmethod
     def install(cache: Any, index: int, tensors: tuple, given: bool = False) -> None:
-        """``tensors`` as layer ``index``'s state; a convolution (and recurrent) state,
-        updated in place by the layer, copied when ``given`` (the function's input)."""
+        """``tensors`` as layer ``index``'s state; convolution and recurrent states, updated
+        in place by the layer, copied when ``given`` (the function's input)."""
+        from rewrite.exporting.checkpoint.cache import holding_states
+
         layer = cache.layers[index]
-        if tensors and tensors[0].dim() == 4:  # keys (a convolution state is 3-d)
-            layer.keys, layer.values, *rest = tensors
-            if len(rest) == 1:
-                (layer.indexer_keys,) = rest
-            tensors = tuple(rest) if len(rest) == 2 else ()  # Falcon-H1's Mamba-2 states
-        if tensors:
-            copies = [state.clone() if given else state for state in tensors]
-            layer.conv_states[0], *recurrent = copies
-            if recurrent:
-                (layer.recurrent_states[0],) = recurrent
+        if tensors and hasattr(layer, "keys"):  # keys and values first, maybe indexer keys
+            layer.keys, layer.values, *tensors = tensors
+            if tensors and hasattr(layer, "indexer_keys"):
+                layer.indexer_keys, *tensors = tensors
+        if tensors:  # a hybrid's states (Falcon-H1's beside keys and values)
+            holding_states(layer, *tensors, copy=given)
 
     updated = read
 

@@ -20,8 +20,12 @@ before the first token), the names onnxruntime-genai uses; a state-space or gate
 layer (Mamba-2: Bamba, GraniteMoE-Hybrid...; Mamba, Jamba; Qwen3-Next, Qwen3.5...) its
 recurrent state beside it, ``past.N.recurrent`` / ``present.N.recurrent`` (Mamba-2's
 ``[batch_size, heads, head_dim, state]``, Mamba's ``[batch_size, channels, state]``, a gated
-delta net's ``[batch_size, value heads, key_dim, value_dim]``; zeros before the first
-token).
+delta net's ``[batch_size, value heads, key_dim, value_dim]``, RecurrentGemma's
+``[batch_size, lru_width]``; zeros before the first token); MiniMax's lightning attention
+its recurrent state alone (``[batch_size, heads, head_dim, head_dim]``; states transformers
+keeps outside its cache layers: :mod:`~rewrite.exporting.checkpoint.module_states`). A layer
+with several convolution states numbers them, ``past.N.conv.K`` (Inkling's four, beside its
+keys and values).
 
 ``position_ids`` count from 0 in every model, as onnxruntime-genai feeds them (from the
 attention mask). A family that numbers its positions from elsewhere has the offset added
@@ -48,6 +52,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 from attrs import frozen
 
 from rewrite.errors import InputError, first_line, library_call
+from rewrite.exporting.checkpoint.module_states import own_cache, states_in_cache
 from rewrite.exporting.checkpoint.scans import scan_modules, traced_scans
 
 if TYPE_CHECKING:
@@ -86,7 +91,11 @@ class LayerCache:
     value_dim: int
     conv: tuple[int, int] | None = None
     """A short convolution's state, ``[batch, channels, width]``: (channels, width), kept
-    instead of keys and values by a hybrid's convolution layer (LFM2)."""
+    instead of keys and values by a hybrid's convolution layer (LFM2), or beside them
+    (Inkling)."""
+    more_convs: tuple[tuple[int, int], ...] = ()
+    """The layer's further convolution states, as :attr:`conv` (Inkling's layers keep four:
+    its keys', values', attention output's and MLP output's)."""
     recurrent: tuple[int, ...] | None = None
     """A recurrent state's shape without its batch, kept beside the convolution state by a
     state-space or gated delta layer (Mamba-2's ``[batch, heads, head_dim, state]``), or
@@ -127,7 +136,7 @@ class LayerCache:
         and maybe a recurrent state (zeros: no token before)."""
         import torch
 
-        conv = (torch.zeros(batch, *self.conv, dtype=dtype),) if self.conv else ()
+        conv = tuple(torch.zeros(batch, *shape, dtype=dtype) for shape in self.convs())
         recurrent = (torch.zeros(batch, *self.recurrent, dtype=dtype),) \
             if self.recurrent else ()
         indexer = (torch.zeros(batch, length, self.indexer, dtype=dtype),) \
@@ -137,13 +146,14 @@ class LayerCache:
 
     def names(self, n: int, present: bool = False) -> tuple[str, ...]:
         """The I/O names of layer ``n``'s state, in :meth:`past`'s order: ``past_key_values
-        .N.key`` / ``.value``, ``past.N.indexer_key``, ``past.N.conv``, ``past.N.recurrent``
-        (``present.N.*`` when ``present``; the names onnxruntime-genai gives keys, values,
-        convolution and recurrent states)."""
+        .N.key`` / ``.value``, ``past.N.indexer_key``, ``past.N.conv`` (several:
+        ``past.N.conv.K``, K from 0), ``past.N.recurrent`` (``present.N.*`` when ``present``;
+        the names onnxruntime-genai gives keys, values, convolution and recurrent states)."""
         kv, state = ("present", "present") if present else ("past_key_values", "past")
+        convs = [f"{state}.{n}.conv.{k}" for k in range(len(self.convs()))] \
+            if self.more_convs else [f"{state}.{n}.conv"] * bool(self.conv)
         return (*((f"{kv}.{n}.key", f"{kv}.{n}.value") if self.kv else ()),
-                *((f"{state}.{n}.indexer_key",) if self.indexer else ()),
-                *((f"{state}.{n}.conv",) if self.conv else ()),
+                *((f"{state}.{n}.indexer_key",) if self.indexer else ()), *convs,
                 *((f"{state}.{n}.recurrent",) if self.recurrent else ()))
 
     def axes(self, batch: Any, length: Any) -> tuple[dict[int, Any], ...]:
@@ -152,8 +162,12 @@ class LayerCache:
         the model's)."""
         return (*(({0: batch, 2: length},) * 2 if self.kv else ()),
                 *(({0: batch, 1: length},) if self.indexer else ()),
-                *(({0: batch},) if self.conv else ()),
+                *(({0: batch},) * len(self.convs())),
                 *(({0: batch},) if self.recurrent else ()))
+
+    def convs(self) -> tuple[tuple[int, int], ...]:
+        """The (channels, width) of each convolution state the layer keeps."""
+        return (self.conv, *self.more_convs) if self.conv else ()
 
 
 def cache_layout(model: "torch.nn.Module") -> tuple[LayerCache, ...]:
@@ -165,9 +179,24 @@ def cache_layout(model: "torch.nn.Module") -> tuple[LayerCache, ...]:
     import torch
 
     cache = model_cache(model)
-    own_forward(model, torch.zeros(1, 1, dtype=torch.long), 1, cache,
-                "one token with a cache")
-    return layers_of(type(model).__name__, cache, scans=bool(scan_modules(model)))
+    with states_in_cache(model) as moved:
+        output = own_forward(model, torch.zeros(1, 1, dtype=torch.long), 1, cache,
+                             "one token with a cache")
+    if not any(_holds_tensors(v) for layer in getattr(cache, "layers", ())
+               for v in _public(layer).values()):
+        raise unused_cache(type(model).__name__, output)
+    return layers_of(type(model).__name__, cache, scans=moved or bool(scan_modules(model)))
+
+
+def unused_cache(name: str, output: Any) -> InputError:
+    """The refusal of a model whose forward left the cache it was given empty (GPT-1 keeps
+    none; RWKV and XLNet return a state of their own, ``state`` / ``mems``, in ``output``)."""
+    own = [key for key, value in getattr(output, "items", dict)() if key != "logits"
+           and _holds_tensors(value)]
+    kept = (f"it returns its own state instead ({', '.join(own)}), which --cache kv does not "
+            "carry" if own else "it recomputes every token at each step")
+    return InputError(f"{name} leaves the cache it is given empty (transformers' forward "
+                      f"keeps no keys and values: {kept}): use --cache none for the prefill")
 
 
 def layers_of(name: str, cache: Any, scans: bool = False) -> tuple[LayerCache, ...]:
@@ -184,17 +213,17 @@ def layers_of(name: str, cache: Any, scans: bool = False) -> tuple[LayerCache, .
         kv = (isinstance(keys, torch.Tensor) and isinstance(values, torch.Tensor)
               and keys.dim() == 4 and values.dim() == 4)
         # beside keys and values: carried with a traced scan's recurrent state only
-        conv = conv_state(layer) if not kv or scans else None
-        recurrent = None if conv is None or not scans else recurrent_state(layer)
-        conv = None if kv and recurrent is None else conv
-        if not kv and conv is None and not _keeps_nothing(layer):
+        convs = conv_states(layer)  # beside keys and values too (Inkling)
+        # carried with a traced scan only (a recurrence loops over the tokens)
+        recurrent = recurrent_state(layer) if scans and (convs or not kv) else None
+        if not kv and not convs and recurrent is None and not _keeps_nothing(layer):
             raise InputError(
                 f"{name}: layer {n}'s cache is a {type(layer).__name__}, not keys and values: "
                 "--cache kv exports key/value caches and convolution layers' states only "
                 "(use --cache none for the prefill)")
         indexer = getattr(layer, "indexer_keys", None) if kv else None
         indexer = indexer if isinstance(indexer, torch.Tensor) and indexer.dim() == 3 else None
-        carried = ("keys", "values", "conv_states" if conv is not None else "keys",
+        carried = ("keys", "values", "conv_states" if convs else "keys",
                    "recurrent_states" if recurrent is not None else "keys",
                    "indexer_keys" if indexer is not None else "keys")
         beside = sorted(k for k, v in _public(layer).items()
@@ -210,10 +239,11 @@ def layers_of(name: str, cache: Any, scans: bool = False) -> tuple[LayerCache, .
         shape = (keys.shape[1], keys.shape[3], values.shape[1], values.shape[3]) if kv \
             else (0, 0, 0, 0)
         layers.append(LayerCache(
-            *shape, conv=None if conv is None else (conv.shape[1], conv.shape[2]), kv=kv,
+            *shape, conv=convs[0].shape[1:] if convs else None, kv=kv,
+            more_convs=tuple(conv.shape[1:] for conv in convs[1:]),
             recurrent=None if recurrent is None else tuple(recurrent.shape[1:]),
             indexer=None if indexer is None else indexer.shape[2]))
-    if not any(layer.kv or layer.conv for layer in layers):
+    if not any(layer.kv or layer.conv or layer.recurrent for layer in layers):
         raise InputError(f"{name} returned no key/value cache: use --cache none")
     return tuple(layers)
 
@@ -233,17 +263,16 @@ def _keeps_nothing(layer: Any) -> bool:
     return dummy is not None and type(layer) is dummy
 
 
-def conv_state(layer: Any) -> "torch.Tensor | None":
-    """The one convolution state ``[batch, channels, width]`` of a transformers
-    linear-attention cache layer (LFM2's short convolutions), or None: not such a layer, or it
-    keeps several."""
+def conv_states(layer: Any) -> tuple["torch.Tensor", ...]:
+    """The convolution states ``[batch, channels, width]`` of a transformers linear-attention
+    cache layer, in order (LFM2's one short convolution, Inkling's four), or none: not such a
+    layer, or one of them unset."""
     import torch
 
     states = getattr(layer, "conv_states", None)
-    if not isinstance(states, dict) or len(states) != 1:
-        return None
-    state = states.get(0)
-    return state if isinstance(state, torch.Tensor) and state.dim() == 3 else None
+    found = [states.get(k) for k in range(len(states))] if isinstance(states, dict) else []
+    return tuple(found) if found and all(isinstance(s, torch.Tensor) and s.dim() == 3
+                                         for s in found) else ()
 
 
 def recurrent_state(layer: Any) -> "torch.Tensor | None":
@@ -267,34 +296,48 @@ def filled_cache(model: "torch.nn.Module", past: list) -> Any:
     a copy (the layer updates it in place) marked as following earlier tokens (zeros for the
     first step: the convolution's own left padding, no state before); a layer without a state
     stays the model's own."""
-    from transformers.cache_utils import DynamicIndexedLayer, DynamicLayer
+    from transformers.cache_utils import (
+        DynamicIndexedLayer,
+        DynamicLayer,
+        DynamicSlidingWindowLayer,
+        LinearAttentionAndFullAttentionLayer,
+    )
 
     if all(len(tensors) == 2 and tensors[0].dim() == 4 for tensors in past):
         return cache_holding(past)
     cache = model_cache(model)
     for n, tensors in enumerate(past):
         own = cache.layers[n]
-        if tensors and tensors[0].dim() == 4 and hasattr(own, "conv_states"):
-            holding(own, *tensors[:2])  # keys and values beside Mamba-2 states (Falcon-H1)
+        states = hasattr(own, "conv_states")  # a linear-attention layer
+        if tensors and states and isinstance(own, DynamicLayer):
+            if isinstance(own, DynamicSlidingWindowLayer):  # the window is the mask's
+                own = cache.layers[n] = LinearAttentionAndFullAttentionLayer(
+                    number_of_states=own.number_of_states)
+            holding(own, *tensors[:2])  # keys and values beside states (Falcon-H1, Inkling)
             holding_states(own, *tensors[2:])
-        elif tensors and tensors[0].dim() == 4:  # keys and values, maybe indexer keys
+        elif tensors and states:  # a convolution and a recurrent state, or one of them
+            holding_states(own, *tensors)
+        elif tensors:  # keys and values, maybe indexer keys
             empty = DynamicIndexedLayer() if len(tensors) == 3 else DynamicLayer()
             cache.layers[n] = holding(empty, *tensors)
-        elif tensors:  # a convolution state (3-d), maybe a recurrent state
-            holding_states(own, *tensors)
     return cache
 
 
-def holding_states(layer: Any, conv: "torch.Tensor", recurrent: "torch.Tensor | None" = None
-                   ) -> None:
-    """A linear-attention cache ``layer`` holding copies of ``conv`` (and ``recurrent``),
-    marked as following earlier tokens (:func:`filled_cache`)."""
-    layer.conv_states[0], layer.conv_kernel_size[0] = conv.clone(), conv.shape[-1]
-    layer.dtype, layer.device = conv.dtype, conv.device
-    layer.is_conv_states_initialized[0] = layer.has_previous_state[0] = True
-    if recurrent is not None:
-        layer.recurrent_states[0] = recurrent.clone()
+def holding_states(layer: Any, *states: "torch.Tensor", copy: bool = True) -> None:
+    """A linear-attention cache ``layer`` holding copies of ``states`` (the tensors when not
+    ``copy``), marked as following earlier tokens (:func:`filled_cache`): its convolution
+    states (3-d, as many as its ``number_of_states``: Inkling's four), then a recurrent
+    state; or a recurrent state alone (MiniMax's lightning attention)."""
+    convs = states[:layer.number_of_states] if states and states[0].dim() == 3 else ()
+    for k, conv in enumerate(convs):
+        layer.conv_states[k] = conv.clone() if copy else conv
+        layer.conv_kernel_size[k] = conv.shape[-1]
+        layer.is_conv_states_initialized[k] = layer.has_previous_state[k] = True
+    for recurrent in states[len(convs):]:
+        layer.recurrent_states[0] = recurrent.clone() if copy else recurrent
         layer.is_recurrent_states_initialized[0] = True
+    if states:
+        layer.dtype, layer.device = states[0].dtype, states[0].device
 
 
 def layer_state(layer: Any) -> tuple["torch.Tensor", ...]:
@@ -303,11 +346,11 @@ def layer_state(layer: Any) -> tuple["torch.Tensor", ...]:
     import torch
 
     keys, indexer = getattr(layer, "keys", None), getattr(layer, "indexer_keys", None)
-    state, recurrent = conv_state(layer), recurrent_state(layer)
-    states = () if state is None else (state, *(() if recurrent is None else (recurrent,)))
+    recurrent = recurrent_state(layer)
+    states = (*conv_states(layer), *(() if recurrent is None else (recurrent,)))
     if isinstance(keys, torch.Tensor):
         indexed = (indexer,) if isinstance(indexer, torch.Tensor) else ()
-        return (keys, layer.values, *indexed, *(states if recurrent is not None else ()))
+        return (keys, layer.values, *indexed, *states)
     return states
 
 
@@ -361,13 +404,15 @@ def _holds_tensors(value: Any) -> bool:
 
 def model_cache(model: "torch.nn.Module") -> Any:
     """An empty ``DynamicCache`` for ``model`` (per-layer kinds, such as sliding windows, from
-    its config)."""
+    its config), in the model's own cache class where it requires one
+    (:func:`~rewrite.exporting.checkpoint.module_states.own_cache`)."""
     from transformers import DynamicCache
 
     try:
-        return DynamicCache(config=model.config)
+        cache = DynamicCache(config=model.config)
     except TypeError:  # transformers 4.x: no config argument
         return DynamicCache()
+    return own_cache(model, cache)
 
 
 def causal_lm_call(model: "torch.nn.Module", layout: tuple[LayerCache, ...] | None) -> Call:
@@ -494,7 +539,7 @@ def calling(model: "torch.nn.Module", call: Call) -> Iterator["torch.nn.Module"]
     as torch.export traces them: :func:`~rewrite.exporting.checkpoint.scans.traced_scans`)."""
     model.forward = types.MethodType(call.forward, model)
     try:
-        with traced_scans(model):
+        with traced_scans(model), states_in_cache(model):
             yield model
     finally:
         del model.forward

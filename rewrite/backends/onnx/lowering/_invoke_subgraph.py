@@ -211,7 +211,8 @@ class _Emitter:
                     progressed = True
                 else:
                     rest.append(node)
-            if not progressed:
+            rest = [n for n in rest if owner_of.get(n) not in self.done]
+            if not progressed and rest:  # a call made late in a pass leaves none of its nodes
                 raise Unsupported("the grouped calls cannot be ordered (data leaves a group "
                                   "and comes back)")
             pending = rest

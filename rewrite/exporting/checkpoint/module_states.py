@@ -1,0 +1,217 @@
+"""Recurrent layers whose transformers code keeps its state on its modules, not in the cache:
+RecurrentGemma's recurrent blocks (Griffin's: a short convolution, then the RG-LRU
+recurrence). transformers keeps the convolution's last inputs on the block
+(``conv1d_state``) and the recurrent state on its RG-LRU (``recurrent_states``), leaves the
+cache's ``LinearAttentionLayer`` empty, picks its path by the call's length (a one-token
+step or a prefill), and loops over the tokens in Python.
+
+While the cache layout is read and while exporting, :func:`states_in_cache` gives each such
+block a forward that keeps both states in its layer of the cache (``conv_states[0]``,
+``recurrent_states[0]``, as a Mamba layer's), the same for every length: the convolution
+over the state and the new inputs, the recurrence as one ``torch.scan`` over the tokens
+from the state (an ONNX ``Scan``). So the states are ``past.N.conv [batch, lru_width,
+conv1d_width - 1]`` and ``past.N.recurrent [batch, lru_width]`` (float32, as transformers
+keeps it) like any hybrid's. Numbers as transformers': the state restarts at position 0
+(``reset``), the recurrence runs in float32. One difference: a multi-token call after
+earlier tokens continues their convolution state, where transformers' prefill path starts
+it from zeros (a prompt fed in pieces equals one prefill of it).
+
+MiniMax's lightning attention layers keep their state, ``[batch, heads, head_dim, head_dim]``,
+in a cache class of the model's own (``MiniMaxCache``, a list beside its layers; the model
+refuses any other cache): :func:`own_cache` makes one holding the layers transformers
+gives the config, and :func:`states_in_cache` gives each such layer a forward that keeps its
+state in its layer of the cache (``recurrent_states[0]``), its recurrence (transformers'
+blocks of ``block_size`` tokens for a prefill, a Python loop over the tokens after) one
+scan over the tokens from it: ``past.N.recurrent`` with no convolution state.
+
+Inkling's short convolutions (four per layer, beside its keys and values) keep their states
+in the cache already, but update them in place (``copy_``), which the per-layer trace cannot
+follow: their forward keeps each state by assignment instead, the same convolution
+(:func:`short_convolution_forward`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import re
+from typing import TYPE_CHECKING, Any, Iterator
+
+if TYPE_CHECKING:
+    import torch
+
+FORWARDS = {"RecurrentGemmaRecurrentBlock": "recurrent_block_forward",
+            "MiniMaxLightningAttention": "lightning_forward",
+            "InklingShortConvolution": "short_convolution_forward"}
+"""The classes whose state transformers keeps outside its cache layers, and the forward
+(of this module) each has while the cache layout is read and while exporting."""
+
+
+@contextlib.contextmanager
+def states_in_cache(model: "torch.nn.Module") -> Iterator[bool]:
+    """``model``'s layers of :data:`FORWARDS` keeping their states in their layers of the
+    cache while the block runs; yields whether it has any."""
+    blocks = [(int(re.findall(r"\d+", name)[-1]), module)
+              for name, module in model.named_modules()
+              if type(module).__name__ in FORWARDS and re.search(r"\d", name)]
+    try:
+        for n, block in blocks:
+            block.forward = functools.partial(globals()[FORWARDS[type(block).__name__]],
+                                              block, n)
+        yield bool(blocks)
+    finally:
+        for _, block in blocks:
+            del block.forward
+
+
+def recurrent_block_forward(block: "torch.nn.Module", n: int, input_states: "torch.Tensor",
+                            position_ids: "torch.Tensor", attention_mask: Any = None,
+                            use_cache: bool = True, cache: Any = None, **kwargs: Any
+                            ) -> tuple["torch.Tensor", None]:
+    """RecurrentGemma's recurrent block (layer ``n``) with its states in ``cache.layers[n]``
+    (zeros when it holds none: no token before), for any number of tokens."""
+    import torch
+    import torch.nn.functional as F
+
+    layer = cache.layers[n] if cache is not None and use_cache else None
+    y = block.act_fn(block.linear_y(input_states))
+    x = block.linear_x(input_states).transpose(1, 2)
+    width = block.conv1d_width - 1
+    conv = None if layer is None else layer.conv_states.get(0)
+    conv = x.new_zeros(x.shape[0], x.shape[1], width) if conv is None else conv.to(x.dtype)
+    full = torch.cat((conv, x), -1)
+    x = F.conv1d(full, block.conv_1d.weight, block.conv_1d.bias, groups=block.conv_1d.groups)
+    state = None if layer is None else layer.recurrent_states.get(0)
+    x, state = rg_lru(block.rg_lru, x.transpose(1, 2), position_ids, state)
+    if layer is not None:
+        layer.conv_states[0], layer.recurrent_states[0] = full[..., -width:], state
+        layer.conv_kernel_size[0], layer.dtype, layer.device = width, full.dtype, full.device
+        layer.is_conv_states_initialized[0] = layer.has_previous_state[0] = True
+        layer.is_recurrent_states_initialized[0] = True
+    return block.linear_out(x * y), None
+
+
+def rg_lru(lru: "torch.nn.Module", x: "torch.Tensor", position_ids: "torch.Tensor",
+           state: "torch.Tensor | None") -> tuple["torch.Tensor", "torch.Tensor"]:
+    """transformers' ``RecurrentGemmaRglru`` on ``x [batch, length, width]`` from ``state
+    [batch, width]`` (float32; zeros when None), its recurrence one scan over the tokens:
+    (output ``[batch, length, width]``, the last state)."""
+    import torch
+    import torch.nn.functional as F
+    from torch._higher_order_ops.scan import scan
+
+    batch, length, width = x.shape
+    reset = position_ids[:, :, None] == 0
+    heads = x.reshape(batch * length, lru.num_attention_heads, lru.block_width).permute(1, 0, 2)
+
+    def gate(weight: "torch.Tensor", bias: "torch.Tensor") -> "torch.Tensor":
+        product = torch.baddbmm(bias[:, None, :], heads, weight)
+        return torch.sigmoid(product.transpose(0, 1).reshape(batch, length, width))
+
+    log_a = -8.0 * gate(lru.recurrent_gate_weight, lru.recurrent_gate_bias) \
+        * F.softplus(lru.recurrent_param)
+    multiplier = torch.sqrt(1 - torch.exp(2 * log_a))
+    multiplier = reset + ~reset * multiplier
+    normalized = x * gate(lru.input_gate_weight, lru.input_gate_bias) * multiplier.type(x.dtype)
+    a = (torch.exp(log_a) * ~reset).float()
+    state = x.new_zeros(batch, width, dtype=torch.float32) if state is None else state.float()
+    state, out = scan(_lru_step, state, (a.movedim(1, 0), normalized.float().movedim(1, 0)))
+    return out.movedim(0, 1).to(x.dtype), state
+
+
+def _lru_step(state: "torch.Tensor", token: tuple["torch.Tensor", "torch.Tensor"]
+              ) -> tuple["torch.Tensor", "torch.Tensor"]:
+    """One token's RG-LRU update of ``state [batch, width]`` (``token``: its decay and
+    normalized input): (new state, the token's output)."""
+    a, x = token
+    state = a * state + x
+    return state.clone(), state
+
+
+def own_cache(model: "torch.nn.Module", cache: Any) -> Any:
+    """``cache`` (transformers' ``DynamicCache`` for ``model``'s config), or its layers in
+    the cache class of ``model``'s own where its modeling module has one that keeps lightning
+    attention states (MiniMax's ``MiniMaxCache``, which its forward requires)."""
+    import sys
+
+    from transformers import DynamicCache
+
+    module = sys.modules.get(type(model).__module__)
+    own = [value for value in vars(module).values() if isinstance(value, type)
+           and issubclass(value, DynamicCache) and hasattr(value, "set_linear_cache")] \
+        if module is not None else []
+    if len(own) != 1:
+        return cache
+    made = own[0]()
+    made.layers, made.linear_cache = cache.layers, [None] * len(cache.layers)
+    return made
+
+
+def lightning_forward(attention: "torch.nn.Module", n: int, hidden_states: "torch.Tensor",
+                      position_embeddings: Any = None, attention_mask: Any = None,
+                      cache: Any = None, **kwargs: Any) -> tuple["torch.Tensor", "torch.Tensor"]:
+    """MiniMax's lightning attention (layer ``n``) with its state ``[batch, heads, head_dim,
+    head_dim]`` in ``cache.layers[n]`` (zeros when it holds none), its recurrence one scan
+    over the tokens: (output, the last state)."""
+    import sys
+
+    import torch
+    from torch._higher_order_ops.scan import scan
+
+    batch, length, _ = hidden_states.shape
+    heads, dim = attention.num_attention_heads, attention.head_dim
+    masked = sys.modules[type(attention).__module__].apply_mask_to_padding_states
+    qkv = masked(attention.act_fn(attention.qkv_proj(hidden_states)), attention_mask)
+    query, key, value = torch.split(qkv.reshape(batch, length, heads, 3 * dim), dim, dim=3)
+    layer = cache.layers[n] if cache is not None else None
+    state = None if layer is None else layer.recurrent_states.get(0)
+    state = value.new_zeros(batch, heads, dim, dim) if state is None else state
+    decay = torch.exp(-attention.slope_rate).reshape(1, heads, 1, 1).expand(
+        length, batch, heads, 1, 1)
+    state, out = scan(_lightning_step, state, (decay, *(t.movedim(1, 0) for t in (
+        query, key, value))))
+    out = attention.norm(out.movedim(0, 1).reshape(batch, length, heads * dim))
+    out = attention.out_proj(torch.sigmoid(attention.output_gate(hidden_states)) * out)
+    if layer is not None:
+        layer.recurrent_states[0], layer.is_recurrent_states_initialized[0] = state, True
+        layer.dtype, layer.device = state.dtype, state.device
+    return out, state
+
+
+def _lightning_step(state: "torch.Tensor", token: tuple["torch.Tensor", ...]
+                    ) -> tuple["torch.Tensor", "torch.Tensor"]:
+    """One token's lightning attention update of ``state [batch, heads, head_dim,
+    head_dim]`` (``token``: its decay ``[batch, heads, 1, 1]``, query, key and value
+    ``[batch, heads, head_dim]``): (new state, the token's output)."""
+    decay, query, key, value = token
+    state = decay * state + key[..., :, None] * value[..., None, :]
+    return state.clone(), (query[..., :, None] * state).sum(-2)
+
+
+def short_convolution_forward(conv: "torch.nn.Module", n: int, hidden_states: "torch.Tensor",
+                              cache: Any = None, conv_mask: Any = None, **kwargs: Any
+                              ) -> "torch.Tensor":
+    """Inkling's short convolution (layer ``n``'s state ``conv.conv_idx``, ``[batch,
+    channels, conv_kernel_size]``, zeros when unset) over the state and the new tokens, in
+    float32 with its residual, as transformers computes it; the state kept by assignment."""
+    import sys
+
+    import torch
+    import torch.nn.functional as F
+
+    masked = sys.modules[type(conv).__module__].apply_mask_to_padding_states
+    residual = hidden_states.float()
+    x = masked(residual, conv_mask).transpose(1, 2)
+    layer = cache.layers[n] if cache is not None else None
+    k, width = conv.conv_idx, conv.conv_kernel_size
+    state = None if layer is None else layer.conv_states.get(k)
+    state = x.new_zeros(*x.shape[:2], width) if state is None else state.to(x.dtype)
+    full = torch.cat((state, x), -1)
+    weight = conv.conv1d.weight
+    out = F.conv1d(full.to(weight.dtype), weight, conv.conv1d.bias, groups=weight.shape[0])
+    if layer is not None:
+        layer.conv_states[k], layer.conv_kernel_size[k] = full[..., -width:], width
+        layer.is_conv_states_initialized[k] = layer.has_previous_state[k] = True
+        layer.dtype, layer.device = full.dtype, full.device
+    out = out[..., -x.shape[-1]:].to(x.dtype).transpose(1, 2)
+    return (out + residual).to(hidden_states.dtype)
