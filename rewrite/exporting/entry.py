@@ -69,7 +69,8 @@ def export(
     from rewrite.backends.onnx import SILENT, OnnxOptions
 
     folder, report = isinstance(model, (str, Path)), progress or SILENT
-    options = OnnxOptions(**{"fold_weights": not folder, "fuse_attention": folder, **onnx_options})
+    options = OnnxOptions(**{"fold_weights": not folder, "fuse_attention": folder,
+                             "pack_projections": folder, **onnx_options})
     for_folders = dict(cache=cache, context=context, static=static, trust_model=trust_model,
                        verify=verify, trace=trace, precision=precision, block_size=block_size,
                        symmetric=symmetric)
