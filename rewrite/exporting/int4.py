@@ -281,11 +281,7 @@ def _parts(tensor: "PackedWeight", made: Callable[[], "torch.Tensor"]) -> Weight
             last.clear()  # the last part: the next use makes it again
         return whole.narrow(tensor.axis, start, stop - start)
 
-    bounds, start = {}, 0
-    for name, size in zip(tensor.names, tensor.sizes):
-        bounds[name] = partial(part, start, start + size)
-        start += size
-    return bounds
+    return {name: partial(part, *bounds) for name, bounds in tensor.bounds().items()}
 
 
 @contextlib.contextmanager

@@ -18,7 +18,8 @@ import onnx_ir as ir
 
 
 class PackedWeight(ir.LazyTensor):
-    """``parts`` (2-D tensors of one dtype) concatenated along ``axis``, when read."""
+    """``parts`` (2-D tensors of one dtype, the initializers ``names``) concatenated along
+    ``axis`` when read; ``sizes``: each part's extent along it."""
 
     def __init__(self, names: Sequence[str], parts: Sequence[ir.TensorProtocol], axis: int,
                  name: str) -> None:
@@ -27,9 +28,17 @@ class PackedWeight(ir.LazyTensor):
         shape = (total, shapes[0][1]) if axis == 0 else (shapes[0][0], total)
         self.names, self.axis = tuple(names), axis
         self.sizes = tuple(shape[axis] for shape in shapes)
-        self._parts = tuple(parts)
-        super().__init__(lambda: concatenated(self._parts, axis, name), parts[0].dtype,
+        self.parts = tuple(parts)
+        super().__init__(lambda: concatenated(self.parts, axis, name), parts[0].dtype,
                          ir.Shape(shape), name=name)
+
+    def bounds(self) -> dict[str, tuple[int, int]]:
+        """Each part's name -> its ``(start, stop)`` along :attr:`axis`."""
+        found, start = {}, 0
+        for name, size in zip(self.names, self.sizes):
+            found[name] = (start, start + size)
+            start += size
+        return found
 
     def rows(self, sources: Sequence[Any]) -> Any:
         """``sources`` (one torch tensor per part, in :attr:`names`' order) concatenated
