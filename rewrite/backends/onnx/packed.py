@@ -33,7 +33,7 @@ class PackedWeight(ir.LazyTensor):
                          ir.Shape(shape), name=name)
 
     def bounds(self) -> dict[str, tuple[int, int]]:
-        """Each part's name -> its ``(start, stop)`` along :attr:`axis`."""
+        """Each part's name -> its ``(start, stop)`` along ``axis``."""
         found, start = {}, 0
         for name, size in zip(self.names, self.sizes):
             found[name] = (start, start + size)
@@ -41,7 +41,7 @@ class PackedWeight(ir.LazyTensor):
         return found
 
     def rows(self, sources: Sequence[Any]) -> Any:
-        """``sources`` (one torch tensor per part, in :attr:`names`' order) concatenated
+        """``sources`` (one torch tensor per part, in ``names``' order) concatenated
         like the parts."""
         import torch
 
