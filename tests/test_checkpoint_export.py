@@ -200,22 +200,47 @@ them (``gate_up_proj``, ``down_proj``): that tensor is a new one (concatenated),
 of a shard, so those weights are not compared by name."""
 
 
+def _packed_parts(model: ir.Model) -> dict[str, tuple[str, int, int, int, object]]:
+    """Each weight the export packed with others (q / k / v, gate / up) -> the packed
+    initializer's name, the axis, its bounds along it, its own tensor."""
+    from rewrite.backends.onnx.packed import PackedWeight
+
+    found = {}
+    for name, value in model.graph.initializers.items():
+        tensor = value.const_value
+        if isinstance(tensor, PackedWeight):
+            for (part, (start, stop)), own in zip(tensor.bounds().items(), tensor.parts):
+                found[part] = (name, tensor.axis, start, stop, own)
+    return found
+
+
+def _written(initializers, parts: dict, name: str) -> np.ndarray:
+    """The bytes written for the weight ``name``: its initializer, or its rows of the packed
+    one holding it."""
+    if name in initializers:
+        return initializers[name].const_value.numpy()
+    packed, axis, start, stop, _ = parts[name]
+    return np.ascontiguousarray(np.take(initializers[packed].const_value.numpy(),
+                                        range(start, stop), axis=axis))
+
+
 @pytest.mark.parametrize("exported", FAMILIES, indirect=True)
 def test_weights_byte_equal_to_the_shards(exported):
-    family, folder, out, _, progress = exported
+    """Every weight of the shards is written as it is, alone or as rows of a packed one."""
+    family, folder, out, model, progress = exported
     shards = sorted(folder.glob("*.safetensors"))
     assert len(shards) > 1 or family != "llama"  # the fixture's llama is sharded
     initializers = ir.load(str(out)).graph.initializers
-    aliases = _aliases(folder)
+    aliases, parts = _aliases(folder), _packed_parts(model)
     compared = 0
     for shard in shards:
         with safe_open(str(shard), "pt") as f:
             for name in f.keys():
                 if FUSED_ON_LOAD in name:
                     continue
-                found = [n for n in aliases.get(name, {name}) if n in initializers]
+                found = [n for n in aliases.get(name, {name}) if n in initializers or n in parts]
                 assert found, name
-                got = initializers[found[0]].const_value.numpy()
+                got = _written(initializers, parts, found[0])
                 assert got.tobytes() == f.get_tensor(name).numpy().tobytes(), name
                 compared += 1
     assert compared >= 4 * checkpoints.LAYERS
@@ -296,14 +321,16 @@ def _mapped_ranges(folder: Path) -> list[tuple[int, int]]:
 @pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="Linux only")
 @pytest.mark.parametrize("exported", ["llama"], indirect=True)
 def test_weights_stay_views_of_the_mapped_shards(exported):
-    """Nothing copied the weights: the returned model's initializers are torch tensors over
-    the shards' file mappings (what lets the writer copy them file to file)."""
+    """Nothing copied the weights: the returned model's initializers (and the parts of a
+    packed one, concatenated when written) are torch tensors over the shards' file mappings
+    (what lets the writer copy them file to file)."""
     _, folder, _, model, _ = exported
-    ranges = _mapped_ranges(folder)
+    ranges, parts = _mapped_ranges(folder), _packed_parts(model)
     with safe_open(str(sorted(folder.glob("*.safetensors"))[0]), "pt") as f:
         names = list(f.keys())
     for name in names:
-        tensor = model.graph.initializers[name].const_value.raw
+        own = parts[name][-1] if name in parts else model.graph.initializers[name].const_value
+        tensor = own.raw
         assert isinstance(tensor, torch.Tensor), name
         assert any(low <= tensor.data_ptr() < high for low, high in ranges), name
 

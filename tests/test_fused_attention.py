@@ -119,10 +119,10 @@ def test_unfused_attention_keeps_torch_onnx_lowering(tmp_path, run_cli):
 
 
 def test_int4_dequantizes_and_attends_in_one_body(tmp_path):
-    """``--precision int4``: the layer's bodies dequantize its seven weights
-    (``DequantizeLinear`` with ``block_size``, valid at opset 23) and attend with one
-    ``Attention``; the export's
-    own check (eager on the same weights dequantized, prefill and a decode step) passes."""
+    """``--precision int4``: the layer's bodies dequantize its four weights (q / k / v and
+    gate / up packed; ``DequantizeLinear`` with ``block_size``, valid at opset 23) and attend
+    with one ``Attention``; the export's own check (eager on the same weights dequantized,
+    prefill and a decode step) passes."""
     folder = checkpoints.write("llama", tmp_path / "checkpoint")
     out = tmp_path / "out" / "model.onnx"
     out.parent.mkdir()
@@ -131,7 +131,7 @@ def test_int4_dequantizes_and_attends_in_one_body(tmp_path):
                            progress=progress)
     assert "max |difference|" in progress.text
     _, bodies, _ = _ops(out)
-    assert sum(ops["DequantizeLinear"] for ops in bodies.values()) == 7, bodies
+    assert sum(ops["DequantizeLinear"] for ops in bodies.values()) == 4, bodies
     assert bodies["LlamaAttention"]["Attention"] == 1 and not bodies["LlamaAttention"]["Softmax"]
     assert model.opset_imports[""] == 23
 

@@ -189,9 +189,11 @@ def test_weights_written_early_kept_and_the_constants_appended(tmp_path, monkeyp
     """The checkpoint's weights are written while torch.export runs (the weights are small,
     so ``external_data_threshold=0``); the graph's constants over 1 KB (the slot indices of
     the context) are appended after them, the early data kept (never discarded and written
-    again): the data file holds each weight once, then the constants, nothing else; both
-    models read it and equal eager."""
+    again; a packed q / k / v or gate / up weight refers to its parts written end to end):
+    the data file holds each weight once, then the constants, nothing else; both models read
+    it and equal eager."""
     from rewrite.backends.onnx.early_data import EarlyData
+    from rewrite.backends.onnx.packed import PackedWeight
     from tests.test_mapped_weights import DAY_NS, Recorder
 
     discarded, discard = [], EarlyData.discard
@@ -204,14 +206,16 @@ def test_weights_written_early_kept_and_the_constants_appended(tmp_path, monkeyp
     out = tmp_path / "out" / "model.onnx"
     out.parent.mkdir()
     progress = Recorder()
-    rewrite.export(folder, output=out, cache="static", context=WIDE, progress=progress,
-                   static={"batch": 1, "seq": [CHUNK, 1]}, external_data_threshold=0)
+    model = rewrite.export(folder, output=out, cache="static", context=WIDE, progress=progress,
+                           static={"batch": 1, "seq": [CHUNK, 1]}, external_data_threshold=0)
     note = next(n for n in progress.notes if n.startswith("weights:"))
     assert "written while exporting" in note and not discarded, note
     first = external_places(out)
     assert external_places(out.with_name("model_seq1.onnx")) == first
     eager = _eager(folder)
-    names = {name for name, t in eager.state_dict().items() if t.nbytes > 1024}
+    names = {name for name, t in eager.state_dict().items() if t.nbytes > 1024} | {
+        name for name, v in model.graph.initializers.items()  # q / k / v, gate / up packed:
+        if isinstance(v.const_value, PackedWeight)}  # their parts' bytes, end to end
     weights = sorted(place[1:] for name, place in first.items() if name in names)
     made = sorted(place[1:] for name, place in first.items() if name not in names)
     assert {p.data_ptr() for p in eager.parameters() if p.nbytes > 1024} and made

@@ -259,6 +259,11 @@ def _add_fusion(export: argparse.ArgumentParser) -> None:
                         "lowers them (MatMul, Softmax, the grouped KV heads expanded) instead "
                         "of opset-23 Attention and RotaryEmbedding nodes in each layer "
                         "function (the default)")
+    export.add_argument("--unpacked-projections", dest="pack_projections",
+                        action="store_false",
+                        help="keep one MatMul per projection (query, key, value; gate, up) "
+                        "instead of one by their weights packed, then a Split, in each layer "
+                        "function (the default)")
 
 
 def _model_or_rules_and_model(parser: argparse.ArgumentParser) -> None:

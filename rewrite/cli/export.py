@@ -36,7 +36,8 @@ def cmd_export(args: argparse.Namespace, io: Consoles) -> int:
                        progress=Steps.backend(io),
                        constants=args.constants, optimize=args.optimize,
                        body_node_names=args.body_node_names,
-                       fuse_attention=args.fuse_attention, **options)
+                       fuse_attention=args.fuse_attention,
+                       pack_projections=args.pack_projections, **options)
     from rewrite.exporting.checkpoint import read_checkpoint, written
 
     config = read_checkpoint(args.folder, trust_model=args.trust_model).config

@@ -69,7 +69,7 @@ def export(
     from rewrite.backends.onnx import SILENT, OnnxOptions
 
     folder, report = isinstance(model, (str, Path)), progress or SILENT
-    options = OnnxOptions(**{"fold_weights": not folder, "fuse_attention": folder, **onnx_options})
+    options = _options(OnnxOptions, folder, onnx_options)
     for_folders = dict(cache=cache, context=context, static=static, trust_model=trust_model,
                        verify=verify, trace=trace, precision=precision, block_size=block_size,
                        symmetric=symmetric)
@@ -107,6 +107,13 @@ def _refuse_folder_options(for_folders: dict, model: Any) -> None:
     if given:
         raise InputError(f"{', '.join(given)}: options of a checkpoint folder, not of a "
                          f"{type(model).__name__}")
+
+
+def _options(kind: type, folder: bool, given: Mapping[str, Any]) -> Any:
+    """``kind`` (``OnnxOptions``) of ``given``; a checkpoint folder's defaults: the weights
+    kept the checkpoint's bytes, the attention fused, the projections packed."""
+    return kind(**{"fold_weights": not folder, "fuse_attention": folder,
+                   "pack_projections": folder, **given})
 
 
 def _checkpoint(folder: str | Path, rules: RuleSet | str | Path | None,

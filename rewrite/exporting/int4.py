@@ -45,6 +45,7 @@ if TYPE_CHECKING:
     import onnx_ir as ir
     import torch
 
+    from rewrite.backends.onnx.packed import PackedWeight
     from rewrite.backends.onnx.quantize import Kept
     from rewrite.backends.onnx.quantize import Quantized
     from rewrite.exporting.verify import Check
@@ -131,23 +132,30 @@ class Int4Export:
         self.sources = float32_shell(model)
         self.kept: Kept | None = Kept() if verify else None
         self.quantized: Quantized | None = None
+        self.packed: dict[str, PackedWeight] = {}
 
     def finish(self, onnx_model: "ir.Model") -> None:
         """Quantize ``onnx_model``'s weights (each when written); the shell's other sources
-        in float32."""
+        in float32. A packed weight (``backends.onnx.packed``) is its parts' sources
+        concatenated when it is written."""
         from rewrite.backends.onnx.quantize import quantize_int4
 
-        self.quantized = quantize_int4(onnx_model, block=self.block, symmetric=self.symmetric,
-                                       sources=self.sources, kept=self.kept)
-        done = {name for name, _ in self.quantized.layouts}
         graph = onnx_model.graph
+        self.packed = _packed(graph)
+        sources = {**self.sources, **{name: partial(tensor.rows, self._parts_of(tensor))
+                                      for name, tensor in self.packed.items()}}
+        self.quantized = quantize_int4(onnx_model, block=self.block, symmetric=self.symmetric,
+                                       sources=sources, kept=self.kept)
+        done = {name for name, _ in self.quantized.layouts}
         found: set[int] = set()
-        for name, source in self.sources.items():
+        for name, source in sources.items():
             value = graph.initializers.get(name)
             if value is not None:  # not quantized, or also read as it is (a tied table)
-                value.const_value = _float32(source, name)
-            if value is not None or name in done:
-                found.add(id(source))
+                value.const_value = _float32(source, name, value.shape)
+            if value is None and name not in done:
+                continue
+            parts = self.packed[name].names if name in self.packed else (name,)
+            found.update(id(self.sources[part]) for part in parts if part in self.sources)
         lost = [name for name, source in self.sources.items() if id(source) not in found]
         if lost:
             raise VerificationError(f"int4: the weight {lost[0]} is not an initializer of "
@@ -203,14 +211,29 @@ class Int4Export:
         linear = dict(floats)
         for name, layout in self.quantized.layouts:
             key = f"{name}:{layout}"
-            if self.kept is not None and key in self.kept:
-                linear[name] = partial(self.kept.weight, key, layout, self.block)
+            kept = self.kept is not None and key in self.kept
+            if kept:
+                made = partial(self.kept.weight, key, layout, self.block)  # takes ``out``
+            elif name in self.packed:
+                made = partial(_fake_packed, self.packed[name],
+                               self._parts_of(self.packed[name]), layout, self.block,
+                               self.symmetric)
             else:
                 source = self.sources.get(name)
-                linear[name] = partial(_converted, partial(
+                made = partial(
                     fake_quantized, self.model.get_parameter(name) if source is None
-                    else source, layout, self.block, self.symmetric))
+                    else source, layout, self.block, self.symmetric)
+            if name in self.packed:
+                linear.update(_parts(self.packed[name], made))
+            else:
+                linear[name] = made if kept else partial(_converted, made)
         return linear, tables
+
+    def _parts_of(self, tensor: "PackedWeight") -> list["torch.Tensor"]:
+        """The sources of a packed weight's parts (a parameter eager holds as it is
+        where the shell has none)."""
+        return [self.sources[part] if part in self.sources else self.model.get_parameter(part)
+                for part in tensor.names]
 
 
 def _taking(make: "Callable[..., Check | None]", **flags: bool
@@ -223,13 +246,50 @@ def _taking(make: "Callable[..., Check | None]", **flags: bool
     return partial(make, **{name: value for name, value in flags.items() if name in taken})
 
 
-def _float32(source: "torch.Tensor", name: str) -> "ir.LazyTensor":
-    """``source`` in float32, converted when written."""
+def _float32(source: "torch.Tensor | Callable[[], torch.Tensor]", name: str,
+             shape: "ir.Shape | None" = None) -> "ir.LazyTensor":
+    """``source`` (or what it makes, of ``shape``) in float32, converted when written."""
     import onnx_ir as ir
     import torch
 
-    return ir.LazyTensor(lambda: ir.Tensor(source.to(torch.float32).numpy(), name=name),
-                         ir.DataType.FLOAT, ir.Shape(tuple(source.shape)), name=name)
+    def made() -> "torch.Tensor":
+        return source() if callable(source) else source
+
+    return ir.LazyTensor(lambda: ir.Tensor(made().to(torch.float32).numpy(), name=name),
+                         ir.DataType.FLOAT, ir.Shape(tuple(
+                             source.shape if shape is None else shape)), name=name)
+
+
+def _packed(graph: "ir.Graph") -> "dict[str, PackedWeight]":
+    """The graph's packed weights, by name."""
+    from rewrite.backends.onnx.packed import PackedWeight
+
+    return {name: value.const_value for name, value in graph.initializers.items()
+            if isinstance(value.const_value, PackedWeight)}
+
+
+def _fake_packed(tensor: "PackedWeight", sources: list["torch.Tensor"], layout: str,
+                 block: int, symmetric: bool) -> "torch.Tensor":
+    from rewrite.backends.onnx.quantize import fake_quantized
+
+    return fake_quantized(tensor.rows(sources), layout, block, symmetric)
+
+
+def _parts(tensor: "PackedWeight", made: Callable[[], "torch.Tensor"]) -> Weights:
+    """Each part's weight, sliced from the packed weight ``made`` makes into the buffer it
+    is given, made once for its parts in a row (eager enters the query, key and value
+    projections one after another; one packed weight held at a time)."""
+    last: dict[str, "torch.Tensor"] = {}
+
+    def part(start: int, stop: int, out: "torch.Tensor") -> "torch.Tensor":
+        if "packed" not in last:
+            last["packed"] = made()
+        whole = last["packed"]
+        if stop == whole.shape[tensor.axis]:
+            last.clear()  # the last part: the next use makes it again
+        return out.copy_(whole.narrow(tensor.axis, start, stop - start))
+
+    return {name: partial(part, *bounds) for name, bounds in tensor.bounds().items()}
 
 
 @contextlib.contextmanager

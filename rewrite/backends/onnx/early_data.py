@@ -12,7 +12,9 @@ thread at each (2.47 GB in 5 s instead of 1.6 s next to a busy thread).
 
 When the model is written, :meth:`EarlyData.placing` finds each initializer that is one of
 those file ranges (still provably equal to the file, :func:`rewrite.files.mapped.file_ranges`) in
-the data written early, and the writer refers to it there. An initializer over
+the data written early, and the writer refers to it there; a packed weight (q / k / v, gate /
+up: :mod:`rewrite.backends.onnx.packed`) whose parts were written end to end, rows after
+rows, is referred to as one range. An initializer over
 ``EXTERNAL_TENSOR_BYTES`` that is not in a file (a constant of the graph: the slot indices of a
 static export, 16 KB at a context of 2048; a weight changed in memory) is appended after the
 early data, aligned by the same rule.
@@ -33,6 +35,7 @@ from typing import TYPE_CHECKING, Iterator
 
 import onnx_ir as ir
 
+from rewrite.backends.onnx.packed import PackedWeight
 from rewrite.files.mapped import FileRange, file_ranges
 from rewrite.files.outputs import staging_folder
 
@@ -55,6 +58,8 @@ class EarlyData:
         self.offsets: dict[FileRange, int] = {}
         self.appended: list[int] = []
         """The sizes of the tensors written from memory, appended after the early data."""
+        self.placed = 0
+        """Tensors of the model :meth:`placing` found in the early data."""
         self.seconds = 0.0
         self._alignment = alignment
         self._error: BaseException | None = None
@@ -136,20 +141,40 @@ class EarlyData:
         ranges = file_ranges([getattr(t, "raw", None) for t in tensors])
         places: list[FileRange | None] = []
         made: dict[int, ir.TensorProtocol] = {}
+        used: set[int] = set()
         for tensor, where in zip(tensors, ranges):
+            covered = self._covered(tensor, where) if tensor.nbytes > threshold else []
             if tensor.nbytes <= threshold:  # stays in the model (onnx_ir's rule)
                 places.append(None)
-            elif where is not None and where in self.offsets and where.length == tensor.nbytes:
-                places.append(FileRange(self.path, self.offsets[where], where.length))
+            elif covered:
+                places.append(FileRange(self.path, covered[0], tensor.nbytes))
+                used.update(covered)
             else:  # from memory: appended below
                 places.append(None)
                 made.setdefault(id(tensor), tensor)
-        used = {place.offset for place in places if place is not None}
         if used != set(self.offsets.values()):
             self.discard()
             return None
+        self.placed = sum(place is not None for place in places)
         appended = {key: self.append(tensor) for key, tensor in made.items()}
         return [appended.get(id(tensor), place) for tensor, place in zip(tensors, places)]
+
+    def _covered(self, tensor: ir.TensorProtocol, where: FileRange | None) -> list[int]:
+        """The offsets in the early data of what ``tensor`` is: its own range, or the ranges
+        of a packed weight's parts (``backends.onnx.packed``: rows concatenated) lying end to
+        end in it, as the module's order writes q / k / v and gate / up; else none."""
+        if where is not None and where in self.offsets and where.length == tensor.nbytes:
+            return [self.offsets[where]]
+        if not isinstance(tensor, PackedWeight) or tensor.axis != 0:
+            return []
+        parts = file_ranges([getattr(part, "raw", None) for part in tensor.parts])
+        if any(r is None or r not in self.offsets for r in parts):
+            return []
+        offsets = [self.offsets[r] for r in parts]  # type: ignore[index]
+        ends = [offset + r.length for offset, r in zip(offsets, parts)]  # type: ignore[union-attr]
+        if offsets[1:] != ends[:-1] or ends[-1] - offsets[0] != tensor.nbytes:
+            return []
+        return offsets
 
     @property
     def path(self) -> Path:

@@ -61,6 +61,11 @@ class OnnxOptions:
     ``RotaryEmbedding``, on the 3-D projections, once per distinct body; the model then
     imports opset 23 (``finishing._attention``, ``finishing._rotary``). ``rewrite export`` of
     a checkpoint folder sets it."""
+    pack_projections: bool = False
+    """After optimizing, the ``MatMul`` of each function body reading one input by weights
+    the function takes (a layer's query, key and value projections; an MLP's gate and up) as
+    one ``MatMul`` by the weights concatenated when written, then a ``Split``, once per
+    distinct body (``finishing._pack``). ``rewrite export`` of a checkpoint folder sets it."""
     custom_translation_table: Mapping[Callable, Callable | Sequence[Callable]] | None = field(
         default=None, eq=False)
     """Translations of ops torch.onnx does not know (custom ops) into ONNX ops of any domain,

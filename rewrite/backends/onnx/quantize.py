@@ -94,10 +94,10 @@ def quantize_int4(model: ir.Model, *, block: int = 32, symmetric: bool = True,
                   sources: Mapping[str, Any] | None = None, kept: Kept | None = None
                   ) -> Quantized:
     """Quantize ``model``'s MatMul weights in place (see the module); what was done.
-    ``sources``: initializer name -> the tensor its quantized parts are computed from,
-    instead of the initializer's value (a half-precision weight behind a float32
-    placeholder); ``kept``: where the quantized weights are also kept, keyed
-    ``name:layout``."""
+    ``sources``: initializer name -> the tensor its quantized parts are computed from (or
+    a function making it when it is written), instead of the initializer's value (a
+    half-precision weight behind a float32 placeholder); ``kept``: where the quantized
+    weights are also kept, keyed ``name:layout``."""
     functions = {f.identifier(): f for f in model.functions.values()}
     calls, opaque = _call_sites(model, functions)
     slots = _quantizable_slots(model, functions, calls, opaque)
@@ -288,7 +288,8 @@ class _Initializers:
         name = value.name if layout == "NK" else f"{value.name}_KN"
         source = self.sources.get(key[0])
         kept = None if self.kept is None else (self.kept, f"{key[0]}:{layout}")
-        parts = Blockwise(lambda: _read(tensor) if source is None else source,
+        parts = Blockwise(lambda: _read(tensor) if source is None else (
+                              source() if callable(source) else source),
                           tuple(tensor.shape), transposed=layout == "NK", block=self.block,
                           symmetric=self.symmetric, scale_dtype=tensor.dtype, name=name,
                           kept=kept)

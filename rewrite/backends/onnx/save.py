@@ -263,7 +263,7 @@ def _save_external(model: ir.Model, staged: Path, total: int, chunk: int | None,
                 f"({sum(early.appended) / 1e6:.2f} MB)" if early.appended else "")
         return (f"weights: {gb:.2f} GB written while exporting, in {early.seconds:.1f}s "
                 f"({gb / max(early.seconds, 1e-9):.2f} GB/s, synced; waited "
-                f"{time.perf_counter() - start:.1f}s){made}; {len(early.offsets)} of "
+                f"{time.perf_counter() - start:.1f}s){made}; {early.placed} of "
                 f"{len(places)} tensors ({gb:.2f} GB) copied file to file")
     with _weights_by_reference(model, mapped) as copied:
         ir.save(model, staged, external_data=data_path(staged).name,

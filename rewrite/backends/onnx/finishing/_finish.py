@@ -17,6 +17,7 @@ from rewrite.backends.onnx.finishing._passes import (
     MergeEqualFunctions,
     MergeScalarVariants,
     OptimizeBodies,
+    PackProjections,
     run_passes,
 )
 from rewrite.backends.onnx.options import OnnxOptions
@@ -47,6 +48,8 @@ def finish(model: ir.Model, tree: GroupTree, outlined: Outlined, options: OnnxOp
         passes.append(OptimizeBodies(state, options.fold_weights))
         if options.fuse_attention:
             passes.append(FuseAttention(state))
+        if options.pack_projections:
+            passes.append(PackProjections(state))
     passes += [MergeEqualFunctions(state, lift), FixOpsets(state, model.opset_imports),
                InitializersInFirstUseOrder()]
     if not options.body_node_names:

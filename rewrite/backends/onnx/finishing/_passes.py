@@ -11,6 +11,8 @@ Each pass changes the model in place and states, in ``ensures``, the invariant i
 * :class:`FuseAttention`: each body's attention as one opset-23 ``Attention``, its rotary
   embeddings as ``RotaryEmbedding`` (``OnnxOptions.fuse_attention``); every graph imports the
   default domain at 23 where one fused;
+* :class:`PackProjections`: the projections of one input (q / k / v, gate / up) as one
+  ``MatMul`` by their weights packed, then a ``Split`` (``OnnxOptions.pack_projections``);
 * :class:`MergeEqualFunctions`: no two functions of one identity have equal body keys;
 * :class:`FixOpsets`: every domain a graph uses is imported, by the model and by each
   function made;
@@ -33,6 +35,7 @@ from rewrite.backends.onnx.distinct import Variants
 from rewrite.backends.onnx.finishing._attention import OPSET, flatten_heads, fuse_attention
 from rewrite.backends.onnx.finishing._merge import merge_functions, merge_keys
 from rewrite.backends.onnx.finishing._optimize import optimize
+from rewrite.backends.onnx.finishing._pack import pack_projections
 from rewrite.backends.onnx.finishing._rotary import call_sites, fuse_rotary
 from rewrite.backends.onnx.outlining import drop_node_names
 from rewrite.backends.onnx.summary import FunctionId
@@ -129,6 +132,15 @@ class FuseAttention(_Pass):
                if model.functions[fid].opset_imports.get("", 0) < OPSET]
         if low:
             raise ir.passes.PostconditionError(f"fused bodies below opset 23: {low}")
+
+
+class PackProjections(_Pass):
+    """:func:`_pack.pack_projections` once per body outlining made."""
+
+    def call(self, model: ir.Model) -> ir.passes.PassResult:
+        packed = sum(pack_projections(model, fid) for fid in self.state.identity
+                     if fid in model.functions)
+        return ir.passes.PassResult(model, bool(packed))
 
 
 class MergeEqualFunctions(_Pass):
