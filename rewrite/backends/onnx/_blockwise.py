@@ -44,7 +44,7 @@ if TYPE_CHECKING:
 
 
 class Blockwise:
-    """The quantized parts of one weight, made on first read, freed after the last."""
+    """The quantized parts of one weight, made on first read, each freed once read."""
 
     def __init__(self, source: Callable[[], Any], shape: tuple[int, int], *,
                  transposed: bool, block: int, symmetric: bool, scale_dtype: ir.DataType,
@@ -58,7 +58,6 @@ class Blockwise:
         blocks = -(-k // block)
         self._scale_dtype = scale_dtype
         self._parts: dict[str, ir.TensorProtocol] | None = None
-        self._unread: set[str] = set()
         self._lock = threading.Lock()  # parts may be written by concurrent writers
         q_type = ir.DataType.INT4 if symmetric else ir.DataType.UINT4
         self.q = self._lazy("q", q_type, (k, n), f"{name}_Q4G{block}")
@@ -72,14 +71,12 @@ class Blockwise:
 
     def _read(self, part: str) -> ir.TensorProtocol:
         with self._lock:
-            if self._parts is None:
+            if self._parts is None or part not in self._parts:  # first read, or read again
                 with one_thread() as workers:
                     self._parts = self._quantize(workers)
-                self._unread = set(self._parts)
-            tensor = self._parts[part]
-            self._unread.discard(part)
-            if not self._unread:
-                self._parts = None  # every part read: free the weight's memory
+            tensor = self._parts.pop(part)  # each part's memory freed once it is read
+            if not self._parts:
+                self._parts = None
             return tensor
 
     def _quantize(self, workers: int) -> dict[str, ir.TensorProtocol]:

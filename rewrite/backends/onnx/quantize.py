@@ -104,6 +104,7 @@ def quantize_int4(model: ir.Model, *, block: int = 32, symmetric: bool = True,
     rewriter = _Rewriter(model, functions, slots, calls, block, symmetric)
     rewriter.initializers.sources, rewriter.initializers.kept = sources or {}, kept
     rewriter.run()
+    rewriter.initializers.register_trailing()
     if rewriter.initializers.created:
         _raise_opsets(model)
     made = {v.name for values in rewriter.initializers.created.values() for v in values}
@@ -276,6 +277,18 @@ class _Initializers:
         self.created: dict[tuple[str, str], tuple[ir.Value, ...]] = {}
         self.sources: Mapping[str, Any] = {}
         self.kept: Kept | None = None
+        self.trailing: list[ir.Value] = []
+        """The scales and zero points, registered after every ``q``
+        (:meth:`register_trailing`)."""
+
+    def register_trailing(self) -> None:
+        """The scales and zero points made, as initializers after the weights: the weights
+        are written in the initializers' order by concurrent writers, and a weight's parts
+        are made at once, so that a writer given a weight's scale while another quantizes it
+        would wait (each scale is kept until written: 0.125 bytes per value)."""
+        for value in self.trailing:
+            self.model.graph.register_initializer(value)
+        self.trailing.clear()
 
     def of(self, value: ir.Value, layout: str) -> tuple[ir.Value, ...]:
         """``(q, scale[, zero point])`` of the weight ``value`` read as ``layout``."""
@@ -299,7 +312,10 @@ class _Initializers:
                 continue
             new = ir.Value(name=part.name, shape=part.shape, type=ir.TensorType(part.dtype),
                            const_value=part)
-            self.model.graph.register_initializer(new)
+            if part is parts.q:
+                self.model.graph.register_initializer(new)
+            else:
+                self.trailing.append(new)
             values.append(new)
         self.created[key] = tuple(values)
         return self.created[key]
