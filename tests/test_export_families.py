@@ -54,13 +54,14 @@ def test_once_failing_families_convert_and_equal_eager(model_type, why, tmp_path
 
 def test_a_cache_that_is_not_keys_and_values_is_refused_in_one_line(tmp_path, run_cli):
     """DeepSeek-V4's layers keep a compressed cache beside their keys and values: exit 2, one
-    line, nothing written (before any export runs)."""
+    line, nothing written, before torch.export runs (such a failure used to be inside
+    torch.export, which the message then blamed)."""
     out = tmp_path / "out" / "model.onnx"
     out.parent.mkdir()
     r = run_cli("export", _checkpoint("deepseek_v4", tmp_path), "-o", out)
     assert r.code == 2, r.err
     assert "keeps buffer_gate, buffer_kv, compressed_kv beside its keys and values" in r.err
-    assert "Traceback" not in r.err
+    assert "Traceback" not in r.err and "torch.export" not in r.err
     assert not list(out.parent.iterdir())
 
 
@@ -91,21 +92,6 @@ def test_a_model_whose_own_decode_fails_is_refused_before_export(tmp_path, run_c
     r = run_cli("export", _checkpoint("cpmant", tmp_path), "-o", out)
     assert r.code == 2, r.err
     assert "CpmAntForCausalLM's own forward failed on a decode step" in r.err
-    assert not list(out.parent.iterdir())
-
-
-@pytest.mark.slow  # a tiny hybrid checkpoint built from its config
-def test_a_cache_keeping_state_beside_keys_and_values_is_refused_before_export(tmp_path,
-                                                                              run_cli):
-    """DeepSeek-V4's layers keep a compressed cache beside their keys and values: refused in
-    one line before torch.export runs (such a failure used to be inside torch.export, which
-    the message then blamed)."""
-    out = tmp_path / "out" / "model.onnx"
-    out.parent.mkdir()
-    r = run_cli("export", _checkpoint("deepseek_v4", tmp_path), "-o", out)
-    assert r.code == 2, r.err
-    assert "keeps buffer_gate, buffer_kv, compressed_kv beside its keys and values" in r.err
-    assert "torch.export" not in r.err
     assert not list(out.parent.iterdir())
 
 
