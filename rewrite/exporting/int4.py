@@ -252,10 +252,9 @@ def _float32(source: "torch.Tensor | Callable[[], torch.Tensor]", name: str,
     import onnx_ir as ir
     import torch
 
-    def made() -> "torch.Tensor":
-        return source() if callable(source) else source
+    from rewrite.backends.onnx.quantize import made
 
-    return ir.LazyTensor(lambda: ir.Tensor(made().to(torch.float32).numpy(), name=name),
+    return ir.LazyTensor(lambda: ir.Tensor(made(source).to(torch.float32).numpy(), name=name),
                          ir.DataType.FLOAT, ir.Shape(tuple(
                              source.shape if shape is None else shape)), name=name)
 
@@ -378,7 +377,9 @@ def _swap_out(saved: dict, buffers: _Buffers | None, module: "torch.nn.Module",
 def _converted(source: "torch.Tensor | Callable[[], torch.Tensor]", out: "torch.Tensor"
                ) -> "torch.Tensor":
     """``source`` (or what it makes) in float32, in ``out``."""
-    return out.copy_(source() if callable(source) else source)
+    from rewrite.backends.onnx.quantize import made
+
+    return out.copy_(made(source))
 
 
 def _as_is(source: "torch.Tensor") -> "torch.Tensor":

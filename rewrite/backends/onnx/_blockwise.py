@@ -99,6 +99,12 @@ class Blockwise:
         return parts
 
 
+def made(source: Any) -> Any:
+    """A weight's ``source`` as it is, or what it makes when it is a function (a packed
+    weight's parts concatenated when it is written)."""
+    return source() if callable(source) else source
+
+
 def as_float32(weight: Any) -> "torch.Tensor":
     """``weight`` (a torch tensor or an array) as a float32 torch tensor, no copy if it is
     one."""
@@ -173,10 +179,13 @@ def spread(count: int, step: int, work: Callable[[int, int], None], workers: int
             done.result()
 
 
-_threads_lock = threading.Lock()
-_threads_users = [0, 0]
-"""How many blocks run under :func:`one_thread` (in any thread), and torch's thread count
-before the first of them."""
+class _Threads:
+    """What the blocks under :func:`one_thread` share, in any thread: how many run, and
+    torch's thread count before the first of them."""
+
+    lock = threading.Lock()
+    users = 0
+    before = 0
 
 
 @contextlib.contextmanager
@@ -188,19 +197,19 @@ def one_thread() -> Iterator[int]:
     written concurrently): the count is restored when the last ends."""
     import torch
 
-    with _threads_lock:
-        if not _threads_users[0]:
-            _threads_users[1] = torch.get_num_threads()
+    with _Threads.lock:
+        if not _Threads.users:
+            _Threads.before = torch.get_num_threads()
             torch.set_num_threads(1)
-        _threads_users[0] += 1
-        threads = _threads_users[1]
+        _Threads.users += 1
+        threads = _Threads.before
     try:
         yield threads
     finally:
-        with _threads_lock:
-            _threads_users[0] -= 1
-            if not _threads_users[0]:
-                torch.set_num_threads(_threads_users[1])
+        with _Threads.lock:
+            _Threads.users -= 1
+            if not _Threads.users:
+                torch.set_num_threads(_Threads.before)
 
 
 def _quantize_in_place(grouped: "torch.Tensor", zero_point: "torch.Tensor | None"

@@ -38,7 +38,7 @@ from typing import Any, Iterator, Mapping
 import onnx_ir as ir
 from attrs import frozen
 
-from rewrite.backends.onnx._blockwise import Blockwise, Kept, as_float32, fake_quantized
+from rewrite.backends.onnx._blockwise import Blockwise, Kept, as_float32, fake_quantized, made
 
 OPSET = 21
 """The first opset of ``DequantizeLinear`` with ``block_size`` and of int4 / uint4."""
@@ -301,8 +301,7 @@ class _Initializers:
         name = value.name if layout == "NK" else f"{value.name}_KN"
         source = self.sources.get(key[0])
         kept = None if self.kept is None else (self.kept, f"{key[0]}:{layout}")
-        parts = Blockwise(lambda: _read(tensor) if source is None else (
-                              source() if callable(source) else source),
+        parts = Blockwise(lambda: _read(tensor) if source is None else made(source),
                           tuple(tensor.shape), transposed=layout == "NK", block=self.block,
                           symmetric=self.symmetric, scale_dtype=tensor.dtype, name=name,
                           kept=kept)
@@ -475,4 +474,5 @@ def _raise_opsets(model: ir.Model) -> None:
         function.opset_imports[""] = version      # its default opset: int4 needs 21
 
 
-__all__ = ["Kept", "QuantizeInt4", "Quantized", "as_float32", "fake_quantized", "quantize_int4"]
+__all__ = ["Kept", "QuantizeInt4", "Quantized", "as_float32", "fake_quantized", "made",
+           "quantize_int4"]
