@@ -203,6 +203,41 @@ def test_fp16_builds_the_model_in_that_dtype(tmp_path):
     assert model.graph.inputs[3].dtype == ir.DataType.FLOAT16
 
 
+@pytest.mark.parametrize("family", ["llama", pytest.param("gpt2", marks=pytest.mark.slow)])
+def test_fp32_of_a_bf16_checkpoint_equals_eager_float32(family, tmp_path, run_cli):
+    """Written from the weights as stored (converted one at a time, no float32 copy of the
+    model), checked, and equal in onnxruntime to transformers' own float32 model."""
+    folder = checkpoints.write(family, tmp_path / "ckpt", dtype=torch.bfloat16)
+    out = tmp_path / "out" / "model.onnx"
+    out.parent.mkdir()
+    r = run_cli("export", folder, "-o", out, "--precision", "fp32")
+    assert r.code == 0, r.err
+    assert "verified against eager in onnxruntime" in r.out + r.err
+    onnx.checker.check_model(str(out), full_check=True)
+    model = onnx.load(str(out))
+    assert _transposed_weights(model) == ([] if family == "llama" else ["lm_head.weight"])  # tied
+    assert {i.data_type for i in model.graph.initializer if i.data_type in (
+        onnx.TensorProto.FLOAT, onnx.TensorProto.BFLOAT16, onnx.TensorProto.FLOAT16)} \
+        == {onnx.TensorProto.FLOAT}
+    session = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
+    ids = np.array([[5, 9, 2, 7, 1, 3]], dtype=np.int64)
+    logits = session.run(["logits"], _feeds(session, ids))[0]
+    expected = _eager(folder, ids, fake_quant=False)
+    assert np.abs(logits - expected).max() <= 1e-4 * max(1.0, np.abs(expected).max())
+
+
+def _transposed_weights(model: onnx.ModelProto) -> list[str]:
+    """The weights (initializers, function inputs) a ``Transpose`` reads: written ``[out,
+    in]``, the layout torch.onnx writes a Linear's in, instead of ``[in, out]``."""
+    weights = {i.name for i in model.graph.initializer}
+    found = [n.input[0] for n in model.graph.node
+             if n.op_type == "Transpose" and n.input[0] in weights]
+    for function in model.functions:
+        found += [f"{function.name}:{n.input[0]}" for n in function.node
+                  if n.op_type == "Transpose" and n.input[0] in function.input]
+    return found
+
+
 def _quantized_checkpoint(folder):
     config = json.loads((folder / "config.json").read_text())
     config["quantization_config"] = {"quant_method": "gptq", "bits": 4}

@@ -1,5 +1,6 @@
-"""``--precision int4`` of a checkpoint's model: built without a float32 copy, quantized one
-weight at a time as it is written, checked against eager on the same weights.
+"""``--precision int4``, and ``fp32`` of a checkpoint stored in another dtype: the model built
+without a float32 copy, each weight quantized (int4) or converted (fp32) as it is written,
+checked against eager on the same weights.
 
 * **Built**: a float32 model (what the builder's ``-p int4 -e cpu`` computes in) is needed
   for torch.export, but not the float32 values of the weights to quantize. A checkpoint in
@@ -9,11 +10,15 @@ weight at a time as it is written, checked against eager on the same weights.
   and its table share one), which become float32 placeholders of anonymous memory not
   written (zero pages: no memory of their own; one page each marks it apart), the mapped
   originals kept as *sources*.
-* **Quantized** (:meth:`Int4Export.finish`): :func:`~rewrite.backends.onnx.quantize.quantize_int4`
+* **Converted** (fp32, :meth:`ShellExport.finish` without a block size): each source written
+  in float32, converted when written; checked (:meth:`ShellExport.check`) against eager
+  computing with the same float32 weights swapped in module by module, as below, with
+  float32's tolerance: the peak memory of neither step holds a float32 copy of the model.
+* **Quantized** (:meth:`ShellExport.finish`): :func:`~rewrite.backends.onnx.quantize.quantize_int4`
   computes each weight's blocks from its source when it is written; a source not quantized
   is written in float32, converted when written. A source the lowered model no longer
   names is an error: its placeholder would be written.
-* **Checked** (:meth:`Int4Export.check`): the written model against eager run on the same
+* **Checked** (:meth:`ShellExport.check`): the written model against eager run on the same
   weights, quantized and dequantized as its ``DequantizeLinear`` computes them (the
   quantized weights kept when written: :class:`~rewrite.backends.onnx.quantize.Kept`),
   with float32's tight tolerance; a wrong layout or a weight wired to the wrong call is a
@@ -120,48 +125,61 @@ def _untouched(shape: tuple[int, ...], mark: int) -> "torch.Tensor":
     return placeholder.view(shape)
 
 
-class Int4Export:
-    """The int4 export of one model: its shell's sources, the quantizing ``finish`` and the
-    check of what is written."""
+class ShellExport:
+    """The export of a model built as stored whose weights are written in float32: each
+    quantized to int4 (``block``: the block size), or converted (``block`` None); the
+    shell's sources, the ``finish`` writing them and the check of what is written."""
 
-    def __init__(self, model: "torch.nn.Module", *, block: int, symmetric: bool,
+    def __init__(self, model: "torch.nn.Module", *, block: int | None, symmetric: bool,
                  report: Callable[[str], None], verify: bool) -> None:
         from rewrite.backends.onnx.quantize import Kept
 
         self.model, self.block, self.symmetric, self.report = model, block, symmetric, report
         self.sources = float32_shell(model)
-        self.kept: Kept | None = Kept() if verify else None
+        self.kept: Kept | None = Kept() if verify and block is not None else None
         self.quantized: Quantized | None = None
         self.packed: dict[str, PackedWeight] = {}
 
     def finish(self, onnx_model: "ir.Model") -> None:
-        """Quantize ``onnx_model``'s weights (each when written); the shell's other sources
-        in float32. A packed weight (``backends.onnx.packed``) is its parts' sources
-        concatenated when it is written."""
+        """Quantize ``onnx_model``'s weights (each when written) where a block size is set;
+        the shell's other sources in float32. A packed weight (``backends.onnx.packed``) is
+        its parts' sources concatenated when it is written."""
         from rewrite.backends.onnx.quantize import quantize_int4
+        from rewrite.backends.onnx.transposed import transpose_weights
 
         graph = onnx_model.graph
         self.packed = _packed(graph)
         sources = {**self.sources, **{name: partial(tensor.rows, self._parts_of(tensor))
                                       for name, tensor in self.packed.items()}}
-        self.quantized = quantize_int4(onnx_model, block=self.block, symmetric=self.symmetric,
-                                       sources=sources, kept=self.kept)
-        done = {name for name, _ in self.quantized.layouts}
+        transposed: tuple[str, ...] = ()
+        if self.block is not None:
+            self.quantized = quantize_int4(onnx_model, block=self.block,
+                                           symmetric=self.symmetric, sources=sources,
+                                           kept=self.kept)
+        else:  # the linear layers' weights written [in, out], as MatMul reads them
+            transposed = transpose_weights(onnx_model, sources, float32=True)
+        done = {name for name, _ in self.quantized.layouts} if self.quantized else set()
+        done.update(transposed)
         found: set[int] = set()
         for name, source in sources.items():
             value = graph.initializers.get(name)
-            if value is not None:  # not quantized, or also read as it is (a tied table)
-                value.const_value = _float32(source, name, value.shape)
+            if value is not None and name not in transposed:  # not quantized, or also
+                value.const_value = _float32(source, name, value.shape)  # read as it is
             if value is None and name not in done:
                 continue
             parts = self.packed[name].names if name in self.packed else (name,)
             found.update(id(self.sources[part]) for part in parts if part in self.sources)
         lost = [name for name, source in self.sources.items() if id(source) not in found]
         if lost:
-            raise VerificationError(f"int4: the weight {lost[0]} is not an initializer of "
-                                    "the lowered model, it cannot be written from the "
-                                    "checkpoint; nothing was written")
-        self.report(self.quantized.note())
+            raise VerificationError(f"{self._what}: the weight {lost[0]} is not an "
+                                    "initializer of the lowered model, it cannot be written "
+                                    "from the checkpoint; nothing was written")
+        if self.quantized is not None:
+            self.report(self.quantized.note())
+
+    @property
+    def _what(self) -> str:
+        return "fp32" if self.block is None else "int4"
 
     def check(self, make: "Callable[[], Check | None]") -> "Callable[[Path], str] | None":
         """The check of the written file: ``make``'s steps (the eager reference) on the
@@ -171,6 +189,10 @@ class Int4Export:
     def _check(self, make: "Callable[[], Check | None]", path: Path) -> str:
         from rewrite.exporting.verify import open_session
 
+        if self.block is None:  # converted: eager on the float32 weights, made as it runs
+            with swapped(self.model, *self._weights(quantized=False)):
+                converted = _taking(make, one_pass=True)()
+            return "not verified against eager" if converted is None else converted(path)
         assert self.quantized is not None, "checked before it was quantized"
         with swapped(self.model, *self._weights(quantized=True)):
             strict = _taking(make, one_pass=True)()
@@ -320,7 +342,7 @@ def swapped(model: "torch.nn.Module", linear: Weights, embedding: Weights
     try:
         missing = (set(tables) | set(others)) - found
         if missing:
-            raise VerificationError(f"int4: {len(missing)} weight(s) used by no module eager "
+            raise VerificationError(f"{len(missing)} weight(s) used by no module eager "
                                     "can swap them in; nothing was written")
         yield
     finally:

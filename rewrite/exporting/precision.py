@@ -1,8 +1,11 @@
 """``rewrite export --precision fp32|fp16|bf16|int4 [--block-size B] [--asymmetric]``.
 
-``fp32``, ``fp16``, ``bf16``: the model is built by transformers in that dtype (weights and
-compute; a dtype other than the checkpoint's is a converted copy in memory, not a mapping),
-then exported as it is. ``int4``: the model computes in float32 (what the builder's ``-p
+``fp16``, ``bf16``: the model is built by transformers in that dtype (weights and compute; a
+dtype other than the checkpoint's is a converted copy in memory, not a mapping), then
+exported as it is. ``fp32``: the same for a float32 checkpoint; another is built as stored,
+its linear layers' and embeddings' weights converted one at a time as they are written and
+while the check runs, never a float32 copy of the model (:mod:`rewrite.exporting.int4`).
+``int4``: the model computes in float32 (what the builder's ``-p
 int4 -e cpu`` computes in), and before it is written the weights of every ``MatMul`` (every
 linear of the decoder layers, and the lm_head, as onnxruntime-genai's builder does by
 default; the embeddings stay in float, as there) become blockwise 4-bit
@@ -28,7 +31,7 @@ if TYPE_CHECKING:
     import torch
 
     from rewrite.exporting.checkpoint.folder import Checkpoint
-    from rewrite.exporting.int4 import Int4Export
+    from rewrite.exporting.int4 import ShellExport
     from rewrite.exporting.verify import Check
 
 PRECISIONS = ("fp32", "fp16", "bf16", "int4")
@@ -66,24 +69,27 @@ class Precision:
         """The dtype transformers builds the model in (``"auto"``: the checkpoint's)."""
         import torch
 
-        return {None: "auto", "fp32": torch.float32, "int4": "auto",
+        return {None: "auto", "fp32": "auto", "int4": "auto",
                 "fp16": torch.float16, "bf16": torch.bfloat16}[self.name]
 
     def start(self, model: "torch.nn.Module", report: Callable[[str], None], verify: bool
-              ) -> "Int4Export | None":
-        """The int4 export of ``model`` (its float32 shell made now), or None."""
-        if not self.quantized:
+              ) -> "ShellExport | None":
+        """The int4 export of ``model``, or its fp32 export when it is built in another
+        dtype (its float32 shell made now: :mod:`rewrite.exporting.int4`); else None."""
+        if self.name not in ("int4", "fp32"):
             return None
-        from rewrite.exporting.int4 import Int4Export
+        from rewrite.exporting.int4 import ShellExport
 
-        return Int4Export(model, block=self.block, symmetric=self.symmetric, report=report,
-                          verify=verify)
+        export = ShellExport(model, block=self.block if self.quantized else None,
+                             symmetric=self.symmetric, report=report, verify=verify)
+        return export if self.quantized or export.sources else None
 
 
-def checked(int4: "Int4Export | None", make: "Callable[[], Check | None] | None"
+def checked(int4: "ShellExport | None", make: "Callable[[], Check | None] | None"
             ) -> "Callable[[Path], str] | None":
-    """The check of a written model: ``make``'s, or (int4) against eager on the same
-    weights (:meth:`rewrite.exporting.int4.Int4Export.check`); None: not checked."""
+    """The check of a written model: ``make``'s, or (a shell's: int4, converted fp32)
+    against eager on the same weights (:meth:`rewrite.exporting.int4.ShellExport.check`);
+    None: not checked."""
     if make is None:
         return None
     return make() if int4 is None else int4.check(make)

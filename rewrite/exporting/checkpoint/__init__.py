@@ -73,7 +73,7 @@ if TYPE_CHECKING:
     import torch
 
     from rewrite.backends.onnx import OnnxOptions, Progress
-    from rewrite.exporting.int4 import Int4Export
+    from rewrite.exporting.int4 import ShellExport
     from rewrite.exporting.twin import Twin
     from rewrite.exporting.verify import Check
 
@@ -170,7 +170,7 @@ def written(output: str | Path, config: dict, cache: str | None) -> tuple[Path, 
 
 def _export_pair(model: "torch.nn.Module", checkpoint: Checkpoint, ruleset: RuleSet | None,
                  output: str | Path | None, progress: "Progress", options: "OnnxOptions",
-                 verify: bool, int4: "Int4Export | None", layers: bool) -> "ir.Model":
+                 verify: bool, int4: "ShellExport | None", layers: bool) -> "ir.Model":
     """An encoder-decoder's encoder and decoder step, each exported, then written with one
     data file and the checkpoint's tokenizer files; returns the decoder's model. ``layers``:
     the encoder's layers traced once (:func:`_encoder_trace`; the decoder's, which take two
@@ -267,7 +267,7 @@ def _nth_check(model: "torch.nn.Module", layout: tuple, n: int) -> "Check | None
 
 
 def _variant(model: "torch.nn.Module", layout: tuple[LayerCache, ...], context: int | None,
-             static: dict[str, int], output: Path, verify: bool, int4: "Int4Export | None"
+             static: dict[str, int], output: Path, verify: bool, int4: "ShellExport | None"
              ) -> Variant:
     """The model of one more chunk length, beside ``output`` (:func:`sibling_path`)."""
     assert context is not None
