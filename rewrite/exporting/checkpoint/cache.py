@@ -52,7 +52,13 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 from attrs import frozen
 
 from rewrite.errors import InputError, first_line, library_call
-from rewrite.exporting.checkpoint.module_states import own_cache, states_in_cache
+from rewrite.exporting.checkpoint.module_states import (
+    keep_listed_state,
+    listed_state,
+    own_cache,
+    rwkv_cache,
+    states_in_cache,
+)
 from rewrite.exporting.checkpoint.scans import scan_modules, traced_scans
 
 if TYPE_CHECKING:
@@ -184,19 +190,38 @@ def cache_layout(model: "torch.nn.Module") -> tuple[LayerCache, ...]:
                              "one token with a cache")
     if not any(_holds_tensors(v) for layer in getattr(cache, "layers", ())
                for v in _public(layer).values()):
-        raise unused_cache(type(model).__name__, output)
+        raise unused_cache(type(model).__name__, output, model.config)
     return layers_of(type(model).__name__, cache, scans=moved or bool(scan_modules(model)))
 
 
-def unused_cache(name: str, output: Any) -> InputError:
-    """The refusal of a model whose forward left the cache it was given empty (GPT-1 keeps
-    none; RWKV and XLNet return a state of their own, ``state`` / ``mems``, in ``output``)."""
+def unused_cache(name: str, output: Any, config: Any = None) -> InputError:
+    """The refusal of a model whose forward left the cache it was given empty: GPT-1 keeps
+    none; XLNet returns a memory of its own (``mems`` in ``output``) that no decode step can
+    use (:func:`_memory_refusal`)."""
     own = [key for key, value in getattr(output, "items", dict)() if key != "logits"
            and _holds_tensors(value)]
+    if own == ["mems"]:
+        return _memory_refusal(name, config)
     kept = (f"it returns its own state instead ({', '.join(own)}), which --cache kv does not "
             "carry" if own else "it recomputes every token at each step")
     return InputError(f"{name} leaves the cache it is given empty (transformers' forward "
                       f"keeps no keys and values: {kept}): use --cache none for the prefill")
+
+
+def _memory_refusal(name: str, config: Any) -> InputError:
+    """XLNet's refusal: its ``mems`` are Transformer-XL's memory (each layer's input for
+    earlier tokens); with bidirectional attention a call after that memory is not one call
+    over all the tokens, and ``generate`` predicts from the query stream, re-running the
+    last two tokens beside a placeholder each step: a limit of the model."""
+    bidirectional = ("; its attention is bidirectional (attn_type 'bi'): a call after that "
+                     "memory is not one call over all the tokens"
+                     if getattr(config, "attn_type", None) == "bi" else "")
+    return InputError(
+        f"{name} keeps no cache to decode with, a limit of the model: it returns a memory "
+        f"instead (mems, Transformer-XL's: each layer's input for the earlier "
+        f"tokens){bidirectional}; transformers' generate predicts each token from a query "
+        "stream fed a placeholder token, a permutation mask and a target mapping, re-running "
+        "the last two tokens: use --cache none for the prefill")
 
 
 def layers_of(name: str, cache: Any, scans: bool = False) -> tuple[LayerCache, ...]:
@@ -368,11 +393,16 @@ def own_forward(model: "torch.nn.Module", ids: "torch.Tensor", total: int, cache
     if positions:
         keywords["position_ids"] = model_positions(
             model, torch.arange(total - ids.shape[1], total)[None])
-    if cache is not None:
-        keywords.update(use_cache=True, **{cache_keyword(model): cache})
+    keyword = cache_keyword(model)
+    if cache is not None:  # RWKV: transformers' own code on its own state list
+        keywords.update(use_cache=True, **{keyword: listed_state(cache) if keyword == "state"
+                                           else cache})
     else:
         keywords["use_cache"] = False
-    return model_call(model, keywords, situation)
+    out = model_call(model, keywords, situation)
+    if cache is not None and keyword == "state":
+        keep_listed_state(cache, out.state)
+    return out
 
 
 def model_call(model: "torch.nn.Module", keywords: dict[str, Any], situation: str) -> Any:
@@ -412,7 +442,7 @@ def model_cache(model: "torch.nn.Module") -> Any:
         cache = DynamicCache(config=model.config)
     except TypeError:  # transformers 4.x: no config argument
         return DynamicCache()
-    return own_cache(model, cache)
+    return rwkv_cache(model, own_cache(model, cache))
 
 
 def causal_lm_call(model: "torch.nn.Module", layout: tuple[LayerCache, ...] | None) -> Call:
@@ -528,9 +558,11 @@ def holding(layer: Any, key: "torch.Tensor", value: "torch.Tensor",
 
 
 def cache_keyword(model: "torch.nn.Module") -> str:
-    """``cache`` (transformers 5) or ``past_key_values`` (4.x): how forward takes the cache."""
-    return "cache" if "cache" in inspect.signature(type(model).forward).parameters \
-        else "past_key_values"
+    """``cache`` (transformers 5) or ``past_key_values`` (4.x): how forward takes the cache;
+    ``state`` where it takes a state list of its own (RWKV's:
+    :func:`~rewrite.exporting.checkpoint.module_states.rwkv_cache`)."""
+    parameters = inspect.signature(type(model).forward).parameters
+    return next((k for k in ("cache", "state") if k in parameters), "past_key_values")
 
 
 @contextlib.contextmanager
