@@ -292,6 +292,21 @@ def test_rwkv_decodes_with_the_state_it_returns_per_layer(tmp_path):
     assert _prompt_in_pieces(folder, out, (5, 4, 3)) < 1e-4
 
 
+@pytest.mark.slow  # a tiny checkpoint, exported without a cache
+def test_rwkv_prefill_alone_scans_for_any_length(tmp_path, run_cli):
+    """RWKV with --cache none: its recurrence one scan from zeros (transformers loops over
+    the tokens in Python, which torch.export cannot trace for every length: exit 2 before),
+    verified against eager."""
+    out = tmp_path / "out" / "model.onnx"
+    out.parent.mkdir()
+    r = run_cli("export", checkpoints.write("rwkv", tmp_path / "checkpoint"), "-o", out,
+                "--cache", "none")
+    assert r.code == 0, r.err
+    assert "verified against eager in onnxruntime (prefill of 5 tokens)" in r.out + r.err
+    assert [v.name for v in onnx.load(str(out), load_external_data=False).graph.input] == [
+        "input_ids", "attention_mask", "position_ids"]
+
+
 @pytest.mark.slow  # a tiny checkpoint, exported, then prefill + 3 decode steps
 def test_inkling_carries_four_convolution_states_beside_keys_and_values(tmp_path):
     """Inkling's layers (sliding-window 0, 2, 3, full 1; window 8) keep keys and values and

@@ -225,14 +225,20 @@ def rwkv_cache(model: "torch.nn.Module", cache: Any) -> Any:
     recurrent state (its token shifts, its WKV state); ``cache`` unchanged otherwise."""
     import inspect
 
-    from transformers.cache_utils import LinearAttentionLayer
-
     if "state" not in inspect.signature(type(model).forward).parameters:
         return cache
-    cache.layers = [LinearAttentionLayer(number_of_states=2) for _ in cache.layers]
-    for layer in cache.layers:
-        del layer.recurrent_states[1]  # one WKV state beside the two shifts
+    cache.layers = [rwkv_layer() for _ in cache.layers]
     return cache
+
+
+def rwkv_layer() -> Any:
+    """An empty cache layer for an RWKV layer: two convolution states (its token shifts) and
+    one recurrent state (its WKV state)."""
+    from transformers.cache_utils import LinearAttentionLayer
+
+    layer = LinearAttentionLayer(number_of_states=2)
+    del layer.recurrent_states[1]
+    return layer
 
 
 def listed_state(cache: Any) -> "list[torch.Tensor] | None":
@@ -285,15 +291,15 @@ def rwkv_attention_forward(attention: "torch.nn.Module", n: int, hidden: "torch.
                            state: Any = None, use_cache: bool = False
                            ) -> tuple["torch.Tensor", Any]:
     """RWKV's time mixing (layer ``n``) with its shift and WKV state in ``state.layers[n]``
-    (a cache: :func:`rwkv_cache`), the recurrence one scan (:func:`wkv`); transformers' own
-    on its own state list."""
+    (a cache: :func:`rwkv_cache`; None: from zeros, kept nowhere), the recurrence one scan
+    (:func:`wkv`); transformers' own on its own state list."""
     import torch
     from transformers.cache_utils import Cache
 
-    if not isinstance(state, Cache):
+    if state is not None and not isinstance(state, Cache):
         return type(attention).forward(attention, hidden, state=state, use_cache=use_cache)
-    layer = state.layers[n]
-    shifted = _shifted(hidden, layer.conv_states.get(0))
+    layer = None if state is None else state.layers[n]
+    shifted = _shifted(hidden, None if layer is None else layer.conv_states.get(0))
 
     def mixed(weight: "torch.Tensor") -> "torch.Tensor":
         return hidden * weight + shifted * (1 - weight)
@@ -302,29 +308,32 @@ def rwkv_attention_forward(attention: "torch.nn.Module", n: int, hidden: "torch.
     value = attention.value(mixed(attention.time_mix_value))
     receptance = torch.sigmoid(attention.receptance(mixed(attention.time_mix_receptance)))
     out, recurrent = wkv(attention.time_decay, attention.time_first, key, value,
-                         layer.recurrent_states.get(0))
-    _keep(layer, 0, hidden[:, -1:].transpose(1, 2))
-    _keep(layer, None, recurrent)
+                         None if layer is None else layer.recurrent_states.get(0))
+    if layer is not None:
+        _keep(layer, 0, hidden[:, -1:].transpose(1, 2))
+        _keep(layer, None, recurrent)
     return attention.output(receptance * out), state
 
 
 def rwkv_feed_forward(feed_forward: "torch.nn.Module", n: int, hidden: "torch.Tensor",
                       state: Any = None) -> tuple["torch.Tensor", Any]:
     """RWKV's channel mixing (layer ``n``) with its shift in ``state.layers[n]`` (a cache:
-    :func:`rwkv_cache`); transformers' own on its own state list."""
+    :func:`rwkv_cache`; None: from zeros, kept nowhere); transformers' own on its own state
+    list."""
     import torch
     from transformers.cache_utils import Cache
 
-    if not isinstance(state, Cache):
+    if state is not None and not isinstance(state, Cache):
         return type(feed_forward).forward(feed_forward, hidden, state=state)
-    layer = state.layers[n]
-    shifted = _shifted(hidden, layer.conv_states.get(1))
+    layer = None if state is None else state.layers[n]
+    shifted = _shifted(hidden, None if layer is None else layer.conv_states.get(1))
     mix_key, mix_receptance = feed_forward.time_mix_key, feed_forward.time_mix_receptance
     key = torch.square(torch.relu(feed_forward.key(
         hidden * mix_key + shifted * (1 - mix_key))))
     receptance = torch.sigmoid(feed_forward.receptance(
         hidden * mix_receptance + shifted * (1 - mix_receptance)))
-    _keep(layer, 1, hidden[:, -1:].transpose(1, 2))
+    if layer is not None:
+        _keep(layer, 1, hidden[:, -1:].transpose(1, 2))
     return receptance * feed_forward.value(key), state
 
 
