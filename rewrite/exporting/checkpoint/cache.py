@@ -25,7 +25,9 @@ delta net's ``[batch_size, value heads, key_dim, value_dim]``, RecurrentGemma's
 its recurrent state alone (``[batch_size, heads, head_dim, head_dim]``; states transformers
 keeps outside its cache layers: :mod:`~rewrite.exporting.checkpoint.module_states`). A layer
 with several convolution states numbers them, ``past.N.conv.K`` (Inkling's four, beside its
-keys and values).
+keys and values; RWKV's two token shifts beside its recurrent state, ``past.N.conv.0`` /
+``.1`` and ``past.N.recurrent [batch_size, 3, width]``, from the state list its forward takes
+instead of a cache).
 
 ``position_ids`` count from 0 in every model, as onnxruntime-genai feeds them (from the
 attention mask). A family that numbers its positions from elsewhere has the offset added
@@ -221,7 +223,7 @@ def _memory_refusal(name: str, config: Any) -> InputError:
         f"instead (mems, Transformer-XL's: each layer's input for the earlier "
         f"tokens){bidirectional}; transformers' generate predicts each token from a query "
         "stream fed a placeholder token, a permutation mask and a target mapping, re-running "
-        "the last two tokens: use --cache none for the prefill")
+        "the last two tokens")
 
 
 def layers_of(name: str, cache: Any, scans: bool = False) -> tuple[LayerCache, ...]:
