@@ -60,7 +60,10 @@ def test_a_cache_that_is_not_keys_and_values_is_refused_in_one_line(tmp_path, ru
     out.parent.mkdir()
     r = run_cli("export", _checkpoint("deepseek_v4", tmp_path), "-o", out)
     assert r.code == 2, r.err
-    assert "keeps buffer_gate, buffer_kv, compressed_kv beside its keys and values" in r.err
+    assert ("keeps a compressor's state beside its keys and values: buffer_gate, buffer_kv, "
+            "compressed_kv (the tokens since its last full window of 128, as many as the past "
+            "length modulo 128") in r.err, r.err
+    assert "counted in Python ints (entry_count)" in r.err
     assert "Traceback" not in r.err and "torch.export" not in r.err
     assert not list(out.parent.iterdir())
 

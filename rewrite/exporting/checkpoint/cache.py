@@ -256,13 +256,8 @@ def layers_of(name: str, cache: Any, scans: bool = False) -> tuple[LayerCache, .
         beside = sorted(k for k, v in _public(layer).items()
                         if k not in carried and _holds_tensors(v))
         if beside:
-            raise InputError(
-                f"{name}: layer {n}'s cache ({type(layer).__name__}) keeps {', '.join(beside)} "
-                f"beside its {'keys and values' if kv else 'convolution state'}: --cache kv "
-                "carries keys and values, or a convolution layer's state (with a recurrent "
-                "state where the model scans with transformers' mamba2_chunk_scan, "
-                "mamba_selective_scan or a gated delta rule; use --cache none for the "
-                "prefill)")
+            raise _beside_refusal(f"{name}: layer {n}'s cache ({type(layer).__name__})",
+                                  layer, beside, kv)
         shape = (keys.shape[1], keys.shape[3], values.shape[1], values.shape[3]) if kv \
             else (0, 0, 0, 0)
         layers.append(LayerCache(
@@ -273,6 +268,31 @@ def layers_of(name: str, cache: Any, scans: bool = False) -> tuple[LayerCache, .
     if not any(layer.kv or layer.conv or layer.recurrent for layer in layers):
         raise InputError(f"{name} returned no key/value cache: use --cache none")
     return tuple(layers)
+
+
+def _beside_refusal(what: str, layer: Any, beside: list[str], kv: bool) -> InputError:
+    """The refusal of ``what`` (a model's layer's cache) keeping the states ``beside`` its
+    keys and values (``kv``) or its convolution state; for a compressed cache (DeepSeek-V4's:
+    ``compress_rate``, Python-int counters), what its states are and why they are not
+    carried."""
+    rate = getattr(layer, "compress_rate", None)
+    counters = sorted(k for k, v in _public(layer).items() if isinstance(v, dict) and v
+                      and all(type(x) is int for x in v.values()))
+    if isinstance(rate, int) and counters:
+        return InputError(
+            f"{what} keeps a compressor's state beside its keys and values: "
+            f"{', '.join(beside)} (the tokens since its last full window of {rate}, as many "
+            f"as the past length modulo {rate}, and one compressed entry per window), "
+            f"counted in Python ints ({', '.join(counters)}); --cache kv carries states as "
+            "long as the past or of a fixed size, not one whose length is the past length "
+            "modulo a window (its compressor would need rewriting to keep whole windows: "
+            "not done)")
+    return InputError(
+        f"{what} keeps {', '.join(beside)} beside its "
+        f"{'keys and values' if kv else 'convolution state'}: --cache kv carries keys and "
+        "values, or a convolution layer's state (with a recurrent state where the model "
+        "scans with transformers' mamba2_chunk_scan, mamba_selective_scan or a gated delta "
+        "rule; use --cache none for the prefill)")
 
 
 def _public(layer: Any) -> dict[str, Any]:
