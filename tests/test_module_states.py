@@ -1,8 +1,8 @@
 """RecurrentGemma's recurrent block, MiniMax's lightning attention and RWKV's time and
-channel mixing as the export traces them (``rewrite/exporting/checkpoint/module_states.py``: their states in the cache, one scan
-over the tokens) compute what transformers' code computes with its states elsewhere (on the
-modules, in MiniMax's own cache, in RWKV's own state list): a prefill of 7 tokens, then two one-token steps, outputs
-and states."""
+channel mixing as the export traces them (``rewrite/exporting/checkpoint/module_states.py``:
+their states in the cache, one scan over the tokens) compute what transformers' code computes
+with its states elsewhere (on the modules, in MiniMax's own cache, in RWKV's own state list):
+a prefill of 7 tokens, then two one-token steps, outputs and states."""
 
 from __future__ import annotations
 
