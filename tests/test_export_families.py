@@ -294,6 +294,28 @@ def test_rwkv_decodes_with_the_state_it_returns_per_layer(tmp_path):
     assert _prompt_in_pieces(folder, out, (5, 4, 3)) < 1e-4
 
 
+@pytest.mark.slow  # two tiny bfloat16 checkpoints, exported
+@pytest.mark.parametrize("family", ["rwkv", "recurrent_gemma"])
+def test_a_bfloat16_models_float32_states_feed_back(family, tmp_path):
+    """RWKV and RecurrentGemma keep their recurrent states in float32 in a bfloat16 model,
+    as transformers does: each ``past.N.recurrent`` is float32 like the ``present.N.recurrent``
+    to be fed back to it, and every other state has its present's type (bfloat16)."""
+    folder = checkpoints.write(family, tmp_path / "checkpoint", dtype=torch.bfloat16)
+    out = tmp_path / "out" / "model.onnx"
+    out.parent.mkdir()
+    model = _exported_hybrid(folder, out, Recorder())
+    pasts = {v.name: v.dtype for v in model.graph.inputs}
+    presents = {v.name: v.dtype for v in model.graph.outputs if v.name.startswith("present.")}
+    assert presents and all(
+        pasts[name.replace("present.", "past." if "past." + name[8:] in pasts
+                           else "past_key_values.")] == dtype
+        for name, dtype in presents.items()), (pasts, presents)
+    assert {dtype for name, dtype in presents.items() if name.endswith(".recurrent")} == {
+        ir.DataType.FLOAT}
+    assert {dtype for name, dtype in presents.items() if not name.endswith(".recurrent")} == {
+        ir.DataType.BFLOAT16}
+
+
 @pytest.mark.slow  # a tiny checkpoint, exported without a cache
 def test_rwkv_prefill_alone_scans_for_any_length(tmp_path, run_cli):
     """RWKV with --cache none: its recurrence one scan from zeros (transformers loops over

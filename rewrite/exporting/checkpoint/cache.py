@@ -110,6 +110,9 @@ class LayerCache:
     None."""
     kv: bool = True
     """Whether the layer keeps keys and values (a hybrid's convolution layer does not)."""
+    recurrent_dtype: Any = None
+    """The recurrent state's dtype as the model keeps it (float32 in a bfloat16 model:
+    RWKV's, RecurrentGemma's), or None: the model's."""
     indexer: int | None = None
     """The width of the indexer keys kept beside the keys and values, ``[batch, length,
     width]``, by a sparse-attention layer (DeepSeek-V3.2's, GLM-MoE-DSA's), or None."""
@@ -145,7 +148,7 @@ class LayerCache:
         import torch
 
         conv = tuple(torch.zeros(batch, *shape, dtype=dtype) for shape in self.convs())
-        recurrent = (torch.zeros(batch, *self.recurrent, dtype=dtype),) \
+        recurrent = (torch.zeros(batch, *self.recurrent, dtype=self.recurrent_dtype or dtype),) \
             if self.recurrent else ()
         indexer = (torch.zeros(batch, length, self.indexer, dtype=dtype),) \
             if self.indexer else ()
@@ -264,6 +267,7 @@ def layers_of(name: str, cache: Any, scans: bool = False) -> tuple[LayerCache, .
             *shape, conv=convs[0].shape[1:] if convs else None, kv=kv,
             more_convs=tuple(conv.shape[1:] for conv in convs[1:]),
             recurrent=None if recurrent is None else tuple(recurrent.shape[1:]),
+            recurrent_dtype=None if recurrent is None else recurrent.dtype,
             indexer=None if indexer is None else indexer.shape[2]))
     if not any(layer.kv or layer.conv or layer.recurrent for layer in layers):
         raise InputError(f"{name} returned no key/value cache: use --cache none")
