@@ -93,6 +93,12 @@ OTHER_DECODERS: dict[str, tuple[str, dict]] = {
         "n_routed_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 24,
         "layer_types": ["hybrid_sliding", "hybrid", "hybrid_sliding", "hybrid_sliding"],
         "mlp_layer_types": ["sparse"] * 4}),
+    # RWKV: no attention, a state list of its own (two token shifts and a WKV state per
+    # layer); layer 0 has a norm more; layers rescaled every 2 (weights and hidden states
+    # halved, as transformers does at inference)
+    "rwkv": ("RwkvConfig", dict(vocab_size=96, hidden_size=32, attention_hidden_size=32,
+                                intermediate_size=48, num_hidden_layers=LAYERS,
+                                rescale_every=2)),
 }
 """Causal LMs the family tests do not run (tests of one behaviour each)."""
 

@@ -25,7 +25,9 @@ delta net's ``[batch_size, value heads, key_dim, value_dim]``, RecurrentGemma's
 its recurrent state alone (``[batch_size, heads, head_dim, head_dim]``; states transformers
 keeps outside its cache layers: :mod:`~rewrite.exporting.checkpoint.module_states`). A layer
 with several convolution states numbers them, ``past.N.conv.K`` (Inkling's four, beside its
-keys and values).
+keys and values; RWKV's two token shifts beside its recurrent state, ``past.N.conv.0`` /
+``.1`` and ``past.N.recurrent [batch_size, 3, width]``, from the state list its forward takes
+instead of a cache).
 
 ``position_ids`` count from 0 in every model, as onnxruntime-genai feeds them (from the
 attention mask). A family that numbers its positions from elsewhere has the offset added
@@ -52,7 +54,13 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 from attrs import frozen
 
 from rewrite.errors import InputError, first_line, library_call
-from rewrite.exporting.checkpoint.module_states import own_cache, states_in_cache
+from rewrite.exporting.checkpoint.module_states import (
+    keep_listed_state,
+    listed_state,
+    own_cache,
+    rwkv_cache,
+    states_in_cache,
+)
 from rewrite.exporting.checkpoint.scans import scan_modules, traced_scans
 
 if TYPE_CHECKING:
@@ -102,6 +110,9 @@ class LayerCache:
     None."""
     kv: bool = True
     """Whether the layer keeps keys and values (a hybrid's convolution layer does not)."""
+    recurrent_dtype: Any = None
+    """The recurrent state's dtype as the model keeps it (float32 in a bfloat16 model:
+    RWKV's, RecurrentGemma's), or None: the model's."""
     indexer: int | None = None
     """The width of the indexer keys kept beside the keys and values, ``[batch, length,
     width]``, by a sparse-attention layer (DeepSeek-V3.2's, GLM-MoE-DSA's), or None."""
@@ -137,7 +148,7 @@ class LayerCache:
         import torch
 
         conv = tuple(torch.zeros(batch, *shape, dtype=dtype) for shape in self.convs())
-        recurrent = (torch.zeros(batch, *self.recurrent, dtype=dtype),) \
+        recurrent = (torch.zeros(batch, *self.recurrent, dtype=self.recurrent_dtype or dtype),) \
             if self.recurrent else ()
         indexer = (torch.zeros(batch, length, self.indexer, dtype=dtype),) \
             if self.indexer else ()
@@ -184,19 +195,38 @@ def cache_layout(model: "torch.nn.Module") -> tuple[LayerCache, ...]:
                              "one token with a cache")
     if not any(_holds_tensors(v) for layer in getattr(cache, "layers", ())
                for v in _public(layer).values()):
-        raise unused_cache(type(model).__name__, output)
+        raise unused_cache(type(model).__name__, output, model.config)
     return layers_of(type(model).__name__, cache, scans=moved or bool(scan_modules(model)))
 
 
-def unused_cache(name: str, output: Any) -> InputError:
-    """The refusal of a model whose forward left the cache it was given empty (GPT-1 keeps
-    none; RWKV and XLNet return a state of their own, ``state`` / ``mems``, in ``output``)."""
+def unused_cache(name: str, output: Any, config: Any = None) -> InputError:
+    """The refusal of a model whose forward left the cache it was given empty: GPT-1 keeps
+    none; XLNet returns a memory of its own (``mems`` in ``output``) that no decode step can
+    use (:func:`_memory_refusal`)."""
     own = [key for key, value in getattr(output, "items", dict)() if key != "logits"
            and _holds_tensors(value)]
+    if own == ["mems"]:
+        return _memory_refusal(name, config)
     kept = (f"it returns its own state instead ({', '.join(own)}), which --cache kv does not "
             "carry" if own else "it recomputes every token at each step")
     return InputError(f"{name} leaves the cache it is given empty (transformers' forward "
                       f"keeps no keys and values: {kept}): use --cache none for the prefill")
+
+
+def _memory_refusal(name: str, config: Any) -> InputError:
+    """XLNet's refusal: its ``mems`` are Transformer-XL's memory (each layer's input for
+    earlier tokens); with bidirectional attention a call after that memory is not one call
+    over all the tokens, and ``generate`` predicts from the query stream, re-running the
+    last two tokens beside a placeholder each step: a limit of the model."""
+    bidirectional = ("; its attention is bidirectional (attn_type 'bi'): a call after that "
+                     "memory is not one call over all the tokens"
+                     if getattr(config, "attn_type", None) == "bi" else "")
+    return InputError(
+        f"{name} keeps no cache to decode with, a limit of the model: it returns a memory "
+        f"instead (mems, Transformer-XL's: each layer's input for the earlier "
+        f"tokens){bidirectional}; transformers' generate predicts each token from a query "
+        "stream fed a placeholder token, a permutation mask and a target mapping, re-running "
+        "the last two tokens")
 
 
 def layers_of(name: str, cache: Any, scans: bool = False) -> tuple[LayerCache, ...]:
@@ -229,23 +259,44 @@ def layers_of(name: str, cache: Any, scans: bool = False) -> tuple[LayerCache, .
         beside = sorted(k for k, v in _public(layer).items()
                         if k not in carried and _holds_tensors(v))
         if beside:
-            raise InputError(
-                f"{name}: layer {n}'s cache ({type(layer).__name__}) keeps {', '.join(beside)} "
-                f"beside its {'keys and values' if kv else 'convolution state'}: --cache kv "
-                "carries keys and values, or a convolution layer's state (with a recurrent "
-                "state where the model scans with transformers' mamba2_chunk_scan, "
-                "mamba_selective_scan or a gated delta rule; use --cache none for the "
-                "prefill)")
+            raise _beside_refusal(f"{name}: layer {n}'s cache ({type(layer).__name__})",
+                                  layer, beside, kv)
         shape = (keys.shape[1], keys.shape[3], values.shape[1], values.shape[3]) if kv \
             else (0, 0, 0, 0)
         layers.append(LayerCache(
             *shape, conv=convs[0].shape[1:] if convs else None, kv=kv,
             more_convs=tuple(conv.shape[1:] for conv in convs[1:]),
             recurrent=None if recurrent is None else tuple(recurrent.shape[1:]),
+            recurrent_dtype=None if recurrent is None else recurrent.dtype,
             indexer=None if indexer is None else indexer.shape[2]))
     if not any(layer.kv or layer.conv or layer.recurrent for layer in layers):
         raise InputError(f"{name} returned no key/value cache: use --cache none")
     return tuple(layers)
+
+
+def _beside_refusal(what: str, layer: Any, beside: list[str], kv: bool) -> InputError:
+    """The refusal of ``what`` (a model's layer's cache) keeping the states ``beside`` its
+    keys and values (``kv``) or its convolution state; for a compressed cache (DeepSeek-V4's:
+    ``compress_rate``, Python-int counters), what its states are and why they are not
+    carried."""
+    rate = getattr(layer, "compress_rate", None)
+    counters = sorted(k for k, v in _public(layer).items() if isinstance(v, dict) and v
+                      and all(type(x) is int for x in v.values()))
+    if isinstance(rate, int) and counters:
+        return InputError(
+            f"{what} keeps a compressor's state beside its keys and values: "
+            f"{', '.join(beside)} (the tokens since its last full window of {rate}, as many "
+            f"as the past length modulo {rate}, and one compressed entry per window), "
+            f"counted in Python ints ({', '.join(counters)}); --cache kv carries states as "
+            "long as the past or of a fixed size, not one whose length is the past length "
+            "modulo a window (its compressor would need rewriting to keep whole windows: "
+            "not done)")
+    return InputError(
+        f"{what} keeps {', '.join(beside)} beside its "
+        f"{'keys and values' if kv else 'convolution state'}: --cache kv carries keys and "
+        "values, or a convolution layer's state (with a recurrent state where the model "
+        "scans with transformers' mamba2_chunk_scan, mamba_selective_scan or a gated delta "
+        "rule; use --cache none for the prefill)")
 
 
 def _public(layer: Any) -> dict[str, Any]:
@@ -368,11 +419,16 @@ def own_forward(model: "torch.nn.Module", ids: "torch.Tensor", total: int, cache
     if positions:
         keywords["position_ids"] = model_positions(
             model, torch.arange(total - ids.shape[1], total)[None])
-    if cache is not None:
-        keywords.update(use_cache=True, **{cache_keyword(model): cache})
+    keyword = cache_keyword(model)
+    if cache is not None:  # RWKV: transformers' own code on its own state list
+        keywords.update(use_cache=True, **{keyword: listed_state(cache) if keyword == "state"
+                                           else cache})
     else:
         keywords["use_cache"] = False
-    return model_call(model, keywords, situation)
+    out = model_call(model, keywords, situation)
+    if cache is not None and keyword == "state":
+        keep_listed_state(cache, out.state)
+    return out
 
 
 def model_call(model: "torch.nn.Module", keywords: dict[str, Any], situation: str) -> Any:
@@ -412,7 +468,7 @@ def model_cache(model: "torch.nn.Module") -> Any:
         cache = DynamicCache(config=model.config)
     except TypeError:  # transformers 4.x: no config argument
         return DynamicCache()
-    return own_cache(model, cache)
+    return rwkv_cache(model, own_cache(model, cache))
 
 
 def causal_lm_call(model: "torch.nn.Module", layout: tuple[LayerCache, ...] | None) -> Call:
@@ -528,9 +584,11 @@ def holding(layer: Any, key: "torch.Tensor", value: "torch.Tensor",
 
 
 def cache_keyword(model: "torch.nn.Module") -> str:
-    """``cache`` (transformers 5) or ``past_key_values`` (4.x): how forward takes the cache."""
-    return "cache" if "cache" in inspect.signature(type(model).forward).parameters \
-        else "past_key_values"
+    """``cache`` (transformers 5) or ``past_key_values`` (4.x): how forward takes the cache;
+    ``state`` where it takes a state list of its own (RWKV's:
+    :func:`~rewrite.exporting.checkpoint.module_states.rwkv_cache`)."""
+    parameters = inspect.signature(type(model).forward).parameters
+    return next((k for k in ("cache", "state") if k in parameters), "past_key_values")
 
 
 @contextlib.contextmanager

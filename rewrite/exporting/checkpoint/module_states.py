@@ -42,7 +42,9 @@ if TYPE_CHECKING:
 
 FORWARDS = {"RecurrentGemmaRecurrentBlock": "recurrent_block_forward",
             "MiniMaxLightningAttention": "lightning_forward",
-            "InklingShortConvolution": "short_convolution_forward"}
+            "InklingShortConvolution": "short_convolution_forward",
+            "RwkvSelfAttention": "rwkv_attention_forward",
+            "RwkvFeedForward": "rwkv_feed_forward"}
 """The classes whose state transformers keeps outside its cache layers, and the forward
 (of this module) each has while the cache layout is read and while exporting."""
 
@@ -215,3 +217,161 @@ def short_convolution_forward(conv: "torch.nn.Module", n: int, hidden_states: "t
         layer.dtype, layer.device = full.dtype, full.device
     out = out[..., -x.shape[-1]:].to(x.dtype).transpose(1, 2)
     return (out + residual).to(hidden_states.dtype)
+
+
+def rwkv_cache(model: "torch.nn.Module", cache: Any) -> Any:
+    """``cache`` with, for a model that keeps a state list of its own (RWKV's forward takes
+    ``state``), one linear-attention layer per layer holding two convolution states and a
+    recurrent state (its token shifts, its WKV state); ``cache`` unchanged otherwise."""
+    import inspect
+
+    if "state" not in inspect.signature(type(model).forward).parameters:
+        return cache
+    cache.layers = [rwkv_layer() for _ in cache.layers]
+    return cache
+
+
+def rwkv_layer() -> Any:
+    """An empty cache layer for an RWKV layer: two convolution states (its token shifts) and
+    one recurrent state (its WKV state)."""
+    from transformers.cache_utils import LinearAttentionLayer
+
+    layer = LinearAttentionLayer(number_of_states=2)
+    del layer.recurrent_states[1]
+    return layer
+
+
+def listed_state(cache: Any) -> "list[torch.Tensor] | None":
+    """RWKV's own state list (feed-forward shifts, attention shifts, numerators,
+    denominators, largest exponents: each ``[batch, hidden, layers]``) from ``cache``'s
+    layers (:func:`rwkv_cache`); None before the first token (RWKV starts its own)."""
+    import torch
+
+    layers = cache.layers
+    if layers[0].conv_states.get(0) is None:
+        return None
+    shifts = [torch.stack([layer.conv_states[k][..., 0] for layer in layers], -1)
+              for k in (1, 0)]
+    wkv = torch.stack([layer.recurrent_states[0] for layer in layers], -1)
+    return [*shifts, *wkv.unbind(1)]
+
+
+def keep_listed_state(cache: Any, state: "list[torch.Tensor]") -> None:
+    """RWKV's own state list (:func:`listed_state`'s order) as ``cache``'s layers'."""
+    import torch
+
+    for n, layer in enumerate(cache.layers):
+        _keep(layer, 0, state[1][..., n, None])
+        _keep(layer, 1, state[0][..., n, None])
+        _keep(layer, None, torch.stack([s[..., n] for s in state[2:]], 1))
+
+
+def _keep(layer: Any, k: int | None, state: "torch.Tensor") -> None:
+    """``state`` as ``layer``'s convolution state ``k`` (its recurrent state: None), marked
+    as following earlier tokens."""
+    if k is None:
+        layer.recurrent_states[0], layer.is_recurrent_states_initialized[0] = state, True
+    else:
+        layer.conv_states[k], layer.conv_kernel_size[k] = state, state.shape[-1]
+        layer.is_conv_states_initialized[k] = layer.has_previous_state[k] = True
+    layer.dtype, layer.device = state.dtype, state.device
+
+
+def _shifted(hidden: "torch.Tensor", shift: "torch.Tensor | None") -> "torch.Tensor":
+    """RWKV's token shift of ``hidden [batch, length, width]``: each token's previous, the
+    first's from ``shift [batch, width, 1]`` (zeros when None: no token before)."""
+    import torch
+
+    first = hidden.new_zeros(hidden.shape[0], 1, hidden.shape[2]) if shift is None \
+        else shift.transpose(1, 2).to(hidden.dtype)
+    return torch.cat((first, hidden), 1)[:, :-1]
+
+
+def rwkv_attention_forward(attention: "torch.nn.Module", n: int, hidden: "torch.Tensor",
+                           state: Any = None, use_cache: bool = False
+                           ) -> tuple["torch.Tensor", Any]:
+    """RWKV's time mixing (layer ``n``) with its shift and WKV state in ``state.layers[n]``
+    (a cache: :func:`rwkv_cache`; None: from zeros, kept nowhere), the recurrence one scan
+    (:func:`wkv`); transformers' own on its own state list."""
+    import torch
+    from transformers.cache_utils import Cache
+
+    if state is not None and not isinstance(state, Cache):
+        return type(attention).forward(attention, hidden, state=state, use_cache=use_cache)
+    layer = None if state is None else state.layers[n]
+    shifted = _shifted(hidden, None if layer is None else layer.conv_states.get(0))
+
+    def mixed(weight: "torch.Tensor") -> "torch.Tensor":
+        return hidden * weight + shifted * (1 - weight)
+
+    key = attention.key(mixed(attention.time_mix_key))
+    value = attention.value(mixed(attention.time_mix_value))
+    receptance = torch.sigmoid(attention.receptance(mixed(attention.time_mix_receptance)))
+    out, recurrent = wkv(attention.time_decay, attention.time_first, key, value,
+                         None if layer is None else layer.recurrent_states.get(0))
+    if layer is not None:
+        _keep(layer, 0, hidden[:, -1:].transpose(1, 2))
+        _keep(layer, None, recurrent)
+    return attention.output(receptance * out), state
+
+
+def rwkv_feed_forward(feed_forward: "torch.nn.Module", n: int, hidden: "torch.Tensor",
+                      state: Any = None) -> tuple["torch.Tensor", Any]:
+    """RWKV's channel mixing (layer ``n``) with its shift in ``state.layers[n]`` (a cache:
+    :func:`rwkv_cache`; None: from zeros, kept nowhere); transformers' own on its own state
+    list."""
+    import torch
+    from transformers.cache_utils import Cache
+
+    if state is not None and not isinstance(state, Cache):
+        return type(feed_forward).forward(feed_forward, hidden, state=state)
+    layer = None if state is None else state.layers[n]
+    shifted = _shifted(hidden, None if layer is None else layer.conv_states.get(1))
+    mix_key, mix_receptance = feed_forward.time_mix_key, feed_forward.time_mix_receptance
+    key = torch.square(torch.relu(feed_forward.key(
+        hidden * mix_key + shifted * (1 - mix_key))))
+    receptance = torch.sigmoid(feed_forward.receptance(
+        hidden * mix_receptance + shifted * (1 - mix_receptance)))
+    if layer is not None:
+        _keep(layer, 1, hidden[:, -1:].transpose(1, 2))
+    return receptance * feed_forward.value(key), state
+
+
+def wkv(time_decay: "torch.Tensor", time_first: "torch.Tensor", key: "torch.Tensor",
+        value: "torch.Tensor", state: "torch.Tensor | None"
+        ) -> tuple["torch.Tensor", "torch.Tensor"]:
+    """transformers' ``rwkv_linear_attention_cpu`` on ``key``, ``value [batch, length,
+    width]`` from ``state [batch, 3, width]`` (numerator, denominator, largest exponent;
+    zeros when None), in float32, one scan over the tokens: (output, the last state). A
+    state whose denominator is 0 follows no token: its exponent starts at transformers'
+    -1e30, so zeros start it as transformers does."""
+    import torch
+    from torch._higher_order_ops.scan import scan
+
+    batch, length, width = key.shape
+    state = key.new_zeros(batch, 3, width, dtype=torch.float32) if state is None \
+        else state.float()
+    numerator, denominator, exponent = state.unbind(1)
+    exponent = torch.where(denominator == 0, torch.full_like(exponent, -1e30), exponent)
+    decay = -torch.exp(time_decay.float())
+    tokens = (key.float().movedim(1, 0), value.float().movedim(1, 0),
+              decay.expand(length, batch, width), time_first.float().expand(length, batch, width))
+    state, out = scan(_wkv_step, torch.stack((numerator, denominator, exponent), 1), tokens)
+    return out.movedim(0, 1).to(key.dtype), state
+
+
+def _wkv_step(state: "torch.Tensor", token: tuple["torch.Tensor", ...]
+              ) -> tuple["torch.Tensor", "torch.Tensor"]:
+    """One token's WKV update of ``state [batch, 3, width]`` (``token``: its key, value,
+    the decay and the first token's bonus): (new state, the token's output)."""
+    import torch
+
+    key, value, decay, first = token
+    numerator, denominator, exponent = state.unbind(1)
+    top = torch.maximum(exponent, key + first)
+    old, new = torch.exp(exponent - top), torch.exp(key + first - top)
+    out = (old * numerator + new * value) / (old * denominator + new)
+    top = torch.maximum(exponent + decay, key)
+    old, new = torch.exp(exponent + decay - top), torch.exp(key - top)
+    state = torch.stack((old * numerator + new * value, old * denominator + new, top), 1)
+    return state.clone(), out
