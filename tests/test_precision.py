@@ -59,7 +59,8 @@ def _linears(folder) -> int:
 
 def _eager(folder, ids: np.ndarray, fake_quant: bool) -> np.ndarray:
     """Eager float32 logits; ``fake_quant``: every linear weight quantized and
-    dequantized as the export does (blocks of 32 along the input dimension, symmetric)."""
+    dequantized as the export does (blocks of 32 along the input dimension, symmetric),
+    and every embedding's table (blocks of 32 along its rows)."""
     from transformers import AutoModelForCausalLM
     from transformers.pytorch_utils import Conv1D
 
@@ -67,11 +68,11 @@ def _eager(folder, ids: np.ndarray, fake_quant: bool) -> np.ndarray:
     if fake_quant:
         model.lm_head.weight = torch.nn.Parameter(model.lm_head.weight.clone())  # untie
         for module in model.modules():
-            if isinstance(module, (torch.nn.Linear, Conv1D)):
+            if isinstance(module, (torch.nn.Linear, Conv1D, torch.nn.Embedding)):
                 weight = module.weight.detach().numpy()
-                kn = weight.T if isinstance(module, torch.nn.Linear) else weight
+                kn = weight if isinstance(module, Conv1D) else weight.T
                 back = dequantize(*quantize(np.ascontiguousarray(kn), 32, True), 32)
-                back = back.T if isinstance(module, torch.nn.Linear) else back
+                back = back if isinstance(module, Conv1D) else back.T
                 module.weight = torch.nn.Parameter(torch.from_numpy(np.ascontiguousarray(back)))
     with torch.no_grad():
         return model(torch.from_numpy(ids)).logits.numpy()
