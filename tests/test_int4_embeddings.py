@@ -48,7 +48,7 @@ def test_the_table_is_written_in_four_bits(exported):
     onnx.checker.check_model(onnx.load(str(out)), full_check=True)
     types = {t.name: (t.data_type, tuple(t.dims)) for t in model.graph.initializer}
     table = "lm_head.weight" if tied else "model.embed_tokens.weight"
-    assert types[f"{table}_rows_Q4G32"] == (onnx.TensorProto.UINT8, (96, 16))
+    assert types[f"{table}_rows_Q4G32"] == (onnx.TensorProto.UINT8, (96, 1, 16))
     assert types[f"{table}_rows_scale"] == (onnx.TensorProto.FLOAT, (96, 1))
     assert types["lm_head.weight_Q4G32"] == (onnx.TensorProto.INT4, (32, 96))
     floats = [name for name, (kind, dims) in types.items()

@@ -138,10 +138,11 @@ class Int4Export:
     check of what is written."""
 
     def __init__(self, model: "torch.nn.Module", *, block: int, symmetric: bool,
-                 report: Callable[[str], None], verify: bool) -> None:
+                 report: Callable[[str], None], verify: bool, target: str = "onnx") -> None:
         from rewrite.backends.onnx.quantize import Kept
 
         self.model, self.block, self.symmetric, self.report = model, block, symmetric, report
+        self.target = target
         self.tables = embedding_tables(model)
         self.sources = float32_shell(model)
         self.kept: Kept | None = Kept() if verify else None
@@ -159,7 +160,8 @@ class Int4Export:
         sources = {**self.sources, **{name: partial(tensor.rows, self._parts_of(tensor))
                                       for name, tensor in self.packed.items()}}
         self.quantized = quantize_int4(onnx_model, block=self.block, symmetric=self.symmetric,
-                                       sources=sources, kept=self.kept, tables=self.tables)
+                                       sources=sources, kept=self.kept, tables=self.tables,
+                                       target=self.target)
         done = {name for name, _ in self.quantized.layouts}
         found: set[int] = set()
         for name, source in sources.items():
@@ -224,9 +226,13 @@ class Int4Export:
             return floats, tables
         linear = dict(floats)
         for name, layout in self.quantized.layouts:
-            if layout == "rows":
-                tables.update(dict.fromkeys(self._aliases(name), partial(
+            if layout == "rows":  # a tied head (MatMulNBits) reads the same rows
+                aliases = self._aliases(name)
+                tables.update(dict.fromkeys(aliases, partial(
                     _rows, self.kept, f"{name}:NK", self.block)))
+                if self.kept is not None and f"{name}:NK" in self.kept:
+                    linear.update(dict.fromkeys(aliases, partial(
+                        self.kept.weight, f"{name}:NK", "NK", self.block)))
                 continue
             key = f"{name}:{layout}"
             kept = self.kept is not None and key in self.kept

@@ -63,7 +63,7 @@ class Blockwise:
         self._parts: dict[str, ir.TensorProtocol] | None = None
         self._lock = threading.Lock()  # parts may be written by concurrent writers
         q_type = ir.DataType.INT4 if symmetric else ir.DataType.UINT4
-        shapes = ((n, -(-k // 2)), (n, blocks)) if rows else ((k, n), (blocks, n))
+        shapes = ((n, blocks, block // 2), (n, blocks)) if rows else ((k, n), (blocks, n))
         self.q = self._lazy("q", ir.DataType.UINT8 if rows else q_type, shapes[0],
                             f"{name}_Q4G{block}")
         self.scale = self._lazy("scale", scale_dtype, shapes[1], f"{name}_scale")
@@ -109,11 +109,12 @@ class Blockwise:
 
 def _by_rows(q: "torch.Tensor", scale: "torch.Tensor", zero_point: "torch.Tensor | None",
              like: Blockwise) -> dict[str, ir.TensorProtocol]:
-    """An embedding's parts, ``[N, ...]`` as its table: ``q`` two values to a byte along
-    each row (uint8, the first in the low nibble; symmetric values offset by 8, so that
-    each nibble is unsigned), ``scale`` and the zero points (uint8) one per block of a
-    row: what ``Gather`` takes (it takes no 4-bit type) and what the rows gathered are
-    dequantized from (``(nibble - zero point or 8) * scale``)."""
+    """An embedding's parts, ``[N, ...]`` as its table (``K`` whole blocks): ``q`` two
+    values to a byte along each row, ``[N, blocks, block / 2]`` (uint8, the first in the
+    low nibble; symmetric values offset by 8, so that each nibble is unsigned), ``scale``
+    and the zero points (uint8) ``[N, blocks]``: what ``Gather`` takes (it takes no 4-bit
+    type) and what the rows gathered are dequantized from (``(nibble - zero point or 8) *
+    scale``); also, symmetric, what onnxruntime's ``MatMulNBits`` reads as its ``B``."""
     codes = q if zero_point is not None else q.add(8)
     parts: dict[str, ir.TensorProtocol] = {
         "q": ir.Tensor(_pack(codes).numpy().reshape(tuple(like.q.shape)), name=like.q.name),

@@ -28,7 +28,9 @@ block_size=B))`` (opset 21). The weight is found where it arrives:
   0.4 s on a 128K x 2K table) and its scales by rows; the ``Gather`` takes the rows asked
   for of each, which alone are unpacked and dequantized with standard ops
   (:meth:`_Rewriter._gather`). A tied head reads its own ``[K, N]`` int4 copy: a
-  ``DequantizeLinear`` + ``MatMul`` (which onnxruntime fuses) cannot read the rows' uint8.
+  ``DequantizeLinear`` + ``MatMul`` (which onnxruntime fuses) cannot read the rows' uint8;
+  with ``target="onnxruntime"`` (symmetric) it reads the table's rows instead, as
+  ``com.microsoft.MatMulNBits`` (their layout is its ``B``'s): one table, as the builder's.
 
 The quantized tensors are stored ``[K, N]`` (in, out), blocks along K (axis 0): what
 onnxruntime fuses with the ``MatMul`` into ``MatMulNBits`` after it inlines the functions
@@ -78,15 +80,18 @@ class Quantized:
     """(initializer, layout) of each weight quantized: ``"NK"``, a Linear's ``[out, in]``
     weight (blocks along its second dimension); ``"KN"``, ``[in, out]``; ``"rows"``, an
     embedding's table gathered by rows (blocks along its second dimension)."""
+    shared: int = 0
+    """Of ``in_main``, the tied heads that read their table's rows (``MatMulNBits``)."""
 
     def note(self) -> str:
         kind = "int4, symmetric" if self.symmetric else "uint4 with zero points"
         bodies = ", ".join(f"{name} {n}" for name, n in sorted(self.in_functions.items()))
         kept = ", ".join(self.kept_float) or "none"
         tables = ", ".join(name for name, layout in self.layouts if layout == "rows")
+        shared = f" ({self.shared} a head's MatMulNBits on its table)" if self.shared else ""
         return (f"int4 ({kind}, blocks of {self.block}, round to nearest): {self.weights} "
                 f"weights; MatMuls dequantizing in functions: {bodies or 'none'}; in the "
-                f"main graph: {self.in_main}; embeddings gathered in 4 bits: "
+                f"main graph: {self.in_main}{shared}; embeddings gathered in 4 bits: "
                 f"{tables or 'none'}; kept in float: {kept}")
 
 
@@ -105,19 +110,21 @@ class QuantizeInt4(ir.passes.InPlacePass):
 
 def quantize_int4(model: ir.Model, *, block: int = 32, symmetric: bool = True,
                   sources: Mapping[str, Any] | None = None, kept: Kept | None = None,
-                  tables: Collection[str] = ()) -> Quantized:
+                  tables: Collection[str] = (), target: str = "onnx") -> Quantized:
     """Quantize ``model``'s MatMul weights in place (see the module); what was done.
     ``sources``: initializer name -> the tensor its quantized parts are computed from (or
     a function making it when it is written), instead of the initializer's value (a
     half-precision weight behind a float32 placeholder); ``kept``: where the quantized
     weights are also kept, keyed ``name:layout`` (an embedding's under ``"NK"``: the same
     numbers as a tied head's); ``tables``: the initializers that are embeddings' tables,
-    quantized where a ``Gather`` reads their rows."""
+    quantized where a ``Gather`` reads their rows; ``target``: ``"onnx"`` (standard ops) or
+    ``"onnxruntime"`` (a tied head reads its table's rows with ``MatMulNBits``)."""
     functions = {f.identifier(): f for f in model.functions.values()}
     calls, opaque = _call_sites(model, functions)
     fits = partial(_fits, frozenset(tables), block)
     slots = _quantizable_slots(model, functions, calls, opaque, fits)
     rewriter = _Rewriter(model, functions, slots, calls, (block, symmetric), fits)
+    rewriter.nbits = target == "onnxruntime" and symmetric
     rewriter.initializers.sources, rewriter.initializers.kept = sources or {}, kept
     rewriter.run()
     rewriter.initializers.register_trailing()
@@ -130,7 +137,7 @@ def quantize_int4(model: ir.Model, *, block: int = 32, symmetric: bool = True,
         and v.const_value.dtype in FLOATS and len(v.const_value.shape) >= 2))
     return Quantized(len(rewriter.initializers.created), dict(rewriter.in_functions),
                      rewriter.in_main, kept, block, symmetric,
-                     tuple(sorted(rewriter.initializers.created)))
+                     tuple(sorted(rewriter.initializers.created)), rewriter.shared)
 
 
 def _containers(model: ir.Model) -> Iterator[Container]:
@@ -376,7 +383,9 @@ class _Rewriter:
                         if all(isinstance(c, ir.Graph) for c, _ in calls[slot[0]])}
         self.initializers = _Initializers(model, block, symmetric)
         self.in_functions: dict[str, int] = {}
-        self.in_main = 0
+        self.in_main = self.shared = 0
+        self.nbits = False
+        """A tied head reads its table's rows (``MatMulNBits``)."""
 
     def run(self) -> None:
         sources = {fid: self._new_signature(fid, f) for fid, f in self.functions.items()}
@@ -419,6 +428,8 @@ class _Rewriter:
         the main graph, whose weights are initializers); ``inner``: its inner inputs."""
         passed: dict[ir.Value, ir.Value] = {}
         for node in list(container):
+            if node.graph is None:  # removed: a MatMul made MatMulNBits
+                continue
             callee = _callee(node)
             if callee in self.functions:
                 self._call(container, node, callee, sources, passed)
@@ -426,6 +437,9 @@ class _Rewriter:
             for index, value in enumerate(node.inputs):
                 layout = _weight_use(node, index) if value is not None else None
                 if layout is None or value is None:
+                    continue
+                if sources is None and layout == "NK" and self._reads_rows(value):
+                    self._nbits(container, node, value)
                     continue
                 if value in inner or self._source(value, layout, sources) is not None:
                     node = _as_matmul(container, node)
@@ -492,7 +506,7 @@ class _Rewriter:
         codes = add("Gather", [q, ids], axis=0)
         low = add("Unsqueeze", [add("BitwiseAnd", [codes, const(15, np.uint8)]), last])
         high = add("Unsqueeze", [add("BitShift", [codes, four], direction="RIGHT"), last])
-        shape = add("Shape", [ids])  # [..., K / 2, 2] -> [..., K / block, block]
+        shape = add("Shape", [ids])  # [..., blocks, block / 2, 2] -> [..., blocks, block]
         blocked = add("Concat", [shape, const([-1, self.block], np.int64)], axis=0)
         grouped = add("Reshape", [add("Concat", [low, high], axis=-1), blocked])
         values = add("Cast", [grouped], to=dtype)
@@ -507,6 +521,34 @@ class _Rewriter:
         ir.convenience.replace_all_uses_with(out, merged, replace_graph_outputs=True)
         container.remove(node, safe=True)
         merged.name = out.name
+
+    def _reads_rows(self, value: ir.Value) -> bool:
+        """A main-graph weight read as a table's rows, a ``Gather``'s too, that a head reads
+        with ``MatMulNBits`` (:attr:`nbits`)."""
+        return self.nbits and self.fits(value, "rows") and (
+            (value.name or "", "rows") in self.initializers.created  # its Gather's call seen
+            or any(_use_layout(node, i, self.slots) == "rows" for node, i in value.uses()))
+
+    def _nbits(self, container: Container, transpose: ir.Node, value: ir.Value) -> None:
+        """Each ``MatMul`` reading ``transpose`` (of a table) as ``MatMulNBits`` on the
+        table's rows (:func:`_by_rows`: ``B`` ``[N, blocks, block / 2]``, scales ``[N,
+        blocks]``, symmetric: no zero point, 8)."""
+        q, scale = self.initializers.of(value, "rows")[:2]
+        n, k = value.const_value.shape if value.const_value is not None else (0, 0)
+        for use, _ in list(transpose.outputs[0].uses()):
+            fused = ir.node("MatMulNBits", [use.inputs[0], q, scale], domain="com.microsoft",
+                            attributes={"K": k, "N": n, "bits": 4, "block_size": self.block})
+            out = use.outputs[0]
+            fused.outputs[0].type, fused.outputs[0].shape = out.type, out.shape
+            container.insert_before(use, fused)
+            ir.convenience.replace_all_uses_with(out, fused.outputs[0],
+                                                 replace_graph_outputs=True)
+            container.remove(use, safe=True)
+            fused.outputs[0].name = out.name
+            self.in_main += 1
+            self.shared += 1
+        container.remove(transpose, safe=True)
+        self.model.opset_imports.setdefault("com.microsoft", 1)
 
     def _count(self, container: Container, matmuls: int) -> None:
         if isinstance(container, ir.Graph):
