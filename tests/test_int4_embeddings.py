@@ -1,8 +1,9 @@
 """``--precision int4`` writes the embeddings' tables in 4 bits: tied and untied Llama, the
 table by rows (uint8, two values to a byte: ONNX's ``Gather`` takes no 4-bit type) with
 its scales, the rows gathered then dequantized with standard ops; a tied head's own int4
-copy holds the same numbers; onnxruntime and onnxruntime-genai compute what the export's
-check computes in eager, within a stated error of float32."""
+copy holds the same numbers, or, ``--target onnxruntime``, the head reads the table itself
+(``com.microsoft.MatMulNBits``: one table); onnxruntime and onnxruntime-genai compute what
+the export's check computes in eager, within a stated error of float32."""
 
 from __future__ import annotations
 
@@ -23,18 +24,18 @@ from tests.test_precision import ERROR, FUSED, MEAN_ERROR, _eager, _feeds
 IDS = np.array([[3, 14, 15, 9, 26, 5, 35, 8, 95, 0]], np.int64)
 
 
-@pytest.fixture(scope="module", params=["tied", "untied"])
+@pytest.fixture(scope="module", params=["tied", "untied", "tied-onnxruntime"])
 def exported(request, tmp_path_factory):
-    """(tied, checkpoint folder, output) of a bf16 Llama exported in int4."""
-    tied = request.param == "tied"
+    """(tied, target, checkpoint folder, output) of a bf16 Llama exported in int4."""
+    tied, target = request.param.startswith("tied"), request.param.partition("-")[2]
     root = tmp_path_factory.mktemp(request.param)
     folder = checkpoints.write("llama", root / "ckpt", dtype=torch.bfloat16,
                                tie_word_embeddings=tied)
     write_tokenizer(folder, 96)
     (root / "out").mkdir()
     out = root / "out" / "model.onnx"
-    rewrite.export(folder, output=out, cache="kv", precision="int4")
-    return tied, folder, out
+    rewrite.export(folder, output=out, cache="kv", precision="int4", target=target or None)
+    return tied, target, folder, out
 
 
 def _initializers(out) -> dict[str, np.ndarray]:
@@ -43,26 +44,33 @@ def _initializers(out) -> dict[str, np.ndarray]:
 
 
 def test_the_table_is_written_in_four_bits(exported):
-    tied, folder, out = exported
+    tied, target, folder, out = exported
     model = onnx.load(str(out), load_external_data=False)
     onnx.checker.check_model(onnx.load(str(out)), full_check=True)
     types = {t.name: (t.data_type, tuple(t.dims)) for t in model.graph.initializer}
     table = "lm_head.weight" if tied else "model.embed_tokens.weight"
     assert types[f"{table}_rows_Q4G32"] == (onnx.TensorProto.UINT8, (96, 1, 16))
     assert types[f"{table}_rows_scale"] == (onnx.TensorProto.FLOAT, (96, 1))
-    assert types["lm_head.weight_Q4G32"] == (onnx.TensorProto.INT4, (32, 96))
     floats = [name for name, (kind, dims) in types.items()
               if kind == onnx.TensorProto.FLOAT and 96 in dims and 32 in dims]
     assert floats == []  # no float copy of the table, tied or not
     local = {f.domain for f in model.functions}  # the model's own functions
     nodes = [n for f in model.functions for n in f.node] + list(model.graph.node)
-    assert {n.domain for n in nodes} - local <= {""}  # standard ops
+    users = [n for n in model.graph.node if f"{table}_rows_Q4G32" in n.input]
+    if target:  # one table, read by the embedding's call and by the head's MatMulNBits
+        assert "lm_head.weight_Q4G32" not in types
+        assert len(users) == 2 and "MatMulNBits" in [n.op_type for n in users]
+        assert [n.op_type for n in nodes if n.domain == "com.microsoft"] == ["MatMulNBits"]
+    else:
+        assert types["lm_head.weight_Q4G32"] == (onnx.TensorProto.INT4, (32, 96))
+        assert {n.domain for n in nodes} - local <= {""}  # standard ops
+        assert len(users) == 1
 
 
 def test_a_tied_head_holds_the_same_numbers(exported):
-    tied, folder, out = exported
-    if not tied:
-        pytest.skip("untied: the head is another weight")
+    tied, target, folder, out = exported
+    if not tied or target:
+        pytest.skip("untied: the head is another weight; onnxruntime: one table")
     values = _initializers(out)
     codes = values["lm_head.weight_rows_Q4G32"]
     nibbles = np.stack([codes & 15, codes >> 4], axis=-1).reshape(96, 32).astype(np.float32)
@@ -73,7 +81,7 @@ def test_a_tied_head_holds_the_same_numbers(exported):
 
 
 def test_onnxruntime_computes_the_checks_reference(exported):
-    tied, folder, out = exported
+    tied, target, folder, out = exported
     plain = ort.SessionOptions()  # unfused: the file's ops as written
     plain.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     unfused = ort.InferenceSession(str(out), plain, providers=["CPUExecutionProvider"])
@@ -90,7 +98,7 @@ def test_onnxruntime_computes_the_checks_reference(exported):
 
 
 def test_onnxruntime_genai_generates(exported):
-    tied, folder, out = exported
+    tied, target, folder, out = exported
     tokens, logits = og_greedy(out.parent, PROMPT, NEW_TOKENS)
     assert len(tokens) == len(PROMPT) + NEW_TOKENS
     fake = _eager(folder, np.array([tokens[:-1]], np.int64), fake_quant=True)[0]
@@ -124,3 +132,14 @@ def test_a_row_length_not_a_multiple_of_the_block_stays_float(tmp_path):
               if v.name == "model.embed_tokens.weight"]
     assert [v.dtype for v in tables] == [ir.DataType.FLOAT]
     assert not [name for name in model.graph.initializers if "_rows" in name]
+
+
+@pytest.mark.parametrize("tied, symmetric", [(False, True), (True, False)])
+def test_onnxruntime_target_shares_only_a_symmetric_tied_table(tied, symmetric, tmp_path):
+    folder = checkpoints.write("llama", tmp_path / "ckpt", tie_word_embeddings=tied)
+    model = rewrite.export(folder, precision="int4", symmetric=symmetric,
+                           target="onnxruntime")
+    ops = [n.op_type for n in model.graph]  # untied, or uint4 (MatMulNBits' zero points
+    assert "MatMulNBits" not in ops            # are packed otherwise): the head's own copy
+    assert ops.count("DequantizeLinear") == 1
+    assert [n for n in model.graph.initializers if "_rows_" in n]
