@@ -243,6 +243,13 @@ def _add_export(sub, common: argparse.ArgumentParser) -> None:
                         "MatMul (the decoder layers' linears and the lm_head), dequantized "
                         "inside each layer's function (DequantizeLinear, opset 21), and the "
                         "embeddings' tables (4-bit rows, gathered then dequantized)")
+    _add_int4(export)
+    _add_fusion(export)
+    onnx_output_options(export)
+
+
+def _add_int4(export: argparse.ArgumentParser) -> None:
+    """``rewrite export``'s options of ``--precision int4``."""
     export.add_argument("--block-size", type=int, metavar="B",
                         help="--precision int4: values per scale along the input dimension "
                         "(16, 32, 64, 128 or 256; default 32)")
@@ -254,8 +261,6 @@ def _add_export(sub, common: argparse.ArgumentParser) -> None:
                         "onnxruntime lets a tied lm_head read its embedding's 4-bit table as "
                         "com.microsoft.MatMulNBits (one table, as the builder's; symmetric), "
                         "an op other runtimes lack")
-    _add_fusion(export)
-    onnx_output_options(export)
 
 
 def _add_fusion(export: argparse.ArgumentParser) -> None:

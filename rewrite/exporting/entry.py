@@ -57,14 +57,12 @@ def export(
     returned), ``"none"`` (prefill), ``"static"`` (a cache of ``context`` tokens written in
     place; ``static={"batch": B, "seq": S}`` fixes those too; ``"seq": [128, 1]``: also
     ``OUT_seq1.onnx`` beside, one data file); ``trust_model`` lets it run its own code;
-    ``verify`` compares the written model with eager in onnxruntime before it is
-    published; ``trace``: ``"layers"`` (each distinct decoder layer, or a module's repeated
-    layer, traced once where it can be) or ``"whole"``; ``precision``:
-    ``fp32``, ``fp16``, ``bf16`` or ``int4`` (``block_size``, ``symmetric``, ``target``:
-    ``"onnxruntime"`` lets a tied head read its embedding's 4-bit table with
-    ``com.microsoft.MatMulNBits``; :mod:`rewrite.exporting.precision`). ``rules``: a :class:`RuleSet` or what
-    :func:`rewrite.load_rules` takes (None: a checkpoint's shipped rules, else suggested).
-    ``onnx_options``: ``OnnxOptions``' fields. ``output``: crash-safe. ``progress``: the steps.
+    ``verify`` compares the written model with eager in onnxruntime before publishing;
+    ``trace``: ``"layers"`` (each distinct decoder layer, or a module's repeated layer,
+    traced once where it can be) or ``"whole"``; ``precision``: ``fp32``, ``fp16``, ``bf16``
+    or ``int4`` (``block_size``, ``symmetric``, ``target``: :mod:`.precision`); ``rules``: a
+    :class:`RuleSet` or what :func:`rewrite.load_rules` takes (None: shipped, else suggested);
+    ``onnx_options``: ``OnnxOptions``' fields; ``output``: crash-safe; ``progress``: the steps.
 
     Raises :class:`RuleError`, :class:`InputError` (an unusable folder, what torch.export
     rejects, an unwritable output), :class:`VerificationError`, :class:`GroupingError`."""

@@ -43,6 +43,7 @@ returned as :class:`Quantized`. :class:`Kept` (the quantized weights kept when w
 from __future__ import annotations
 
 import sys
+from collections import Counter
 from functools import partial
 from typing import Any, Callable, Collection, Iterator, Mapping
 
@@ -382,10 +383,8 @@ class _Rewriter:
         self.entries = {slot for slot in slots
                         if all(isinstance(c, ir.Graph) for c, _ in calls[slot[0]])}
         self.initializers = _Initializers(model, block, symmetric)
-        self.in_functions: dict[str, int] = {}
-        self.in_main = self.shared = 0
-        self.nbits = False
-        """A tied head reads its table's rows (``MatMulNBits``)."""
+        self.in_functions: Counter[str] = Counter()
+        self.in_main, self.shared, self.nbits = 0, 0, False  # nbits: see _reads_rows
 
     def run(self) -> None:
         sources = {fid: self._new_signature(fid, f) for fid, f in self.functions.items()}
@@ -450,7 +449,7 @@ class _Rewriter:
                     continue
                 triple = self._source(value, layout, sources)
                 if triple is not None and layout == "rows":
-                    self._gather(container, node, triple)
+                    _gather(container, node, triple, self.block)
                 elif triple is not None:
                     self._dequantize(container, node, triple, layout)
 
@@ -461,21 +460,11 @@ class _Rewriter:
             return found[0] if found is not None and found[1] == layout else None
         return self.initializers.of(value, layout) if self.fits(value, layout) else None
 
-    def _dq(self, container: Container, before: ir.Node, triple: tuple[ir.Value, ...]
-            ) -> ir.Value:
-        """A ``DequantizeLinear`` of ``triple`` inserted before ``before``: its output."""
-        dq = ir.node("DequantizeLinear", list(triple),
-                     attributes={"axis": 0, "block_size": self.block})
-        dq.outputs[0].type = triple[1].type
-        dq.outputs[0].name = f"{triple[0].name}_dequantized"
-        container.insert_before(before, dq)
-        return dq.outputs[0]
-
     def _dequantize(self, container: Container, node: ir.Node, triple: tuple[ir.Value, ...],
                     layout: str) -> None:
         """A dequantized weight in place of the one ``node`` reads (a MatMul's operand, or
         a Transpose's input: the Transpose goes)."""
-        weight = self._dq(container, node, triple)
+        weight = _dq(container, node, triple, self.block)
         if layout == "NK":  # the Transpose: every use is a MatMul
             ir.convenience.replace_all_uses_with(node.outputs[0], weight)
             container.remove(node, safe=True)
@@ -485,77 +474,25 @@ class _Rewriter:
             matmuls = 1
         self._count(container, matmuls)
 
-    def _gather(self, container: Container, node: ir.Node, triple: tuple[ir.Value, ...]
-                ) -> None:
-        """``node``'s ``Gather`` of a table's rows, from its 4-bit rows (:func:`_by_rows`):
-        the rows asked for of the values, the scales (and zero points), then only they
-        unpacked and dequantized, ``(nibble - zero point or 8) * scale``."""
-        q, scale, *zero_point = triple
-        ids, out = node.inputs[1], node.outputs[0]
-        dtype = scale.type.dtype if scale.type is not None else ir.DataType.FLOAT
-        new: list[ir.Node] = []
-
-        def add(op: str, inputs: list, **attributes: Any) -> ir.Value:
-            new.append(ir.node(op, inputs, attributes=attributes))
-            return new[-1].outputs[0]
-
-        def const(values: Any, numpy_dtype: Any) -> ir.Value:
-            return add("Constant", [], value=ir.tensor(np.array(values, numpy_dtype)))
-
-        last, four = const([-1], np.int64), const(4, np.uint8)
-        codes = add("Gather", [q, ids], axis=0)
-        low = add("Unsqueeze", [add("BitwiseAnd", [codes, const(15, np.uint8)]), last])
-        high = add("Unsqueeze", [add("BitShift", [codes, four], direction="RIGHT"), last])
-        shape = add("Shape", [ids])  # [..., blocks, block / 2, 2] -> [..., blocks, block]
-        blocked = add("Concat", [shape, const([-1, self.block], np.int64)], axis=0)
-        grouped = add("Reshape", [add("Concat", [low, high], axis=-1), blocked])
-        values = add("Cast", [grouped], to=dtype)
-        offset = (add("Cast", [add("Unsqueeze", [add("Gather", [zero_point[0], ids], axis=0),
-                                                 last])], to=dtype) if zero_point
-                  else const(8, dtype.numpy()))
-        scales = add("Unsqueeze", [add("Gather", [scale, ids], axis=0), last])
-        rows = add("Mul", [add("Sub", [values, offset]), scales])
-        merged = add("Reshape", [rows, add("Concat", [shape, last], axis=0)])  # [..., K]
-        merged.type, merged.shape = out.type, out.shape
-        container.insert_before(node, new)
-        ir.convenience.replace_all_uses_with(out, merged, replace_graph_outputs=True)
-        container.remove(node, safe=True)
-        merged.name = out.name
-
     def _reads_rows(self, value: ir.Value) -> bool:
-        """A main-graph weight read as a table's rows, a ``Gather``'s too, that a head reads
-        with ``MatMulNBits`` (:attr:`nbits`)."""
-        return self.nbits and self.fits(value, "rows") and (
-            (value.name or "", "rows") in self.initializers.created  # its Gather's call seen
-            or any(_use_layout(node, i, self.slots) == "rows" for node, i in value.uses()))
+        """A main-graph table a ``Gather`` reads, that a head reads with ``MatMulNBits``."""
+        seen = (value.name or "", "rows") in self.initializers.created  # its Gather's call
+        return self.nbits and self.fits(value, "rows") and (seen or any(
+            _use_layout(node, i, self.slots) == "rows" for node, i in value.uses()))
 
     def _nbits(self, container: Container, transpose: ir.Node, value: ir.Value) -> None:
-        """Each ``MatMul`` reading ``transpose`` (of a table) as ``MatMulNBits`` on the
-        table's rows (:func:`_by_rows`: ``B`` ``[N, blocks, block / 2]``, scales ``[N,
-        blocks]``, symmetric: no zero point, 8)."""
-        q, scale = self.initializers.of(value, "rows")[:2]
-        n, k = value.const_value.shape if value.const_value is not None else (0, 0)
-        for use, _ in list(transpose.outputs[0].uses()):
-            fused = ir.node("MatMulNBits", [use.inputs[0], q, scale], domain="com.microsoft",
-                            attributes={"K": k, "N": n, "bits": 4, "block_size": self.block})
-            out = use.outputs[0]
-            fused.outputs[0].type, fused.outputs[0].shape = out.type, out.shape
-            container.insert_before(use, fused)
-            ir.convenience.replace_all_uses_with(out, fused.outputs[0],
-                                                 replace_graph_outputs=True)
-            container.remove(use, safe=True)
-            fused.outputs[0].name = out.name
-            self.in_main += 1
-            self.shared += 1
-        container.remove(transpose, safe=True)
+        """:func:`_as_nbits` of a tied head's ``Transpose`` of its table ``value``."""
+        shape = value.const_value.shape if value.const_value is not None else (0, 0)
+        made = _as_nbits(container, transpose, self.initializers.of(value, "rows"),
+                         tuple(shape), self.block)
+        self.in_main, self.shared = self.in_main + made, self.shared + made
         self.model.opset_imports.setdefault("com.microsoft", 1)
 
     def _count(self, container: Container, matmuls: int) -> None:
         if isinstance(container, ir.Graph):
             self.in_main += matmuls
         else:
-            self.in_functions[container.name] = self.in_functions.get(container.name, 0) \
-                + matmuls
+            self.in_functions[container.name] += matmuls
 
     def _call(self, container: Container, node: ir.Node, callee: FunctionId,
               sources: Sources | None, passed: dict[ir.Value, ir.Value]) -> None:
@@ -577,13 +514,83 @@ class _Rewriter:
                 extra.extend(triple[1:])
             elif value in sources:
                 if value not in passed:
-                    passed[value] = self._dq(container, node, sources[value][0])
+                    passed[value] = _dq(container, node, sources[value][0], self.block)
                     self._count(container, 1)
                 node.replace_input_with(index, passed[value])
         if extra:
             node.resize_inputs(len(node.inputs) + len(extra))
             for offset, value in enumerate(extra):
                 node.replace_input_with(len(node.inputs) - len(extra) + offset, value)
+
+
+def _dq(container: Container, before: ir.Node, triple: tuple[ir.Value, ...], block: int
+        ) -> ir.Value:
+    """A ``DequantizeLinear`` of ``triple`` inserted before ``before``: its output."""
+    dq = ir.node("DequantizeLinear", list(triple),
+                 attributes={"axis": 0, "block_size": block})
+    dq.outputs[0].type = triple[1].type
+    dq.outputs[0].name = f"{triple[0].name}_dequantized"
+    container.insert_before(before, dq)
+    return dq.outputs[0]
+
+
+def _gather(container: Container, node: ir.Node, triple: tuple[ir.Value, ...], block: int
+            ) -> None:
+    """``node``'s ``Gather`` of a table's rows, from its 4-bit rows (:func:`_by_rows`):
+    the rows asked for of the values, the scales (and zero points), then only they
+    unpacked and dequantized, ``(nibble - zero point or 8) * scale``."""
+    q, scale, *zero_point = triple
+    ids, out = node.inputs[1], node.outputs[0]
+    dtype = scale.type.dtype if scale.type is not None else ir.DataType.FLOAT
+    new: list[ir.Node] = []
+
+    def add(op: str, inputs: list, **attributes: Any) -> ir.Value:
+        new.append(ir.node(op, inputs, attributes=attributes))
+        return new[-1].outputs[0]
+
+    def const(values: Any, numpy_dtype: Any) -> ir.Value:
+        return add("Constant", [], value=ir.tensor(np.array(values, numpy_dtype)))
+
+    last, four = const([-1], np.int64), const(4, np.uint8)
+    codes = add("Gather", [q, ids], axis=0)
+    low = add("Unsqueeze", [add("BitwiseAnd", [codes, const(15, np.uint8)]), last])
+    high = add("Unsqueeze", [add("BitShift", [codes, four], direction="RIGHT"), last])
+    shape = add("Shape", [ids])  # [..., blocks, block / 2, 2] -> [..., blocks, block]
+    blocked = add("Concat", [shape, const([-1, block], np.int64)], axis=0)
+    grouped = add("Reshape", [add("Concat", [low, high], axis=-1), blocked])
+    values = add("Cast", [grouped], to=dtype)
+    offset = (add("Cast", [add("Unsqueeze", [add("Gather", [zero_point[0], ids], axis=0),
+                                             last])], to=dtype) if zero_point
+              else const(8, dtype.numpy()))
+    scales = add("Unsqueeze", [add("Gather", [scale, ids], axis=0), last])
+    rows = add("Mul", [add("Sub", [values, offset]), scales])
+    merged = add("Reshape", [rows, add("Concat", [shape, last], axis=0)])  # [..., K]
+    merged.type, merged.shape = out.type, out.shape
+    container.insert_before(node, new)
+    ir.convenience.replace_all_uses_with(out, merged, replace_graph_outputs=True)
+    container.remove(node, safe=True)
+    merged.name = out.name
+
+
+def _as_nbits(container: Container, transpose: ir.Node, parts: tuple[ir.Value, ...],
+              shape: tuple[int, int], block: int) -> int:
+    """Each ``MatMul`` reading ``transpose`` (of a table of ``shape``) as ``MatMulNBits`` on
+    the table's rows ``parts`` (:func:`_by_rows`: ``B`` ``[N, blocks, block / 2]``, scales
+    ``[N, blocks]``; symmetric: no zero point, 8); how many."""
+    q, scale = parts[:2]
+    n, k = shape
+    uses = list(transpose.outputs[0].uses())
+    for use, _ in uses:
+        fused = ir.node("MatMulNBits", [use.inputs[0], q, scale], domain="com.microsoft",
+                        attributes={"K": k, "N": n, "bits": 4, "block_size": block})
+        out = use.outputs[0]
+        fused.outputs[0].type, fused.outputs[0].shape = out.type, out.shape
+        container.insert_before(use, fused)
+        ir.convenience.replace_all_uses_with(out, fused.outputs[0], replace_graph_outputs=True)
+        container.remove(use, safe=True)
+        fused.outputs[0].name = out.name
+    container.remove(transpose, safe=True)
+    return len(uses)
 
 
 def _raise_opsets(model: ir.Model) -> None:
