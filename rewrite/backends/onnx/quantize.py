@@ -27,7 +27,7 @@ block_size=B))`` (opset 21). The weight is found where it arrives:
   ``Gather`` takes no 4-bit type, and a whole table dequantized at each step would cost
   0.4 s on a 128K x 2K table) and its scales by rows; the ``Gather`` takes the rows asked
   for of each, which alone are unpacked and dequantized with standard ops
-  (:meth:`_Rewriter._gather`). A tied head reads its own ``[K, N]`` int4 copy: a
+  (:func:`_gather`). A tied head reads its own ``[K, N]`` int4 copy: a
   ``DequantizeLinear`` + ``MatMul`` (which onnxruntime fuses) cannot read the rows' uint8;
   with ``target="onnxruntime"`` (symmetric) it reads the table's rows instead, as
   ``com.microsoft.MatMulNBits`` (their layout is its ``B``'s): one table, as the builder's.
@@ -536,9 +536,10 @@ def _dq(container: Container, before: ir.Node, triple: tuple[ir.Value, ...], blo
 
 def _gather(container: Container, node: ir.Node, triple: tuple[ir.Value, ...], block: int
             ) -> None:
-    """``node``'s ``Gather`` of a table's rows, from its 4-bit rows (:func:`_by_rows`):
-    the rows asked for of the values, the scales (and zero points), then only they
-    unpacked and dequantized, ``(nibble - zero point or 8) * scale``."""
+    """``node``'s ``Gather`` of a table's rows, from its 4-bit rows
+    (:func:`~rewrite.backends.onnx._blockwise._by_rows`): the rows asked for of the values,
+    the scales (and zero points), then only they unpacked and dequantized, ``(nibble - zero
+    point or 8) * scale``."""
     q, scale, *zero_point = triple
     ids, out = node.inputs[1], node.outputs[0]
     dtype = scale.type.dtype if scale.type is not None else ir.DataType.FLOAT
@@ -575,8 +576,9 @@ def _gather(container: Container, node: ir.Node, triple: tuple[ir.Value, ...], b
 def _as_nbits(container: Container, transpose: ir.Node, parts: tuple[ir.Value, ...],
               shape: tuple[int, int], block: int) -> int:
     """Each ``MatMul`` reading ``transpose`` (of a table of ``shape``) as ``MatMulNBits`` on
-    the table's rows ``parts`` (:func:`_by_rows`: ``B`` ``[N, blocks, block / 2]``, scales
-    ``[N, blocks]``; symmetric: no zero point, 8); how many."""
+    the table's rows ``parts`` (:func:`~rewrite.backends.onnx._blockwise._by_rows`: ``B``
+    ``[N, blocks, block / 2]``, scales ``[N, blocks]``; symmetric: no zero point, 8); how
+    many."""
     q, scale = parts[:2]
     n, k = shape
     uses = list(transpose.outputs[0].uses())
