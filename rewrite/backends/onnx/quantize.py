@@ -577,8 +577,9 @@ def _as_nbits(container: Container, transpose: ir.Node, parts: tuple[ir.Value, .
               shape: tuple[int, int], block: int) -> int:
     """Each ``MatMul`` reading ``transpose`` (of a table of ``shape``) as ``MatMulNBits`` on
     the table's rows ``parts`` (:func:`~rewrite.backends.onnx._blockwise._by_rows`: ``B``
-    ``[N, blocks, block / 2]``, scales ``[N, blocks]``; symmetric: no zero point, 8); how
-    many."""
+    ``[N, blocks, block / 2]``, scales ``[N, blocks]``; symmetric: no zero point, 8;
+    accuracy level 0, float32 activations: what the check before publishing can compare
+    with eager at float32's tolerance, where onnxruntime's fusions use 4, int8); how many."""
     q, scale = parts[:2]
     n, k = shape
     uses = list(transpose.outputs[0].uses())
