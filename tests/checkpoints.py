@@ -140,10 +140,12 @@ def architecture(config) -> type:
 
 
 def write(family: str, folder: Path, *, shard: str | None = None, seed: int = 0,
-          dtype: torch.dtype = torch.float32, layers: int | None = None) -> Path:
+          dtype: torch.dtype = torch.float32, layers: int | None = None,
+          **config: object) -> Path:
     """A random checkpoint of ``family`` in ``folder`` (sharded at ``shard`` bytes, e.g.
     ``"20KB"``), in ``dtype``, with ``layers`` decoder layers instead of the family's
-    :data:`LAYERS` (a decoder family of :data:`FAMILIES`); the folder."""
+    :data:`LAYERS` (a decoder family of :data:`FAMILIES`) and ``config``'s settings over
+    the family's (``tie_word_embeddings=True``); the folder."""
     import transformers
 
     if family in ENCODERS or family in AUDIO:
@@ -154,6 +156,7 @@ def write(family: str, folder: Path, *, shard: str | None = None, seed: int = 0,
         name, settings = {**FAMILIES, **OTHER_DECODERS}[family]
         if layers is not None:
             settings = {**settings, "num_hidden_layers": layers}
+        settings = {**settings, **config}
         config = getattr(transformers, name)(**settings)
         cls = architecture(config)
     torch.manual_seed(seed)

@@ -59,19 +59,22 @@ def _linears(folder) -> int:
 
 def _eager(folder, ids: np.ndarray, fake_quant: bool) -> np.ndarray:
     """Eager float32 logits; ``fake_quant``: every linear weight quantized and
-    dequantized as the export does (blocks of 32 along the input dimension, symmetric)."""
+    dequantized as the export does (blocks of 32 along the input dimension, symmetric),
+    and a tied embedding's table (blocks of 32 along its rows; an untied one stays float)."""
     from transformers import AutoModelForCausalLM
     from transformers.pytorch_utils import Conv1D
 
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
     if fake_quant:
+        table = model.get_input_embeddings()
+        tied = model.lm_head.weight is table.weight
         model.lm_head.weight = torch.nn.Parameter(model.lm_head.weight.clone())  # untie
         for module in model.modules():
-            if isinstance(module, (torch.nn.Linear, Conv1D)):
+            if isinstance(module, (torch.nn.Linear, Conv1D)) or (tied and module is table):
                 weight = module.weight.detach().numpy()
-                kn = weight.T if isinstance(module, torch.nn.Linear) else weight
+                kn = weight if isinstance(module, Conv1D) else weight.T
                 back = dequantize(*quantize(np.ascontiguousarray(kn), 32, True), 32)
-                back = back.T if isinstance(module, torch.nn.Linear) else back
+                back = back if isinstance(module, Conv1D) else back.T
                 module.weight = torch.nn.Parameter(torch.from_numpy(np.ascontiguousarray(back)))
     with torch.no_grad():
         return model(torch.from_numpy(ids)).logits.numpy()
@@ -248,8 +251,9 @@ def _quantized_checkpoint(folder):
     (["--precision", "int4"], "already quantized (GPTQ, quantization_config in config.json)"),
     (["--precision", "int8"], "invalid choice: 'int8'"),
     (["--precision", "int4", "--block-size", "24"], "--block-size 24: expected one of 16,"),
-    (["--block-size", "64"], "--block-size and --asymmetric set the int4 quantization"),
-], ids=["quantized", "int8", "block-24", "block-without-int4"])
+    (["--block-size", "64"], "--block-size, --asymmetric and --target set the int4"),
+    (["--target", "onnxruntime"], "--block-size, --asymmetric and --target set the int4"),
+], ids=["quantized", "int8", "block-24", "block-without-int4", "target-without-int4"])
 def test_bad_input_one_line_exit_2_nothing_written(argv, line, tmp_path, run_cli):
     folder = checkpoints.write("llama", tmp_path / "ckpt")
     if line.startswith("already"):

@@ -240,17 +240,27 @@ def _add_export(sub, common: argparse.ArgumentParser) -> None:
     export.add_argument("--precision", choices=("fp32", "fp16", "bf16", "int4"),
                         help="fp32, fp16, bf16: build and export the model in that dtype "
                         "(default: the checkpoint's); int4: blockwise 4-bit weights for every "
-                        "MatMul (the decoder layers' linears and the lm_head; embeddings stay "
-                        "float), dequantized inside each layer's function "
-                        "(DequantizeLinear, opset 21)")
+                        "MatMul (the decoder layers' linears and the lm_head), dequantized "
+                        "inside each layer's function (DequantizeLinear, opset 21), and the "
+                        "embeddings' tables (4-bit rows, gathered then dequantized)")
+    _add_int4(export)
+    _add_fusion(export)
+    onnx_output_options(export)
+
+
+def _add_int4(export: argparse.ArgumentParser) -> None:
+    """``rewrite export``'s options of ``--precision int4``."""
     export.add_argument("--block-size", type=int, metavar="B",
                         help="--precision int4: values per scale along the input dimension "
                         "(16, 32, 64, 128 or 256; default 32)")
     export.add_argument("--asymmetric", action="store_true", default=None,
                         help="--precision int4: uint4 with zero points (default: symmetric "
                         "int4, as the builder's default)")
-    _add_fusion(export)
-    onnx_output_options(export)
+    export.add_argument("--target", choices=("onnx", "onnxruntime"), default=None,
+                        help="--precision int4: onnx (default) writes standard ops only; "
+                        "onnxruntime lets a tied lm_head read its embedding's 4-bit table as "
+                        "com.microsoft.MatMulNBits (one table, as the builder's; symmetric), "
+                        "an op other runtimes lack")
 
 
 def _add_fusion(export: argparse.ArgumentParser) -> None:

@@ -32,7 +32,7 @@ def cmd_export(args: argparse.Namespace, io: Consoles) -> int:
                        static=args.static, output=output,
                        trust_model=args.trust_model, verify=args.verify, trace=args.trace,
                        precision=args.precision, block_size=args.block_size,
-                       symmetric=False if args.asymmetric else None,
+                       symmetric=False if args.asymmetric else None, target=args.target,
                        progress=Steps.backend(io),
                        constants=args.constants, optimize=args.optimize,
                        body_node_names=args.body_node_names,

@@ -43,6 +43,7 @@ def export(
     precision: str | None = None,
     block_size: int | None = None,
     symmetric: bool | None = None,
+    target: str | None = None,
     progress: "Progress | None" = None,
     **onnx_options: Any,
 ) -> "ir.Model":
@@ -56,13 +57,12 @@ def export(
     returned), ``"none"`` (prefill), ``"static"`` (a cache of ``context`` tokens written in
     place; ``static={"batch": B, "seq": S}`` fixes those too; ``"seq": [128, 1]``: also
     ``OUT_seq1.onnx`` beside, one data file); ``trust_model`` lets it run its own code;
-    ``verify`` compares the written model with eager in onnxruntime before it is
-    published; ``trace``: ``"layers"`` (each distinct decoder layer, or a module's repeated
-    layer, traced once where it can be) or ``"whole"``; ``precision``:
-    ``fp32``, ``fp16``, ``bf16`` or ``int4`` (``block_size``, ``symmetric``;
-    :mod:`rewrite.exporting.precision`). ``rules``: a :class:`RuleSet` or what
-    :func:`rewrite.load_rules` takes (None: a checkpoint's shipped rules, else suggested).
-    ``onnx_options``: ``OnnxOptions``' fields. ``output``: crash-safe. ``progress``: the steps.
+    ``verify`` compares the written model with eager in onnxruntime before publishing;
+    ``trace``: ``"layers"`` (each distinct decoder layer, or a module's repeated layer,
+    traced once where it can be) or ``"whole"``; ``precision``: ``fp32``, ``fp16``, ``bf16``
+    or ``int4`` (``block_size``, ``symmetric``, ``target``: :mod:`.precision`); ``rules``: a
+    :class:`RuleSet` or what :func:`rewrite.load_rules` takes (None: shipped, else suggested);
+    ``onnx_options``: ``OnnxOptions``' fields; ``output``: crash-safe; ``progress``: the steps.
 
     Raises :class:`RuleError`, :class:`InputError` (an unusable folder, what torch.export
     rejects, an unwritable output), :class:`VerificationError`, :class:`GroupingError`."""
@@ -72,7 +72,7 @@ def export(
     options = _options(OnnxOptions, folder, onnx_options)
     for_folders = dict(cache=cache, context=context, static=static, trust_model=trust_model,
                        verify=verify, trace=trace, precision=precision, block_size=block_size,
-                       symmetric=symmetric)
+                       symmetric=symmetric, target=target)
     if folder:
         if args or kwargs or dynamic_shapes is not None or input_names or output_names:
             raise InputError("a checkpoint folder is exported with its own inputs: args, "
@@ -119,12 +119,12 @@ def _options(kind: type, folder: bool, given: Mapping[str, Any]) -> Any:
 def _checkpoint(folder: str | Path, rules: RuleSet | str | Path | None,
                 output: str | Path | None, progress: "Progress", options: "OnnxOptions",
                 *, precision: str | None, block_size: int | None, symmetric: bool | None,
-                **choices: Any) -> "ir.Model":
+                target: str | None, **choices: Any) -> "ir.Model":
     """:func:`export` of a checkpoint folder (``choices``: cache, context, static,
     trust_model, verify, trace)."""
     from rewrite.exporting.checkpoint import export_checkpoint
     from rewrite.exporting.precision import Precision
 
-    chosen = Precision.parse(precision, block_size, symmetric)
+    chosen = Precision.parse(precision, block_size, symmetric, target)
     return export_checkpoint(folder, rules=rules, output=output, progress=progress,
                              options=options, precision=chosen, **choices)

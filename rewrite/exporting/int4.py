@@ -57,7 +57,24 @@ if TYPE_CHECKING:
 
 Weights = dict[str, Callable[..., "torch.Tensor"]]
 """Parameter name -> the value eager uses for it while a reference is computed: a linear
-layer's made in float32 into the buffer given (``out``), an embedding's as it is."""
+layer's made in float32 into the buffer given (``out``)."""
+Tables = dict[str, Callable[["torch.Tensor"], "tuple[torch.Tensor, torch.Tensor]"]]
+"""An embedding's table name -> given the ids looked up, the table eager looks them up in
+and the ids to look up there: its source as it is and the same ids, or only the rows asked
+for, dequantized as the written model computes them, and the ids' places among them."""
+
+
+def embedding_tables(model: "torch.nn.Module") -> frozenset[str]:
+    """Every name of the weights of ``model``'s embeddings that a linear layer also reads
+    (a tied head), to be written in 4 bits; an untied embedding stays float, as
+    onnxruntime-genai's builder keeps it (its error is the model's largest int4 cost)."""
+    import torch
+
+    tables = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Embedding)}
+    heads = {id(_weight(m)) for m in model.modules()
+             if _swappable(m) and not isinstance(m, torch.nn.Embedding)}
+    return frozenset(name for name, p in model.named_parameters(remove_duplicate=False)
+                     if id(p) in tables & heads)
 
 
 def float32_shell(model: "torch.nn.Module") -> dict[str, "torch.Tensor"]:
@@ -131,10 +148,12 @@ class ShellExport:
     shell's sources, the ``finish`` writing them and the check of what is written."""
 
     def __init__(self, model: "torch.nn.Module", *, block: int | None, symmetric: bool,
-                 report: Callable[[str], None], verify: bool) -> None:
+                 report: Callable[[str], None], verify: bool, target: str = "onnx") -> None:
         from rewrite.backends.onnx.quantize import Kept
 
         self.model, self.block, self.symmetric, self.report = model, block, symmetric, report
+        self.target = target
+        self.tables = embedding_tables(model) if block is not None else frozenset()
         self.sources = float32_shell(model)
         self.kept: Kept | None = Kept() if verify and block is not None else None
         self.quantized: Quantized | None = None
@@ -155,7 +174,8 @@ class ShellExport:
         if self.block is not None:
             self.quantized = quantize_int4(onnx_model, block=self.block,
                                            symmetric=self.symmetric, sources=sources,
-                                           kept=self.kept)
+                                           kept=self.kept, tables=self.tables,
+                                           target=self.target)
         else:  # the linear layers' weights written [in, out], as MatMul reads them
             transposed = transpose_weights(onnx_model, sources, float32=True)
         done = {name for name, _ in self.quantized.layouts} if self.quantized else set()
@@ -218,20 +238,28 @@ class ShellExport:
                 f"float32 ({first.steps[0].name}): max |difference| {error:.3g} "
                 f"({relative:.2g} of the largest value)")
 
-    def _weights(self, quantized: bool) -> tuple[Weights, Weights]:
+    def _weights(self, quantized: bool) -> tuple[Weights, Tables]:
         """What eager uses for each weight, in a linear layer and in an embedding: the
         written int4 weights dequantized (``quantized``), else the shell's sources in
         float32; an embedding looks its rows up in its source as built (converted after:
-        :func:`swapped`)."""
+        :func:`swapped`), or, quantized, in its rows asked for dequantized."""
         from rewrite.backends.onnx.quantize import fake_quantized
 
         floats: Weights = {name: partial(_converted, source)
                            for name, source in self.sources.items()}
-        tables: Weights = {name: partial(_as_is, source) for name, source in self.sources.items()}
+        tables: Tables = {name: partial(_as_is, source) for name, source in self.sources.items()}
         if not quantized or self.quantized is None:
             return floats, tables
         linear = dict(floats)
         for name, layout in self.quantized.layouts:
+            if layout == "rows":  # a tied head (MatMulNBits) reads the same rows
+                aliases = self._aliases(name)
+                tables.update(dict.fromkeys(aliases, partial(
+                    _rows, self.kept, f"{name}:NK", self.block)))
+                if self.kept is not None and f"{name}:NK" in self.kept:
+                    linear.update(dict.fromkeys(aliases, partial(
+                        self.kept.weight, f"{name}:NK", "NK", self.block)))
+                continue
             key = f"{name}:{layout}"
             kept = self.kept is not None and key in self.kept
             if kept:
@@ -250,6 +278,12 @@ class ShellExport:
             else:
                 linear[name] = made if kept else partial(_converted, made)
         return linear, tables
+
+    def _aliases(self, name: str) -> list[str]:
+        """Every name of the parameter ``name``."""
+        held = self.model.get_parameter(name)
+        return [other for other, p in self.model.named_parameters(remove_duplicate=False)
+                if p is held]
 
     def _parts_of(self, tensor: "PackedWeight") -> list["torch.Tensor"]:
         """The sources of a packed weight's parts (a parameter eager holds as it is
@@ -314,13 +348,13 @@ def _parts(tensor: "PackedWeight", made: Callable[[], "torch.Tensor"]) -> Weight
 
 
 @contextlib.contextmanager
-def swapped(model: "torch.nn.Module", linear: Weights, embedding: Weights
+def swapped(model: "torch.nn.Module", linear: Weights, embedding: Tables
             ) -> Iterator[None]:
     """While the block runs, each module holding one of the parameters named computes with
-    the value made for it instead (``embedding``'s in an embedding, whose output is then
-    converted to float32: a tied table's lookup; ``linear``'s in any other module), made
-    when the module is entered and dropped when it returns; an error if a weight is held by
-    no such module."""
+    the value made for it instead (``embedding``'s in an embedding, for the ids it is
+    given, whose output is then converted to float32: a tied table's lookup; ``linear``'s
+    in any other module), made when the module is entered and dropped when it returns; an
+    error if a weight is held by no such module."""
     import torch
 
     tables = {id(model.get_parameter(name)): make for name, make in embedding.items()}
@@ -370,16 +404,20 @@ class _Buffers:
 
 
 def _swap_in(mine: Weights, saved: dict, buffers: _Buffers | None,
-             module: "torch.nn.Module", args: object) -> None:
-    """``module``'s weights made (a linear layer's into a buffer, an embedding's as it
-    is) in place of its own, saved."""
+             module: "torch.nn.Module", args: tuple) -> tuple | None:
+    """``module``'s weights made (a linear layer's into a buffer, an embedding's for the
+    ids it is given, which it may change: :data:`Tables`) in place of its own, saved."""
     import torch
 
     for attr, make in mine.items():
         saved[attr] = module._parameters[attr]
-        made = make() if buffers is None else \
-            make(out=buffers.take(tuple(saved[attr].shape)))
+        if buffers is None:
+            made, ids = make(args[0])
+            args = (ids, *args[1:])
+        else:
+            made = make(out=buffers.take(tuple(saved[attr].shape)))
         module._parameters[attr] = torch.nn.Parameter(made, requires_grad=False)
+    return args
 
 
 def _swap_out(saved: dict, buffers: _Buffers | None, module: "torch.nn.Module",
@@ -404,5 +442,19 @@ def _converted(source: "torch.Tensor | Callable[[], torch.Tensor]", out: "torch.
     return out.copy_(made(source))
 
 
-def _as_is(source: "torch.Tensor") -> "torch.Tensor":
-    return source
+def _as_is(source: "torch.Tensor", ids: "torch.Tensor"
+           ) -> "tuple[torch.Tensor, torch.Tensor]":
+    return source, ids
+
+
+def _rows(kept: "Kept | None", key: str, block: int, ids: "torch.Tensor"
+          ) -> "tuple[torch.Tensor, torch.Tensor]":
+    """The rows ``ids`` asks for of the quantized table ``key`` kept, dequantized (each
+    once), and the ids' places among them."""
+    import torch
+
+    if kept is None or key not in kept:
+        raise VerificationError(f"int4: the embedding {key} was not kept when written; "
+                                "nothing was written")
+    asked, places = torch.unique(ids, return_inverse=True)
+    return kept.rows(key, asked, block), places

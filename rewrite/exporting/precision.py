@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from rewrite.exporting.verify import Check
 
 PRECISIONS = ("fp32", "fp16", "bf16", "int4")
+TARGETS = ("onnx", "onnxruntime")
 BLOCK_SIZES = (16, 32, 64, 128, 256)
 """onnxruntime's ``MatMulNBits`` block sizes (powers of two from 16)."""
 @frozen
@@ -45,21 +46,27 @@ class Precision:
     """One of :data:`PRECISIONS`; None: the checkpoint's dtype."""
     block: int = 32
     symmetric: bool = True
+    target: str = "onnx"
+    """``"onnx"`` (standard ops) or ``"onnxruntime"`` (a tied head reads its embedding's
+    4-bit table with ``com.microsoft.MatMulNBits``)."""
 
     @classmethod
-    def parse(cls, name: str | None, block: int | None, symmetric: bool | None
-              ) -> "Precision":
+    def parse(cls, name: str | None, block: int | None, symmetric: bool | None,
+              target: str | None = None) -> "Precision":
         """Checked options (InputError: one line)."""
         if name is not None and name not in PRECISIONS:
             raise InputError(f"precision={name!r}: expected one of {', '.join(PRECISIONS)}")
-        if name != "int4" and (block is not None or symmetric is not None):
-            raise InputError("--block-size and --asymmetric set the int4 quantization: they "
-                             "go with --precision int4")
+        if target is not None and target not in TARGETS:
+            raise InputError(f"target={target!r}: expected one of {', '.join(TARGETS)}")
+        if name != "int4" and (block is not None or symmetric is not None
+                               or target is not None):
+            raise InputError("--block-size, --asymmetric and --target set the int4 "
+                             "quantization: they go with --precision int4")
         block = 32 if block is None else block
         if block not in BLOCK_SIZES:
             raise InputError(f"--block-size {block}: expected one of "
                              f"{', '.join(map(str, BLOCK_SIZES))} (onnxruntime's MatMulNBits)")
-        return cls(name, block, True if symmetric is None else symmetric)
+        return cls(name, block, True if symmetric is None else symmetric, target or "onnx")
 
     @property
     def quantized(self) -> bool:
@@ -81,7 +88,8 @@ class Precision:
         from rewrite.exporting.int4 import ShellExport
 
         export = ShellExport(model, block=self.block if self.quantized else None,
-                             symmetric=self.symmetric, report=report, verify=verify)
+                             symmetric=self.symmetric, report=report, verify=verify,
+                             target=self.target)
         return export if self.quantized or export.sources else None
 
 

@@ -48,22 +48,28 @@ class Blockwise:
 
     def __init__(self, source: Callable[[], Any], shape: tuple[int, int], *,
                  transposed: bool, block: int, symmetric: bool, scale_dtype: ir.DataType,
-                 name: str, kept: "tuple[Kept, str] | None" = None) -> None:
+                 name: str, kept: "tuple[Kept, str] | None" = None, rows: bool = False
+                 ) -> None:
         """``source``: the weight as stored (``[N, K]`` when ``transposed``, a Linear's
         layout; else ``[K, N]``; a torch tensor or an array), read only when written;
-        ``kept``: where its quantized rows are also kept, and under which key."""
+        ``kept``: where its quantized rows are also kept, and under which key; ``rows``:
+        an embedding's table ``[N, K]`` (``transposed``) written by rows for ``Gather``
+        (:func:`_by_rows`)."""
         self._source, self._transposed, self._kept = source, transposed, kept
-        self.block, self.symmetric = block, symmetric
+        self.block, self.symmetric, self._rows = block, symmetric, rows
         k, n = (shape[1], shape[0]) if transposed else shape
         blocks = -(-k // block)
         self._scale_dtype = scale_dtype
         self._parts: dict[str, ir.TensorProtocol] | None = None
         self._lock = threading.Lock()  # parts may be written by concurrent writers
         q_type = ir.DataType.INT4 if symmetric else ir.DataType.UINT4
-        self.q = self._lazy("q", q_type, (k, n), f"{name}_Q4G{block}")
-        self.scale = self._lazy("scale", scale_dtype, (blocks, n), f"{name}_scale")
+        shapes = ((n, blocks, block // 2), (n, blocks)) if rows else ((k, n), (blocks, n))
+        self.q = self._lazy("q", ir.DataType.UINT8 if rows else q_type, shapes[0],
+                            f"{name}_Q4G{block}")
+        self.scale = self._lazy("scale", scale_dtype, shapes[1], f"{name}_scale")
         self.zero_point = None if symmetric else self._lazy(
-            "zero_point", ir.DataType.UINT4, (blocks, n), f"{name}_zp")
+            "zero_point", ir.DataType.UINT8 if rows else ir.DataType.UINT4, shapes[1],
+            f"{name}_zp")
 
     def _lazy(self, part: str, dtype: ir.DataType, shape: tuple[int, int], name: str
               ) -> ir.LazyTensor:
@@ -89,6 +95,8 @@ class Blockwise:
         pairs = _row_pairs(q)
         if self._kept is not None:
             self._kept[0].put(self._kept[1], pairs, q.shape[0], scale, zero_point)
+        if self._rows:
+            return _by_rows(q, scale, zero_point, self)
         parts: dict[str, ir.TensorProtocol] = {
             "q": _packed(q, pairs, self.q),
             "scale": ir.Tensor(_as(scale.T.contiguous().numpy(), self._scale_dtype),
@@ -97,6 +105,24 @@ class Blockwise:
             parts["zero_point"] = _packed(zero_point, _row_pairs(zero_point),
                                           self.zero_point)
         return parts
+
+
+def _by_rows(q: "torch.Tensor", scale: "torch.Tensor", zero_point: "torch.Tensor | None",
+             like: Blockwise) -> dict[str, ir.TensorProtocol]:
+    """An embedding's parts, ``[N, ...]`` as its table (``K`` whole blocks): ``q`` two
+    values to a byte along each row, ``[N, blocks, block / 2]`` (uint8, the first in the
+    low nibble; symmetric values offset by 8, so that each nibble is unsigned), ``scale``
+    and the zero points (uint8) ``[N, blocks]``: what ``Gather`` takes (it takes no 4-bit
+    type) and what the rows gathered are dequantized from (``(nibble - zero point or 8) *
+    scale``); also, symmetric, what onnxruntime's ``MatMulNBits`` reads as its ``B``."""
+    codes = q if zero_point is not None else q.add(8)
+    parts: dict[str, ir.TensorProtocol] = {
+        "q": ir.Tensor(_pack(codes).numpy().reshape(tuple(like.q.shape)), name=like.q.name),
+        "scale": ir.Tensor(_as(scale.numpy(), like.scale.dtype), dtype=like.scale.dtype,
+                           name=like.scale.name)}
+    if zero_point is not None and like.zero_point is not None:
+        parts["zero_point"] = ir.Tensor(zero_point.numpy(), name=like.zero_point.name)
+    return parts
 
 
 def made(source: Any) -> Any:
@@ -370,6 +396,20 @@ class Kept:
         with one_thread() as threads:
             spread(rows, step, chunk, threads)
         return out
+
+    def rows(self, key: str, ids: "torch.Tensor", block: int) -> "torch.Tensor":
+        """Rows ``ids`` (any shape) of the float32 weight ``key``'s ``DequantizeLinear``
+        computes (``"NK"``: a Linear's or an embedding's ``[N, K]``), only those
+        dequantized: ``[*ids.shape, K]``."""
+        import torch
+
+        pairs, _, scale, zero_point = self._parts[key]
+        flat = ids.reshape(-1)
+        both = _unpair(pairs[flat // 2], 2 * len(flat), signed=zero_point is None)
+        q = both.view(len(flat), 2, -1)[torch.arange(len(flat)), flat % 2]
+        back = dequantize_rows(q, scale[flat],
+                               None if zero_point is None else zero_point[flat], block)
+        return back.reshape(*ids.shape, back.shape[-1])
 
 
 def _as(array: np.ndarray, dtype: ir.DataType) -> np.ndarray:

@@ -21,6 +21,16 @@ block_size=B))`` (opset 21). The weight is found where it arrives:
   serves every layer of its class, and once onnxruntime inlines the functions the
   ``DequantizeLinear`` feeds the ``MatMul`` directly.
 - a plain ``Gemm`` (GPT-2's Conv1D) whose B is such a weight becomes ``MatMul`` + ``Add``.
+- an embedding's table (an initializer named in ``tables``, its row length a multiple of
+  the block), where a ``Gather`` reads its rows (in the main graph, or in a function every
+  call of which is in the main graph): its 4-bit values two to a byte (uint8: ONNX's
+  ``Gather`` takes no 4-bit type, and a whole table dequantized at each step would cost
+  0.4 s on a 128K x 2K table) and its scales by rows; the ``Gather`` takes the rows asked
+  for of each, which alone are unpacked and dequantized with standard ops
+  (:func:`_gather`). A tied head reads its own ``[K, N]`` int4 copy: a
+  ``DequantizeLinear`` + ``MatMul`` (which onnxruntime fuses) cannot read the rows' uint8;
+  with ``target="onnxruntime"`` (symmetric) it reads the table's rows instead, as
+  ``com.microsoft.MatMulNBits`` (their layout is its ``B``'s): one table, as the builder's.
 
 The quantized tensors are stored ``[K, N]`` (in, out), blocks along K (axis 0): what
 onnxruntime fuses with the ``MatMul`` into ``MatMulNBits`` after it inlines the functions
@@ -33,8 +43,11 @@ returned as :class:`Quantized`. :class:`Kept` (the quantized weights kept when w
 from __future__ import annotations
 
 import sys
-from typing import Any, Iterator, Mapping
+from collections import Counter
+from functools import partial
+from typing import Any, Callable, Collection, Iterator, Mapping
 
+import numpy as np
 import onnx_ir as ir
 from attrs import frozen
 
@@ -66,15 +79,21 @@ class Quantized:
     symmetric: bool
     layouts: tuple[tuple[str, str], ...] = ()
     """(initializer, layout) of each weight quantized: ``"NK"``, a Linear's ``[out, in]``
-    weight (blocks along its second dimension); ``"KN"``, ``[in, out]``."""
+    weight (blocks along its second dimension); ``"KN"``, ``[in, out]``; ``"rows"``, an
+    embedding's table gathered by rows (blocks along its second dimension)."""
+    shared: int = 0
+    """Of ``in_main``, the tied heads that read their table's rows (``MatMulNBits``)."""
 
     def note(self) -> str:
         kind = "int4, symmetric" if self.symmetric else "uint4 with zero points"
         bodies = ", ".join(f"{name} {n}" for name, n in sorted(self.in_functions.items()))
         kept = ", ".join(self.kept_float) or "none"
+        tables = ", ".join(name for name, layout in self.layouts if layout == "rows")
+        shared = f" ({self.shared} a head's MatMulNBits on its table)" if self.shared else ""
         return (f"int4 ({kind}, blocks of {self.block}, round to nearest): {self.weights} "
                 f"weights; MatMuls dequantizing in functions: {bodies or 'none'}; in the "
-                f"main graph: {self.in_main}; kept in float: {kept}")
+                f"main graph: {self.in_main}{shared}; embeddings gathered in 4 bits: "
+                f"{tables or 'none'}; kept in float: {kept}")
 
 
 class QuantizeInt4(ir.passes.InPlacePass):
@@ -91,17 +110,22 @@ class QuantizeInt4(ir.passes.InPlacePass):
 
 
 def quantize_int4(model: ir.Model, *, block: int = 32, symmetric: bool = True,
-                  sources: Mapping[str, Any] | None = None, kept: Kept | None = None
-                  ) -> Quantized:
+                  sources: Mapping[str, Any] | None = None, kept: Kept | None = None,
+                  tables: Collection[str] = (), target: str = "onnx") -> Quantized:
     """Quantize ``model``'s MatMul weights in place (see the module); what was done.
     ``sources``: initializer name -> the tensor its quantized parts are computed from (or
     a function making it when it is written), instead of the initializer's value (a
     half-precision weight behind a float32 placeholder); ``kept``: where the quantized
-    weights are also kept, keyed ``name:layout``."""
+    weights are also kept, keyed ``name:layout`` (an embedding's under ``"NK"``: the same
+    numbers as a tied head's); ``tables``: the initializers that are embeddings' tables,
+    quantized where a ``Gather`` reads their rows; ``target``: ``"onnx"`` (standard ops) or
+    ``"onnxruntime"`` (a tied head reads its table's rows with ``MatMulNBits``)."""
     functions = {f.identifier(): f for f in model.functions.values()}
     calls, opaque = _call_sites(model, functions)
-    slots = _quantizable_slots(model, functions, calls, opaque)
-    rewriter = _Rewriter(model, functions, slots, calls, block, symmetric)
+    fits = partial(_fits, frozenset(tables), block)
+    slots = _quantizable_slots(model, functions, calls, opaque, fits)
+    rewriter = _Rewriter(model, functions, slots, calls, (block, symmetric), fits)
+    rewriter.nbits = target == "onnxruntime" and symmetric
     rewriter.initializers.sources, rewriter.initializers.kept = sources or {}, kept
     rewriter.run()
     rewriter.initializers.register_trailing()
@@ -114,7 +138,7 @@ def quantize_int4(model: ir.Model, *, block: int = 32, symmetric: bool = True,
         and v.const_value.dtype in FLOATS and len(v.const_value.shape) >= 2))
     return Quantized(len(rewriter.initializers.created), dict(rewriter.in_functions),
                      rewriter.in_main, kept, block, symmetric,
-                     tuple(sorted(rewriter.initializers.created)))
+                     tuple(sorted(rewriter.initializers.created)), rewriter.shared)
 
 
 def _containers(model: ir.Model) -> Iterator[Container]:
@@ -151,9 +175,13 @@ def _call_sites(model: ir.Model, functions: dict[FunctionId, ir.Function]
 
 def _weight_use(node: ir.Node, index: int) -> str | None:
     """``"KN"``: the use is a MatMul's weight operand; ``"NK"``: a ``Transpose`` whose every
-    use is one (a Linear's weight); else None."""
+    use is one (a Linear's weight); ``"rows"``: a ``Gather``'s table, rows taken (an
+    embedding's); else None."""
     if node.op_type == "MatMul" and node.domain == "" and index == 1:
         return "KN"
+    if node.op_type == "Gather" and node.domain == "" and index == 0:
+        axis = node.attributes.get("axis")
+        return "rows" if axis is None or axis.as_int() == 0 else None
     if node.op_type == "Gemm" and node.domain == "" and index == 1 and _plain_gemm(node):
         return "KN"  # GPT-2's Conv1D: x @ W + b, W [in, out]
     if node.op_type != "Transpose" or node.domain != "" or index != 0:
@@ -221,12 +249,23 @@ def _is_weight(value: ir.Value | None) -> bool:
             and all(isinstance(d, int) and d > 0 for d in tensor.shape))
 
 
+def _fits(tables: frozenset[str], block: int, value: ir.Value | None, layout: str) -> bool:
+    """``value`` is a weight that may be quantized for a use of ``layout``: an embedding's
+    table only if named in ``tables``, its rows whole blocks."""
+    if not _is_weight(value) or value is None:
+        return False
+    shape = value.const_value.shape if value.const_value is not None else (0, 0)
+    return layout != "rows" or (value.name in tables and shape[1] % block == 0)
+
+
 def _quantizable_slots(model: ir.Model, functions: dict[FunctionId, ir.Function],
-                       calls: dict, opaque: set[FunctionId]) -> dict[Slot, str]:
+                       calls: dict, opaque: set[FunctionId],
+                       fits: Callable[[ir.Value | None, str], bool]) -> dict[Slot, str]:
     """Function inputs to quantize, with their layout: the largest set where every use
-    wants one layout and either every call is in the main graph and passes a weight (an
-    entry: the function dequantizes) or every call is in a function and passes an input of
-    it in the set (inner: it receives the dequantized ``[K, N]`` weight)."""
+    wants one layout and either every call is in the main graph and passes a weight that
+    ``fits`` it (an entry: the function dequantizes) or every call is in a function and
+    passes an input of it in the set (inner: it receives the dequantized ``[K, N]``
+    weight; never an embedding's table, which is dequantized by rows gathered)."""
     slots: dict[Slot, str] = {}
     changed = True
     while changed:  # grow: inputs used only as weights, inner functions first
@@ -245,8 +284,10 @@ def _quantizable_slots(model: ir.Model, functions: dict[FunctionId, ir.Function]
         for (fid, index) in list(slots):
             sites = calls[fid]
             main = [isinstance(c, ir.Graph) for c, _ in sites]
-            ok = (all(main) or not any(main)) and all(
-                _passes_weight(container, node, index, slots) for container, node in sites)
+            layout = slots[(fid, index)]
+            ok = (all(main) or (not any(main) and layout != "rows")) and all(
+                _passes_weight(container, node, index, slots, fits)
+                for container, node in sites)
             if ok and _input_layout(functions[fid], index, slots) == slots[(fid, index)]:
                 continue
             del slots[(fid, index)]
@@ -255,10 +296,11 @@ def _quantizable_slots(model: ir.Model, functions: dict[FunctionId, ir.Function]
 
 
 def _passes_weight(container: Container, node: ir.Node, index: int,
-                   slots: dict[Slot, str]) -> bool:
+                   slots: dict[Slot, str], fits: Callable[[ir.Value | None, str], bool]
+                   ) -> bool:
     arg = node.inputs[index] if index < len(node.inputs) else None
     if isinstance(container, ir.Graph):
-        return _is_weight(arg)
+        return fits(arg, slots[(_callee(node), index)])
     if arg is None or not arg.is_graph_input():
         return False
     position = list(container.inputs).index(arg)
@@ -298,13 +340,14 @@ class _Initializers:
         tensor = value.const_value
         if tensor is None:
             raise ValueError(f"{value.name}: a weight without a value cannot be quantized")
-        name = value.name if layout == "NK" else f"{value.name}_KN"
+        name = {"NK": value.name, "KN": f"{value.name}_KN"}.get(layout, f"{value.name}_rows")
         source = self.sources.get(key[0])
-        kept = None if self.kept is None else (self.kept, f"{key[0]}:{layout}")
+        kept_as = "NK" if layout == "rows" else layout  # the same numbers
+        kept = None if self.kept is None else (self.kept, f"{key[0]}:{kept_as}")
         parts = Blockwise(lambda: _read(tensor) if source is None else made(source),
-                          tuple(tensor.shape), transposed=layout == "NK", block=self.block,
+                          tuple(tensor.shape), transposed=layout != "KN", block=self.block,
                           symmetric=self.symmetric, scale_dtype=tensor.dtype, name=name,
-                          kept=kept)
+                          kept=kept, rows=layout == "rows")
         values = []
         for part in (parts.q, parts.scale, parts.zero_point):
             if part is None:
@@ -332,14 +375,16 @@ class _Rewriter:
     """The rewrite of every container, given the slots to quantize."""
 
     def __init__(self, model: ir.Model, functions: dict[FunctionId, ir.Function],
-                 slots: dict[Slot, str], calls: dict, block: int, symmetric: bool) -> None:
-        self.model, self.functions, self.slots = model, functions, slots
-        self.block, self.symmetric = block, symmetric
+                 slots: dict[Slot, str], calls: dict, scheme: tuple[int, bool],
+                 fits: Callable[[ir.Value | None, str], bool]) -> None:
+        """``scheme``: the block and whether symmetric; ``fits``: :func:`_fits`."""
+        self.model, self.functions, self.slots, self.fits = model, functions, slots, fits
+        block, symmetric = self.block, self.symmetric = scheme
         self.entries = {slot for slot in slots
                         if all(isinstance(c, ir.Graph) for c, _ in calls[slot[0]])}
         self.initializers = _Initializers(model, block, symmetric)
-        self.in_functions: dict[str, int] = {}
-        self.in_main = 0
+        self.in_functions: Counter[str] = Counter()
+        self.in_main, self.shared, self.nbits = 0, 0, False  # nbits: see _reads_rows
 
     def run(self) -> None:
         sources = {fid: self._new_signature(fid, f) for fid, f in self.functions.items()}
@@ -362,12 +407,14 @@ class _Rewriter:
         for index, old in enumerate(list(function.inputs)):
             if (fid, index) not in self.entries:
                 continue
-            q_type = ir.DataType.INT4 if self.symmetric else ir.DataType.UINT4
-            q = ir.Value(name=f"{old.name}_Q4G{self.block}", type=ir.TensorType(q_type))
+            rows = self.slots[(fid, index)] == "rows"
+            four = ir.DataType.INT4 if self.symmetric else ir.DataType.UINT4
+            q = ir.Value(name=f"{old.name}_Q4G{self.block}",
+                         type=ir.TensorType(ir.DataType.UINT8 if rows else four))
             new = [q, ir.Value(name=f"{old.name}_scale", type=old.type)]
             if not self.symmetric:
-                new.append(ir.Value(name=f"{old.name}_zp",
-                                    type=ir.TensorType(ir.DataType.UINT4)))
+                new.append(ir.Value(name=f"{old.name}_zp", type=ir.TensorType(
+                    ir.DataType.UINT8 if rows else ir.DataType.UINT4)))
             function.inputs[index] = q
             extra.extend(new[1:])
             found[old] = (tuple(new), self.slots[(fid, index)])
@@ -380,6 +427,8 @@ class _Rewriter:
         the main graph, whose weights are initializers); ``inner``: its inner inputs."""
         passed: dict[ir.Value, ir.Value] = {}
         for node in list(container):
+            if node.graph is None:  # removed: a MatMul made MatMulNBits
+                continue
             callee = _callee(node)
             if callee in self.functions:
                 self._call(container, node, callee, sources, passed)
@@ -387,6 +436,9 @@ class _Rewriter:
             for index, value in enumerate(node.inputs):
                 layout = _weight_use(node, index) if value is not None else None
                 if layout is None or value is None:
+                    continue
+                if sources is None and layout == "NK" and self._reads_rows(value):
+                    self._nbits(container, node, value)
                     continue
                 if value in inner or self._source(value, layout, sources) is not None:
                     node = _as_matmul(container, node)
@@ -396,7 +448,9 @@ class _Rewriter:
                         container.remove(node, safe=True)
                     continue
                 triple = self._source(value, layout, sources)
-                if triple is not None:
+                if triple is not None and layout == "rows":
+                    _gather(container, node, triple, self.block)
+                elif triple is not None:
                     self._dequantize(container, node, triple, layout)
 
     def _source(self, value: ir.Value, layout: str, sources: Sources | None
@@ -404,23 +458,13 @@ class _Rewriter:
         if sources is not None:
             found = sources.get(value)
             return found[0] if found is not None and found[1] == layout else None
-        return self.initializers.of(value, layout) if _is_weight(value) else None
-
-    def _dq(self, container: Container, before: ir.Node, triple: tuple[ir.Value, ...]
-            ) -> ir.Value:
-        """A ``DequantizeLinear`` of ``triple`` inserted before ``before``: its output."""
-        dq = ir.node("DequantizeLinear", list(triple),
-                     attributes={"axis": 0, "block_size": self.block})
-        dq.outputs[0].type = triple[1].type
-        dq.outputs[0].name = f"{triple[0].name}_dequantized"
-        container.insert_before(before, dq)
-        return dq.outputs[0]
+        return self.initializers.of(value, layout) if self.fits(value, layout) else None
 
     def _dequantize(self, container: Container, node: ir.Node, triple: tuple[ir.Value, ...],
                     layout: str) -> None:
         """A dequantized weight in place of the one ``node`` reads (a MatMul's operand, or
         a Transpose's input: the Transpose goes)."""
-        weight = self._dq(container, node, triple)
+        weight = _dq(container, node, triple, self.block)
         if layout == "NK":  # the Transpose: every use is a MatMul
             ir.convenience.replace_all_uses_with(node.outputs[0], weight)
             container.remove(node, safe=True)
@@ -430,12 +474,25 @@ class _Rewriter:
             matmuls = 1
         self._count(container, matmuls)
 
+    def _reads_rows(self, value: ir.Value) -> bool:
+        """A main-graph table a ``Gather`` reads, that a head reads with ``MatMulNBits``."""
+        seen = (value.name or "", "rows") in self.initializers.created  # its Gather's call
+        return self.nbits and self.fits(value, "rows") and (seen or any(
+            _use_layout(node, i, self.slots) == "rows" for node, i in value.uses()))
+
+    def _nbits(self, container: Container, transpose: ir.Node, value: ir.Value) -> None:
+        """:func:`_as_nbits` of a tied head's ``Transpose`` of its table ``value``."""
+        shape = value.const_value.shape if value.const_value is not None else (0, 0)
+        made = _as_nbits(container, transpose, self.initializers.of(value, "rows"),
+                         tuple(shape), self.block)
+        self.in_main, self.shared = self.in_main + made, self.shared + made
+        self.model.opset_imports.setdefault("com.microsoft", 1)
+
     def _count(self, container: Container, matmuls: int) -> None:
         if isinstance(container, ir.Graph):
             self.in_main += matmuls
         else:
-            self.in_functions[container.name] = self.in_functions.get(container.name, 0) \
-                + matmuls
+            self.in_functions[container.name] += matmuls
 
     def _call(self, container: Container, node: ir.Node, callee: FunctionId,
               sources: Sources | None, passed: dict[ir.Value, ir.Value]) -> None:
@@ -457,13 +514,86 @@ class _Rewriter:
                 extra.extend(triple[1:])
             elif value in sources:
                 if value not in passed:
-                    passed[value] = self._dq(container, node, sources[value][0])
+                    passed[value] = _dq(container, node, sources[value][0], self.block)
                     self._count(container, 1)
                 node.replace_input_with(index, passed[value])
         if extra:
             node.resize_inputs(len(node.inputs) + len(extra))
             for offset, value in enumerate(extra):
                 node.replace_input_with(len(node.inputs) - len(extra) + offset, value)
+
+
+def _dq(container: Container, before: ir.Node, triple: tuple[ir.Value, ...], block: int
+        ) -> ir.Value:
+    """A ``DequantizeLinear`` of ``triple`` inserted before ``before``: its output."""
+    dq = ir.node("DequantizeLinear", list(triple),
+                 attributes={"axis": 0, "block_size": block})
+    dq.outputs[0].type = triple[1].type
+    dq.outputs[0].name = f"{triple[0].name}_dequantized"
+    container.insert_before(before, dq)
+    return dq.outputs[0]
+
+
+def _gather(container: Container, node: ir.Node, triple: tuple[ir.Value, ...], block: int
+            ) -> None:
+    """``node``'s ``Gather`` of a table's rows, from its 4-bit rows
+    (:func:`~rewrite.backends.onnx._blockwise._by_rows`): the rows asked for of the values,
+    the scales (and zero points), then only they unpacked and dequantized, ``(nibble - zero
+    point or 8) * scale``."""
+    q, scale, *zero_point = triple
+    ids, out = node.inputs[1], node.outputs[0]
+    dtype = scale.type.dtype if scale.type is not None else ir.DataType.FLOAT
+    new: list[ir.Node] = []
+
+    def add(op: str, inputs: list, **attributes: Any) -> ir.Value:
+        new.append(ir.node(op, inputs, attributes=attributes))
+        return new[-1].outputs[0]
+
+    def const(values: Any, numpy_dtype: Any) -> ir.Value:
+        return add("Constant", [], value=ir.tensor(np.array(values, numpy_dtype)))
+
+    last, four = const([-1], np.int64), const(4, np.uint8)
+    codes = add("Gather", [q, ids], axis=0)
+    low = add("Unsqueeze", [add("BitwiseAnd", [codes, const(15, np.uint8)]), last])
+    high = add("Unsqueeze", [add("BitShift", [codes, four], direction="RIGHT"), last])
+    shape = add("Shape", [ids])  # [..., blocks, block / 2, 2] -> [..., blocks, block]
+    blocked = add("Concat", [shape, const([-1, block], np.int64)], axis=0)
+    grouped = add("Reshape", [add("Concat", [low, high], axis=-1), blocked])
+    values = add("Cast", [grouped], to=dtype)
+    offset = (add("Cast", [add("Unsqueeze", [add("Gather", [zero_point[0], ids], axis=0),
+                                             last])], to=dtype) if zero_point
+              else const(8, dtype.numpy()))
+    scales = add("Unsqueeze", [add("Gather", [scale, ids], axis=0), last])
+    rows = add("Mul", [add("Sub", [values, offset]), scales])
+    merged = add("Reshape", [rows, add("Concat", [shape, last], axis=0)])  # [..., K]
+    merged.type, merged.shape = out.type, out.shape
+    container.insert_before(node, new)
+    ir.convenience.replace_all_uses_with(out, merged, replace_graph_outputs=True)
+    container.remove(node, safe=True)
+    merged.name = out.name
+
+
+def _as_nbits(container: Container, transpose: ir.Node, parts: tuple[ir.Value, ...],
+              shape: tuple[int, int], block: int) -> int:
+    """Each ``MatMul`` reading ``transpose`` (of a table of ``shape``) as ``MatMulNBits`` on
+    the table's rows ``parts`` (:func:`~rewrite.backends.onnx._blockwise._by_rows`: ``B``
+    ``[N, blocks, block / 2]``, scales ``[N, blocks]``; symmetric: no zero point, 8;
+    accuracy level 0, float32 activations: what the check before publishing can compare
+    with eager at float32's tolerance, where onnxruntime's fusions use 4, int8); how many."""
+    q, scale = parts[:2]
+    n, k = shape
+    uses = list(transpose.outputs[0].uses())
+    for use, _ in uses:
+        fused = ir.node("MatMulNBits", [use.inputs[0], q, scale], domain="com.microsoft",
+                        attributes={"K": k, "N": n, "bits": 4, "block_size": block})
+        out = use.outputs[0]
+        fused.outputs[0].type, fused.outputs[0].shape = out.type, out.shape
+        container.insert_before(use, fused)
+        ir.convenience.replace_all_uses_with(out, fused.outputs[0], replace_graph_outputs=True)
+        container.remove(use, safe=True)
+        fused.outputs[0].name = out.name
+    container.remove(transpose, safe=True)
+    return len(uses)
 
 
 def _raise_opsets(model: ir.Model) -> None:

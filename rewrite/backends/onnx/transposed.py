@@ -35,8 +35,8 @@ def transpose_weights(model: ir.Model, sources: Mapping[str, Any] | None = None,
     converted as it is transposed."""
     functions = {f.identifier(): f for f in model.functions.values()}
     calls, opaque = _call_sites(model, functions)
-    slots = {slot for slot, layout in _quantizable_slots(model, functions, calls, opaque).items()
-             if layout == "NK"}
+    slots = {slot for slot, layout in _quantizable_slots(
+        model, functions, calls, opaque, _any_weight).items() if layout == "NK"}
     graph = model.graph
     while True:  # a weight also read otherwise is not transposed: nor are its slots
         weights = _transposable(graph, slots)
@@ -76,9 +76,16 @@ def _kept(function: ir.Function, index: int, calls: list, slots: set[Slot],
         if isinstance(container, ir.Graph):
             if node.inputs[index] not in weights:
                 return False
-        elif not _passes_weight(container, node, index, dict.fromkeys(slots, "NK")):
+        elif not _passes_weight(container, node, index, dict.fromkeys(slots, "NK"),
+                                _any_weight):
             return False
     return _input_layout(function, index, dict.fromkeys(slots, "NK")) == "NK"
+
+
+def _any_weight(value: ir.Value | None, layout: str) -> bool:
+    """Whether the quantizer's analysis may take ``value`` as a weight in ``layout``: any
+    2-D float initializer (nothing is quantized here, no block has to fit)."""
+    return _is_weight(value)
 
 
 def _drop_transposes(container: "ir.Graph | ir.Function", value: ir.Value) -> None:
