@@ -31,6 +31,7 @@ are not computed twice.
 from __future__ import annotations
 
 import contextlib
+import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
@@ -129,6 +130,17 @@ def made(source: Any) -> Any:
     """A weight's ``source`` as it is, or what it makes when it is a function (a packed
     weight's parts concatenated when it is written)."""
     return source() if callable(source) else source
+
+
+def weight_values(tensor: ir.TensorProtocol, source: Any = None) -> Any:
+    """A weight's values: what its ``source`` is or makes (:func:`made`), or without one
+    the tensor's own: the torch tensor it wraps (no copy; torch.onnx's initializers), else
+    its array."""
+    if source is not None:
+        return made(source)
+    torch = sys.modules.get("torch")
+    raw = getattr(tensor, "raw", None)
+    return raw if torch is not None and isinstance(raw, torch.Tensor) else tensor.numpy()
 
 
 def as_float32(weight: Any) -> "torch.Tensor":

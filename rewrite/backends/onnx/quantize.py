@@ -4,7 +4,8 @@
 in the main graph and in every function body, each ``MatMul`` whose weight operand is a
 2-D float weight (``MatMul(x, W)``, or ``MatMul(x, Transpose(W))``: a Linear's ``[out,
 in]`` weight) into ``MatMul(x, DequantizeLinear(q, scale[, zero_point], axis=0,
-block_size=B))`` (opset 21). The weight is found where it arrives:
+block_size=B))`` (opset 21). The weight is found where it arrives
+(:mod:`rewrite.backends.onnx.weight_slots`):
 
 - in the main graph, an initializer (the lm_head's); its other uses (a tied embedding's
   ``Gather``) keep the float initializer, which stays only for them;
@@ -42,25 +43,22 @@ returned as :class:`Quantized`. :class:`Kept` (the quantized weights kept when w
 
 from __future__ import annotations
 
-import sys
 from collections import Counter
 from functools import partial
-from typing import Any, Callable, Collection, Iterator, Mapping
+from typing import Any, Callable, Collection, Mapping
 
 import numpy as np
 import onnx_ir as ir
 from attrs import frozen
 
-from rewrite.backends.onnx._blockwise import Blockwise, Kept, as_float32, fake_quantized, made
+from rewrite.backends.onnx._blockwise import (
+    Blockwise, Kept, as_float32, fake_quantized, made, weight_values)
+from rewrite.backends.onnx.weight_slots import (
+    FLOATS, Container, FunctionId, Slot, call_sites, callee, is_weight, use_layout,
+    weight_slots, weight_use)
 
 OPSET = 21
 """The first opset of ``DequantizeLinear`` with ``block_size`` and of int4 / uint4."""
-FLOATS = (ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16)
-
-FunctionId = tuple[str, str, str]
-Slot = tuple[FunctionId, int]
-"""A function's input, by position."""
-Container = "ir.Graph | ir.Function"
 
 
 @frozen
@@ -121,9 +119,9 @@ def quantize_int4(model: ir.Model, *, block: int = 32, symmetric: bool = True,
     quantized where a ``Gather`` reads their rows; ``target``: ``"onnx"`` (standard ops) or
     ``"onnxruntime"`` (a tied head reads its table's rows with ``MatMulNBits``)."""
     functions = {f.identifier(): f for f in model.functions.values()}
-    calls, opaque = _call_sites(model, functions)
+    calls, opaque = call_sites(model, functions)
     fits = partial(_fits, frozenset(tables), block)
-    slots = _quantizable_slots(model, functions, calls, opaque, fits)
+    slots = weight_slots(model, functions, calls, opaque, fits)
     rewriter = _Rewriter(model, functions, slots, calls, (block, symmetric), fits)
     rewriter.nbits = target == "onnxruntime" and symmetric
     rewriter.initializers.sources, rewriter.initializers.kept = sources or {}, kept
@@ -139,70 +137,6 @@ def quantize_int4(model: ir.Model, *, block: int = 32, symmetric: bool = True,
     return Quantized(len(rewriter.initializers.created), dict(rewriter.in_functions),
                      rewriter.in_main, kept, block, symmetric,
                      tuple(sorted(rewriter.initializers.created)), rewriter.shared)
-
-
-def _containers(model: ir.Model) -> Iterator[Container]:
-    yield model.graph
-    yield from model.functions.values()
-
-
-def _top(container: Container) -> ir.Graph:
-    return container if isinstance(container, ir.Graph) else container.graph
-
-
-def _callee(node: ir.Node) -> FunctionId:
-    return (node.domain, node.op_type, node.overload)
-
-
-def _call_sites(model: ir.Model, functions: dict[FunctionId, ir.Function]
-                ) -> tuple[dict[FunctionId, list[tuple[Container, ir.Node]]], set[FunctionId]]:
-    """Each function's calls (with the graph or function they are in), and the functions
-    also called from a subgraph (``If``, ``Loop``: their inputs are not quantized)."""
-    calls: dict[FunctionId, list[tuple[Container, ir.Node]]] = {f: [] for f in functions}
-    opaque: set[FunctionId] = set()
-    for container in _containers(model):
-        top = _top(container)
-        for node in ir.traversal.RecursiveGraphIterator(top):
-            callee = _callee(node)
-            if callee not in functions:
-                continue
-            if node.graph is top:
-                calls[callee].append((container, node))
-            else:
-                opaque.add(callee)
-    return calls, opaque
-
-
-def _weight_use(node: ir.Node, index: int) -> str | None:
-    """``"KN"``: the use is a MatMul's weight operand; ``"NK"``: a ``Transpose`` whose every
-    use is one (a Linear's weight); ``"rows"``: a ``Gather``'s table, rows taken (an
-    embedding's); else None."""
-    if node.op_type == "MatMul" and node.domain == "" and index == 1:
-        return "KN"
-    if node.op_type == "Gather" and node.domain == "" and index == 0:
-        axis = node.attributes.get("axis")
-        return "rows" if axis is None or axis.as_int() == 0 else None
-    if node.op_type == "Gemm" and node.domain == "" and index == 1 and _plain_gemm(node):
-        return "KN"  # GPT-2's Conv1D: x @ W + b, W [in, out]
-    if node.op_type != "Transpose" or node.domain != "" or index != 0:
-        return None
-    perm = node.attributes.get("perm")
-    output = node.outputs[0]
-    if perm is None or list(perm.as_ints()) != [1, 0] or output.is_graph_output():
-        return None
-    uses = list(output.uses())
-    if uses and all(u.op_type == "MatMul" and u.domain == "" and i == 1 for u, i in uses):
-        return "NK"
-    return None
-
-
-def _plain_gemm(node: ir.Node) -> bool:
-    """A ``Gemm`` that is ``A @ B + C`` (no transposes, factors of 1)."""
-    def attribute(name: str, default: float) -> float:
-        found = node.attributes.get(name)
-        return default if found is None else found.value
-    return (attribute("transA", 0) == 0 and attribute("transB", 0) == 0
-            and attribute("alpha", 1.0) == 1.0 and attribute("beta", 1.0) == 1.0)
 
 
 def _as_matmul(container: "ir.Graph | ir.Function", node: ir.Node) -> ir.Node:
@@ -223,88 +157,13 @@ def _as_matmul(container: "ir.Graph | ir.Function", node: ir.Node) -> ir.Node:
     return matmul
 
 
-def _use_layout(node: ir.Node, index: int, slots: dict[Slot, str]) -> str | None:
-    """The layout a use wants (see :func:`_weight_use`; a call: its callee input's)."""
-    layout = _weight_use(node, index)
-    if layout is None:
-        layout = slots.get((_callee(node), index))
-    return layout
-
-
-def _input_layout(function: ir.Function, index: int, slots: dict[Slot, str]) -> str | None:
-    """The one layout every use of the function's input wants, or None."""
-    value = function.inputs[index]
-    uses = list(value.uses())
-    if not uses or value.is_graph_output():
-        return None
-    layouts = {_use_layout(node, i, slots) if node.graph is function.graph else None
-               for node, i in uses}
-    return layouts.pop() if len(layouts) == 1 and None not in layouts else None
-
-
-def _is_weight(value: ir.Value | None) -> bool:
-    """A 2-D float initializer of the main graph with its tensor."""
-    tensor = value.const_value if value is not None and value.is_initializer() else None
-    return (tensor is not None and tensor.dtype in FLOATS and len(tensor.shape) == 2
-            and all(isinstance(d, int) and d > 0 for d in tensor.shape))
-
-
 def _fits(tables: frozenset[str], block: int, value: ir.Value | None, layout: str) -> bool:
     """``value`` is a weight that may be quantized for a use of ``layout``: an embedding's
     table only if named in ``tables``, its rows whole blocks."""
-    if not _is_weight(value) or value is None:
+    if not is_weight(value) or value is None:
         return False
     shape = value.const_value.shape if value.const_value is not None else (0, 0)
     return layout != "rows" or (value.name in tables and shape[1] % block == 0)
-
-
-def _quantizable_slots(model: ir.Model, functions: dict[FunctionId, ir.Function],
-                       calls: dict, opaque: set[FunctionId],
-                       fits: Callable[[ir.Value | None, str], bool]) -> dict[Slot, str]:
-    """Function inputs to quantize, with their layout: the largest set where every use
-    wants one layout and either every call is in the main graph and passes a weight that
-    ``fits`` it (an entry: the function dequantizes) or every call is in a function and
-    passes an input of it in the set (inner: it receives the dequantized ``[K, N]``
-    weight; never an embedding's table, which is dequantized by rows gathered)."""
-    slots: dict[Slot, str] = {}
-    changed = True
-    while changed:  # grow: inputs used only as weights, inner functions first
-        changed = False
-        for fid, function in functions.items():
-            if fid in opaque or not calls[fid]:
-                continue
-            for index in range(len(function.inputs)):
-                layout = _input_layout(function, index, slots)
-                if (fid, index) not in slots and layout is not None:
-                    slots[(fid, index)] = layout
-                    changed = True
-    changed = True
-    while changed:  # shrink: a call that passes no weight, calls from both kinds of places
-        changed = False
-        for (fid, index) in list(slots):
-            sites = calls[fid]
-            main = [isinstance(c, ir.Graph) for c, _ in sites]
-            layout = slots[(fid, index)]
-            ok = (all(main) or (not any(main) and layout != "rows")) and all(
-                _passes_weight(container, node, index, slots, fits)
-                for container, node in sites)
-            if ok and _input_layout(functions[fid], index, slots) == slots[(fid, index)]:
-                continue
-            del slots[(fid, index)]
-            changed = True
-    return slots
-
-
-def _passes_weight(container: Container, node: ir.Node, index: int,
-                   slots: dict[Slot, str], fits: Callable[[ir.Value | None, str], bool]
-                   ) -> bool:
-    arg = node.inputs[index] if index < len(node.inputs) else None
-    if isinstance(container, ir.Graph):
-        return fits(arg, slots[(_callee(node), index)])
-    if arg is None or not arg.is_graph_input():
-        return False
-    position = list(container.inputs).index(arg)
-    return (container.identifier(), position) in slots
 
 
 Sources = dict[ir.Value, tuple[tuple[ir.Value, ...], str]]
@@ -344,7 +203,7 @@ class _Initializers:
         source = self.sources.get(key[0])
         kept_as = "NK" if layout == "rows" else layout  # the same numbers
         kept = None if self.kept is None else (self.kept, f"{key[0]}:{kept_as}")
-        parts = Blockwise(lambda: _read(tensor) if source is None else made(source),
+        parts = Blockwise(partial(weight_values, tensor, source),
                           tuple(tensor.shape), transposed=layout != "KN", block=self.block,
                           symmetric=self.symmetric, scale_dtype=tensor.dtype, name=name,
                           kept=kept, rows=layout == "rows")
@@ -361,14 +220,6 @@ class _Initializers:
             values.append(new)
         self.created[key] = tuple(values)
         return self.created[key]
-
-
-def _read(tensor: ir.TensorProtocol) -> Any:
-    """The tensor's values: the torch tensor it wraps (no copy; torch.onnx's initializers),
-    else its array."""
-    torch = sys.modules.get("torch")
-    raw = getattr(tensor, "raw", None)
-    return raw if torch is not None and isinstance(raw, torch.Tensor) else tensor.numpy()
 
 
 class _Rewriter:
@@ -429,12 +280,12 @@ class _Rewriter:
         for node in list(container):
             if node.graph is None:  # removed: a MatMul made MatMulNBits
                 continue
-            callee = _callee(node)
-            if callee in self.functions:
-                self._call(container, node, callee, sources, passed)
+            called = callee(node)
+            if called in self.functions:
+                self._call(container, node, called, sources, passed)
                 continue
             for index, value in enumerate(node.inputs):
-                layout = _weight_use(node, index) if value is not None else None
+                layout = weight_use(node, index) if value is not None else None
                 if layout is None or value is None:
                     continue
                 if sources is None and layout == "NK" and self._reads_rows(value):
@@ -478,7 +329,7 @@ class _Rewriter:
         """A main-graph table a ``Gather`` reads, that a head reads with ``MatMulNBits``."""
         seen = (value.name or "", "rows") in self.initializers.created  # its Gather's call
         return self.nbits and self.fits(value, "rows") and (seen or any(
-            _use_layout(node, i, self.slots) == "rows" for node, i in value.uses()))
+            use_layout(node, i, self.slots) == "rows" for node, i in value.uses()))
 
     def _nbits(self, container: Container, transpose: ir.Node, value: ir.Value) -> None:
         """:func:`_as_nbits` of a tied head's ``Transpose`` of its table ``value``."""

@@ -10,9 +10,9 @@ builder writes them), and drops the ``Transpose`` in the main graph and in every
 body: one body still serves every layer of its class.
 
 The weights found are those :mod:`rewrite.backends.onnx.quantize` quantizes in the ``[out,
-in]`` layout (its analysis of where a function's input arrives from), but only a weight no
-other node reads: a tied embedding's table, also gathered, keeps its layout and its
-``Transpose``, so that it is not written twice.
+in]`` layout (:func:`~rewrite.backends.onnx.weight_slots.weight_slots`: where a function's
+input arrives from), but only a weight no other node reads: a tied embedding's table, also
+gathered, keeps its layout and its ``Transpose``, so that it is not written twice.
 """
 
 from __future__ import annotations
@@ -21,10 +21,10 @@ from typing import Any, Mapping
 
 import onnx_ir as ir
 
-from rewrite.backends.onnx._blockwise import made
-from rewrite.backends.onnx.quantize import (
-    Slot, _call_sites, _callee, _input_layout, _is_weight, _passes_weight,
-    _quantizable_slots, _read, _weight_use)
+from rewrite.backends.onnx._blockwise import weight_values
+from rewrite.backends.onnx.weight_slots import (
+    Slot, call_sites, callee, input_layout, is_weight, passes_weight, weight_slots, weight_use)
+
 
 def transpose_weights(model: ir.Model, sources: Mapping[str, Any] | None = None,
                       float32: bool = False) -> tuple[str, ...]:
@@ -34,8 +34,8 @@ def transpose_weights(model: ir.Model, sources: Mapping[str, Any] | None = None,
     from (or a function making it), instead of its value; ``float32``: written in float32,
     converted as it is transposed."""
     functions = {f.identifier(): f for f in model.functions.values()}
-    calls, opaque = _call_sites(model, functions)
-    slots = {slot for slot, layout in _quantizable_slots(
+    calls, opaque = call_sites(model, functions)
+    slots = {slot for slot, layout in weight_slots(
         model, functions, calls, opaque, _any_weight).items() if layout == "NK"}
     graph = model.graph
     while True:  # a weight also read otherwise is not transposed: nor are its slots
@@ -60,9 +60,9 @@ def _transposable(graph: ir.Graph, slots: set[Slot]) -> list[ir.Value]:
     found = []
     for value in graph.initializers.values():
         uses = list(value.uses())
-        if _is_weight(value) and uses and all(
-                node.graph is graph and (_weight_use(node, i) == "NK"
-                                         or (_callee(node), i) in slots)
+        if is_weight(value) and uses and all(
+                node.graph is graph and (weight_use(node, i) == "NK"
+                                         or (callee(node), i) in slots)
                 for node, i in uses):
             found.append(value)
     return found
@@ -76,23 +76,23 @@ def _kept(function: ir.Function, index: int, calls: list, slots: set[Slot],
         if isinstance(container, ir.Graph):
             if node.inputs[index] not in weights:
                 return False
-        elif not _passes_weight(container, node, index, dict.fromkeys(slots, "NK"),
+        elif not passes_weight(container, node, index, dict.fromkeys(slots, "NK"),
                                 _any_weight):
             return False
-    return _input_layout(function, index, dict.fromkeys(slots, "NK")) == "NK"
+    return input_layout(function, index, dict.fromkeys(slots, "NK")) == "NK"
 
 
 def _any_weight(value: ir.Value | None, layout: str) -> bool:
     """Whether the quantizer's analysis may take ``value`` as a weight in ``layout``: any
     2-D float initializer (nothing is quantized here, no block has to fit)."""
-    return _is_weight(value)
+    return is_weight(value)
 
 
 def _drop_transposes(container: "ir.Graph | ir.Function", value: ir.Value) -> None:
     """``value`` arrives ``[in, out]``: each ``Transpose`` of it goes, its ``MatMul`` s
     reading ``value`` (a call passes it on as it is)."""
     for node, index in list(value.uses()):
-        if _weight_use(node, index) == "NK":
+        if weight_use(node, index) == "NK":
             ir.convenience.replace_all_uses_with(node.outputs[0], value)
             container.remove(node, safe=True)
 
@@ -106,7 +106,7 @@ def _write_transposed(graph: ir.Graph, value: ir.Value, source: Any, float32: bo
     name = value.name or ""
 
     def values() -> ir.Tensor:
-        weight = _read(tensor) if source is None else made(source)
+        weight = weight_values(tensor, source)
         return ir.Tensor(_transposed(weight, float32), name=name)
 
     dtype = ir.DataType.FLOAT if float32 else tensor.dtype
