@@ -22,6 +22,7 @@ from attrs import frozen
 
 from rewrite._shared.fx_keys import body_key
 from rewrite._private.torch_graphs import (
+    functional_forms,
     is_higher_order,
     is_metadata_only,
     with_graph_module,
@@ -147,11 +148,13 @@ def _selected(tree: GroupTree, by_index) -> list[Chosen]:
     return chosen
 
 
-def rebuild(program: torch.export.ExportedProgram, tree: GroupTree, forms: Forms
+def rebuild(program: torch.export.ExportedProgram, tree: GroupTree
             ) -> tuple[torch.export.ExportedProgram, list[Call]]:
     """A copy of ``program`` whose repeated groups call one shared subgraph per body, the
-    in-place ops of ``forms`` in their functional form."""
+    in-place ops that need no functionalization in their functional form
+    (:func:`~rewrite._private.torch_graphs.functional_forms`)."""
     source = program.graph_module
+    forms = functional_forms(source.graph)
     gm = LazyGraphModule(source, torch.fx.Graph())
     plans, calls = _bodies(gm, source, tree, forms)
     _Emitter(gm.graph, plans, calls, forms).emit(source.graph)

@@ -211,7 +211,7 @@ class DecomposedProgram:
         with gc_paused():
             self.tree = tree
             self.tables = torch_exporter.lowering_tables(custom_translation_table)
-            rebuilt, self.calls = rebuild(program, tree, functional_forms(program.graph))
+            rebuilt, self.calls = rebuild(program, tree)
             self.decomposed = torch_exporter.decompose(rebuilt, self.tables)
 
     def translate(self, must_inline: frozenset[int] = frozenset(), *,
