@@ -232,9 +232,10 @@ def test_inkling_carries_four_convolution_states_beside_keys_and_values(tmp_path
     """Inkling's layers (sliding-window 0, 2, 3, full 1; window 8) keep keys and values and
     four convolution states (its keys', values', attention output's and MLP output's),
     ``past_key_values.N.*`` then ``past.N.conv.0`` .. ``past.N.conv.3``, each layer's call
-    taking its own. Each distinct layer traced once; prefill of a left-padded batch and 3
-    greedy decode steps equal eager within 1e-4 (past the window); a prompt fed in pieces
-    equals eager's one prefill."""
+    taking its own. Each distinct layer traced once; every layer one call of its kind's
+    function (the first of each kind too: nodes that torch.onnx's type promotion made once
+    sent them inline); prefill of a left-padded batch and 3 greedy decode steps equal eager
+    within 1e-4 (past the window); a prompt fed in pieces equals eager's one prefill."""
     folder, out, model = _hybrid_decoded("inkling_text", tmp_path)
     kv = ["batch_size", "2", "past_sequence_length", "8"]
     convs = [["batch_size", "16", "4"]] * 2 + [["batch_size", "32", "4"]] * 2
@@ -242,8 +243,14 @@ def test_inkling_carries_four_convolution_states_beside_keys_and_values(tmp_path
     assert shapes == {name: shape for n in range(4) for name, shape in [
         (f"past_key_values.{n}.key", kv), (f"past_key_values.{n}.value", kv),
         *((f"past.{n}.conv.{k}", conv) for k, conv in enumerate(convs))]}, shapes
-    states = {f"present.{n}.conv.{k}" for n in range(4) for k in range(4)}
-    assert states <= {v.name for call in model.graph for v in call.outputs}
+    calls = [n for n in model.graph if n.op_type.startswith("InklingDecoderLayer")]
+    kinds = [(c.domain, c.op_type, c.overload) for c in calls]
+    assert len(kinds) == 4 and kinds[0] == kinds[2] == kinds[3] != kinds[1], kinds
+    assert len({k for k in model.functions if k[1].startswith("InklingDecoderLayer")}) == 2
+    for n, call in enumerate(calls):  # each layer one call, taking and returning its states
+        assert {f"past.{n}.conv.{k}" for k in range(4)} <= {
+            v.name for v in call.inputs if v is not None}
+        assert {f"present.{n}.conv.{k}" for k in range(4)} <= {v.name for v in call.outputs}
     assert _prompt_in_pieces(folder, out, (5, 4, 3)) < 1e-4
 
 

@@ -169,6 +169,30 @@ def test_blocks_that_scan_are_lowered_per_body():
         assert_matches_eager(lowering.model, triple)
 
 
+def test_a_node_a_pass_made_is_traced_past_its_own_graphs_names():
+    """A node that a pass over the decomposed graph made (torch.onnx's type promotion: a Cast
+    before a mul) names that graph's node first, whose name a node of the grouped program in
+    another module may have: the node is traced to the program's node its own came from
+    (Inkling's and Bamba's first layers were once cut in two by such a Cast)."""
+    from torch.fx.traceback import NodeSource
+
+    from rewrite.backends.onnx.lowering._provenance import nearest
+
+    def graph_of(*names: str) -> dict[str, torch.fx.Node]:
+        graph = torch.fx.Graph()
+        x = graph.placeholder("x")
+        return {name: graph.create_node("call_function", torch.ops.aten.mul.Tensor, (x, x),
+                                        name=name) for name in names}
+
+    program = graph_of("mul_1", "mul_7")  # mul_1 in one module, mul_7 in another
+    decomposed = graph_of("mul_1", "cast")
+    decomposed["mul_1"].meta["from_node"] = [NodeSource(program["mul_7"], "trace")]
+    decomposed["cast"].meta["from_node"] = [NodeSource(decomposed["mul_1"], "promotion")]
+    names = {"mul_1": "first module's", "mul_7": "second module's"}
+    assert nearest(decomposed["cast"], names) == "second module's"
+    assert nearest(decomposed["mul_1"], names) == "second module's"
+
+
 def _returned(x, y):
     kept = x.clone()
     return kept.copy_(y) * 2  # the written tensor read through the copy's result only
