@@ -167,6 +167,40 @@ def test_mamba2_hybrid_decodes_with_its_recurrent_states(tmp_path):
     assert _prompt_in_pieces(folder, out, (5, 4, 3)) < 1e-4
 
 
+@pytest.mark.slow  # two exports of a 6-layer tiny Bamba, then prefill + 3 decode steps
+def test_scanning_layers_are_lowered_once_per_kind(tmp_path):
+    """A hybrid whose layers scan, traced once per kind (2 of 6 layers traced), is lowered
+    per body: each distinct layer decomposed and translated once (its ``torch.scan`` an ONNX
+    ``Scan`` in the layer's function), the other calls standing in for it, its state
+    updates (``copy_`` into clones of the cache's) lowered as they are, the program never
+    functionalized; the model has the functions, calls and I/O of torch.onnx.export's flat
+    lowering (``lowering="flat"``), passes the full checker, and its prefill and 3 decode
+    steps equal eager within 1e-4."""
+    from tests.test_trace_layers_once import _calls_and_io
+
+    folder = checkpoints.write("bamba", tmp_path / "checkpoint", layers=6)
+    made = {}
+    for lowering in ("auto", "flat"):
+        progress = Recorder()
+        out = tmp_path / lowering / "model.onnx"
+        out.parent.mkdir()
+        with hybrid_export():
+            made[lowering] = rewrite.export(folder, output=out, cache="kv", lowering=lowering,
+                                            progress=progress)
+        if lowering == "auto":
+            text = progress.text
+            assert "2 of 6 layers traced" in text and "lowered the flat program" not in text
+            assert "decomposing each distinct body once" in text, text
+            assert "functionalizing" not in text and "more calls inlined" not in text, text
+    assert _calls_and_io(made["auto"]) == _calls_and_io(made["flat"])
+    calls = [n for n in made["auto"].graph if n.op_type.startswith("BambaDecoderLayer")]
+    assert len(calls) == 6 and len({c.op_type for c in calls}) == 2
+    assert any(n.op_type == "Scan" for f in made["auto"].functions.values() for n in f)
+    onnx.checker.check_model(str(tmp_path / "auto" / "model.onnx"), full_check=True)
+    errors = decode_and_compare(folder, tmp_path / "auto" / "model.onnx")
+    assert len(errors) == 1 + DECODE_STEPS and max(errors) < 1e-4, errors
+
+
 @pytest.mark.slow  # a tiny Qwen3-Next checkpoint, exported, then prefill + 3 decode steps
 def test_gated_delta_net_hybrid_decodes_with_its_recurrent_states(tmp_path):
     """Qwen3-Next, gated delta net layers (0, 2, 3) around an attention layer (1), MoE in

@@ -25,34 +25,19 @@ def is_in_place(node: torch.fx.Node) -> bool:
 
 
 def functional_forms(graph: torch.fx.Graph) -> dict[torch.fx.Node, torch._ops.OpOverload]:
-    """The in-place ops of ``graph`` that functionalization would only rename, each with its
-    functional overload (``copy_`` -> ``copy``: the same value, nothing written): the op
-    writes its first argument alone, a tensor made inside the graph (by an op returning a new
-    tensor, maybe through ops that return views or aliases of it: not an input, a buffer, a
-    constant), which no node reads after it but through the op's own result (a recurrent
-    layer's state written into a clone of the cache's, then returned).
+    """The copies of ``graph`` that functionalization would only rename, each with its
+    functional overload (``copy_`` -> ``copy``: the same value, nothing written): the copy
+    writes a tensor made inside the graph (by an op returning a new tensor, maybe through ops
+    that return views or aliases of it: not an input, a buffer, a constant), which no node
+    reads after it but through the copy's own result (a recurrent layer's state written into
+    a clone of the cache's, then returned). Other in-place ops are left to functionalization
+    (Llama 4's router ``scatter_`` and shared expert's ``add_`` written so, torch.onnx's
+    decomposition left an ``aten.sym_numel`` it cannot translate).
     Computing this is linear in the graph, where functionalization re-traces it."""
     position = {node: i for i, node in enumerate(graph.nodes)}
-    forms = {}
-    for node in graph.nodes:
-        form = _functional_overload(node) if is_in_place(node) else None
-        if form is not None and _written_fresh(node, position):
-            forms[node] = form
-    return forms
-
-
-def _functional_overload(node: torch.fx.Node) -> torch._ops.OpOverload | None:
-    """``aten.X.overload`` for an ``aten.X_.overload`` that writes its first argument alone
-    and returns it."""
-    target = node.target
-    schema = target._schema
-    written = [a.alias_info is not None and a.alias_info.is_write for a in schema.arguments]
-    namespace, _, name = schema.name.partition("::")
-    if namespace != "aten" or not name.endswith("_") or not written or not written[0] \
-            or any(written[1:]) or len(schema.returns) != 1 or not node.args:
-        return None
-    packet = getattr(torch.ops.aten, name[:-1], None)
-    return getattr(packet, target._overloadname, None) if packet is not None else None
+    return {node: torch.ops.aten.copy.default for node in graph.nodes
+            if node.op == "call_function" and node.target is torch.ops.aten.copy_.default
+            and _written_fresh(node, position)}
 
 
 def _written_fresh(node: torch.fx.Node, position: dict[torch.fx.Node, int]) -> bool:
