@@ -174,6 +174,44 @@ def test_mamba2_hybrid_decodes_with_its_recurrent_states(tmp_path):
     assert _prompt_in_pieces(folder, out, (5, 4, 3)) < 1e-4
 
 
+@pytest.mark.slow  # two exports of a 6-layer tiny Bamba, then prefill + 3 decode steps
+def test_scanning_layers_are_lowered_once_per_kind(tmp_path):
+    """A hybrid whose layers scan, traced once per kind (2 of 6 layers traced), is lowered
+    per body: each distinct layer decomposed and translated once (its ``torch.scan`` an ONNX
+    ``Scan`` in the layer's function), the other calls standing in for it, its state
+    updates (``copy_`` into clones of the cache's) lowered as they are, the program never
+    functionalized; the model has the functions, calls and I/O of torch.onnx.export's flat
+    lowering (``lowering="flat"``), passes the full checker, and its prefill and 3 decode
+    steps equal eager within 1e-4."""
+    from tests.test_trace_layers_once import _calls_and_io
+
+    folder = checkpoints.write("bamba", tmp_path / "checkpoint", layers=6)
+    made = {}
+    for lowering in ("auto", "flat"):
+        progress = Recorder()
+        out = tmp_path / lowering / "model.onnx"
+        out.parent.mkdir()
+        with hybrid_export():
+            made[lowering] = rewrite.export(folder, output=out, cache="kv", lowering=lowering,
+                                            progress=progress)
+        if lowering == "auto":
+            text, steps = progress.text, "\n".join(progress.steps)
+            assert "2 of 6 layers traced" in text and "lowered the flat program" not in text
+            assert "decomposing each distinct body once" in steps, steps
+            assert "functionalizing" not in steps and "more calls inlined" not in steps, steps
+    per_body, flat = (_calls_and_io(made[lowering]) for lowering in ("auto", "flat"))
+    calls_only = [[n for n in model[1] if n[0]] for model in (per_body, flat)]
+    # the same functions (names, node counts), calls and I/O; the main graph's size
+    # arithmetic comes in another order (make_fx reads sizes where they are used)
+    assert (per_body[0], calls_only[0], per_body[2]) == (flat[0], calls_only[1], flat[2])
+    calls = [n for n in made["auto"].graph if n.op_type.startswith("BambaDecoderLayer")]
+    assert len(calls) == 6 and len({c.op_type for c in calls}) == 2
+    assert any(n.op_type == "Scan" for f in made["auto"].functions.values() for n in f)
+    onnx.checker.check_model(str(tmp_path / "auto" / "model.onnx"), full_check=True)
+    errors = decode_and_compare(folder, tmp_path / "auto" / "model.onnx")
+    assert len(errors) == 1 + DECODE_STEPS and max(errors) < 1e-4, errors
+
+
 @pytest.mark.slow  # a tiny Qwen3-Next checkpoint, exported, then prefill + 3 decode steps
 def test_gated_delta_net_hybrid_decodes_with_its_recurrent_states(tmp_path):
     """Qwen3-Next, gated delta net layers (0, 2, 3) around an attention layer (1), MoE in
@@ -336,9 +374,10 @@ def test_inkling_carries_four_convolution_states_beside_keys_and_values(tmp_path
     """Inkling's layers (sliding-window 0, 2, 3, full 1; window 8) keep keys and values and
     four convolution states (its keys', values', attention output's and MLP output's),
     ``past_key_values.N.*`` then ``past.N.conv.0`` .. ``past.N.conv.3``, each layer's call
-    taking its own. Each distinct layer traced once; prefill of a left-padded batch and 3
-    greedy decode steps equal eager within 1e-4 (past the window); a prompt fed in pieces
-    equals eager's one prefill."""
+    taking its own. Each distinct layer traced once; every layer one call of its kind's
+    function (the first of each kind too: nodes that torch.onnx's type promotion made once
+    sent them inline); prefill of a left-padded batch and 3 greedy decode steps equal eager
+    within 1e-4 (past the window); a prompt fed in pieces equals eager's one prefill."""
     folder, out, model = _hybrid_decoded("inkling_text", tmp_path)
     kv = ["batch_size", "2", "past_sequence_length", "8"]
     convs = [["batch_size", "16", "4"]] * 2 + [["batch_size", "32", "4"]] * 2
@@ -346,8 +385,14 @@ def test_inkling_carries_four_convolution_states_beside_keys_and_values(tmp_path
     assert shapes == {name: shape for n in range(4) for name, shape in [
         (f"past_key_values.{n}.key", kv), (f"past_key_values.{n}.value", kv),
         *((f"past.{n}.conv.{k}", conv) for k, conv in enumerate(convs))]}, shapes
-    states = {f"present.{n}.conv.{k}" for n in range(4) for k in range(4)}
-    assert states <= {v.name for call in model.graph for v in call.outputs}
+    calls = [n for n in model.graph if n.op_type.startswith("InklingDecoderLayer")]
+    kinds = [(c.domain, c.op_type, c.overload) for c in calls]
+    assert len(kinds) == 4 and kinds[0] == kinds[2] == kinds[3] != kinds[1], kinds
+    assert len({k for k in model.functions if k[1].startswith("InklingDecoderLayer")}) == 2
+    for n, call in enumerate(calls):  # each layer one call, taking and returning its states
+        assert {f"past.{n}.conv.{k}" for k in range(4)} <= {
+            v.name for v in call.inputs if v is not None}
+        assert {f"present.{n}.conv.{k}" for k in range(4)} <= {v.name for v in call.outputs}
     assert _prompt_in_pieces(folder, out, (5, 4, 3)) < 1e-4
 
 
@@ -477,15 +522,16 @@ def _decoded(model_type: str, tmp_path: Path) -> tuple[Path, ir.Model]:
 def _hybrid_decoded(family: str, tmp_path: Path, traced: str = "2 of 4 layers traced"
                     ) -> tuple[Path, Path, ir.Model]:
     """The tiny checkpoint of ``family`` (tests/checkpoints.py: two layer kinds, the first
-    two layers traced, or as ``traced`` says) exported with --cache kv: the prefill and 3
-    greedy decode steps equal eager within 1e-4, the full checker passes; (folder, model
-    path, model)."""
+    two layers traced, or as ``traced`` says) exported with --cache kv, lowered per body: the
+    prefill and 3 greedy decode steps equal eager within 1e-4, the full checker passes;
+    (folder, model path, model)."""
     folder = checkpoints.write(family, tmp_path / "checkpoint")
     out = tmp_path / "out" / "model.onnx"
     out.parent.mkdir()
     progress = Recorder()
     model = _exported_hybrid(folder, out, progress)
     assert traced in progress.text, progress.text
+    assert "lowered the flat program" not in progress.text, progress.text  # per body
     errors = decode_and_compare(folder, out)
     assert len(errors) == 1 + DECODE_STEPS and max(errors) < 1e-4, errors
     onnx.checker.check_model(str(out), full_check=True)

@@ -18,7 +18,8 @@ import torch
 
 import rewrite
 from rewrite.backends.onnx import OnnxOptions, lower
-from rewrite.backends.onnx.lowering import DecomposedProgram
+from rewrite._private.torch_graphs import functional_forms, is_in_place
+from rewrite.backends.onnx.lowering import DecomposedProgram, in_place
 from rewrite.errors import InputError
 from tools import models
 from tests.pt2_roundtrip import SOURCES, as_source
@@ -141,6 +142,108 @@ def test_mutations_are_lowered_per_body_in_functional_form(source, tmp_path):
         # a fresh model and inputs each time: eager updates its buffer and input in place (in
         # memory the initializers are the model's buffers, and would follow it)
         assert_matches_eager(lowering.model, copy.deepcopy(triple))
+
+
+def test_blocks_that_scan_are_lowered_per_body():
+    """Blocks holding a ``torch.scan`` (a recurrent layer's; each block's step a subgraph of
+    its own in the program) that write their final state into a clone of the state they are
+    given: one body for the three (their steps the same graph), decomposed and translated
+    once, the first call inlined and the others standing in for it (its ``Scan`` too); the
+    copies lowered as they are, the program not functionalized; the model of the flat path,
+    equal to eager."""
+    triple = models.recurrents()
+    program = models.export(triple)
+    steps = {n.target for n in program.graph.nodes if n.op == "get_attr"}
+    assert len(steps) == 3, steps
+    assert any(is_in_place(n) for n in program.graph.nodes) and not in_place(program)
+    result = rewrite.apply(MODULARIZE, program)
+    lowered = lower_per_body(program, result.tree)
+    assert (lowered.bodies, lowered.calls, lowered.inlined) == (1, 3, 1)
+    fast, flat = _both(MODULARIZE, program)
+    _same_result(fast, flat)
+    assert fast.inlined == 1
+    for lowering in (fast, flat):
+        assert top_calls(lowering.model) == {"Recurrent": 3}, top_calls(lowering.model)
+        assert any(n.op_type == "Scan" for f in lowering.model.functions.values() for n in f)
+        checked_proto(lowering.model)
+        assert_matches_eager(lowering.model, triple)
+
+
+def test_a_node_a_pass_made_is_traced_past_its_own_graphs_names():
+    """A node that a pass over the decomposed graph made (torch.onnx's type promotion: a Cast
+    before a mul) names that graph's node first, whose name a node of the grouped program in
+    another module may have: the node is traced to the program's node its own came from
+    (Inkling's and Bamba's first layers were once cut in two by such a Cast)."""
+    from torch.fx.traceback import NodeSource
+
+    from rewrite.backends.onnx.lowering._provenance import nearest
+
+    def graph_of(*names: str) -> dict[str, torch.fx.Node]:
+        graph = torch.fx.Graph()
+        x = graph.placeholder("x")
+        return {name: graph.create_node("call_function", torch.ops.aten.mul.Tensor, (x, x),
+                                        name=name) for name in names}
+
+    program = graph_of("mul_1", "mul_7")  # mul_1 in one module, mul_7 in another
+    decomposed = graph_of("mul_1", "cast")
+    decomposed["mul_1"].meta["from_node"] = [NodeSource(program["mul_7"], "trace")]
+    decomposed["cast"].meta["from_node"] = [NodeSource(decomposed["mul_1"], "promotion")]
+    names = {"mul_1": "first module's", "mul_7": "second module's"}
+    assert nearest(decomposed["cast"], names) == "second module's"
+    assert nearest(decomposed["mul_1"], names) == "second module's"
+
+
+def _returned(x, y):
+    kept = x.clone()
+    return kept.copy_(y) * 2  # the written tensor read through the copy's result only
+
+
+def _read_before(x, y):
+    kept = x.clone()
+    before = kept[0] * 2  # ... and through a view before the copy
+    return kept.copy_(y) + before
+
+
+def _view_read_after(x, y):
+    kept = x.clone()
+    row = kept[0]
+    kept.copy_(y)
+    return row * 2  # ... read through a view made before the copy
+
+
+def _input_written(x, y):
+    x.copy_(y)
+    return x * 2  # an input written
+
+
+class _Writes(torch.nn.Module):
+    def __init__(self, body) -> None:
+        super().__init__()
+        self.body = body
+        self.lin = torch.nn.Linear(4, 4)
+
+    def forward(self, x, y):
+        return self.body(self.lin(x), y) if self.body is not _input_written \
+            else self.body(x, self.lin(y))
+
+
+@pytest.mark.parametrize("body, as_is", [(_returned, True), (_read_before, True),
+                                         (_view_read_after, False), (_input_written, False)])
+def test_a_copy_is_lowered_as_it_is_only_when_nothing_reads_what_it_overwrote(body, as_is):
+    """A ``copy_`` into a tensor made inside the program, read afterwards only through the
+    copy's result (torch.export reads it so), is lowered in its functional form as it is;
+    read afterwards through a view made before, or an input written: the program is
+    functionalized. Each equal to eager, per body."""
+    torch.manual_seed(0)
+    triple = (models.perturb(_Writes(body).eval()), (torch.randn(2, 4), torch.randn(2, 4)), {})
+    program = models.export(triple)
+    copies = [n for n in program.graph.nodes if is_in_place(n)]
+    assert len(copies) == 1
+    assert (copies[0] in functional_forms(program.graph)) == as_is
+    assert in_place(program) != as_is
+    lowering = lower(rewrite.apply(MODULARIZE, program), OnnxOptions(lowering="per-body"))
+    checked_proto(lowering.model)
+    assert_matches_eager(lowering.model, copy.deepcopy(triple))
 
 
 @pytest.mark.parametrize("name", ["chain", pytest.param("llama", marks=pytest.mark.slow)])

@@ -619,6 +619,55 @@ def two_block_kinds():
     return perturb(TwoBlockKinds().eval()), (torch.randint(0, 50, (2, 6)),), {}
 
 
+def _decayed(state: torch.Tensor, token: tuple[torch.Tensor, torch.Tensor]
+             ) -> tuple[torch.Tensor, torch.Tensor]:
+    """One token's update of a recurrent state: (new state, the token's output)."""
+    value, decay = token
+    state = state * decay + value
+    return state.clone(), torch.tanh(state)
+
+
+class Recurrent(torch.nn.Module):
+    """A recurrent block, as a hybrid's scanning layer is exported: its tokens scanned
+    (``torch.scan``, one step per token) from the state it is given, the final state written
+    into a copy of that state (``copy_`` into a clone, as transformers updates a cache)."""
+
+    def __init__(self, width: int = 4):
+        super().__init__()
+        self.proj = torch.nn.Linear(width, width)
+        self.decay = torch.nn.Parameter(torch.zeros(width))
+
+    def forward(self, x, state):
+        from torch._higher_order_ops.scan import scan
+
+        value = self.proj(x)
+        decay = torch.sigmoid(self.decay).expand_as(value)
+        final, out = scan(_decayed, state, (value.movedim(1, 0), decay.movedim(1, 0)))
+        kept = state.clone()
+        kept.copy_(final)
+        return x + out.movedim(0, 1), kept
+
+
+class Recurrents(torch.nn.Module):
+    """Three :class:`Recurrent` blocks, each reading and returning its own state."""
+
+    def __init__(self, blocks: int = 3, width: int = 4):
+        super().__init__()
+        self.blocks = torch.nn.ModuleList([Recurrent(width) for _ in range(blocks)])
+
+    def forward(self, x, states):
+        kept = []
+        for block, state in zip(self.blocks, states.unbind(0)):
+            x, state = block(x, state)
+            kept.append(state)
+        return x, torch.stack(kept)
+
+
+def recurrents():
+    torch.manual_seed(0)
+    return perturb(Recurrents().eval()), (torch.randn(2, 5, 4), torch.randn(3, 2, 4)), {}
+
+
 # --- the benchmarks' models (bench/, tools/matrix.py, tools/output_hashes.py) -----------------
 
 

@@ -21,7 +21,7 @@ added to the set, so every candidate found taken stays taken. Checked with
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator
+from typing import Callable, Iterator
 
 import onnx_ir as ir
 from onnx_ir.passes.common import InlinePass
@@ -59,8 +59,10 @@ def linear_unique_names() -> Iterator[bool]:
         yield done
 
 
-def inline_functions(model: ir.Model) -> None:
-    """Inline every call of a local function in ``model`` (nested calls too) and drop the
-    functions: ``InlinePass``, with :func:`linear_unique_names`."""
+def inline_functions(model: ir.Model,
+                     criteria: Callable[[ir.Function], bool] | None = None) -> None:
+    """Inline every call of a local function in ``model`` (nested calls too; only of the
+    functions ``criteria`` accepts, if given) and drop the functions inlined:
+    ``InlinePass``, with :func:`linear_unique_names`."""
     with linear_unique_names():
-        InlinePass()(model)
+        InlinePass(criteria)(model)

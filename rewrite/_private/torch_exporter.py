@@ -58,6 +58,7 @@ from rewrite._private.torch_recording import (
     recording_apis,
     repeated_calls,
 )
+from rewrite._private.onnx_ir_inline import inline_functions
 from rewrite._private.torchlib import from_torchlib
 
 if TYPE_CHECKING:
@@ -315,7 +316,9 @@ def translate(decomposed: torch.export.ExportedProgram, tables: tuple) -> "ir.Mo
     registry = tables[0]
     to_onnx_program = _apis()["to_onnx_program"]
     with torch_code(), _without_call_metadata_warnings():
-        return to_onnx_program(decomposed, registry=registry).model
+        model = to_onnx_program(decomposed, registry=registry).model
+    align_local_domains(model)
+    return model
 
 
 class _CallMetadataWarnings(logging.Filter):
@@ -340,24 +343,40 @@ def _without_call_metadata_warnings() -> Iterator[None]:
 
 def convert_opset(model: "ir.Model") -> None:
     """Convert ``model``'s main graph and each of its functions to :func:`target_opset` (as
-    ``torch.onnx.export`` converts its model), functions left in place. Without onnxscript's
-    private converter, or when a function's node reads a function attribute (the converter
-    refuses those): the public converter, which inlines every function first."""
+    ``torch.onnx.export`` converts its model), functions left in place, but those whose
+    nodes read a function attribute (torchlib's helpers with attributes, ``aten_softplus``:
+    the converter refuses such nodes), inlined first where they are called. Without
+    onnxscript's private converter: the public converter, which inlines every function
+    first."""
     target = target_opset()
     if model.opset_imports.get("") == target:
         return
-    refs = any(attr.is_ref() for function in model.functions.values() for node in function
-               for attr in node.attributes.values())
     try:
         from onnxscript.version_converter import _version_converter
         convert = _version_converter.convert_version
     except (ImportError, AttributeError):
-        refs = True
-    if refs:
         from onnxscript.version_converter import convert_version
         convert = convert_version
     with torch_code():
+        if any(_reads_attributes(function) for function in model.functions.values()):
+            inline_functions(model, _reads_attributes)
         convert(model, target_version=target)
+
+
+def _reads_attributes(function: "ir.Function") -> bool:
+    """Whether a node of ``function`` reads one of its attributes."""
+    return any(attr.is_ref() for node in function for attr in node.attributes.values())
+
+
+def align_local_domains(model: "ir.Model") -> None:
+    """The model's version of each domain of its local functions given to every function
+    importing it: torch.onnx imports the subgraph domain at its opset's version in the model
+    and at 1 in a function whose ``Scan`` body calls a subgraph (inlining refuses the two)."""
+    local = {function.domain for function in model.functions.values()}
+    for function in model.functions.values():
+        for domain in local & function.opset_imports.keys():
+            if domain in model.opset_imports:
+                function.opset_imports[domain] = model.opset_imports[domain]
 
 
 def target_opset() -> int:

@@ -24,6 +24,61 @@ def is_in_place(node: torch.fx.Node) -> bool:
         and node.target._schema.is_mutable and node.target not in _METADATA_ONLY
 
 
+def functional_forms(graph: torch.fx.Graph) -> dict[torch.fx.Node, torch._ops.OpOverload]:
+    """The copies of ``graph`` that functionalization would only rename, each with its
+    functional overload (``copy_`` -> ``copy``: the same value, nothing written): the copy
+    writes a tensor made inside the graph (by an op returning a new tensor, maybe through ops
+    that return views or aliases of it: not an input, a buffer, a constant), which no node
+    reads after it but through the copy's own result (a recurrent layer's state written into
+    a clone of the cache's, then returned). Other in-place ops are left to functionalization
+    (Llama 4's router ``scatter_`` and shared expert's ``add_`` written so, torch.onnx's
+    decomposition left an ``aten.sym_numel`` it cannot translate).
+    Computing this is linear in the graph, where functionalization re-traces it."""
+    position = {node: i for i, node in enumerate(graph.nodes)}
+    return {node: torch.ops.aten.copy.default for node in graph.nodes
+            if node.op == "call_function" and node.target is torch.ops.aten.copy_.default
+            and _written_fresh(node, position)}
+
+
+def _written_fresh(node: torch.fx.Node, position: dict[torch.fx.Node, int]) -> bool:
+    """Whether ``node`` writes a tensor made inside the graph that no node reads after it
+    (:func:`functional_forms`)."""
+    chain = [node]
+    value = node.args[0]
+    while True:
+        if not isinstance(value, torch.fx.Node) or not _read_before(
+                value, chain[-1], node, position):
+            return False
+        chain.append(value)
+        if value.op != "call_function" or not isinstance(value.target, torch._ops.OpOverload):
+            return False
+        if not _may_alias(value):
+            return True  # a new tensor
+        value = value.args[0] if value.args else None
+
+
+def _read_before(value: torch.fx.Node, via: torch.fx.Node, node: torch.fx.Node,
+                 position: dict[torch.fx.Node, int]) -> bool:
+    """Whether every user of ``value`` but ``via`` comes before ``node`` (or is it), and so
+    does, through users that may alias their input, every reader of those aliases."""
+    for user in value.users:
+        if user is via or user is node:
+            continue
+        if position[user] > position[node]:
+            return False
+        if _may_alias(user) and not _read_before(user, node, node, position):
+            return False
+    return True
+
+
+def _may_alias(node: torch.fx.Node) -> bool:
+    """Whether ``node``'s result may be (a view of) one of its inputs: anything but an op
+    whose schema returns new tensors."""
+    if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
+        return True
+    return any(r.alias_info is not None for r in node.target._schema.returns)
+
+
 def is_metadata_only(node: torch.fx.Node) -> bool:
     """Whether ``node`` is an in-place op that only changes autograd metadata (``detach_``):
     its value is its first argument."""

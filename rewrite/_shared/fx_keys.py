@@ -4,7 +4,8 @@ suggest`` (distinct bodies per class) use.
 
 * :func:`freeze`: a node argument as a hashable key;
 * :func:`target_key`: a node target as a hashable key;
-* :func:`body_key`: a run of nodes, up to node names, as a hashable key.
+* :func:`body_key`: a run of nodes, up to node names, as a hashable key (a higher-order op's
+  subgraph, read by a ``get_attr`` node, by its own nodes: :func:`graph_key`).
 """
 
 from __future__ import annotations
@@ -58,7 +59,9 @@ def body_key(nodes: Sequence[torch.fx.Node]) -> tuple[Hashable, list[torch.fx.No
 
     Equal keys: the same ops, targets and constant arguments (:func:`freeze`), node by node;
     each argument reads the same member, or the same input; the inputs have the same types
-    and shapes. Node names and which values leave the body do not count."""
+    and shapes; a subgraph read by a ``get_attr`` node (a scan's step) is the same graph
+    (:func:`graph_key`), whatever its attribute's name. Node names and which values leave
+    the body do not count."""
     position = {node: i for i, node in enumerate(nodes)}
     inputs: dict[torch.fx.Node, int] = {}
 
@@ -70,10 +73,35 @@ def body_key(nodes: Sequence[torch.fx.Node]) -> tuple[Hashable, list[torch.fx.No
 
     parts = []
     for node in nodes:
-        parts.append((node.op, target_key(node), freeze(node.args, ref),
+        parts.append((node.op, _member_target(node), freeze(node.args, ref),
                       freeze(node.kwargs, ref)))
     types = tuple([_value_type(value.meta.get("val")) for value in inputs])
     return (tuple(parts), types), list(inputs)
+
+
+def graph_key(graph: torch.fx.Graph) -> Hashable:
+    """A whole graph (a higher-order op's subgraph) as a key: its nodes as :func:`body_key`
+    keys them (placeholders and output included) and its placeholders' types and shapes."""
+    nodes = list(graph.nodes)
+    types = tuple([_value_type(n.meta.get("val")) for n in nodes if n.op == "placeholder"])
+    return body_key(nodes)[0], types
+
+
+def _member_target(node: torch.fx.Node) -> Hashable:
+    """:func:`target_key`, except that a ``get_attr`` of a subgraph is keyed by its graph."""
+    if node.op == "get_attr" and node.graph.owning_module is not None:
+        value = _attribute(node.graph.owning_module, node.target)
+        if isinstance(value, torch.fx.GraphModule):
+            return ("graph", graph_key(value.graph))
+    return target_key(node)
+
+
+def _attribute(owner: torch.nn.Module, target: str) -> Any:
+    """``owner``'s attribute at the dotted path ``target`` (None: not there)."""
+    value: Any = owner
+    for part in target.split("."):
+        value = getattr(value, part, None)
+    return value
 
 
 def _value_type(val: Any) -> Hashable:

@@ -27,7 +27,7 @@ import numpy as np
 import onnx_ir as ir
 from attrs import field, frozen
 
-from rewrite._shared.onnx_ir_nodes import holds_graphs
+from rewrite._shared.onnx_ir_nodes import holds_graphs, subgraph_captures
 from rewrite.frontends.onnx.graph import Expansion, NodeFacts, expanded_rows
 from rewrite.grouping import GroupTree
 
@@ -64,18 +64,20 @@ class Template:
 def make_template(nodes: Sequence[ir.Node], inputs: Sequence[ir.Value | None],
                   outputs: Sequence[ir.Value | None]) -> Template | None:
     """The template of a call inlined as ``nodes``; None when its stand-ins could not copy
-    it (a node holds a subgraph, reads a value neither made inside nor an input, an output
-    is not made inside, the inputs are not distinct)."""
+    it (a node, or a subgraph it holds, reads a value neither made inside nor an input, an
+    output is not made inside, the inputs are not distinct)."""
     row = {node: r for r, node in enumerate(nodes)}
     position = {value: p for p, value in enumerate(inputs) if value is not None}
     if len(position) != sum(value is not None for value in inputs):
         return None
     reads = []
     for node in nodes:
-        if holds_graphs(node):
-            return None
         refs = []
-        for value in node.inputs:
+        # a node holding subgraphs (a Scan) also reads what they capture, as the frontend
+        # reads it (``frontends.onnx.graph``)
+        read = dict.fromkeys([*node.inputs, *subgraph_captures(node)]) if holds_graphs(node) \
+            else node.inputs
+        for value in read:
             if value is None:
                 continue
             producer = value.producer()

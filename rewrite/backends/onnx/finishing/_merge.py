@@ -42,6 +42,7 @@ from rewrite.backends.onnx.outlining import (
     function_name,
 )
 
+_GRAPHS = (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS)
 _FLOATS = {ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16, ir.DataType.DOUBLE}
 
 
@@ -64,6 +65,8 @@ class _ScalarBlindKeyer(Keyer):
     def __init__(self, functions: Mapping[FunctionId, ir.Function]) -> None:
         super().__init__()
         self.functions = functions
+        self.exact = Keyer()
+        """Keys a subgraph (a Scan's body) as it is: no scalar in it is lifted."""
 
     def node(self, node: ir.Node, refs: Refs, depth: int = 0) -> NodeKey:
         key = super().node(node, refs, depth)
@@ -77,7 +80,9 @@ class _ScalarBlindKeyer(Keyer):
     def _attributes(self, node: ir.Node, refs: Refs, depth: int) -> list[tuple[str, Key]]:
         keys = []
         for name, attr in sorted(node.attributes.items()):
-            if not is_scalar(node, attr, self.functions):
+            if attr.type in _GRAPHS:
+                keys.append((name, self.exact.attribute(attr, refs, depth)))
+            elif not is_scalar(node, attr, self.functions):
                 keys.append((name, self.attribute(attr, refs, depth)))
             elif attr.type == ir.AttributeType.TENSOR:
                 keys.append((name, ("scalar", str(attr.value.dtype), tuple(attr.value.shape))))
@@ -240,6 +245,8 @@ def _lift(function: ir.Function, bodies: list[list[ir.Node]], members: list[Func
     declared: list[ir.Attr] = []
     for j, node in enumerate(first):
         for attr_name, attr in list(node.attributes.items()):
+            if attr.type in _GRAPHS:
+                continue  # the same (keyed with the values they capture): never lifted
             seen = [body[j].attributes[attr_name] for body in bodies]
             key = exact.attribute(attr, {}, 0)
             if all(exact.attribute(a, {}, 0) == key for a in seen):

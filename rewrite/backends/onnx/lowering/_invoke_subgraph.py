@@ -14,7 +14,7 @@ not even inlined, see :mod:`_standins`).
 from __future__ import annotations
 
 import operator
-from typing import Hashable
+from typing import Hashable, Mapping
 
 import numpy as np
 import torch
@@ -22,6 +22,7 @@ from attrs import frozen
 
 from rewrite._shared.fx_keys import body_key
 from rewrite._private.torch_graphs import (
+    functional_forms,
     is_higher_order,
     is_metadata_only,
     with_graph_module,
@@ -53,18 +54,27 @@ def _outputs(nodes: list[torch.fx.Node]) -> list[torch.fx.Node]:
     return [n for n in nodes if any(user not in members for user in n.users)]
 
 
+Forms = Mapping[torch.fx.Node, torch._ops.OpOverload]
+"""In-place ops of the program copied as their functional overloads
+(:func:`~rewrite._private.torch_graphs.functional_forms`)."""
+
+
 def _copy(graph: torch.fx.Graph, node: torch.fx.Node,
-          env: dict[torch.fx.Node, torch.fx.Node]) -> torch.fx.Node:
+          env: dict[torch.fx.Node, torch.fx.Node], forms: Forms) -> torch.fx.Node:
     """``node`` copied into ``graph``, its arguments mapped by ``env``; an op that changes
     only autograd metadata (``detach_``) is not copied: its value is its argument's (a
-    program's one in-place op then needs no functional form, nor torch.onnx a translation)."""
+    program's one in-place op then needs no functional form, nor torch.onnx a translation);
+    an in-place op of ``forms`` is copied as its functional form."""
     if is_metadata_only(node):
         return env[node.args[0]]
-    return graph.node_copy(node, lambda a: env[a])
+    copied = graph.node_copy(node, lambda a: env[a])
+    if node in forms:
+        copied.target = forms[node]
+    return copied
 
 
 def _subgraph(owner: torch.fx.GraphModule, nodes: list[torch.fx.Node],
-              inputs: list[torch.fx.Node]) -> torch.fx.GraphModule:
+              inputs: list[torch.fx.Node], forms: Forms) -> torch.fx.GraphModule:
     graph = torch.fx.Graph()
     env: dict[torch.fx.Node, torch.fx.Node] = {}
     for i, value in enumerate(inputs):
@@ -72,7 +82,7 @@ def _subgraph(owner: torch.fx.GraphModule, nodes: list[torch.fx.Node],
         placeholder.meta["val"] = value.meta.get("val")
         env[value] = placeholder
     for node in nodes:
-        env[node] = _copy(graph, node, env)
+        env[node] = _copy(graph, node, env, forms)
     graph.output(tuple(env[o] for o in _outputs(nodes)))
     return LazyGraphModule(owner, graph)
 
@@ -88,6 +98,20 @@ def _group_key(tree: GroupTree, group: Group, indices: list[int],
     return shape, tagged, leaving
 
 
+SUBGRAPH_OPS = (torch.ops.higher_order.scan,)
+"""Higher-order ops that a shared body may hold (each body lowered with its subgraph once;
+torch.onnx translates a ``scan`` to an ONNX ``Scan``)."""
+
+
+def _shareable(node: torch.fx.Node) -> bool:
+    """Whether ``node`` may be in a shared body: an op (not a higher-order one, but those of
+    :data:`SUBGRAPH_OPS`) or the subgraph such an op reads."""
+    if node.op == "get_attr":
+        return all(user.target in SUBGRAPH_OPS for user in node.users)
+    return node.op == "call_function" and (not is_higher_order(node.target)
+                                           or node.target in SUBGRAPH_OPS)
+
+
 Chosen = tuple[Group, list[torch.fx.Node], Hashable, list[torch.fx.Node]]
 """A group whose body repeats, its nodes, its key and its inputs (``body_key``'s)."""
 
@@ -100,9 +124,8 @@ def _selected(tree: GroupTree, by_index) -> list[Chosen]:
     def visit(group: Group) -> None:
         indices = group.all_nodes()
         nodes = [by_index(i) for i in indices]
-        if any(n.op != "call_function" or is_higher_order(n.target)
-               for n in nodes):
-            key, inputs = ("not shared", group.index), []  # a subgraph or a constant inside
+        if not all(_shareable(n) for n in nodes):
+            key, inputs = ("not shared", group.index), []  # a constant or another op inside
         else:
             key, inputs = body_key(nodes)
             key = (key, _group_key(tree, group, indices, nodes))
@@ -127,11 +150,14 @@ def _selected(tree: GroupTree, by_index) -> list[Chosen]:
 
 def rebuild(program: torch.export.ExportedProgram, tree: GroupTree
             ) -> tuple[torch.export.ExportedProgram, list[Call]]:
-    """A copy of ``program`` whose repeated groups call one shared subgraph per body."""
+    """A copy of ``program`` whose repeated groups call one shared subgraph per body, the
+    in-place ops that need no functionalization in their functional form
+    (:func:`~rewrite._private.torch_graphs.functional_forms`)."""
     source = program.graph_module
+    forms = functional_forms(source.graph)
     gm = LazyGraphModule(source, torch.fx.Graph())
-    plans, calls = _bodies(gm, source, tree)
-    _Emitter(gm.graph, plans, calls).emit(source.graph)
+    plans, calls = _bodies(gm, source, tree, forms)
+    _Emitter(gm.graph, plans, calls, forms).emit(source.graph)
     graph = gm.graph
     for node in graph.nodes:  # subgraphs of the program's own higher-order ops
         if node.op == "get_attr" and not hasattr(gm, node.target):
@@ -154,8 +180,8 @@ class _CallPlan:
     outputs: list[torch.fx.Node]
 
 
-def _bodies(gm: torch.fx.GraphModule, source: torch.fx.GraphModule, tree: GroupTree
-            ) -> tuple[list[_CallPlan], list[Call]]:
+def _bodies(gm: torch.fx.GraphModule, source: torch.fx.GraphModule, tree: GroupTree,
+            forms: Forms) -> tuple[list[_CallPlan], list[Call]]:
     """One subgraph per distinct body registered on ``gm``; per grouped call, its plan and
     :class:`Call`."""
     nodes_of = tree.graph.nodes
@@ -166,7 +192,7 @@ def _bodies(gm: torch.fx.GraphModule, source: torch.fx.GraphModule, tree: GroupT
             _selected(tree, lambda i: nodes_of[i].source)):
         if key not in bodies:
             attr = f"body_{len(bodies)}"
-            gm.register_module(attr, _subgraph(source, nodes, inputs))
+            gm.register_module(attr, _subgraph(source, nodes, inputs, forms))
             bodies[key] = (attr, index)
         attr, first = bodies[key]
         plans.append(_CallPlan(attr, inputs, _outputs(nodes)))
@@ -179,9 +205,10 @@ class _Emitter:
     ``invoke_subgraph`` call when all its inputs exist and before any user of its outputs (a
     valid order exists: grouping checked that collapsing groups keeps a DAG)."""
 
-    def __init__(self, graph: torch.fx.Graph, plans: list[_CallPlan], calls: list[Call]
-                 ) -> None:
+    def __init__(self, graph: torch.fx.Graph, plans: list[_CallPlan], calls: list[Call],
+                 forms: Forms) -> None:
         self.graph = graph
+        self.forms = forms
         self.plans = plans
         self.calls = calls
         self.env: dict[torch.fx.Node, torch.fx.Node] = {}
@@ -207,7 +234,7 @@ class _Emitter:
                         rest.append(node)
                     continue
                 if all(a in env for a in node.all_input_nodes):
-                    env[node] = _copy(self.graph, node, env)
+                    env[node] = _copy(self.graph, node, env, self.forms)
                     progressed = True
                 else:
                     rest.append(node)

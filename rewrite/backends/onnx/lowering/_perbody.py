@@ -35,7 +35,7 @@ a few list entries each, not their nodes.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
 import onnx_ir as ir
 import torch
@@ -45,7 +45,7 @@ from onnx_ir.passes import common as common_passes
 from rewrite._shared.gc import gc_paused
 from rewrite._private import torch_exporter
 from rewrite._private.errors import Unavailable, torch_code
-from rewrite._private.torch_graphs import is_higher_order, is_in_place
+from rewrite._private.torch_graphs import functional_forms, is_higher_order, is_in_place
 from rewrite._private.onnx_ir_inline import inline_functions
 from rewrite._private.torch_repeated_calls import inputs_apart
 from rewrite.backends.onnx._standins import DOMAIN as STANDIN_DOMAIN
@@ -58,7 +58,7 @@ from rewrite.backends.onnx._standins import (
     plan,
     stand_in,
 )
-from rewrite.backends.onnx.lowering._invoke_subgraph import Unsupported, rebuild
+from rewrite.backends.onnx.lowering._invoke_subgraph import SUBGRAPH_OPS, Unsupported, rebuild
 from rewrite.backends.onnx.lowering._provenance import nearest, node_facts
 from rewrite.frontends.onnx.graph import (
     CLASS_HIERARCHY,
@@ -125,8 +125,12 @@ class Translation:
 
 def in_place(program: torch.export.ExportedProgram) -> bool:
     """Whether ``program`` has in-place ops (torch.export's training IR keeps them: a static
-    KV cache's ``index_copy_``); :func:`functional` removes them."""
-    return any(is_in_place(node) for node in program.graph.nodes)
+    KV cache's ``index_copy_``) other than those lowered in their functional form as they
+    are (a write into a tensor made inside the program that nothing reads afterwards:
+    :func:`~rewrite._private.torch_graphs.functional_forms`); :func:`functional` removes
+    them."""
+    forms = functional_forms(program.graph)
+    return any(is_in_place(node) and node not in forms for node in program.graph.nodes)
 
 
 def functional(program: torch.export.ExportedProgram) -> torch.export.ExportedProgram:
@@ -155,11 +159,12 @@ def check(program: torch.export.ExportedProgram, *, in_place_ok: bool = False) -
     signature = program.graph_signature
     if getattr(signature, "backward_signature", None) is not None:
         raise Unsupported("the program is a joint forward/backward graph")
+    forms = functional_forms(program.graph)
     for node in program.graph.nodes:
         if is_higher_order(node.target) \
-                and node.target not in _INLINED_HOPS:
+                and node.target not in (*_INLINED_HOPS, *SUBGRAPH_OPS):
             raise Unsupported(f"the program has a higher-order op ({node.target.name()})")
-        if is_in_place(node) and not in_place_ok:  # one :func:`functional` left
+        if is_in_place(node) and node not in forms and not in_place_ok:  # :func:`functional`
             raise Unsupported(f"the program has an in-place op ({node.target})")
 
 
@@ -288,6 +293,7 @@ class _Translator:
         does not have; it would upset outlining)."""
         model = self.model
         torch_exporter.convert_opset(model)
+        _read_inputs_passed_through(model, call_nodes.values())
         standing = self._stand_ins(call_nodes)
         firsts = {self.calls[i].first for i in standing}
         input_names = {f: [v.name if v is not None else None for v in call_nodes[f].inputs]
@@ -361,6 +367,27 @@ class _Translator:
             node.domain = STANDIN_DOMAIN
             standing[index] = node
         return standing
+
+
+def _read_inputs_passed_through(model: ir.Model, calls: Iterable[ir.Node]) -> None:
+    """Where a body returns one of its inputs as it is (an op that decomposition made an
+    identity, its value read outside the group), the readers of that output of each call
+    read the call's input instead, and the output is left unnamed: inlining would give the
+    input the output's name (``replace_nodes_and_values``), and the values of the calls
+    before are found by name (:meth:`_Translator._template`). torch.onnx.export's flat
+    model reads the input too."""
+    for node in calls:
+        function = model.functions.get(node.op_identifier())
+        if function is None:
+            continue
+        position = {id(value): i for i, value in enumerate(function.inputs)}
+        for output, value in zip(function.outputs, node.outputs):
+            i = position.get(id(output))
+            if i is None or value.is_graph_output() or i >= len(node.inputs) \
+                    or node.inputs[i] is None:
+                continue
+            value.replace_all_uses_with(node.inputs[i])
+            value.name = None
 
 
 class _Facts:

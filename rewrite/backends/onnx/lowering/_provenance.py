@@ -27,13 +27,18 @@ def _sources(node: Any) -> tuple:
 
 def nearest(fx_node: torch.fx.Node, names: Mapping[str, T]) -> T | None:
     """What ``names`` maps the nearest ``from_node`` ancestor of ``fx_node`` to (the first,
-    breadth first, whose name it has), else what it maps ``fx_node``'s own name to."""
+    breadth first, whose name it has), else what it maps ``fx_node``'s own name to. An
+    ancestor in ``fx_node``'s own graph (a pass over it, torch.onnx's type promotion, made
+    ``fx_node`` from it) is not looked up: its name is of that graph, not of the one
+    ``names`` names."""
     todo = list(_sources(fx_node))
+    own = id(fx_node.graph)
     seen = 0
     while todo and seen < 64:
         node = todo.pop(0)
         seen += 1
-        found = names.get(getattr(node, "name", None))
+        found = None if getattr(node, "graph_id", None) == own \
+            else names.get(getattr(node, "name", None))
         if found is not None:
             return found
         todo.extend(_sources(node))
