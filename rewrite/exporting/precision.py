@@ -8,7 +8,8 @@ while the check runs, never a float32 copy of the model (:mod:`rewrite.exporting
 ``int4``: the model computes in float32 (what the builder's ``-p
 int4 -e cpu`` computes in), and before it is written the weights of every ``MatMul`` (every
 linear of the decoder layers, and the lm_head, as onnxruntime-genai's builder does by
-default; the embeddings stay in float, as there) become blockwise 4-bit
+default; a tied embedding's table too, by rows, an untied one stays float, as there) become
+blockwise 4-bit
 (:mod:`rewrite.backends.onnx.quantize`), each computed from the checkpoint's mapped weight
 as it is written, without a float32 copy of the model (:mod:`rewrite.exporting.int4`).
 

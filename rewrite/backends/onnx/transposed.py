@@ -40,8 +40,9 @@ def transpose_weights(model: ir.Model, sources: Mapping[str, Any] | None = None,
     graph = model.graph
     while True:  # a weight also read otherwise is not transposed: nor are its slots
         weights = _transposable(graph, slots)
+        layouts, passed = dict.fromkeys(slots, "NK"), set(weights)
         kept = {(fid, index) for fid, index in slots if _kept(
-            functions[fid], index, calls[fid], slots, weights)}
+            functions[fid], index, calls[fid], layouts, passed)}
         if kept == slots:
             break
         slots = kept
@@ -68,18 +69,18 @@ def _transposable(graph: ir.Graph, slots: set[Slot]) -> list[ir.Value]:
     return found
 
 
-def _kept(function: ir.Function, index: int, calls: list, slots: set[Slot],
-          weights: list[ir.Value]) -> bool:
+def _kept(function: ir.Function, index: int, calls: list, layouts: dict[Slot, str],
+          weights: set[ir.Value]) -> bool:
     """Whether a slot still holds: every call passes a weight transposed (from the main
-    graph) or a slot's input (from a function), and every use of the input wants it."""
+    graph) or a slot's input (from a function), and every use of the input wants it
+    (``layouts``: each slot, ``"NK"``)."""
     for container, node in calls:
         if isinstance(container, ir.Graph):
             if node.inputs[index] not in weights:
                 return False
-        elif not passes_weight(container, node, index, dict.fromkeys(slots, "NK"),
-                                _any_weight):
+        elif not passes_weight(container, node, index, layouts, _any_weight):
             return False
-    return input_layout(function, index, dict.fromkeys(slots, "NK")) == "NK"
+    return input_layout(function, index, layouts) == "NK"
 
 
 def _any_weight(value: ir.Value | None, layout: str) -> bool:
