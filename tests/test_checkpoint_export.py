@@ -253,6 +253,7 @@ def test_weights_byte_equal_to_the_shards(exported):
     assert progress.text.startswith("rules: llama.rules, shipped for model_type 'llama'\n")
 
 
+@pytest.mark.slow
 def test_a_bf16_checkpoint_keeps_bf16_weights_and_cache(tmp_path):
     """dtype "auto": the weights stay bf16, byte for byte, and so does the KV cache's I/O."""
     folder = checkpoints.write("llama", tmp_path / "bf16", dtype=torch.bfloat16)
@@ -276,6 +277,7 @@ def test_a_bf16_checkpoint_keeps_bf16_weights_and_cache(tmp_path):
     assert len(names) >= 4 * checkpoints.LAYERS
 
 
+@pytest.mark.slow
 def test_prefill_only_with_suggested_rules(tmp_path, monkeypatch):
     """--cache none: logits only; no shipped rules: the suggested ones, sent as a note."""
     import rewrite.exporting.checkpoint

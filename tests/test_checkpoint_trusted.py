@@ -12,6 +12,7 @@ from tests.test_checkpoint_export import decode_and_compare
 transformers = pytest.importorskip("transformers")
 
 
+@pytest.mark.slow
 def test_pickled_weights_export_with_trust_model(tmp_path, run_cli):
     config = transformers.LlamaConfig(vocab_size=96, hidden_size=32, intermediate_size=48,
                                       num_hidden_layers=2, num_attention_heads=4,

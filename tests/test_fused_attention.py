@@ -102,6 +102,7 @@ def test_logits_capped_before_the_mask_keep_the_unfused_attention(tmp_path):
     assert body["Tanh"] and body["Softmax"] and body["RotaryEmbedding"] == 2, body
 
 
+@pytest.mark.slow
 def test_unfused_attention_keeps_torch_onnx_lowering(tmp_path, run_cli):
     """``--unfused-attention``: no ``Attention`` anywhere, the grouped heads expanded, opset
     as exported; equal to eager."""
@@ -118,6 +119,7 @@ def test_unfused_attention_keeps_torch_onnx_lowering(tmp_path, run_cli):
     assert max(decode_and_compare(folder, out)) < 1e-4
 
 
+@pytest.mark.slow
 def test_int4_dequantizes_and_attends_in_one_body(tmp_path):
     """``--precision int4``: the layer's bodies dequantize its four weights (q / k / v and
     gate / up packed; ``DequantizeLinear`` with ``block_size``, valid at opset 23) and attend

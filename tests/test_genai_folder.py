@@ -224,6 +224,7 @@ def test_ids_from_the_generation_config(exported, tmp_path):
             search["repetition_penalty"]) == (True, 0.6, 0.9, 20, 1.1)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("exported", ["llama"], indirect=True)
 def test_without_a_cache_no_genai_config_and_an_old_one_removed(exported, tmp_path):
     """--cache none: the model is written without genai_config.json (one note line says
@@ -239,6 +240,7 @@ def test_without_a_cache_no_genai_config_and_an_old_one_removed(exported, tmp_pa
     assert len(notes) == 1 and "not written" in notes[0] and "--cache none" in notes[0]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("exported", ["llama"], indirect=True)
 def test_a_fixed_cache_is_written_without_genai_config(exported, tmp_path):
     """--cache static: onnxruntime-genai on CPU feeds a mask of the tokens so far, where the
@@ -263,6 +265,7 @@ def test_an_encoder_is_written_without_genai_config(tmp_path):
     assert "genai_config.json: not written beside model.onnx (not a causal LM" in progress.text
 
 
+@pytest.mark.slow
 def test_exported_into_the_checkpoint_folder_its_tokenizer_is_left_alone(tmp_path):
     """The output beside the checkpoint's own tokenizer files: they are the input, not
     written over."""

@@ -78,6 +78,7 @@ def _export_fails(tmp_path, **kwargs) -> VerificationError:
     return failed.value
 
 
+@pytest.mark.slow
 def test_a_weight_wired_to_another_call_fails_the_check(tmp_path, monkeypatch):
     original = quantize._Initializers.of
     first: dict = {}

@@ -25,7 +25,8 @@ from tests.test_precision import ERROR, FUSED, MEAN_ERROR, _eager, _feeds
 IDS = np.array([[3, 14, 15, 9, 26, 5, 35, 8, 95, 0]], np.int64)
 
 
-@pytest.fixture(scope="module", params=["tied", "untied", "tied-onnxruntime"])
+@pytest.fixture(scope="module", params=["tied", pytest.param("untied", marks=pytest.mark.slow),
+                                        pytest.param("tied-onnxruntime", marks=pytest.mark.slow)])
 def exported(request, tmp_path_factory):
     """(tied, target, checkpoint folder, output) of a bf16 Llama exported in int4."""
     tied, target = request.param.startswith("tied"), request.param.partition("-")[2]
@@ -73,10 +74,9 @@ def test_the_table_is_written_in_four_bits(exported):
         assert len(users) == 1
 
 
+@pytest.mark.parametrize("exported", ["tied"], indirect=True)  # the head a copy of its own
 def test_a_tied_head_holds_the_same_numbers(exported):
     tied, target, folder, out = exported
-    if not tied or target:
-        pytest.skip("untied: the head is another weight; onnxruntime: one table")
     values = _initializers(out)
     codes = values["lm_head.weight_rows_Q4G32"]
     nibbles = np.stack([codes & 15, codes >> 4], axis=-1).reshape(96, 32).astype(np.float32)
@@ -132,6 +132,7 @@ def test_rows_written_wrong_fail_the_check(tmp_path, monkeypatch, symmetric):
     assert list(out.parent.iterdir()) == []
 
 
+@pytest.mark.slow
 def test_a_row_length_not_a_multiple_of_the_block_stays_float(tmp_path):
     folder = checkpoints.write("llama", tmp_path / "ckpt")
     model = rewrite.export(folder, precision="int4", block_size=64)  # hidden 32
@@ -141,6 +142,7 @@ def test_a_row_length_not_a_multiple_of_the_block_stays_float(tmp_path):
     assert not [name for name in model.graph.initializers if "_rows" in name]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("tied, symmetric", [(False, True), (True, False)])
 def test_onnxruntime_target_shares_only_a_symmetric_tied_table(tied, symmetric, tmp_path):
     folder = checkpoints.write("llama", tmp_path / "ckpt", tie_word_embeddings=tied)

@@ -144,6 +144,7 @@ def test_mutations_are_lowered_per_body_in_functional_form(source, tmp_path):
         assert_matches_eager(lowering.model, copy.deepcopy(triple))
 
 
+@pytest.mark.slow
 def test_blocks_that_scan_are_lowered_per_body():
     """Blocks holding a ``torch.scan`` (a recurrent layer's; each block's step a subgraph of
     its own in the program) that write their final state into a clone of the state they are

@@ -86,6 +86,7 @@ def dynamic_gpt2():
     return (wrapped, (ids,), {}), program
 
 
+@pytest.mark.slow
 def test_blocks_sharing_optimizer_nodes_still_share_one_function(dynamic_gpt2):
     # with dynamic shapes the optimizer's CSE over torch.onnx.export's flat model makes
     # blocks 1 and 2 read shape and mask values computed inside block 0; they are recomputed
@@ -102,6 +103,7 @@ def test_blocks_sharing_optimizer_nodes_still_share_one_function(dynamic_gpt2):
         assert_matches_eager(model, triple, (torch.randint(0, 100, (3, 11)),))
 
 
+@pytest.mark.slow
 def test_without_recomputing_the_first_block_differs(dynamic_gpt2):
     triple, program = dynamic_gpt2
     lowering = lower(rewrite.apply(rewrite.parse_rules(BLOCK_RULES), program),

@@ -80,6 +80,7 @@ def test_a_block_with_two_outputs_stands_in_with_its_outputs_in_order():
     assert_matches_eager(flat.model, triple)
 
 
+@pytest.mark.slow
 def test_gpt2_calls_keep_their_own_metadata(gpt2_3):
     triple, program = gpt2_3
     fast, flat = _both(GPT2_RULES, program)
@@ -129,6 +130,7 @@ def _refuse_one(original, refused: list):
     return refuse
 
 
+@pytest.mark.slow
 def test_a_stand_in_that_does_not_fit_is_inlined(gpt2_3, monkeypatch):
     """The outliner finds a stand-in it cannot call: the lowering runs again with that call
     inlined, and the result is the same."""

@@ -49,6 +49,7 @@ def test_qkv_and_gate_up_are_one_matmul_each_once_per_body(family, tmp_path):
     assert not any(n.endswith((".q_proj.weight", ".up_proj.weight")) for n in names)
 
 
+@pytest.mark.slow
 def test_unpacked_projections_keep_one_matmul_each(tmp_path, run_cli):
     """``--unpacked-projections``: three and two ``MatMul`` reading the normed input."""
     folder = checkpoints.write("llama", tmp_path / "checkpoint")
@@ -83,6 +84,7 @@ def _logits(path: Path, steps: int = 3) -> np.ndarray:
     return np.stack(found)
 
 
+@pytest.mark.slow
 def test_int4_dequantizes_four_packed_weights_and_computes_what_unpacked_does(tmp_path):
     """int4: q / k / v and gate / up quantized as one weight each (their blocks run along
     the input dimension, so each row is quantized as before): the export's check passes,

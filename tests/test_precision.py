@@ -200,13 +200,15 @@ def test_blockwise_chunks_and_packing_do_not_change_the_weights(shape, symmetric
     assert np.array_equal(kept.weight("w", "KN", 32).numpy(), back)
 
 
+@pytest.mark.slow
 def test_fp16_builds_the_model_in_that_dtype(tmp_path):
     folder = checkpoints.write("llama", tmp_path / "ckpt")
     model = rewrite.export(folder, output=tmp_path / "fp16.onnx", precision="fp16")
     assert model.graph.inputs[3].dtype == ir.DataType.FLOAT16
 
 
-@pytest.mark.parametrize("family", ["llama", pytest.param("gpt2", marks=pytest.mark.slow)])
+@pytest.mark.slow
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
 def test_fp32_of_a_bf16_checkpoint_equals_eager_float32(family, tmp_path, run_cli):
     """Written from the weights as stored (converted one at a time, no float32 copy of the
     model), checked, and equal in onnxruntime to transformers' own float32 model."""

@@ -59,6 +59,7 @@ def test_a_static_program_is_checked_once_at_its_twins_sizes(tmp_path, monkeypat
     assert seen == [torch.Size([1, 2])], seen  # one check, one row of 2 tokens
 
 
+@pytest.mark.slow
 def test_a_static_program_wired_wrong_is_caught_at_its_twins_sizes(tmp_path, monkeypatch):
     wire_added_layers_stale(monkeypatch)
     text = _static_export(tmp_path)

@@ -154,6 +154,7 @@ def test_bad_chunk_lengths_one_line_nothing_written(sizes, more, message, tmp_pa
     assert not list(out.parent.iterdir())
 
 
+@pytest.mark.slow
 def test_a_chunk_length_no_longer_asked_is_removed(tmp_path):
     """Exported again with seq=4,seq=2 then with seq=4 only: model_seq1.onnx (then
     model_seq2.onnx), which read the data now replaced, goes; a file of that form that
@@ -185,6 +186,7 @@ WIDE = 160
 """A context whose slot indices (160 int64: 1280 bytes) are a constant of the data file."""
 
 
+@pytest.mark.slow
 def test_weights_written_early_kept_and_the_constants_appended(tmp_path, monkeypatch):
     """The checkpoint's weights are written while torch.export runs (the weights are small,
     so ``external_data_threshold=0``); the graph's constants over 1 KB (the slot indices of

@@ -93,6 +93,7 @@ def test_a_layer_whose_code_reads_its_index_falls_back_to_the_whole_trace(tmp_pa
     assert max(decode_and_compare(folder, out)) < 1e-4
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family, added, first", [
     ("llama", 4, 2),  # one kind: the model cut to 2 layers, 4 added
     pytest.param("gemma2", 2, 4, marks=pytest.mark.slow),  # sliding, full, sliding, full
@@ -119,6 +120,7 @@ def test_further_layers_are_added_to_the_program_of_the_first(family, added, fir
     assert max(decode_and_compare(folder, tmp_path / "layers" / "model.onnx")) < 1e-4
 
 
+@pytest.mark.slow
 def test_added_layers_wired_wrong_are_caught_and_the_model_traced_whole(tmp_path,
                                                                         monkeypatch):
     """A mutant that feeds every added layer what its kind's traced call is fed (the
@@ -338,6 +340,7 @@ class _ScanStack(torch.nn.Module):
         return x
 
 
+@pytest.mark.slow
 def test_a_layer_that_scans_is_traced_once(tmp_path):
     """Layers whose traced body holds a subgraph (a ``torch.scan``'s body, an ONNX ``Scan``):
     traced once, its copies sharing the subgraph; the model written is the whole trace's

@@ -46,6 +46,7 @@ def test_a_wrong_model_is_exit_1_and_not_written(llama, tmp_path, run_cli, monke
     assert r.code == 0 and out.exists()  # the user's explicit choice
 
 
+@pytest.mark.slow
 def test_positions_the_model_computes_itself_are_caught(tmp_path, run_cli, monkeypatch):
     """RoBERTa's positions start after its padding index: a graph that forgot the offset
     (fed the documented position_ids 0, 1, ...) disagrees with the model's own call: exit 1,
