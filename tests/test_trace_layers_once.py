@@ -182,13 +182,14 @@ def test_an_unknown_trace_is_refused(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("model_type, said", [
-    # Falcon's layer makes a tensor constant of its own: its body is not inlined as is
-    ("falcon", "torch.export traces every layer: a traced layer holds tensor constants"),
+    # Falcon's layer makes tensor constants of its own (torch.tensor(-2) to index with):
+    # lifted out of its body, one per body
+    ("falcon", "torch.export: 1 of 2 layers traced (FalconDecoderLayer), 1 recorded"),
     # JetMoE's per-layer model passes the body checks but disagrees with eager when written:
     # exported again, every layer traced, and published only then
     ("jetmoe", "torch.export traces every layer: the per-layer model disagreed with eager"),
 ])
-def test_a_model_the_cut_does_not_serve_is_traced_whole(tmp_path, model_type, said):
+def test_families_the_cut_serves_or_not(tmp_path, model_type, said):
     from tools.coverage import write_checkpoint
 
     folder = tmp_path / model_type
@@ -247,6 +248,49 @@ def test_a_modules_repeated_layers_are_traced_once(build, tmp_path):
     assert not changes, render(changes, "whole", "layers")
     checked_proto(made["layers"][0])
     assert_matches_eager(tmp_path / "layers.onnx", triple)
+
+
+class _Scaling(torch.nn.Module):
+    """A layer that makes tensor constants in its ``forward`` (as Falcon's does), each kind
+    (``gain``, a plain attribute) its own value under the same name in its traced body."""
+
+    def __init__(self, width: int, gain: float) -> None:
+        super().__init__()
+        self.linear, self.gain = torch.nn.Linear(width, width), gain
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        last = x[..., torch.tensor([-1])]  # an index made in the forward
+        return torch.relu(self.linear(x)) * torch.tensor(self.gain) + last
+
+
+class _Scalings(torch.nn.Module):
+    def __init__(self, width: int = 8) -> None:
+        super().__init__()
+        self.layers = torch.nn.ModuleList(_Scaling(width, gain) for gain in (2.0, 3.0) * 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
+def test_tensor_constants_a_layer_makes_are_lifted_from_its_kinds_body(tmp_path):
+    """Each kind's body holds its own constants (two kinds, the same attribute names, other
+    values): each is lifted once per body, read by every call of that kind (the ONNX
+    function is one, the constants its inputs)."""
+    from tests.onnx_fixtures import assert_matches_eager, checked_proto
+
+    torch.manual_seed(0)
+    triple = (_Scalings(), (torch.randn(3, 8),), {})
+    progress = Recorder()
+    out = tmp_path / "model.onnx"
+    model = rewrite.export(*triple, output=out, progress=progress)
+    assert "torch.export: 2 of 4 layers traced (_Scaling x2), 2 recorded" in progress.text, \
+        progress.text
+    assert [f.name for f in model.functions.values()] == ["_Scaling"]  # gains: inputs
+    assert [n.op_type for n in model.graph].count("_Scaling") == 4
+    checked_proto(model)
+    assert_matches_eager(out, triple)
 
 
 def test_a_module_layer_reading_its_index_falls_back_to_the_whole_trace(tmp_path,

@@ -582,12 +582,11 @@ def check_bodies(model: "torch.nn.Module", layers: "torch.nn.ModuleList",
                  program: "torch.export.ExportedProgram", example: tuple,
                  kwargs: dict | None = None, added: bool = False) -> str | None:
     """Why ``program``'s traced bodies do not compute every layer (None when they do): the
-    bodies hold no tensor constants of their own (the reader inlines nodes and the subgraphs
-    they call, such as a scan's body, not tensor attributes); the model whose layers go
-    through their traced bodies gives what the model gives, eagerly on ``example`` (a
-    checkpoint's export's example inputs, one row, the cache made random: two runs; a fixed
-    cache's export checks its twin's program instead, :mod:`rewrite.exporting.twin`; a
-    module's: the program as it is, on ``example`` and ``kwargs`` as given).
+    model whose layers go through their traced bodies gives what the model gives, eagerly on
+    ``example`` (a checkpoint's export's example inputs, one row, the cache made random: two
+    runs; a fixed cache's export checks its twin's program instead,
+    :mod:`rewrite.exporting.twin`; a module's: the program as it is, on ``example`` and
+    ``kwargs`` as given).
     Where it does not, the verdict is the layer by layer one: the model whose layers go
     through their functions gives what the model gives, and each layer's kind's body gives
     what its function gives (one run more, to say which layer). A program to which layers
@@ -596,10 +595,6 @@ def check_bodies(model: "torch.nn.Module", layers: "torch.nn.ModuleList",
     import torch
 
     bodies = _bodies(program)
-    held = [name for name, body in bodies.items() for node in body.graph.find_nodes(
-        op="get_attr") if not isinstance(getattr(body, node.target, None), torch.fx.GraphModule)]
-    if held:  # a subgraph (a scan's body) is the reader's to hoist, a tensor is not
-        return f"a traced layer holds tensor constants of its own ({held[0]})"
     if kwargs is not None:
         return _check_program(model, program, example, kwargs)
     example = _randomized(example)

@@ -150,17 +150,61 @@ def readable_program(program: torch.export.ExportedProgram) -> torch.export.Expo
         copies = dict(zip(graph.nodes, gm.graph.nodes))
         for node, stack in stacks.items():
             copies[node].meta[_STACK] = stack
+    lifted = _Lifted(gm.graph, _user_inputs(program))
     if calls:
-        _inline_calls(gm, hop)
+        _inline_calls(gm, hop, lifted)
     sizes_at_top(gm.graph)
     gm.recompile()
-    return _with_graph_module(program, gm)
+    return _with_graph_module(program, gm, lifted)
 
 
-def _inline_calls(gm: torch.fx.GraphModule, hop: Any) -> None:
+class _Lifted:
+    """The tensor constants a body holds (``torch.tensor(...)`` in a layer's ``forward``:
+    torch.export lifts such constants out of the program's own graph, not out of an
+    ``invoke_subgraph`` body), lifted as the program's own are: one constant input per
+    tensor of each body, shared by every call of that body."""
+
+    def __init__(self, graph: torch.fx.Graph, user_inputs: set[str]) -> None:
+        self.graph, self.user_inputs = graph, user_inputs
+        self.placeholders: dict[tuple[int, str], torch.fx.Node] = {}
+        self.tensors: dict[str, torch.Tensor] = {}
+
+    def replace(self, body: torch.fx.GraphModule, nodes: list[torch.fx.Node]) -> None:
+        """Each of ``nodes`` (an inlined call of ``body``) that reads a tensor of ``body``
+        reads the constant input lifted from it."""
+        for node in nodes:
+            held = getattr(body, str(node.target), None) if node.op == "get_attr" else None
+            if isinstance(held, torch.Tensor):
+                node.replace_all_uses_with(self._input(body, str(node.target), held))
+                self.graph.erase_node(node)
+
+    def _input(self, body: torch.fx.GraphModule, name: str, tensor: torch.Tensor
+               ) -> torch.fx.Node:
+        key = (id(body), name)
+        if key not in self.placeholders:
+            target = f"lifted_body_tensor_{len(self.tensors)}"
+            inputs = self.graph.find_nodes(op="placeholder")  # constants before user inputs
+            users = [n for n in inputs if n.name in self.user_inputs]
+            with (self.graph.inserting_before(users[0]) if users
+                  else self.graph.inserting_after(inputs[-1])):
+                node = self.graph.placeholder(f"c_{target}")
+            node.meta["val"] = _fake(self.graph, tensor)
+            self.placeholders[key], self.tensors[target] = node, tensor
+        return self.placeholders[key]
+
+
+def _fake(graph: torch.fx.Graph, tensor: torch.Tensor) -> Any:
+    """``tensor`` as the program's placeholders hold theirs: a fake tensor of its fake mode."""
+    from torch._guards import detect_fake_mode
+
+    mode = detect_fake_mode([n.meta.get("val") for n in graph.find_nodes(op="placeholder")])
+    return mode.from_tensor(tensor, static_shapes=True) if mode is not None else tensor
+
+
+def _inline_calls(gm: torch.fx.GraphModule, hop: Any, lifted: _Lifted) -> None:
     """Each ``invoke_subgraph`` call of ``gm`` replaced by its body's nodes, with the stacks
-    of its own call (see :func:`readable_program`); a size a node before the call computes
-    is that node's."""
+    of its own call (see :func:`readable_program`), the tensors the body holds lifted
+    (:class:`_Lifted`); a size a node before the call computes is that node's."""
     from rewrite._private.torch_programs import inline_invoke_subgraph_nodes
 
     sizes: dict[str, torch.fx.Node] = {}
@@ -174,6 +218,7 @@ def _inline_calls(gm: torch.fx.GraphModule, hop: Any) -> None:
         node.prepend(start)
         node.append(end)
         inline_invoke_subgraph_nodes(gm, [node])
+        lifted.replace(body, _between(start, end))
         new = _between(start, end)
         for n in new:
             if _STACK in n.meta:
@@ -281,12 +326,21 @@ def _rerooted(items: list, base: list, call: list) -> dict:
     return out
 
 
-def _with_graph_module(program: torch.export.ExportedProgram, gm: torch.fx.GraphModule
-                       ) -> torch.export.ExportedProgram:
-    """``program`` with another graph module whose outputs may have new names."""
+def _user_inputs(program: torch.export.ExportedProgram) -> set[str]:
+    from torch.export.graph_signature import InputKind
+
+    return {spec.arg.name for spec in program.graph_signature.input_specs
+            if spec.kind == InputKind.USER_INPUT}
+
+
+def _with_graph_module(program: torch.export.ExportedProgram, gm: torch.fx.GraphModule,
+                       lifted: _Lifted) -> torch.export.ExportedProgram:
+    """``program`` with another graph module whose outputs may have new names and which may
+    read constants lifted from its bodies."""
     import dataclasses
 
-    from torch.export.graph_signature import ExportGraphSignature, TensorArgument
+    from torch.export.graph_signature import (ExportGraphSignature, InputKind, InputSpec,
+                                              TensorArgument)
 
     returned = list(gm.graph.output_node().args[0])
     specs = []
@@ -294,9 +348,15 @@ def _with_graph_module(program: torch.export.ExportedProgram, gm: torch.fx.Graph
         if isinstance(spec.arg, TensorArgument) and isinstance(value, torch.fx.Node):
             spec = dataclasses.replace(spec, arg=TensorArgument(name=value.name))
         specs.append(spec)
-    signature = ExportGraphSignature(program.graph_signature.input_specs, specs)
+    inputs = list(program.graph_signature.input_specs)
+    first_user = next((i for i, spec in enumerate(inputs) if spec.kind == InputKind.USER_INPUT),
+                      len(inputs))
+    inputs[first_user:first_user] = [
+        InputSpec(InputKind.CONSTANT_TENSOR, TensorArgument(node.name), target=target)
+        for node, target in zip(lifted.placeholders.values(), lifted.tensors)]
+    signature = ExportGraphSignature(inputs, specs)
     return torch.export.ExportedProgram(
         root=gm, graph=gm.graph, graph_signature=signature, state_dict=program.state_dict,
         range_constraints=program.range_constraints,
         module_call_graph=program.module_call_graph, example_inputs=program.example_inputs,
-        constants=program.constants, verifiers=program.verifiers)
+        constants={**program.constants, **lifted.tensors}, verifiers=program.verifiers)
