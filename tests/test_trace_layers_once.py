@@ -181,17 +181,23 @@ def test_an_unknown_trace_is_refused(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("model_type, said", [
+@pytest.mark.parametrize("model_type, shared_sizes, said", [
     # Falcon's layer makes tensor constants of its own (torch.tensor(-2) to index with):
     # lifted out of its body, one per body
-    ("falcon", "torch.export: 1 of 2 layers traced (FalconDecoderLayer), 1 recorded"),
-    # JetMoE's per-layer model passes the body checks but disagrees with eager when written:
-    # exported again, every layer traced, and published only then
-    ("jetmoe", "torch.export traces every layer: the per-layer model disagreed with eager"),
+    ("falcon", False, "torch.export: 1 of 2 layers traced (FalconDecoderLayer), 1 recorded"),
+    # JetMoE's experts take the rows routed to them: sizes from data, each call's own
+    ("jetmoe", False, "torch.export: 1 of 2 layers traced (JetMoeDecoderLayer), 1 recorded"),
+    # with the reader made to share them across calls (the bug of session 17): the per-layer
+    # model passes the body checks but disagrees with eager when written: exported again,
+    # every layer traced, and published only then
+    ("jetmoe", True, "torch.export traces every layer: the per-layer model disagreed with eager"),
 ])
-def test_families_the_cut_serves_or_not(tmp_path, model_type, said):
+def test_families_the_cut_serves_or_not(tmp_path, monkeypatch, model_type, shared_sizes, said):
+    from rewrite.frontends.fx import regions
     from tools.coverage import write_checkpoint
 
+    if shared_sizes:
+        monkeypatch.setattr(regions, "_input_size", lambda value: isinstance(value, torch.SymInt))
     folder = tmp_path / model_type
     assert write_checkpoint(model_type, folder) is None  # its eager forward works
     progress = Recorder()
@@ -290,6 +296,57 @@ def test_tensor_constants_a_layer_makes_are_lifted_from_its_kinds_body(tmp_path)
     assert [f.name for f in model.functions.values()] == ["_Scaling"]  # gains: inputs
     assert [n.op_type for n in model.graph].count("_Scaling") == 4
     checked_proto(model)
+    assert_matches_eager(out, triple)
+
+
+class _Routing(torch.nn.Module):
+    """A layer whose sizes depend on data (as a MoE's: the rows routed to its linear), a
+    size of its own at each call."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.gate, self.linear = torch.nn.Linear(width, 1), torch.nn.Linear(width, width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        scores = self.gate(x)[:, 0]
+        count = (scores > 0).sum().item()  # traced: a size from data
+        torch._check(count >= 0)
+        torch._check(count <= x.shape[0])
+        rows = torch.argsort(scores, descending=True)[:count]
+        return x.index_add(0, rows, self.linear(x.index_select(0, rows)))
+
+
+class _Routings(torch.nn.Module):
+    def __init__(self, width: int = 8, depth: int = 4) -> None:
+        super().__init__()
+        self.layers = torch.nn.ModuleList(_Routing(width) for _ in range(depth))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
+def test_sizes_that_depend_on_data_are_each_calls_own(tmp_path):
+    """A size computed from data in a layer's body (an unbacked symbol: the rows routed) is
+    not the size of the same name an earlier call computed: the model equals eager (JetMoE
+    disagreed before, its routing read from its first layer)."""
+    from tests.onnx_fixtures import assert_matches_eager, checked_proto
+
+    torch.manual_seed(0)
+    model = _Routings()
+    x = torch.randn(16, 8)
+    routed = []
+    for layer in model.layers:  # each layer routes another number of rows
+        routed.append(int((layer.gate(x) > 0).sum()))
+        x = layer(x)
+    assert len(set(routed)) > 1, routed
+    triple = (model, (torch.randn(16, 8),), {})
+    progress = Recorder()
+    out = tmp_path / "model.onnx"
+    checked_proto(rewrite.export(*triple, output=out, progress=progress))
+    assert "torch.export: 1 of 4 layers traced (_Routing), 3 recorded" in progress.text, \
+        progress.text
     assert_matches_eager(out, triple)
 
 

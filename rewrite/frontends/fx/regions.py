@@ -289,26 +289,39 @@ def _between(start: torch.fx.Node, end: torch.fx.Node) -> list[torch.fx.Node]:
     return found
 
 
+def _input_size(value: Any) -> bool:
+    """Whether ``value`` is a symbolic size of the program's inputs (``batch``, ``2 *
+    sequence_length``...): the same at every call of a body. A size that depends on data
+    (an unbacked symbol, ``u0``: the tokens a MoE routes to an expert) has one name in the
+    body and another value at each call."""
+    from torch.fx.experimental.symbolic_shapes import has_free_unbacked_symbols
+
+    return isinstance(value, torch.SymInt) and not has_free_unbacked_symbols(value)
+
+
 def _known_sizes(nodes: list, sizes: dict[str, torch.fx.Node]) -> None:
-    """``sizes`` with the symbolic sizes ``nodes`` compute (the first node of each)."""
+    """``sizes`` with the symbolic sizes of the inputs ``nodes`` compute (the first node of
+    each)."""
     for node in nodes:
         value = node.meta.get("val")
-        if isinstance(value, torch.SymInt):
+        if _input_size(value):
             sizes.setdefault(str(value), node)
 
 
 def _sizes_from_before(graph: torch.fx.Graph, new: list, sizes: dict[str, torch.fx.Node]
                        ) -> None:
-    """An inlined body's symbolic sizes (``sym_size``, their sums...) computed again where a
-    node before its call computes the same size (``sizes``): that node's, as a trace of the
-    whole program gives them (its tracer computes each symbolic size once)."""
+    """An inlined body's symbolic sizes of the inputs (``sym_size``, their sums...) computed
+    again where a node before its call computes the same size (``sizes``): that node's, as a
+    trace of the whole program gives them (its tracer computes each symbolic size once)."""
     for node in new:
         value = node.meta.get("val")
-        earlier = sizes.get(str(value)) if isinstance(value, torch.SymInt) else None
+        if not _input_size(value):
+            continue
+        earlier = sizes.get(str(value))
         if earlier is not None:
             node.replace_all_uses_with(earlier)
             graph.erase_node(node)
-        elif isinstance(value, torch.SymInt):
+        else:
             sizes[str(value)] = node
 
 
