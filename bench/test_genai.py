@@ -53,5 +53,6 @@ def test_interleaved_pairs_cancel_the_place_in_a_round():
     second = np.array([[1.0, 1.4] * 8, [1.4, 1.0] * 8])
     assert interleaved.paired(second) == pytest.approx([1.0, 1.0])
     assert np.median(second[1] / second[0]) != pytest.approx(1.0)  # the old per-step ratio
-    three = np.array([[1.0, 1.2, 1.5] * 4, [1.5, 1.0, 1.2] * 4, [1.2, 1.5, 1.0] * 4]) * [[1], [2], [1]]
+    three = np.array([[1.0, 1.2, 1.5] * 4, [1.5, 1.0, 1.2] * 4, [1.2, 1.5, 1.0] * 4])
+    three[1] *= 2
     assert interleaved.paired(three) == pytest.approx([1.0, 2.0, 1.0])
