@@ -3,6 +3,7 @@
 
     flock /work/bench.lock nice .venv/bin/python -m bench.genai [--sizes 180m-fp32 2.5gb]
         [--precisions fp32 int4] [--repeats 3] [--steps 64] [--no-profile] [--no-verify]
+        [--target onnxruntime]
     .venv/bin/python -m bench.genai --quick          # tiny4, 1 run, 8 steps: checks the harness
 
 Checkpoints (built here into ``bench/out/`` by ``bench.checkpoint``, never downloaded; random
@@ -14,7 +15,8 @@ shaped, 1.24B parameters, bf16). For each checkpoint and precision:
   medians; ``bench.harness.run_row``: warm page cache, freed memory settled): ``export-P``:
   ``rewrite -v export DIR -o OUT/model.onnx --cache kv --precision P`` (int4: ``--block-size
   32``, symmetric, the default; ``--no-verify`` adds ``--no-verify``: no check against eager
-  before writing, which the builder does not do either) and ``builder-P``: ``python -m
+  before writing, which the builder does not do either; ``--target onnxruntime`` adds
+  ``--target onnxruntime``) and ``builder-P``: ``python -m
   onnxruntime_genai.models.builder -i DIR -o OUT -p P -e cpu`` (int4: ``--extra_options
   block_size=32 is_symmetric=true``, its defaults); wall time and peak RssAnon of the tree;
 * eager fp32 (transformers, the checkpoint loaded in float32) in its own process: a prompt of
@@ -71,9 +73,10 @@ def _python(*args: str) -> list[str]:
     return [sys.executable, *args]
 
 
-def _export(precision: str, verify: bool = True) -> Row:
+def _export(precision: str, verify: bool = True, target: str = "onnx") -> Row:
     extra = (["--block-size", str(BLOCK)] if precision == "int4" else []) + (
-        [] if verify else ["--no-verify"])
+        [] if verify else ["--no-verify"]) + (
+        ["--target", target] if target != "onnx" else [])
     return Row(lambda d, o: _python("-m", "rewrite", "-v", "export", str(d), "-o",
                                     str(o / "model.onnx"), "--cache", "kv", "--precision",
                                     precision, *extra), "model.onnx")
@@ -87,11 +90,11 @@ def _builder(precision: str) -> Row:
                                     str(o / "cache_dir"), *extra))
 
 
-def rows(precisions: list[str], verify: bool = True) -> dict[str, Row]:
+def rows(precisions: list[str], verify: bool = True, target: str = "onnx") -> dict[str, Row]:
     """``export-P`` and ``builder-P`` for each precision P (``verify``: rewrite checks the
-    model against eager before writing it, as by default)."""
-    return {f"{side}-{p}": row for p in precisions
-            for side, row in (("export", _export(p, verify)), ("builder", _builder(p)))}
+    model against eager before writing it, as by default; ``target``: ``--target``)."""
+    return {f"{side}-{p}": row for p in precisions for side, row in (
+        ("export", _export(p, verify, target)), ("builder", _builder(p)))}
 
 
 # --- workers: each a fresh process (python -m bench.genai --worker KIND ...) ----------------
@@ -324,9 +327,9 @@ def _exports(size: str, folder: Path, table: dict[str, Row], repeats: int, work:
 
 
 def bench(size: str, precisions: list[str], repeats: int, steps: int, work: Path,
-          profiled: bool, verify: bool = True) -> Bench:
+          profiled: bool, verify: bool = True, target: str = "onnx") -> Bench:
     """Every measure of the module docstring on one checkpoint."""
-    folder, table = _checkpoint(size), rows(precisions, verify)
+    folder, table = _checkpoint(size), rows(precisions, verify, target)
     exports = _exports(size, folder, table, repeats, work)
     ref = work / "reference.npz"
     done, log = _worker("reference", folder, ref, PROMPT, steps)
@@ -490,6 +493,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-profile", action="store_true")
     parser.add_argument("--no-verify", action="store_true",
                         help="rewrite export --no-verify (its check against eager skipped)")
+    parser.add_argument("--target", choices=["onnx", "onnxruntime"], default="onnx",
+                        help="rewrite export --target")
     parser.add_argument("--quick", action="store_true", help="tiny4, 1 run, 8 steps")
     parser.add_argument("--worker", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -502,7 +507,7 @@ def main(argv: list[str] | None = None) -> int:
     command = "python -m bench.genai " + " ".join(argv if argv is not None else sys.argv[1:])
     started, before = datetime.datetime.now(datetime.timezone.utc), load_average()
     benches = [bench(size, args.precisions, repeats, steps, OUT / "genai" / size,
-                     not args.no_profile, not args.no_verify) for size in sizes]
+                     not args.no_profile, not args.no_verify, args.target) for size in sizes]
     text = report(benches, command.strip(), started, (before, load_average()), steps)
     print(text)
     (OUT / "genai.md").write_text(text)
