@@ -3,6 +3,7 @@
 
     flock /work/bench.lock nice .venv/bin/python -m bench.genai [--sizes 180m-fp32 2.5gb]
         [--precisions fp32 int4] [--repeats 3] [--steps 64] [--no-profile] [--no-verify]
+        [--target onnxruntime]
     .venv/bin/python -m bench.genai --quick          # tiny4, 1 run, 8 steps: checks the harness
 
 Checkpoints (built here into ``bench/out/`` by ``bench.checkpoint``, never downloaded; random
@@ -14,7 +15,8 @@ shaped, 1.24B parameters, bf16). For each checkpoint and precision:
   medians; ``bench.harness.run_row``: warm page cache, freed memory settled): ``export-P``:
   ``rewrite -v export DIR -o OUT/model.onnx --cache kv --precision P`` (int4: ``--block-size
   32``, symmetric, the default; ``--no-verify`` adds ``--no-verify``: no check against eager
-  before writing, which the builder does not do either) and ``builder-P``: ``python -m
+  before writing, which the builder does not do either; ``--target onnxruntime`` adds
+  ``--target onnxruntime``) and ``builder-P``: ``python -m
   onnxruntime_genai.models.builder -i DIR -o OUT -p P -e cpu`` (int4: ``--extra_options
   block_size=32 is_symmetric=true``, its defaults); wall time and peak RssAnon of the tree;
 * eager fp32 (transformers, the checkpoint loaded in float32) in its own process: a prompt of
@@ -52,6 +54,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -70,9 +73,10 @@ def _python(*args: str) -> list[str]:
     return [sys.executable, *args]
 
 
-def _export(precision: str, verify: bool = True) -> Row:
+def _export(precision: str, verify: bool = True, target: str = "onnx") -> Row:
     extra = (["--block-size", str(BLOCK)] if precision == "int4" else []) + (
-        [] if verify else ["--no-verify"])
+        [] if verify else ["--no-verify"]) + (
+        ["--target", target] if target != "onnx" else [])
     return Row(lambda d, o: _python("-m", "rewrite", "-v", "export", str(d), "-o",
                                     str(o / "model.onnx"), "--cache", "kv", "--precision",
                                     precision, *extra), "model.onnx")
@@ -86,11 +90,11 @@ def _builder(precision: str) -> Row:
                                     str(o / "cache_dir"), *extra))
 
 
-def rows(precisions: list[str], verify: bool = True) -> dict[str, Row]:
+def rows(precisions: list[str], verify: bool = True, target: str = "onnx") -> dict[str, Row]:
     """``export-P`` and ``builder-P`` for each precision P (``verify``: rewrite checks the
-    model against eager before writing it, as by default)."""
-    return {f"{side}-{p}": row for p in precisions
-            for side, row in (("export", _export(p, verify)), ("builder", _builder(p)))}
+    model against eager before writing it, as by default; ``target``: ``--target``)."""
+    return {f"{side}-{p}": row for p in precisions for side, row in (
+        ("export", _export(p, verify, target)), ("builder", _builder(p)))}
 
 
 # --- workers: each a fresh process (python -m bench.genai --worker KIND ...) ----------------
@@ -142,16 +146,21 @@ class Feeder:
         for i in session.get_inputs():
             if i.name.startswith("past_key_values."):
                 self.past[i.name] = np.zeros((1, i.shape[1], 0, head), np.float32)
-        self.length = 0
+        self.length, self.seconds = 0, 0.0
 
-    def step(self, ids: np.ndarray) -> np.ndarray:
-        """Run ``ids`` (one row) after what ran before; the logits of each position."""
+    def step(self, ids: np.ndarray, rehearse: bool = False) -> np.ndarray:
+        """Run ``ids`` (one row) after what ran before; the logits of each position. With
+        ``rehearse``, the same run once before, untimed; ``seconds`` is the last run's time."""
         total = self.length + len(ids)
         feeds = {"input_ids": ids[None].astype(np.int64),
                  "attention_mask": np.ones((1, total), np.int64), **self.past}
         if "position_ids" in self.names:
             feeds["position_ids"] = np.arange(self.length, total, dtype=np.int64)[None]
+        if rehearse:
+            self.session.run(None, feeds)
+        start = time.perf_counter()
         values = dict(zip(self.outputs, self.session.run(None, feeds)))
+        self.seconds = time.perf_counter() - start
         self.past = {name.replace("present.", "past_key_values."): value
                      for name, value in values.items() if name.startswith("present.")}
         self.length = total
@@ -166,8 +175,6 @@ def _head(folder: Path) -> int:
 def decode(folder: Path, ref: dict[str, np.ndarray]) -> dict[str, Any]:
     """Prefill ms, decode ms per step, and the logits' agreement with eager's (module
     docstring)."""
-    import time
-
     session, head = _session(folder), _head(folder)
     warm = Feeder(session, head)
     warm.step(ref["prompt"])
@@ -320,9 +327,9 @@ def _exports(size: str, folder: Path, table: dict[str, Row], repeats: int, work:
 
 
 def bench(size: str, precisions: list[str], repeats: int, steps: int, work: Path,
-          profiled: bool, verify: bool = True) -> Bench:
+          profiled: bool, verify: bool = True, target: str = "onnx") -> Bench:
     """Every measure of the module docstring on one checkpoint."""
-    folder, table = _checkpoint(size), rows(precisions, verify)
+    folder, table = _checkpoint(size), rows(precisions, verify, target)
     exports = _exports(size, folder, table, repeats, work)
     ref = work / "reference.npz"
     done, log = _worker("reference", folder, ref, PROMPT, steps)
@@ -486,6 +493,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-profile", action="store_true")
     parser.add_argument("--no-verify", action="store_true",
                         help="rewrite export --no-verify (its check against eager skipped)")
+    parser.add_argument("--target", choices=["onnx", "onnxruntime"], default="onnx",
+                        help="rewrite export --target")
     parser.add_argument("--quick", action="store_true", help="tiny4, 1 run, 8 steps")
     parser.add_argument("--worker", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -498,7 +507,7 @@ def main(argv: list[str] | None = None) -> int:
     command = "python -m bench.genai " + " ".join(argv if argv is not None else sys.argv[1:])
     started, before = datetime.datetime.now(datetime.timezone.utc), load_average()
     benches = [bench(size, args.precisions, repeats, steps, OUT / "genai" / size,
-                     not args.no_profile, not args.no_verify) for size in sizes]
+                     not args.no_profile, not args.no_verify, args.target) for size in sizes]
     text = report(benches, command.strip(), started, (before, load_average()), steps)
     print(text)
     (OUT / "genai.md").write_text(text)

@@ -6,6 +6,7 @@ The benchmark runs on a 187M and a 1.24B checkpoint; here its pieces run on tiny
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from bench import genai
@@ -43,3 +44,15 @@ def test_a_tiny_run_feeds_both_models_alike_and_matches_eager(tmp_path):
             sum(profile["ops"].values()))
     text = "\n".join(genai.targets_table(found))
     assert "fp32 decode per token" in text and "fp32 prefill" in text
+
+
+def test_interleaved_pairs_cancel_the_place_in_a_round():
+    from bench import interleaved
+
+    # the same model twice: whichever runs second in a round takes 1.4x (rounds alternate)
+    second = np.array([[1.0, 1.4] * 8, [1.4, 1.0] * 8])
+    assert interleaved.paired(second) == pytest.approx([1.0, 1.0])
+    assert np.median(second[1] / second[0]) != pytest.approx(1.0)  # the old per-step ratio
+    three = np.array([[1.0, 1.2, 1.5] * 4, [1.5, 1.0, 1.2] * 4, [1.2, 1.5, 1.0] * 4])
+    three[1] *= 2
+    assert interleaved.paired(three) == pytest.approx([1.0, 2.0, 1.0])

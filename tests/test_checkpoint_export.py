@@ -83,8 +83,9 @@ def _eager(folder: Path):
     return AutoModelForCausalLM.from_pretrained(folder, local_files_only=True).eval()
 
 
-def decode_and_compare(folder: Path, onnx_path: Path, batch: int = 3) -> list[float]:
-    """Prefill and DECODE_STEPS greedy steps in both, the first row left-padded by PAD
+def decode_and_compare(folder: Path, onnx_path: Path, batch: int = 3, pad: int = PAD
+                       ) -> list[float]:
+    """Prefill and DECODE_STEPS greedy steps in both, the first row left-padded by ``pad``
     tokens; the max |difference| of each step (the padded positions' logits excluded).
     Batch, sequence and past lengths all differ from the example inputs of the export."""
     eager = _eager(folder)
@@ -96,7 +97,7 @@ def decode_and_compare(folder: Path, onnx_path: Path, batch: int = 3) -> list[fl
     torch.manual_seed(1)
     ids = torch.randint(0, eager.config.vocab_size, (batch, PROMPT))
     mask = torch.ones(batch, PROMPT, dtype=torch.long)
-    mask[0, :PAD] = 0
+    mask[0, :pad] = 0
     past = {name: t.numpy() for n, layer in enumerate(layout)
             for name, t in zip(layer.names(n), layer.past(batch, 0))}
     cache, errors = model_cache(eager), []  # MiniMax's a class of its own
@@ -109,7 +110,7 @@ def decode_and_compare(folder: Path, onnx_path: Path, batch: int = 3) -> list[fl
                               attention_mask=mask[:, -length:] if new_only else mask,
                               use_cache=True).logits
         outputs = dict(zip(names, session.run(None, _feed(ids, mask, positions, past))))
-        kept = slice(PAD if length == PROMPT else 0, None)
+        kept = slice(pad if length == PROMPT else 0, None)
         errors.append(float(np.abs(outputs["logits"] - reference.numpy())[:, kept].max()))
         past = {name: outputs[present] for name, present in pairs.items()}
         assert all(v.shape[2] == mask.shape[1] for k, v in past.items() if k.endswith(".key"))

@@ -67,7 +67,8 @@ def test_the_table_is_written_in_four_bits(exported):
     if target:  # one table, read by the embedding's call and by the head's MatMulNBits
         assert "lm_head.weight_Q4G32" not in types
         assert len(users) == 2 and "MatMulNBits" in [n.op_type for n in users]
-        assert [n.op_type for n in nodes if n.domain == "com.microsoft"] == ["MatMulNBits"]
+        assert [n.op_type for n in model.graph.node if n.domain == "com.microsoft"] == [
+            "MatMulNBits"]  # in the bodies: tests/test_onnxruntime_target.py
     else:
         assert types["lm_head.weight_Q4G32"] == (onnx.TensorProto.INT4, (32, 96))
         assert {n.domain for n in nodes} - local <= {""}  # standard ops

@@ -253,9 +253,9 @@ def _quantized_checkpoint(folder):
     (["--precision", "int4"], "already quantized (GPTQ, quantization_config in config.json)"),
     (["--precision", "int8"], "invalid choice: 'int8'"),
     (["--precision", "int4", "--block-size", "24"], "--block-size 24: expected one of 16,"),
-    (["--block-size", "64"], "--block-size, --asymmetric and --target set the int4"),
-    (["--target", "onnxruntime"], "--block-size, --asymmetric and --target set the int4"),
-], ids=["quantized", "int8", "block-24", "block-without-int4", "target-without-int4"])
+    (["--block-size", "64"], "--block-size and --asymmetric set the int4 quantization"),
+    (["--asymmetric"], "--block-size and --asymmetric set the int4 quantization"),
+], ids=["quantized", "int8", "block-24", "block-without-int4", "asymmetric-without-int4"])
 def test_bad_input_one_line_exit_2_nothing_written(argv, line, tmp_path, run_cli):
     folder = checkpoints.write("llama", tmp_path / "ckpt")
     if line.startswith("already"):

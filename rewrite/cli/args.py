@@ -257,10 +257,12 @@ def _add_int4(export: argparse.ArgumentParser) -> None:
                         help="--precision int4: uint4 with zero points (default: symmetric "
                         "int4, as the builder's default)")
     export.add_argument("--target", choices=("onnx", "onnxruntime"), default=None,
-                        help="--precision int4: onnx (default) writes standard ops only; "
-                        "onnxruntime lets a tied lm_head read its embedding's 4-bit table as "
-                        "com.microsoft.MatMulNBits (one table, as the builder's; symmetric), "
-                        "an op other runtimes lack")
+                        help="onnx (default) writes standard ops only; onnxruntime writes "
+                        "its com.microsoft ops, which other runtimes lack, once in each layer "
+                        "function: GroupQueryAttention (a causal model without a sliding "
+                        "window; rows padded on the right), SkipSimplifiedLayerNormalization; "
+                        "in int4, a tied lm_head reads its embedding's 4-bit table as "
+                        "MatMulNBits (one table, as the builder's; symmetric)")
 
 
 def _add_fusion(export: argparse.ArgumentParser) -> None:

@@ -48,8 +48,9 @@ class Precision:
     block: int = 32
     symmetric: bool = True
     target: str = "onnx"
-    """``"onnx"`` (standard ops) or ``"onnxruntime"`` (a tied head reads its embedding's
-    4-bit table with ``com.microsoft.MatMulNBits``)."""
+    """``"onnx"`` (standard ops) or ``"onnxruntime"``: onnxruntime's fused ops in the layer
+    bodies (``OnnxOptions.onnxruntime_ops``, where :func:`causal`) and, in int4, a tied head
+    reading its embedding's 4-bit table with ``com.microsoft.MatMulNBits``."""
 
     @classmethod
     def parse(cls, name: str | None, block: int | None, symmetric: bool | None,
@@ -59,10 +60,9 @@ class Precision:
             raise InputError(f"precision={name!r}: expected one of {', '.join(PRECISIONS)}")
         if target is not None and target not in TARGETS:
             raise InputError(f"target={target!r}: expected one of {', '.join(TARGETS)}")
-        if name != "int4" and (block is not None or symmetric is not None
-                               or target is not None):
-            raise InputError("--block-size, --asymmetric and --target set the int4 "
-                             "quantization: they go with --precision int4")
+        if name != "int4" and (block is not None or symmetric is not None):
+            raise InputError("--block-size and --asymmetric set the int4 quantization: they "
+                             "go with --precision int4")
         block = 32 if block is None else block
         if block not in BLOCK_SIZES:
             raise InputError(f"--block-size {block}: expected one of "
@@ -117,3 +117,20 @@ def refuse_quantized(checkpoint: "Checkpoint") -> None:
     name = QUANTIZERS.get(method.lower(), method or "unknown method")
     raise InputError(f"{checkpoint.path}: already quantized ({name}, quantization_config in "
                      "config.json); rewrite export takes float checkpoints (fp32, fp16, bf16)")
+
+
+SLIDING_KEYS = ("sliding_window", "attention_chunk_size")
+"""A config's keys for an attention that does not see the whole past (set, not null)."""
+
+
+def causal(config: dict) -> bool:
+    """Whether a checkpoint's ``config`` (and its nested configs) says every layer attends
+    causally to the whole past: no sliding window in use, no chunked attention
+    (``GroupQueryAttention`` is written only then)."""
+    for said in [config, *(v for v in config.values() if isinstance(v, dict))]:
+        window = said.get("use_sliding_window", True) is not False and any(
+            said.get(key) is not None for key in SLIDING_KEYS)
+        if window or any("sliding" in str(kind) or "chunk" in str(kind)
+                         for kind in said.get("layer_types") or ()):
+            return False
+    return True

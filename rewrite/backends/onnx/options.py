@@ -15,6 +15,10 @@ copied file to file (memory flat in model size); embedded weights are serialized
 (about twice their size) and cannot exceed 2 GiB (protobuf). Small models stay one file."""
 
 
+ONNXRUNTIME_OPS = ("GroupQueryAttention", "SkipSimplifiedLayerNormalization")
+"""What ``OnnxOptions.onnxruntime_ops`` may name."""
+
+
 @frozen
 class OnnxOptions:
     """How groups are lowered to ONNX functions.
@@ -61,6 +65,13 @@ class OnnxOptions:
     ``RotaryEmbedding``, on the 3-D projections, once per distinct body; the model then
     imports opset 23 (``finishing._attention``, ``finishing._rotary``). ``rewrite export`` of
     a checkpoint folder sets it."""
+    onnxruntime_ops: tuple[str, ...] = field(
+        default=(), validator=validators.deep_iterable(validators.in_(ONNXRUNTIME_OPS)))
+    """With ``fuse_attention``: onnxruntime's ``com.microsoft`` ops written in the bodies, once
+    per distinct body, of :data:`ONNXRUNTIME_OPS`: ``"GroupQueryAttention"`` for the fused
+    attention (a causal model without a sliding window), ``"SkipSimplifiedLayerNormalization"``
+    for a residual add read by an RMSNorm (``finishing._contrib``). Other runtimes do not
+    read them. ``rewrite export --target onnxruntime`` sets them."""
     pack_projections: bool = False
     """After optimizing, the ``MatMul`` of each function body reading one input by weights
     the function takes (a layer's query, key and value projections; an MLP's gate and up) as

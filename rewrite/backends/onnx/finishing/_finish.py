@@ -47,7 +47,7 @@ def finish(model: ir.Model, tree: GroupTree, outlined: Outlined, options: OnnxOp
             passes.append(MergeScalarVariants(state))
         passes.append(OptimizeBodies(state, options.fold_weights))
         if options.fuse_attention:
-            passes.append(FuseAttention(state))
+            passes.append(FuseAttention(state, options.onnxruntime_ops))
         if options.pack_projections:
             passes.append(PackProjections(state))
     passes += [MergeEqualFunctions(state, lift), FixOpsets(state, model.opset_imports),

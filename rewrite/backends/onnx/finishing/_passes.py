@@ -33,6 +33,7 @@ from attrs import define, field
 from rewrite.backends.onnx._opsets import fix_opsets, used_domains
 from rewrite.backends.onnx.distinct import Variants
 from rewrite.backends.onnx.finishing._attention import OPSET, flatten_heads, fuse_attention
+from rewrite.backends.onnx.finishing._contrib import DOMAIN, group_query_attention, skip_norms
 from rewrite.backends.onnx.finishing._merge import merge_functions, merge_keys
 from rewrite.backends.onnx.finishing._optimize import optimize
 from rewrite.backends.onnx.finishing._pack import pack_projections
@@ -112,7 +113,12 @@ class OptimizeBodies(_Pass):
 class FuseAttention(_Pass):
     """:func:`_attention.fuse_attention` and :func:`_rotary.fuse_rotary` once per body
     outlining made; where any fused, the model and every function import the default domain
-    at the opset of ``Attention`` and ``RotaryEmbedding``."""
+    at the opset of ``Attention`` and ``RotaryEmbedding``. onnxruntime's ops named in
+    ``contrib`` too (:mod:`_contrib`), imported where used."""
+
+    def __init__(self, state: Finishing, contrib: tuple[str, ...] = ()) -> None:
+        super().__init__(state)
+        self.contrib = contrib
 
     def call(self, model: ir.Model) -> ir.passes.PassResult:
         sites = call_sites(model)
@@ -120,11 +126,19 @@ class FuseAttention(_Pass):
                  + fuse_rotary(model, fid, sites) for fid in self.state.identity}
         for fid in fused:
             flatten_heads(model.functions[fid].graph)
+            if "GroupQueryAttention" in self.contrib:
+                fused[fid] += group_query_attention(model.functions[fid].graph)
+            if "SkipSimplifiedLayerNormalization" in self.contrib:
+                fused[fid] += skip_norms(model, fid)
         self.state.fused = {fid: n for fid, n in fused.items() if n}
         if self.state.fused:
             for imports in [model.opset_imports, *(f.opset_imports
                                                    for f in model.functions.values())]:
                 imports[""] = max(imports.get("", OPSET), OPSET)
+            for fid in self.state.fused:
+                if any(node.domain == DOMAIN for node in model.functions[fid]):
+                    model.functions[fid].opset_imports.setdefault(DOMAIN, 1)
+                    model.opset_imports.setdefault(DOMAIN, 1)
         return ir.passes.PassResult(model, bool(self.state.fused))
 
     def ensures(self, model: ir.Model) -> None:
