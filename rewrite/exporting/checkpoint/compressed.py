@@ -198,7 +198,8 @@ def indexer_forward(indexer: "torch.nn.Module", n: int, hidden_states: "torch.Te
                     q_residual: "torch.Tensor", position_ids: "torch.Tensor", cache: Any,
                     layer_idx: int) -> "torch.Tensor":
     """transformers' ``DeepseekV4Indexer`` (layer ``n``) with its states in its cache layer:
-    per new token the ``index_topk`` best rows it may see (-1 where fewer)."""
+    per new token the ``index_topk`` best rows it may see (-1 where fewer, also where
+    transformers returns fewer columns)."""
     import torch
 
     layer, past = _state(cache, layer_idx, hidden_states)
@@ -212,6 +213,10 @@ def indexer_forward(indexer: "torch.nn.Module", n: int, hidden_states: "torch.Te
     scores = indexer.scorer(q, rows, hidden_states)  # [batch, new, rows]
     seen = _visible(rows, position_ids, indexer.compress_rate)
     scores = scores.masked_fill(~seen, float("-inf"))
-    best = scores.topk(torch.sym_min(indexer.index_topk, rows.shape[1]), dim=-1)
+    # ``index_topk`` columns more, unseen: never fewer than it to choose from (topk of
+    # ``min(index_topk, rows)`` is a bound torch.export cannot prove)
+    scores = torch.cat((scores, scores.new_full((*scores.shape[:2], indexer.index_topk),
+                                                float("-inf"))), -1)
+    best = scores.topk(indexer.index_topk, dim=-1)
     return torch.where(best.values == float("-inf"), torch.full_like(best.indices, -1),
                        best.indices)
