@@ -27,7 +27,9 @@ keeps outside its cache layers: :mod:`~rewrite.exporting.checkpoint.module_state
 with several convolution states numbers them, ``past.N.conv.K`` (Inkling's four, beside its
 keys and values; RWKV's two token shifts beside its recurrent state, ``past.N.conv.0`` /
 ``.1`` and ``past.N.recurrent [batch_size, 3, width]``, from the state list its forward takes
-instead of a cache).
+instead of a cache). DeepSeek-V4's compressing layers keep their compressors' states after
+their keys and values, named ``past.N.compressor.kv`` / ``.gate`` / ``.compressed`` (and
+``past.N.indexer.*``: :mod:`~rewrite.exporting.checkpoint.compressed`).
 
 ``position_ids`` count from 0 in every model, as onnxruntime-genai feeds them (from the
 attention mask). A family that numbers its positions from elsewhere has the offset added
@@ -282,7 +284,7 @@ def layers_of(name: str, cache: Any, scans: bool = False) -> tuple[LayerCache, .
                         if k not in carried and _holds_tensors(v))
         if beside:
             raise _beside_refusal(f"{name}: layer {n}'s cache ({type(layer).__name__})",
-                                  layer, beside, kv)
+                                  beside, kv)
         shape = (keys.shape[1], keys.shape[3], values.shape[1], values.shape[3]) if kv \
             else (0, 0, 0, 0)
         layers.append(LayerCache(
@@ -298,23 +300,9 @@ def layers_of(name: str, cache: Any, scans: bool = False) -> tuple[LayerCache, .
     return tuple(layers)
 
 
-def _beside_refusal(what: str, layer: Any, beside: list[str], kv: bool) -> InputError:
+def _beside_refusal(what: str, beside: list[str], kv: bool) -> InputError:
     """The refusal of ``what`` (a model's layer's cache) keeping the states ``beside`` its
-    keys and values (``kv``) or its convolution state; for a compressed cache (DeepSeek-V4's:
-    ``compress_rate``, Python-int counters), what its states are and why they are not
-    carried."""
-    rate = getattr(layer, "compress_rate", None)
-    counters = sorted(k for k, v in _public(layer).items() if isinstance(v, dict) and v
-                      and all(type(x) is int for x in v.values()))
-    if isinstance(rate, int) and counters:
-        return InputError(
-            f"{what} keeps a compressor's state beside its keys and values: "
-            f"{', '.join(beside)} (the tokens since its last full window of {rate}, as many "
-            f"as the past length modulo {rate}, and one compressed entry per window), "
-            f"counted in Python ints ({', '.join(counters)}); --cache kv carries states as "
-            "long as the past or of a fixed size, not one whose length is the past length "
-            "modulo a window (its compressor would need rewriting to keep whole windows: "
-            "not done)")
+    keys and values (``kv``) or its convolution state."""
     return InputError(
         f"{what} keeps {', '.join(beside)} beside its "
         f"{'keys and values' if kv else 'convolution state'}: --cache kv carries keys and "
