@@ -93,6 +93,19 @@ OTHER_DECODERS: dict[str, tuple[str, dict]] = {
         "n_routed_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 24,
         "layer_types": ["hybrid_sliding", "hybrid", "hybrid_sliding", "hybrid_sliding"],
         "mlp_layer_types": ["sparse"] * 4}),
+    # DeepSeek-V4: a sliding-window layer (window 8), compressed sparse attention layers
+    # (1, 3: windows of 4, an indexer of 16 heads keeping the 3 best entries: with few heads
+    # its ReLU scores tie at 0 often, and which tied entry it keeps is unspecified) and a
+    # heavily compressed one (2: windows of 8); hash routing in layer 0, MoE in the others
+    "deepseek_v4": ("DeepseekV4Config", {
+        **SMALL, "intermediate_size": 24, "head_dim": 32, "q_lora_rank": 24, "o_groups": 2,
+        "o_lora_rank": 16, "index_n_heads": 16, "index_head_dim": 8, "index_topk": 3,
+        "hc_mult": 2, "num_local_experts": 4, "num_experts_per_tok": 2,
+        "moe_intermediate_size": 24, "sliding_window": 8, "partial_rotary_factor": 0.25,
+        "compress_rates": {"compressed_sparse_attention": 4, "heavily_compressed_attention": 8},
+        "layer_types": ["sliding_attention", "compressed_sparse_attention",
+                        "heavily_compressed_attention", "compressed_sparse_attention"],
+        "mlp_layer_types": ["hash_moe", "moe", "moe", "moe"]}),
     # RWKV: no attention, a state list of its own (two token shifts and a WKV state per
     # layer); layer 0 has a norm more; layers rescaled every 2 (weights and hidden states
     # halved, as transformers does at inference)

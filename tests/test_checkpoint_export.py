@@ -83,11 +83,12 @@ def _eager(folder: Path):
     return AutoModelForCausalLM.from_pretrained(folder, local_files_only=True).eval()
 
 
-def decode_and_compare(folder: Path, onnx_path: Path, batch: int = 3, pad: int = PAD
-                       ) -> list[float]:
-    """Prefill and DECODE_STEPS greedy steps in both, the first row left-padded by ``pad``
-    tokens; the max |difference| of each step (the padded positions' logits excluded).
-    Batch, sequence and past lengths all differ from the example inputs of the export."""
+def decode_and_compare(folder: Path, onnx_path: Path, batch: int = 3, pad: int = PAD,
+                       prompt: int = PROMPT, steps: int = DECODE_STEPS) -> list[float]:
+    """Prefill of ``prompt`` tokens and ``steps`` greedy steps in both, the first row
+    left-padded by ``pad`` tokens; the max |difference| of each step (the padded positions'
+    logits excluded). Batch, sequence and past lengths all differ from the example inputs of
+    the export."""
     eager = _eager(folder)
     layout = cache_layout(eager)  # per layer: keys and values may differ (MLA), a hybrid's
     pairs = {past: present for n, layer in enumerate(layout)  # layers keep a conv state
@@ -95,14 +96,14 @@ def decode_and_compare(folder: Path, onnx_path: Path, batch: int = 3, pad: int =
     session = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
     names = [o.name for o in session.get_outputs()]
     torch.manual_seed(1)
-    ids = torch.randint(0, eager.config.vocab_size, (batch, PROMPT))
-    mask = torch.ones(batch, PROMPT, dtype=torch.long)
+    ids = torch.randint(0, eager.config.vocab_size, (batch, prompt))
+    mask = torch.ones(batch, prompt, dtype=torch.long)
     mask[0, :pad] = 0
     past = {name: t.numpy() for n, layer in enumerate(layout)
             for name, t in zip(layer.names(n), layer.past(batch, 0))}
     cache, errors = model_cache(eager), []  # MiniMax's a class of its own
     new_only = new_tokens_mask(layout)
-    for _ in range(1 + DECODE_STEPS):
+    for _ in range(1 + steps):
         length = ids.shape[1]
         positions = (mask.cumsum(-1) - 1).clamp(min=0)[:, -length:]
         with torch.no_grad():  # Mamba reads the mask of the new tokens alone
@@ -110,7 +111,7 @@ def decode_and_compare(folder: Path, onnx_path: Path, batch: int = 3, pad: int =
                               attention_mask=mask[:, -length:] if new_only else mask,
                               use_cache=True).logits
         outputs = dict(zip(names, session.run(None, _feed(ids, mask, positions, past))))
-        kept = slice(pad if length == PROMPT else 0, None)
+        kept = slice(pad if length == prompt else 0, None)
         errors.append(float(np.abs(outputs["logits"] - reference.numpy())[:, kept].max()))
         past = {name: outputs[present] for name, present in pairs.items()}
         assert all(v.shape[2] == mask.shape[1] for k, v in past.items() if k.endswith(".key"))

@@ -5,7 +5,7 @@ one that cannot be exported says so in one line, exit 2. The caches that are not
 of keys and values per layer, decoded (prefill + 3 greedy steps equal eager): DeepSeek-V3's
 latent attention with dense and MoE layers, LFM2's convolution layers, Bamba's Mamba-2
 layers (convolution and recurrent states), DeepSeek-V3.2's indexer keys, Gemma 3n's layers
-reading another layer's cache."""
+reading another layer's cache, DeepSeek-V4's compressors' states."""
 
 from __future__ import annotations
 
@@ -52,20 +52,22 @@ def test_once_failing_families_convert_and_equal_eager(model_type, why, tmp_path
     assert model.functions  # grouped
 
 
-def test_a_cache_that_is_not_keys_and_values_is_refused_in_one_line(tmp_path, run_cli):
-    """DeepSeek-V4's layers keep a compressed cache beside their keys and values: exit 2, one
-    line, nothing written, before torch.export runs (such a failure used to be inside
-    torch.export, which the message then blamed)."""
-    out = tmp_path / "out" / "model.onnx"
-    out.parent.mkdir()
-    r = run_cli("export", _checkpoint("deepseek_v4", tmp_path), "-o", out)
-    assert r.code == 2, r.err
-    assert ("keeps a compressor's state beside its keys and values: buffer_gate, buffer_kv, "
-            "compressed_kv (the tokens since its last full window of 128, as many as the past "
-            "length modulo 128") in r.err, r.err
-    assert "counted in Python ints (entry_count)" in r.err
-    assert "Traceback" not in r.err and "torch.export" not in r.err
-    assert not list(out.parent.iterdir())
+def test_a_cache_that_is_not_keys_and_values_is_refused_in_one_line():
+    """A cache layer keeping a tensor beside its keys and values that rewrite does not know
+    (no model of transformers 5.24 has one since DeepSeek-V4's are carried): refused in one
+    line that names it, before torch.export runs."""
+    from types import SimpleNamespace
+
+    from rewrite.exporting.checkpoint.cache import layers_of
+
+    keys = torch.zeros(1, 2, 3, 4)
+    layer = SimpleNamespace(keys=keys, values=keys, window_buffer=torch.zeros(1, 5))
+    with pytest.raises(InputError) as refused:
+        layers_of("SomeForCausalLM", SimpleNamespace(layers=[layer]))
+    said = str(refused.value)
+    assert said.startswith("SomeForCausalLM: layer 0's cache (SimpleNamespace) keeps "
+                           "window_buffer beside its keys and values: --cache kv carries")
+    assert "\n" not in said
 
 
 @pytest.mark.parametrize("model_type, kept", [
@@ -596,3 +598,58 @@ def test_layers_reading_another_layers_cache_have_no_past(tmp_path):
     own = config.num_hidden_layers - config.num_kv_shared_layers
     assert [v.name for v in model.graph.outputs] == ["logits", *[
         f"present.{n}.{kv}" for n in range(own) for kv in ("key", "value")]]
+
+
+@pytest.mark.slow  # a tiny DeepSeek-V4 checkpoint, exported, then prefill + 6 decode steps
+def test_deepseek_v4_decodes_with_its_compressors_states(tmp_path):
+    """DeepSeek-V4's compressors keep the tokens of an unfinished window and one entry per
+    finished one; carried as named states of fixed or past-long shapes: a prefill of 13
+    tokens of a left-padded batch and 6 greedy steps (windows of 4 and 8 closing in the
+    prefill and between steps, the indexer choosing 3 of up to 4 entries, a sliding window
+    of 8) equal eager within 1e-4; one function per layer kind (the two compressed sparse
+    attention layers one)."""
+    folder = checkpoints.write("deepseek_v4", tmp_path / "checkpoint")
+    out = tmp_path / "out" / "model.onnx"
+    out.parent.mkdir()
+    progress = Recorder()
+    model = rewrite.export(folder, output=out, cache="kv", progress=progress)
+    assert "3 of 4 layers traced" in progress.text, progress.text
+    errors = decode_and_compare(folder, out, prompt=13, steps=6)
+    assert len(errors) == 7 and max(errors) < 1e-4, errors
+    onnx.checker.check_model(str(out), full_check=True)
+    calls = [n for n in model.graph if n.op_type.startswith("DeepseekV4DecoderLayer")]
+    kinds = [(c.domain, c.op_type, c.overload) for c in calls]
+    assert len(calls) == 4 and kinds[1] == kinds[3] and len(set(kinds)) == 3, kinds
+    shapes = {v.name: [str(d) for d in v.shape] for v in model.graph.inputs}
+    assert shapes["past.1.compressor.kv"] == ["batch_size", "7", "64"]  # 2 windows of 4 - 1
+    assert shapes["past.2.compressor.gate"] == ["batch_size", "7", "32"]  # a window of 8 - 1
+    assert shapes["past.3.indexer.compressed"] == ["batch_size", "past_sequence_length", "8"]
+    assert not any(name.startswith("past.0.") for name in shapes)  # sliding: keys, values
+    assert not (out.parent / "genai_config.json").exists()
+
+
+@pytest.mark.slow  # a tiny DeepSeek-V4 checkpoint, exported without a cache
+def test_deepseek_v4_prefill_alone_for_any_length(tmp_path):
+    """``--cache none``: the compressors' windows for any prompt length (transformers'
+    branch on a whole window bounded the export to 3 tokens, and a 5-token check failed):
+    prompts of 1, 7 and 17 tokens equal eager without a cache within 1e-4."""
+    import numpy as np
+    import onnxruntime as ort
+    from transformers import AutoModelForCausalLM
+
+    folder = checkpoints.write("deepseek_v4", tmp_path / "checkpoint")
+    out = tmp_path / "out" / "model.onnx"
+    out.parent.mkdir()
+    progress = Recorder()
+    rewrite.export(folder, output=out, cache="none", progress=progress)
+    assert "holds for" not in progress.text, progress.text  # no bound on the length
+    eager = AutoModelForCausalLM.from_pretrained(folder).eval()
+    session = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
+    for length in (1, 7, 17):
+        ids = torch.randint(0, 96, (2, length), generator=torch.Generator().manual_seed(length))
+        with torch.no_grad():
+            expected = eager(input_ids=ids, use_cache=False).logits.numpy()
+        feeds = {"input_ids": ids.numpy(), "attention_mask": np.ones_like(ids.numpy()),
+                 "position_ids": np.arange(length)[None].repeat(2, 0)}
+        logits = session.run(["logits"], feeds)[0]
+        assert np.abs(logits - expected).max() < 1e-4, length

@@ -471,6 +471,8 @@ class _DynamicSlots:
             layer.keys, layer.values, *tensors = tensors
             if tensors and hasattr(layer, "indexer_keys"):
                 layer.indexer_keys, *tensors = tensors
+            if tensors and getattr(layer, "named_states", None):  # DeepSeek-V4's
+                layer.named_states, tensors = dict(zip(layer.named_states, tensors)), ()
         if tensors:  # a hybrid's states (Falcon-H1's beside keys and values)
             holding_states(layer, *tensors, copy=given)
 

@@ -27,7 +27,9 @@ keeps outside its cache layers: :mod:`~rewrite.exporting.checkpoint.module_state
 with several convolution states numbers them, ``past.N.conv.K`` (Inkling's four, beside its
 keys and values; RWKV's two token shifts beside its recurrent state, ``past.N.conv.0`` /
 ``.1`` and ``past.N.recurrent [batch_size, 3, width]``, from the state list its forward takes
-instead of a cache).
+instead of a cache). DeepSeek-V4's compressing layers keep their compressors' states after
+their keys and values, named ``past.N.compressor.kv`` / ``.gate`` / ``.compressed`` (and
+``past.N.indexer.*``: :mod:`~rewrite.exporting.checkpoint.compressed`).
 
 ``position_ids`` count from 0 in every model, as onnxruntime-genai feeds them (from the
 attention mask). A family that numbers its positions from elsewhere has the offset added
@@ -54,6 +56,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 from attrs import frozen
 
 from rewrite.errors import InputError, first_line, library_call
+from rewrite.exporting.checkpoint.compressed import eager_states, grows, state_names
 from rewrite.exporting.checkpoint.module_states import (
     keep_listed_state,
     listed_state,
@@ -88,6 +91,19 @@ class Call:
 
 
 @frozen
+class NamedState:
+    """A state a layer keeps beside its keys and values under a name of its own
+    (DeepSeek-V4's compressor states: :mod:`~rewrite.exporting.checkpoint.compressed`)."""
+
+    name: str
+    shape: tuple[int, ...]
+    """Its shape without the batch (with the example's length where it :attr:`grows`)."""
+    dtype: Any
+    grows: bool
+    """Whether its axis 1 has a row per token of the past (else its shape is fixed)."""
+
+
+@frozen
 class LayerCache:
     """The shapes of one layer's cache, read from the model itself (:func:`cache_layout`):
     keys ``[batch, key_heads, length, key_dim]``, values ``[batch, value_heads, length,
@@ -116,6 +132,9 @@ class LayerCache:
     indexer: int | None = None
     """The width of the indexer keys kept beside the keys and values, ``[batch, length,
     width]``, by a sparse-attention layer (DeepSeek-V3.2's, GLM-MoE-DSA's), or None."""
+    named: tuple[NamedState, ...] = ()
+    """The states kept after the keys and values under names of their own (DeepSeek-V4's
+    compressors')."""
 
     def empty(self, batch: int, length: int, dtype: "torch.dtype | None" = None
               ) -> tuple["torch.Tensor", "torch.Tensor"]:
@@ -152,8 +171,10 @@ class LayerCache:
             if self.recurrent else ()
         indexer = (torch.zeros(batch, length, self.indexer, dtype=dtype),) \
             if self.indexer else ()
+        named = tuple(torch.zeros(batch, *((length, *s.shape[1:]) if s.grows else s.shape),
+                                  dtype=s.dtype) for s in self.named)
         return (*(self.empty(batch, length, dtype) if self.kv else ()), *indexer, *conv,
-                *recurrent)
+                *recurrent, *named)
 
     def names(self, n: int, present: bool = False) -> tuple[str, ...]:
         """The I/O names of layer ``n``'s state, in :meth:`past`'s order: ``past_key_values
@@ -165,7 +186,8 @@ class LayerCache:
             if self.more_convs else [f"{state}.{n}.conv"] * bool(self.conv)
         return (*((f"{kv}.{n}.key", f"{kv}.{n}.value") if self.kv else ()),
                 *((f"{state}.{n}.indexer_key",) if self.indexer else ()), *convs,
-                *((f"{state}.{n}.recurrent",) if self.recurrent else ()))
+                *((f"{state}.{n}.recurrent",) if self.recurrent else ()),
+                *(f"{state}.{n}.{s.name}" for s in self.named))
 
     def axes(self, batch: Any, length: Any) -> tuple[dict[int, Any], ...]:
         """Each :meth:`past` tensor's varying axes: keys, values and indexer keys' ``batch``
@@ -174,7 +196,8 @@ class LayerCache:
         return (*(({0: batch, 2: length},) * 2 if self.kv else ()),
                 *(({0: batch, 1: length},) if self.indexer else ()),
                 *(({0: batch},) * len(self.convs())),
-                *(({0: batch},) if self.recurrent else ()))
+                *(({0: batch},) if self.recurrent else ()),
+                *({0: batch, 1: length} if s.grows else {0: batch} for s in self.named))
 
     def convs(self) -> tuple[tuple[int, int], ...]:
         """The (channels, width) of each convolution state the layer keeps."""
@@ -253,14 +276,15 @@ def layers_of(name: str, cache: Any, scans: bool = False) -> tuple[LayerCache, .
                 "(use --cache none for the prefill)")
         indexer = getattr(layer, "indexer_keys", None) if kv else None
         indexer = indexer if isinstance(indexer, torch.Tensor) and indexer.dim() == 3 else None
+        named = getattr(layer, "named_states", None) or {}  # DeepSeek-V4's compressors'
         carried = ("keys", "values", "conv_states" if convs else "keys",
                    "recurrent_states" if recurrent is not None else "keys",
-                   "indexer_keys" if indexer is not None else "keys")
+                   "indexer_keys" if indexer is not None else "keys", "named_states")
         beside = sorted(k for k, v in _public(layer).items()
                         if k not in carried and _holds_tensors(v))
         if beside:
             raise _beside_refusal(f"{name}: layer {n}'s cache ({type(layer).__name__})",
-                                  layer, beside, kv)
+                                  beside, kv)
         shape = (keys.shape[1], keys.shape[3], values.shape[1], values.shape[3]) if kv \
             else (0, 0, 0, 0)
         layers.append(LayerCache(
@@ -268,29 +292,17 @@ def layers_of(name: str, cache: Any, scans: bool = False) -> tuple[LayerCache, .
             more_convs=tuple(conv.shape[1:] for conv in convs[1:]),
             recurrent=None if recurrent is None else tuple(recurrent.shape[1:]),
             recurrent_dtype=None if recurrent is None else recurrent.dtype,
-            indexer=None if indexer is None else indexer.shape[2]))
+            indexer=None if indexer is None else indexer.shape[2],
+            named=tuple(NamedState(k, tuple(v.shape[1:]), v.dtype, grows(k))
+                        for k, v in named.items())))
     if not any(layer.kv or layer.conv or layer.recurrent for layer in layers):
         raise InputError(f"{name} returned no key/value cache: use --cache none")
     return tuple(layers)
 
 
-def _beside_refusal(what: str, layer: Any, beside: list[str], kv: bool) -> InputError:
+def _beside_refusal(what: str, beside: list[str], kv: bool) -> InputError:
     """The refusal of ``what`` (a model's layer's cache) keeping the states ``beside`` its
-    keys and values (``kv``) or its convolution state; for a compressed cache (DeepSeek-V4's:
-    ``compress_rate``, Python-int counters), what its states are and why they are not
-    carried."""
-    rate = getattr(layer, "compress_rate", None)
-    counters = sorted(k for k, v in _public(layer).items() if isinstance(v, dict) and v
-                      and all(type(x) is int for x in v.values()))
-    if isinstance(rate, int) and counters:
-        return InputError(
-            f"{what} keeps a compressor's state beside its keys and values: "
-            f"{', '.join(beside)} (the tokens since its last full window of {rate}, as many "
-            f"as the past length modulo {rate}, and one compressed entry per window), "
-            f"counted in Python ints ({', '.join(counters)}); --cache kv carries states as "
-            "long as the past or of a fixed size, not one whose length is the past length "
-            "modulo a window (its compressor would need rewriting to keep whole windows: "
-            "not done)")
+    keys and values (``kv``) or its convolution state."""
     return InputError(
         f"{what} keeps {', '.join(beside)} beside its "
         f"{'keys and values' if kv else 'convolution state'}: --cache kv carries keys and "
@@ -358,7 +370,11 @@ def filled_cache(model: "torch.nn.Module", past: list) -> Any:
         return cache_holding(past)
     cache = model_cache(model)
     for n, tensors in enumerate(past):
-        own = cache.layers[n]
+        own, names = cache.layers[n], state_names(model, n)
+        if names:  # keys and values in a full layer, then DeepSeek-V4's compressor states
+            cache.layers[n] = holding(DynamicLayer(), *tensors[:2])
+            cache.layers[n].named_states = dict(zip(names, tensors[2:]))
+            continue
         states = hasattr(own, "conv_states")  # a linear-attention layer
         if tensors and states and isinstance(own, DynamicLayer):
             if isinstance(own, DynamicSlidingWindowLayer):  # the window is the mask's
@@ -393,9 +409,17 @@ def holding_states(layer: Any, *states: "torch.Tensor", copy: bool = True) -> No
 
 def layer_state(layer: Any) -> tuple["torch.Tensor", ...]:
     """A filled cache layer's state in :meth:`LayerCache.past`'s order: its keys and values
-    (and indexer keys), or a convolution layer's state (and its recurrent state)."""
+    (and indexer keys, or named states), or a convolution layer's state (and its recurrent
+    state); a transformers DeepSeek-V4 layer's as the graph keeps it, None where it keeps
+    no such state (:func:`~rewrite.exporting.checkpoint.compressed.eager_states`)."""
     import torch
 
+    named = getattr(layer, "named_states", None)
+    if named:
+        return (layer.keys, layer.values, *named.values())
+    compressed = eager_states(layer)
+    if compressed is not None:
+        return compressed
     keys, indexer = getattr(layer, "keys", None), getattr(layer, "indexer_keys", None)
     recurrent = recurrent_state(layer)
     states = (*conv_states(layer), *(() if recurrent is None else (recurrent,)))

@@ -45,7 +45,7 @@ def causal_lm_check(model: "torch.nn.Module", layout: tuple[LayerCache, ...] | N
     vocab = model.config.get_text_config(decoder=True).vocab_size
     ids = torch.randint(0, vocab, (1, PROMPT), generator=torch.Generator().manual_seed(0))
     if one_pass and decode and layout and all(
-            layer.kv and not (layer.conv or layer.recurrent or layer.indexer)
+            layer.kv and not (layer.conv or layer.recurrent or layer.indexer or layer.named)
             for layer in layout):
         return _one_pass_check(model, layout, ids, vocab)
     cache = model_cache(model) if layout is not None else None
@@ -185,17 +185,20 @@ def _snapshot(cache: Any) -> list[tuple[Any, ...]] | None:
     a convolution state (:func:`layer_state`)."""
     if cache is None:
         return None
-    return [tuple(map(as_numpy, layer_state(layer))) for layer in cache.layers]
+    return [tuple(None if state is None else as_numpy(state) for state in layer_state(layer))
+            for layer in cache.layers]
 
 
 def _presents(cache: list | None, total: int, layout: tuple[LayerCache, ...]
               ) -> dict[str, Any]:
     """The expected ``present`` outputs (named by ``layout``): every convolution state, and
     the keys and values of every layer whose eager cache holds all ``total`` positions (a
-    sliding-window layer's keeps only its window; its logits are still compared)."""
+    sliding-window layer's keeps only its window; its logits are still compared), and every
+    state the eager cache holds in the graph's form (not None)."""
     presents: dict[str, Any] = {}
     for n, (layer, state) in enumerate(zip(layout, cache or ())):
-        named = dict(zip(layer.names(n, present=True), state))
+        named = {name: value for name, value in zip(layer.names(n, present=True), state)
+                 if value is not None}
         if layer.kv and any(named[f"present.{n}.{kv}"].shape[2] != total
                             for kv in ("key", "value")):
             del named[f"present.{n}.key"], named[f"present.{n}.value"]

@@ -124,6 +124,12 @@ def check_layer_kinds(model: "torch.nn.Module") -> None:
 def check_states(model: "torch.nn.Module", layout: tuple[LayerCache, ...]) -> None:
     """:class:`InputError` for a hybrid: layers keeping a convolution (and a recurrent)
     state, which :class:`FixedCache` does not carry."""
+    compressing = [n for n, layer in enumerate(layout) if layer.named]
+    if compressing:
+        raise InputError(
+            f"{type(model).__name__}: --cache static keeps keys and values in fixed buffers; "
+            f"layers {', '.join(map(str, compressing))} keep a compressor's states, which "
+            "rewrite's fixed cache does not carry (use --cache kv)")
     held = [n for n, layer in enumerate(layout) if layer.conv]
     if held:
         states = "a convolution and a recurrent state" if any(

@@ -197,12 +197,13 @@ def _one_shape(layout: tuple[LayerCache, ...]) -> tuple[int, int]:
     """(KV heads, head size) of every attention layer's keys and values: the runtime takes
     one. The other layers may keep a convolution and a recurrent state instead (a hybrid's
     recurrent layers: the runtime's recurrent state, 0.18)."""
-    if any(layer.indexer or layer.more_convs or (layer.kv and layer.conv)
+    if any(layer.indexer or layer.named or layer.more_convs or (layer.kv and layer.conv)
            for layer in layout) or not all(
             layer.kv or (layer.conv and layer.recurrent) for layer in layout):
         raise _NotDerived("not every layer's cache is keys and values alone, or a "
                           "convolution and a recurrent state alone (indexer keys, "
-                          "short-convolution layers, several convolution states, layers "
+                          "compressor states, short-convolution layers, several convolution "
+                          "states, layers "
                           "reading another's or keeping both); rewrite writes "
                           "genai_config.json for those two only")
     attending = [layer for layer in layout if layer.kv]

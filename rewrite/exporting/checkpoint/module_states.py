@@ -28,6 +28,9 @@ Inkling's short convolutions (four per layer, beside its keys and values) keep t
 in the cache already, but update them in place (``copy_``), which the per-layer trace cannot
 follow: their forward keeps each state by assignment instead, the same convolution
 (:func:`short_convolution_forward`).
+
+DeepSeek-V4's compressors and indexer keep their states in the cache as tensors of fixed or
+past-long shapes (:mod:`~rewrite.exporting.checkpoint.compressed`).
 """
 
 from __future__ import annotations
@@ -37,6 +40,8 @@ import functools
 import re
 from typing import TYPE_CHECKING, Any, Iterator
 
+from rewrite.exporting.checkpoint.compressed import csa_forward, hca_forward, indexer_forward
+
 if TYPE_CHECKING:
     import torch
 
@@ -44,7 +49,10 @@ FORWARDS = {"RecurrentGemmaRecurrentBlock": "recurrent_block_forward",
             "MiniMaxLightningAttention": "lightning_forward",
             "InklingShortConvolution": "short_convolution_forward",
             "RwkvSelfAttention": "rwkv_attention_forward",
-            "RwkvFeedForward": "rwkv_feed_forward"}
+            "RwkvFeedForward": "rwkv_feed_forward",
+            "DeepseekV4HCACompressor": "hca_forward",
+            "DeepseekV4CSACompressor": "csa_forward",
+            "DeepseekV4Indexer": "indexer_forward"}
 """The classes whose state transformers keeps outside its cache layers, and the forward
 (of this module) each has while the cache layout is read and while exporting."""
 
@@ -56,9 +64,11 @@ def states_in_cache(model: "torch.nn.Module") -> Iterator[bool]:
     blocks = [(int(re.findall(r"\d+", name)[-1]), module)
               for name, module in model.named_modules()
               if type(module).__name__ in FORWARDS and re.search(r"\d", name)]
+    forwards = {**globals(), "hca_forward": hca_forward, "csa_forward": csa_forward,
+                "indexer_forward": indexer_forward}
     try:
         for n, block in blocks:
-            block.forward = functools.partial(globals()[FORWARDS[type(block).__name__]],
+            block.forward = functools.partial(forwards[FORWARDS[type(block).__name__]],
                                               block, n)
         yield bool(blocks)
     finally:
