@@ -7,15 +7,18 @@ the layout ``DequantizeLinear(q, scale, zero_point, axis=0, block_size=block)`` 
 onnxruntime fuses with the ``MatMul`` into ``MatMulNBits``. A last partial block (K not a
 multiple of ``block``) is quantized as if padded with zeros; nothing is padded in the file.
 
-The numbers are onnxruntime's (``MlasQuantizeBlockwise``, what the model builder's
-``-p int4`` runs): symmetric, the scale is the block's value of largest magnitude over -8
-(that value is exactly -8; the scale may be negative; of a positive and a negative value of
-the same magnitude, the negative); asymmetric, the range ``[min(w, 0), max(w, 0)]`` over 15
-levels, the zero point rounded. One difference: values are divided by the scale and rounded
-half to even, where MLAS multiplies by the reciprocal and rounds half away from zero (on a
-random bf16 weight of 16.7M values, 25,757 differ by one step). Computed with torch on one
-thread, in float32 whatever the weight's dtype (a bfloat16 weight is read as it is mapped),
-:data:`CHUNK` values at a time (each chunk converted, reduced, divided and rounded while it
+The numbers are onnxruntime's, bit for bit (``MlasQuantizeBlockwise``, what its
+``MatMulNBitsQuantizer`` and so the model builder's ``-p int4`` run): symmetric, the scale
+is the block's value of largest magnitude over -8 (that value is exactly -8; the scale may be
+negative; of a positive and a negative value of the same magnitude, the negative);
+asymmetric, the range ``[min(w, 0), max(w, 0)]`` over 15 levels, the zero point ``-min /
+scale`` rounded half away from zero; a block of zeros has a scale of 0. Each value is
+multiplied by the reciprocal of its scale, the zero point (8, symmetric) added, then rounded
+half away from zero (C's ``roundf``) into [0, 15] (symmetric values then less 8); a float16
+model's weight is quantized with its float16 scale (onnxruntime's ``MLFloat16`` blocks), a
+bfloat16 one as float32 (onnxruntime converts it). Computed with torch on one thread, in
+float32 whatever the weight's dtype (a bfloat16 weight is read as it is mapped),
+:data:`CHUNK` values at a time (each chunk converted, reduced, scaled and rounded while it
 is in the processor's cache); pairs of rows are packed to bytes, then transposed once to the
 file's ``[K, N]`` layout (:func:`_row_pairs`, :func:`_packed`).
 
@@ -91,8 +94,9 @@ class Blockwise:
 
         source = self._source()
         source = source.detach() if isinstance(source, torch.Tensor) else as_float32(source)
-        q, scale, zero_point = quantize_rows(source if self._transposed else source.T,
-                                             self.block, self.symmetric, workers=workers)
+        q, scale, zero_point = quantize_rows(
+            source if self._transposed else source.T, self.block, self.symmetric,
+            workers=workers, half_scale=self._scale_dtype == ir.DataType.FLOAT16)
         pairs = _row_pairs(q)
         if self._kept is not None:
             self._kept[0].put(self._kept[1], pairs, q.shape[0], scale, zero_point)
@@ -159,12 +163,13 @@ place while it is in the processor's cache; only the 4-bit results are kept."""
 
 
 def quantize_rows(rows: "torch.Tensor", block: int, symmetric: bool, *,
-                  workers: int | None = None
+                  workers: int | None = None, half_scale: bool = False
                   ) -> tuple["torch.Tensor", "torch.Tensor", "torch.Tensor | None"]:
     """``rows`` ``[N, K]`` (any floating dtype, any strides, never modified), blocks along
     K (the last dimension) -> (q ``[N, K]``: int8 in [-8, 7] or uint8 in [0, 15], scale
-    ``[N, ceil(K/block)]`` float32, zero point (uint8, None when symmetric));
-    :data:`CHUNK` values at a time, shared by ``workers`` threads (torch's, by default)."""
+    ``[N, ceil(K/block)]`` float32, float16's values when ``half_scale``, zero point
+    (uint8, None when symmetric)); :data:`CHUNK` values at a time, shared by ``workers``
+    threads (torch's, by default)."""
     import torch
 
     n, k = rows.shape
@@ -174,14 +179,14 @@ def quantize_rows(rows: "torch.Tensor", block: int, symmetric: bool, *,
     zero_point = None if symmetric else torch.empty(n, blocks, dtype=torch.uint8)
     step = max(1, CHUNK // (blocks * block))
     with one_thread() as threads:
-        spread(n, step, partial(_quantize_chunk, rows, q, scale, zero_point, block),
-               workers or threads)
+        spread(n, step, partial(_quantize_chunk, rows, q, scale, zero_point, block,
+                                half_scale), workers or threads)
     return q, scale, zero_point
 
 
 def _quantize_chunk(rows: "torch.Tensor", q: "torch.Tensor", scale: "torch.Tensor",
-                    zero_point: "torch.Tensor | None", block: int, start: int, stop: int
-                    ) -> None:
+                    zero_point: "torch.Tensor | None", block: int, half_scale: bool,
+                    start: int, stop: int) -> None:
     """:func:`quantize_rows`' rows ``start:stop`` into ``q``, ``scale`` and
     ``zero_point``, through a float32 copy of a cache's size."""
     import torch
@@ -194,7 +199,7 @@ def _quantize_chunk(rows: "torch.Tensor", q: "torch.Tensor", scale: "torch.Tenso
         part[:, k:].zero_()  # the last block as if padded with zeros
     scale[start:stop] = _quantize_in_place(
         part.view(stop - start, blocks, block),
-        None if zero_point is None else zero_point[start:stop])
+        None if zero_point is None else zero_point[start:stop], half_scale)
     q[start:stop] = part[:, :k]
 
 
@@ -250,26 +255,38 @@ def one_thread() -> Iterator[int]:
                 torch.set_num_threads(_Threads.before)
 
 
-def _quantize_in_place(grouped: "torch.Tensor", zero_point: "torch.Tensor | None"
-                       ) -> "torch.Tensor":
+def _quantize_in_place(grouped: "torch.Tensor", zero_point: "torch.Tensor | None",
+                       half_scale: bool = False) -> "torch.Tensor":
     """``grouped`` ``[rows, blocks, block]`` float32 replaced by its 4-bit values (as
-    floats); its scales returned, its zero points written to ``zero_point`` (asymmetric)."""
+    floats; symmetric, signed), as ``MlasQuantizeBlockwise`` computes them (module
+    docstring); its scales returned (float16's values when ``half_scale``: a float16
+    weight is quantized with its float16 scale), its zero points written to
+    ``zero_point`` (asymmetric)."""
     import torch
 
     low, high = torch.aminmax(grouped, dim=2)
     if zero_point is None:
         scale = torch.where(high > -low, high, low).div_(-8.0)
-        scale.masked_fill_(scale == 0, 1.0)
-        grouped.div_(scale[..., None]).round_().clamp_(-8, 7)
-        return scale
-    low.clamp_(max=0.0)
-    high.clamp_(min=0.0)
-    scale = (high - low).div_(15.0)
-    scale.masked_fill_(scale == 0, 1.0)
-    zeros = low.neg_().div_(scale).round_().clamp_(0, 15)
-    grouped.div_(scale[..., None]).round_().add_(zeros[..., None]).clamp_(0, 15)
-    zero_point.copy_(zeros)
+        zeros = torch.full_like(scale, 8.0)
+    else:
+        low.clamp_(max=0.0)
+        high.clamp_(min=0.0)
+        scale = (high - low).div_(15.0)  # 0: a block of zeros, whose values are 0 anyway
+        zeros = _round_half_up(low.neg_().div_(scale.where(scale != 0, 1.0)).clamp_(0, 15))
+        zero_point.copy_(zeros)
+    if half_scale:
+        scale = scale.to(torch.float16).to(torch.float32)
+    reciprocal = scale.reciprocal().masked_fill_(scale == 0, 0.0)
+    grouped.mul_(reciprocal[..., None]).add_(zeros[..., None]).clamp_(0, 15)
+    _round_half_up(grouped, -8.0 if zero_point is None else 0.0)  # symmetric: signed
     return scale
+
+
+def _round_half_up(values: "torch.Tensor", plus: float = 0.0) -> "torch.Tensor":
+    """``values`` (float32, at least 0, less than 2 ** 22) rounded half up (C's
+    ``roundf``), plus ``plus``, in place: ``floor(x - 0.5) + 1``, where ``x - 0.5`` is
+    exact (``floor(x + 0.5)`` is not: 0.49999997 + 0.5 rounds to 1)."""
+    return values.sub_(0.5).floor_().add_(1.0 + plus)
 
 
 def dequantize_rows(q: "torch.Tensor", scale: "torch.Tensor",
