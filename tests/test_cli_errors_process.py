@@ -103,6 +103,7 @@ def unwritable_folder(tmp_path: Path) -> Path:
     pytest.fail("no unwritable folder on this machine: /sys accepts files")
 
 
+@pytest.mark.slow
 def test_unwritable_folder(tmp_path, gpt2_pt2):
     folder = unwritable_folder(tmp_path)
     out = folder / "out.onnx"

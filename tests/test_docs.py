@@ -28,6 +28,13 @@ from tests import doc_pages
 PYTHON_PAGES = [page for page in doc_pages.PAGES
                 if any(b.lang == "python" for b in doc_pages.blocks(page))]
 CONSOLE = [b for b in doc_pages.all_blocks() if b.lang == "console"]
+SLOW_PAGES = {Path("docs/checkpoints.md")}
+"""Pages whose examples export several checkpoints (~30 s of the fast tier): the slow tier."""
+
+
+def _tiered(values: list, page_of) -> list:
+    return [pytest.param(v, marks=pytest.mark.slow) if page_of(v) in SLOW_PAGES else v
+            for v in values]
 
 
 def skip_reason(page: Path) -> str | None:
@@ -53,7 +60,7 @@ def test_pages_have_examples():
     assert sum(bool(expected) for b in CONSOLE for _, expected in doc_pages.commands(b)) >= 15
 
 
-@pytest.mark.parametrize("page", PYTHON_PAGES, ids=str)
+@pytest.mark.parametrize("page", _tiered(PYTHON_PAGES, lambda page: page), ids=str)
 def test_python_blocks_run(page, tmp_path_factory):
     page_copy(page, tmp_path_factory)
 
@@ -91,7 +98,8 @@ def run(command: str, folder: Path) -> tuple[int, str]:
     return run_in_shell(command, folder)
 
 
-@pytest.mark.parametrize("block", CONSOLE, ids=lambda b: b.id)
+@pytest.mark.parametrize("block", _tiered(CONSOLE, lambda block: block.page),
+                         ids=lambda b: b.id)
 def test_console_block_prints_what_the_page_shows(block, tmp_path_factory, tmp_path):
     folder = tmp_path / "copy"
     shutil.copytree(page_copy(block.page, tmp_path_factory), folder, symlinks=True)

@@ -104,6 +104,7 @@ def test_gpt2_calls_keep_their_own_metadata(gpt2_3):
     assert not any(n.domain == standins.DOMAIN for n in fast.model.graph)
 
 
+@pytest.mark.slow
 def test_a_block_grouped_differently_gets_its_own_function(gpt2_3):
     fast = _lowered_like_flat(NO_SHARED_ATTN, gpt2_3)
     blocks = {gid: fid[1] for gid, fid in fast.outlined.function_of.items()

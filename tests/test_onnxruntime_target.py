@@ -60,8 +60,8 @@ def _once(bodies: dict[str, Counter], op: str) -> str:
     return holding[0]
 
 
-@pytest.fixture(scope="module")
-def fp32(tmp_path_factory):
+@pytest.fixture(scope="module", params=[pytest.param("fp32", marks=pytest.mark.slow)])
+def fp32(tmp_path_factory):  # an export and its check, ~10 s: the slow tier
     return _export(tmp_path_factory.mktemp("ort_fp32"), target="onnxruntime")
 
 
