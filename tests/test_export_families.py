@@ -612,7 +612,8 @@ def test_deepseek_v4_decodes_with_its_compressors_states(tmp_path):
     out = tmp_path / "out" / "model.onnx"
     out.parent.mkdir()
     progress = Recorder()
-    model = rewrite.export(folder, output=out, cache="kv", progress=progress)
+    with hybrid_export():  # torch 2.9 cannot translate the states' torch.sym_sum
+        model = rewrite.export(folder, output=out, cache="kv", progress=progress)
     assert "3 of 4 layers traced" in progress.text, progress.text
     errors = decode_and_compare(folder, out, prompt=13, steps=6)
     assert len(errors) == 7 and max(errors) < 1e-4, errors

@@ -327,6 +327,10 @@ class _Routings(torch.nn.Module):
         return x
 
 
+@pytest.mark.skipif(tuple(map(int, torch.__version__.split(".")[:2])) < (2, 10), reason=(
+    "torch 2.9's ONNX translator gives every call's data-dependent size u0 one value (the "
+    "reader keeps them apart: its program equals torch's); a checkpoint's export is checked "
+    "against eager and falls back to the whole trace there (session 18 note)"))
 def test_sizes_that_depend_on_data_are_each_calls_own(tmp_path):
     """A size computed from data in a layer's body (an unbacked symbol: the rows routed) is
     not the size of the same name an earlier call computed: the model equals eager (JetMoE
