@@ -194,11 +194,11 @@ class _Lifted:
 
 
 def _fake(graph: torch.fx.Graph, tensor: torch.Tensor) -> Any:
-    """``tensor`` as the program's placeholders hold theirs: a fake tensor of its fake mode."""
-    from torch._guards import detect_fake_mode
-
-    mode = detect_fake_mode([n.meta.get("val") for n in graph.find_nodes(op="placeholder")])
-    return mode.from_tensor(tensor, static_shapes=True) if mode is not None else tensor
+    """``tensor`` as the program's placeholders hold theirs: a fake tensor of their fake
+    mode (the tensor itself where they hold none)."""
+    modes = [value.fake_mode for node in graph.find_nodes(op="placeholder")
+             if (value := node.meta.get("val")) is not None and hasattr(value, "fake_mode")]
+    return modes[0].from_tensor(tensor, static_shapes=True) if modes else tensor
 
 
 def _inline_calls(gm: torch.fx.GraphModule, hop: Any, lifted: _Lifted) -> None:
