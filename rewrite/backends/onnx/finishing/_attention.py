@@ -69,10 +69,11 @@ def fuse_attention(graph: ir.Graph) -> int:
     return len(matches)
 
 
-def _replace(graph: ir.Graph, old: ir.Node, new: ir.Node) -> None:
-    """``new`` after ``old``, its first output standing for ``old``'s."""
+def _replace(graph: ir.Graph, old: ir.Node, new: ir.Node, outputs: int = 1) -> None:
+    """``new`` after ``old``, its first ``outputs`` outputs standing for ``old``'s."""
     graph.insert_after(old, new)
-    _stand_in(old.outputs[0], new.outputs[0])
+    for before, after in zip(old.outputs[:outputs], new.outputs[:outputs]):
+        _stand_in(before, after)
 
 
 def _stand_in(old: ir.Value, new: ir.Value) -> None:

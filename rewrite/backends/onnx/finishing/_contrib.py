@@ -27,6 +27,7 @@ from rewrite.backends.onnx.finishing._attention import (
     _is,
     _producer,
     _remove_unused,
+    _replace,
     _scalar,
     _stand_in,
 )
@@ -57,9 +58,7 @@ def group_query_attention(graph: ir.Graph) -> int:
         fused = ir.Node(DOMAIN, "GroupQueryAttention",
                         (*node.inputs[:3], *node.inputs[4:6], *lengths[:2]), attrs,
                         num_outputs=3, name=node.name, metadata_props=dict(node.metadata_props))
-        graph.insert_after(node, fused)
-        for old, new in zip(node.outputs, fused.outputs):
-            _stand_in(old, new)
+        _replace(graph, node, fused, outputs=3)
         done += 1
     if done:
         _remove_unused(graph)
@@ -107,8 +106,7 @@ def skip_norms(model: ir.Model, fid: FunctionId) -> int:
         fused = ir.Node(DOMAIN, "SkipSimplifiedLayerNormalization",
                         (*add.inputs, call.inputs[1]), (ir.AttrFloat32("epsilon", epsilon),),
                         num_outputs=4, name=call.name, metadata_props=dict(call.metadata_props))
-        graph.insert_after(call, fused)
-        _stand_in(call.outputs[0], fused.outputs[0])
+        _replace(graph, call, fused)
         _stand_in(add.outputs[0], fused.outputs[3])
         done += 1
     if done:
