@@ -25,6 +25,7 @@ the first folder's, the median over the windows, the geometric mean over the rot
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
@@ -77,8 +78,21 @@ def measure(ref: dict[str, np.ndarray], steps: int, folders: list[Path]) -> list
 
 
 def main(argv: list[str]) -> int:
-    ref = dict(np.load(argv[0]))
-    for line in measure(ref, int(argv[1]), [Path(p) for p in argv[2:]]):
+    parser = argparse.ArgumentParser(prog="python -m bench.interleaved",
+                                     description=__doc__.split("\n\n")[0])
+    parser.add_argument("reference", type=Path,
+                        help="bench.genai's eager reference (.npz: prompt, continuation)")
+    parser.add_argument("steps", type=int, help="timed decode steps per rotation")
+    parser.add_argument("folders", type=Path, nargs="+",
+                        help="model folders (the first is the ratios' base)")
+    args = parser.parse_args(argv)
+    missing = [p for p in (args.reference, *args.folders) if not p.exists()]
+    if missing:
+        parser.error(f"not found: {', '.join(map(str, missing))}")
+    if args.steps < len(args.folders):
+        parser.error(f"steps ({args.steps}) must be at least the number of folders "
+                     f"({len(args.folders)}): a ratio is taken over windows of that many steps")
+    for line in measure(dict(np.load(args.reference)), args.steps, args.folders):
         print(line)
     return 0
 

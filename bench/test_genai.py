@@ -56,3 +56,18 @@ def test_interleaved_pairs_cancel_the_place_in_a_round():
     three = np.array([[1.0, 1.2, 1.5] * 4, [1.5, 1.0, 1.2] * 4, [1.2, 1.5, 1.0] * 4])
     three[1] *= 2
     assert interleaved.paired(three) == pytest.approx([1.0, 2.0, 1.0])
+
+
+def test_interleaved_refuses_missing_files_and_too_few_steps_in_one_line(tmp_path, capsys):
+    from bench import interleaved
+
+    reference = tmp_path / "reference.npz"
+    np.savez(reference, prompt=np.array([1, 2]), continuation=np.array([3]))
+    for argv, said in [([str(tmp_path / "none.npz"), "4", str(tmp_path)], "not found: "),
+                       ([str(reference), "1", str(tmp_path), str(tmp_path)],
+                        "steps (1) must be at least the number of folders (2)")]:
+        with pytest.raises(SystemExit) as e:
+            interleaved.main(argv)
+        assert e.value.code == 2
+        err = capsys.readouterr().err
+        assert said in err and "Traceback" not in err, err
