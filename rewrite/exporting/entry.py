@@ -11,7 +11,6 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
-import attrs
 
 from rewrite.compile import RuleSet
 from rewrite.errors import InputError
@@ -127,24 +126,7 @@ def _checkpoint(folder: str | Path, rules: RuleSet | str | Path | None,
     from rewrite.exporting.checkpoint import export_checkpoint
     from rewrite.exporting.precision import Precision
 
-    chosen = Precision.parse(precision, block_size, symmetric, target)
-    if chosen.target == "onnxruntime":
-        ops = ("GroupQueryAttention",) if _causal(folder) else ()
-        options = attrs.evolve(options, onnxruntime_ops=(
-            *ops, "SkipSimplifiedLayerNormalization"))
     return export_checkpoint(folder, rules=rules, output=output, progress=progress,
-                             options=options, precision=chosen, **choices)
+                             options=options, precision=Precision.parse(
+                                 precision, block_size, symmetric, target), **choices)
 
-
-def _causal(folder: str | Path) -> bool:
-    """:func:`precision.causal` of the folder's config.json (unreadable: True, the export
-    says what is wrong with the folder)."""
-    import json
-
-    from rewrite.exporting.precision import causal
-
-    try:
-        config = json.loads((Path(folder) / "config.json").read_text())
-    except (OSError, ValueError):
-        return True
-    return not isinstance(config, dict) or causal(config)

@@ -123,14 +123,20 @@ SLIDING_KEYS = ("sliding_window", "attention_chunk_size")
 """A config's keys for an attention that does not see the whole past (set, not null)."""
 
 
-def causal(config: dict) -> bool:
-    """Whether a checkpoint's ``config`` (and its nested configs) says every layer attends
-    causally to the whole past: no sliding window in use, no chunked attention
-    (``GroupQueryAttention`` is written only then)."""
+def onnxruntime_ops(config: dict) -> tuple[str, ...]:
+    """The onnxruntime contrib ops ``--target onnxruntime`` writes for a checkpoint of
+    ``config``: ``GroupQueryAttention`` only where the config (and its nested configs) says
+    every layer attends causally to the whole past (no sliding window in use, no chunked
+    attention); ``SkipSimplifiedLayerNormalization`` always."""
+    return (*(() if _windowed(config) else ("GroupQueryAttention",)),
+            "SkipSimplifiedLayerNormalization")
+
+
+def _windowed(config: dict) -> bool:
     for said in [config, *(v for v in config.values() if isinstance(v, dict))]:
         window = said.get("use_sliding_window", True) is not False and any(
             said.get(key) is not None for key in SLIDING_KEYS)
         if window or any("sliding" in str(kind) or "chunk" in str(kind)
                          for kind in said.get("layer_types") or ()):
-            return False
-    return True
+            return True
+    return False

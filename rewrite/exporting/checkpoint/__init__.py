@@ -26,6 +26,8 @@ from inspect import signature
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
+from attrs import evolve
+
 from rewrite._private.exclusive import exclusive
 from rewrite._private.transformers_attention import grouped_query_attention
 from rewrite.exporting.checkpoint.build import is_causal_lm, load_model, model_class
@@ -65,7 +67,7 @@ from rewrite.compile import RuleSet, shipped_rules
 from rewrite.errors import InputError, VerificationError, first_line
 from rewrite.exporting.module import Variant, export_module
 from rewrite.backends.onnx.shared_data import sibling_path
-from rewrite.exporting.precision import Precision, checked, refuse_quantized
+from rewrite.exporting.precision import Precision, checked, onnxruntime_ops, refuse_quantized
 from rewrite.files.outputs import check_output_path
 
 if TYPE_CHECKING:
@@ -95,6 +97,8 @@ def export_checkpoint(folder: str | Path, *, rules: RuleSet | str | Path | None,
     first, *more = _one_per_chunk(static or {}, output)
     checkpoint = read_checkpoint(folder, trust_model=trust_model)
     refuse_quantized(checkpoint)
+    if precision.target == "onnxruntime":
+        options = evolve(options, onnxruntime_ops=onnxruntime_ops(checkpoint.config))
     inputs = [checkpoint.path, *checkpoint.weights]
     cls = model_class(checkpoint)
     causal = _check_kind(checkpoint, cls, cache)
@@ -175,7 +179,6 @@ def _export_pair(model: "torch.nn.Module", checkpoint: Checkpoint, ruleset: Rule
     data file and the checkpoint's tokenizer files; returns the decoder's model. ``layers``:
     the encoder's layers traced once (:func:`_encoder_trace`; the decoder's, which take two
     caches, are traced each)."""
-    from attrs import evolve
 
     from rewrite.backends.onnx.save import write_models
 
@@ -318,7 +321,6 @@ def _check_kind(checkpoint: Checkpoint, cls: type, cache: str | None) -> bool:
 
 def _with_moe_translations(options: "OnnxOptions") -> "OnnxOptions":
     """``options`` with transformers' translations of its MoE ops (the caller's win)."""
-    from attrs import evolve
 
     from rewrite._private.transformers_onnx import moe_translations
 

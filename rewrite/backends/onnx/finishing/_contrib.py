@@ -13,7 +13,7 @@ do not read them):
   body. So the model's mask must be causal over the tokens it keeps, its padding on the
   right (a left-padded row is read as right-padded; the builder's model has the same
   convention), no sliding window (the caller decides:
-  :func:`rewrite.exporting.precision.causal`).
+  :func:`rewrite.exporting.precision.onnxruntime_ops`).
 * :func:`skip_norms`: a residual ``Add(a, b)`` read by a call of an RMSNorm function (body
   ``x / Sqrt(ReduceMean(x ** 2, -1) + eps) * w``) as ``SkipSimplifiedLayerNormalization(a,
   b, w, epsilon=eps)``, its fourth output standing for the sum.
