@@ -196,6 +196,12 @@ def test_families_the_cut_serves_or_not(tmp_path, monkeypatch, model_type, share
     from rewrite.frontends.fx import regions
     from tools.coverage import write_checkpoint
 
+    if model_type == "jetmoe" and torch.__version__ < (2, 10):
+        if shared_sizes:
+            pytest.skip("torch 2.9: a body computing sizes from data is traced whole before "
+                        "the reader runs (its ONNX translation would give them one value)")
+        said = ("torch.export traces every layer: JetMoeDecoderLayer computes sizes from "
+                "data, which torch 2.9")
     if shared_sizes:
         monkeypatch.setattr(regions, "_input_size", lambda value: isinstance(value, torch.SymInt))
     folder = tmp_path / model_type
@@ -327,10 +333,6 @@ class _Routings(torch.nn.Module):
         return x
 
 
-@pytest.mark.skipif(tuple(map(int, torch.__version__.split(".")[:2])) < (2, 10), reason=(
-    "torch 2.9's ONNX translator gives every call's data-dependent size u0 one value (the "
-    "reader keeps them apart: its program equals torch's); a checkpoint's export is checked "
-    "against eager and falls back to the whole trace there (session 18 note)"))
 def test_sizes_that_depend_on_data_are_each_calls_own(tmp_path):
     """A size computed from data in a layer's body (an unbacked symbol: the rows routed) is
     not the size of the same name an earlier call computed: the model equals eager (JetMoE
@@ -349,8 +351,12 @@ def test_sizes_that_depend_on_data_are_each_calls_own(tmp_path):
     progress = Recorder()
     out = tmp_path / "model.onnx"
     checked_proto(rewrite.export(*triple, output=out, progress=progress))
-    assert "torch.export: 1 of 4 layers traced (_Routing), 3 recorded" in progress.text, \
-        progress.text
+    if torch.__version__ >= (2, 10):
+        said = "torch.export: 1 of 4 layers traced (_Routing), 3 recorded"
+    else:  # its ONNX translation gives every call's u0 one value: each layer traced
+        said = ("torch.export traces every layer: _Routing computes sizes from data, which "
+                "torch 2.9")
+    assert said in progress.text, progress.text
     assert_matches_eager(out, triple)
 
 

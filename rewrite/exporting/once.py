@@ -124,8 +124,10 @@ def traced_once(model: "torch.nn.Module", progress: "Progress",
         try:
             program, calls, added = _cut_trace(model, layers, export, example,
                                                dynamic_shapes, kwargs is None, progress)
-            checking = _Checking(model, layers, export, dynamic_shapes)
-            reason, by_twin = checking.verdict(program, example, kwargs, added > 0, twin)
+            reason, by_twin = _sizes_from_data(program), False
+            if reason is None:
+                checking = _Checking(model, layers, export, dynamic_shapes)
+                reason, by_twin = checking.verdict(program, example, kwargs, added > 0, twin)
         except Bounded:
             raise
         except (Unavailable, InputError, LibraryError) as e:  # not supported by the cut
@@ -624,6 +626,27 @@ def check_bodies(model: "torch.nn.Module", layers: "torch.nn.ModuleList",
         return "the model through its layers' functions does not give the model's outputs"
     return checked.reason or ("the program of the first layers, extended, does not give the "
                               "model's outputs" if added else None)
+
+
+def _sizes_from_data(program: "torch.export.ExportedProgram") -> str | None:
+    """Why torch's ONNX translation would not keep apart the sizes each call of a traced
+    body computes from data (None: it would). A size computed from data inside a layer (an
+    unbacked symbol, ``u0``: the rows a MoE routes to an expert) has one name in the body
+    and another value at each call; torch 2.9's translator (public ``torch.onnx.export``
+    too) takes it to be one value at every call and writes a model that disagrees with
+    eager. 2.10 and later keep them apart (checked with 2.9.1, 2.10.0 and later:
+    ``tests/test_trace_layers_once.py``)."""
+    import torch
+    from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
+
+    if torch.__version__ >= (2, 10):
+        return None
+    for identifier, body in _bodies(program).items():
+        if any(free_unbacked_symbols(node.meta.get("val")) for node in body.graph.nodes):
+            return (f"{_classes([identifier])} computes sizes from data, which torch "
+                    f"{torch.__version__.split('+')[0]}'s ONNX translation takes to be "
+                    "one value at every layer (torch 2.10 and later keep them apart)")
+    return None
 
 
 def _run_program(program: "torch.export.ExportedProgram", args: tuple) -> Any:
