@@ -165,9 +165,13 @@ class _Lifted:
     tensor of each body, shared by every call of that body."""
 
     def __init__(self, graph: torch.fx.Graph, user_inputs: set[str]) -> None:
-        self.graph, self.user_inputs = graph, user_inputs
+        self.graph = graph
         self.placeholders: dict[tuple[int, str], torch.fx.Node] = {}
         self.tensors: dict[str, torch.Tensor] = {}
+        inputs = graph.find_nodes(op="placeholder")  # constants before user inputs
+        users = [n for n in inputs if n.name in user_inputs]
+        self._before = users[0] if users else None
+        self._last = inputs[-1] if inputs else None
 
     def replace(self, body: torch.fx.GraphModule, nodes: list[torch.fx.Node]) -> None:
         """Each of ``nodes`` (an inlined call of ``body``) that reads a tensor of ``body``
@@ -183,11 +187,11 @@ class _Lifted:
         key = (id(body), name)
         if key not in self.placeholders:
             target = f"lifted_body_tensor_{len(self.tensors)}"
-            inputs = self.graph.find_nodes(op="placeholder")  # constants before user inputs
-            users = [n for n in inputs if n.name in self.user_inputs]
-            with (self.graph.inserting_before(users[0]) if users
-                  else self.graph.inserting_after(inputs[-1])):
+            with (self.graph.inserting_before(self._before) if self._before is not None
+                  else self.graph.inserting_after(self._last) if self._last is not None
+                  else self.graph.inserting_before(next(iter(self.graph.nodes)))):
                 node = self.graph.placeholder(f"c_{target}")
+            self._last = node
             node.meta["val"] = _fake(self.graph, tensor)
             self.placeholders[key], self.tensors[target] = node, tensor
         return self.placeholders[key]
