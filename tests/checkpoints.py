@@ -61,6 +61,13 @@ OTHER_DECODERS: dict[str, tuple[str, dict]] = {
         "linear_key_head_dim": 8, "linear_value_head_dim": 8, "linear_conv_kernel_dim": 4,
         "layer_types": ["linear_attention", "full_attention", "linear_attention",
                         "linear_attention"]}),
+    # Nemotron-H: Mamba-2 layers (2 groups, 4 heads of 16) and an attention layer, each
+    # followed by an MLP layer that keeps no state (no past, no present): three layer kinds
+    "nemotron_h": ("NemotronHConfig", {
+        **SMALL, "num_hidden_layers": 6, "head_dim": 8,
+        "layers_block_type": ["mamba", "mlp", "attention", "mlp", "mamba", "mlp"],
+        "use_mamba_kernels": False, "ssm_state_size": 8, "mamba_num_heads": 4,
+        "mamba_head_dim": 16, "n_groups": 2, "chunk_size": 4, "conv_kernel": 4}),
     # Mamba (1) layers (a convolution and a recurrent state [batch, 64 channels, state 8])
     # around an attention layer (1); MoE in layers 1 and 3: three layer kinds
     "jamba": ("JambaConfig", {

@@ -176,6 +176,21 @@ def test_mamba2_hybrid_decodes_with_its_recurrent_states(tmp_path):
     assert _prompt_in_pieces(folder, out, (5, 4, 3)) < 1e-4
 
 
+@pytest.mark.slow  # a tiny Nemotron-H checkpoint, exported, then prefill + 3 decode steps
+def test_layers_that_keep_no_state_are_traced_once_with_no_past(tmp_path):
+    """Nemotron-H's MLP layers (1, 3, 5) keep nothing in the cache: each is a call of one
+    traced body with no past and no present, beside the Mamba-2 and attention layers' (three
+    kinds of six layers traced, one function each); prefill and 3 decode steps equal
+    eager."""
+    _, _, model = _hybrid_decoded("nemotron_h", tmp_path,
+                                  "3 of 6 layers traced (NemotronHBlock x3)")
+    assert [v.name for v in model.graph.outputs] == [
+        "logits", "present.0.conv", "present.0.recurrent", "present.2.key",
+        "present.2.value", "present.4.conv", "present.4.recurrent"]
+    calls = [n.op_type for n in model.graph if n.op_type.startswith("NemotronHBlock")]
+    assert len(calls) == 6 and len(set(calls)) == 3, calls
+
+
 @pytest.mark.slow  # two exports of a 6-layer tiny Bamba, then prefill + 3 decode steps
 def test_scanning_layers_are_lowered_once_per_kind(tmp_path):
     """A hybrid whose layers scan, traced once per kind (2 of 6 layers traced), is lowered

@@ -397,9 +397,9 @@ class LayerCall:
         if self.slots is None:
             raise Unavailable(f"the cache is a {type(self.cache).__name__}")
         past = self.slots.read(self.cache, self.index)
-        if not past or any(t is None for t in past):
+        if any(t is None for t in past):
             raise Unavailable(f"layer {self.index}'s cache holds no keys and values")
-        return past
+        return past  # empty: a layer that keeps no state (a hybrid's MLP layer)
 
     def body(self, *operands: "torch.Tensor") -> tuple:
         """The layer's call on ``operands`` (see the class docstring)."""
@@ -412,10 +412,11 @@ class LayerCall:
         for k, tensor in zip(self.tensors, given):
             leaves[k] = tensor
         args, kwargs = pytree.tree_unflatten(leaves, self.spec)
-        if self.cache is not None:
+        if self.past:
             saved = self.slots.read(self.cache, self.index)
             self.slots.install(self.cache, self.index, operands[len(operands) - len(saved):],
                                given=True)
+        if self.cache is not None:
             if isinstance(self.cache_at, int):
                 args[self.cache_at] = self.cache
             else:
@@ -428,7 +429,7 @@ class LayerCall:
         out_leaves, out_spec = pytree.tree_flatten(out)
         self._outputs_of[self.identifier] = (out_leaves, out_spec)
         tensors = [v for v in out_leaves if isinstance(v, torch.Tensor)]
-        if self.cache is not None:
+        if self.past:
             tensors += self.slots.updated(self.cache, self.index)
             self.slots.install(self.cache, self.index, saved)
         return tuple(tensors)
@@ -439,7 +440,7 @@ class LayerCall:
         import torch
         import torch.utils._pytree as pytree
 
-        if self.cache is not None:
+        if self.past:
             state = self.slots.read(self.cache, self.index)
             changed = self.slots.changed(state)
             rest = state[changed:]  # read-only state: unchanged
