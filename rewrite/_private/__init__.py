@@ -29,6 +29,10 @@ shim                   private API                                     without i
 ``transformers_        transformers' ``integrations.sdpa_attention.``   ``repeat_kv`` (same
 attention``            ``use_gqa_in_sdpa``, answering yes for one        values, slower
                        export's context (``enable_gqa``)                export)
+``transformers_        transformers' ``masking_utils.``                 eager's masks (the
+masks``                ``is_torchdynamo_exporting``, answering yes in   check traces every
+                       the eager runs that check a traced layer         layer of BART's
+                                                                        family)
 ``onnx_ir_attrs``      the ``data`` dict of ``Node.attributes``         the mapping (slower)
 ``onnx_files``         onnx_ir's ``_shard_filename`` (chunk names)      stale chunks stay
 ``torch_graphs``       ``ExportedProgram._graph_module``, op schemas    --

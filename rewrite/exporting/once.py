@@ -35,6 +35,7 @@ from attrs import frozen
 from rewrite._private.errors import Unavailable
 from rewrite._private.torch_layer_calls import LayerCalls, available
 from rewrite._private.torch_repeated_calls import Extension, extended
+from rewrite._private.transformers_masks import masks_as_exported
 from rewrite.errors import InputError, LibraryError, first_line, library_call
 from rewrite.exporting.bounds import Bounded
 from rewrite.exporting.twin import Twin, alike
@@ -609,7 +610,8 @@ def check_bodies(model: "torch.nn.Module", layers: "torch.nn.ModuleList",
         return InputError(f"{name} failed through its layers' functions: "
                           f"{type(e).__name__}: {first_line(e)}")
 
-    with library_call("transformers", f"running {name}", failed), torch.no_grad():
+    with library_call("transformers", f"running {name}", failed), torch.no_grad(), \
+            masks_as_exported():  # the trace's masks (BART's family: an encoder mask)
         whole = model(*example)
         if added:
             if _all_close(whole, _run_program(program, example)):
