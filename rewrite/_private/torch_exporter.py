@@ -169,7 +169,23 @@ def _tables(registry) -> tuple[dict, dict]:
     (what it implements is not decomposed)."""
     api = _apis()
     table = api["friendly_table"](set(api["implemented"](registry)))
-    return api["split_table"](dict(table))
+    cia, decompositions = api["split_table"](dict(table))
+    if torch.ops.aten.rsub.Scalar in decompositions:
+        decompositions[torch.ops.aten.rsub.Scalar] = _rsub
+    return cia, decompositions
+
+
+def _rsub(self: torch.Tensor, other: Any, alpha: Any = 1) -> torch.Tensor:
+    """``aten.rsub.Scalar``, ``other - alpha * self``, with the number ``other`` a 0-d tensor
+    of the result's dtype. torch's decomposition makes ``aten.sub.Tensor(number, tensor)``,
+    which torch.onnx's type promotion pass fails on where the tensor must be cast (``1.0 -
+    attention_mask`` on an int64 mask: XLNet), re-binding the number to no overload of
+    ``aten.sub``; as a 0-d tensor of that dtype the result and its dtype are the same (a 0-d
+    operand does not widen a dimensioned one of its category, and has the dtype the number
+    promotes to)."""
+    number = torch.scalar_tensor(other, dtype=torch.result_type(self, other),
+                                 device=self.device)
+    return torch.sub(number, self, alpha=alpha)
 
 
 def lowering_tables(custom_translation_table: Mapping | None = None) -> tuple:
