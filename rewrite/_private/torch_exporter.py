@@ -24,7 +24,9 @@ result the same (``tests/test_onnx_decompose.py`` compares with torch's plain pa
   ``invoke_subgraph`` call, a placeholder, most ops) from its ``val`` instead of running it
   again under the fake mode (:func:`_promote_types`).
 
-torchlib's registry is built by :mod:`rewrite._private.torchlib`.
+torchlib's registry is built by :mod:`rewrite._private.torchlib`. One decomposition differs
+from torch.onnx's: ``aten.rsub.Scalar``'s number is a 0-d tensor (:func:`_rsub`), on which its
+type promotion does not fail.
 
 Anything missing or changed raises :class:`Unavailable`, an error of torch's own code on
 the program (its decomposition, translation, the opset conversion) :class:`errors.TorchFailed`

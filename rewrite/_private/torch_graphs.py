@@ -121,9 +121,14 @@ def runtime_conditions(program: torch.export.ExportedProgram) -> list[Any]:
 def standard_sympy(expr: Any) -> Any:
     """``expr`` (a size expression of torch's) with torch's own sympy functions (its ``Min``,
     ``Max``, ``FloorDiv``, ``PythonMod``... of ``torch.utils._sympy.functions``) written as
-    sympy's, about which sympy reasons; a function not known here is kept."""
+    sympy's, about which sympy reasons; a function not known here is kept (all of them
+    without that module)."""
     import sympy
-    from torch.utils._sympy import functions
+
+    try:
+        from torch.utils._sympy import functions
+    except ImportError:  # pragma: no cover - not in the checked versions
+        return expr
 
     table = {"Min": sympy.Min, "Max": sympy.Max, "Mod": sympy.Mod, "PythonMod": sympy.Mod,
              "FloorDiv": lambda a, b: sympy.floor(a / b),
