@@ -75,7 +75,8 @@ def test_a_cache_that_is_not_keys_and_values_is_refused_in_one_line():
                     "keys and values: it recomputes every token at each step)",)),
     ("xlnet", ("keeps no cache to decode with, a limit of the model: it returns a memory "
                "instead (mems", "its attention is bidirectional (attn_type 'bi'): a call "
-               "after that memory is not one call over all the tokens")),
+               "after that memory is not one call over all the tokens",
+               "re-running the last two tokens: use --cache none for the prefill")),
 ])
 def test_a_model_that_keeps_no_cache_is_refused_in_one_line(model_type, kept, tmp_path,
                                                              run_cli):
@@ -642,6 +643,61 @@ def test_deepseek_v4_decodes_with_its_compressors_states(tmp_path):
     assert shapes["past.3.indexer.compressed"] == ["batch_size", "past_sequence_length", "8"]
     assert not any(name.startswith("past.0.") for name in shapes)  # sliding: keys, values
     assert not (out.parent / "genai_config.json").exists()
+
+
+@pytest.mark.slow  # a tiny Aria checkpoint, exported, then prefill + 3 decode steps
+def test_aria_converts_where_torch_export_cannot_prove_its_experts_condition(tmp_path):
+    """Aria's experts hold where ``sequence_length*min(64, 64*sequence_length) ==
+    64*sequence_length``, true for every length, which torch.export cannot prove (exit 2
+    before): deferred to run time and proved by rewrite (:mod:`rewrite.exporting.deferred`).
+    Each distinct layer traced once; prefill of a left-padded batch and 3 greedy decode
+    steps equal eager within 1e-4; both decoder layers call one function."""
+    folder = _checkpoint("aria_text", tmp_path)
+    out = tmp_path / "out" / "model.onnx"
+    out.parent.mkdir()
+    progress = Recorder()
+    model = rewrite.export(folder, output=out, cache="kv", progress=progress)
+    assert "torch.export traces every layer" not in progress.text, progress.text
+    errors = decode_and_compare(folder, out)
+    assert max(errors) < 1e-4, errors
+    onnx.checker.check_model(str(out), full_check=True)
+    calls = [n for n in model.graph if n.op_type.startswith("AriaTextDecoderLayer")]
+    assert len(calls) == 2
+    assert len({(c.domain, c.op_type, c.overload) for c in calls}) == 1
+
+
+@pytest.mark.slow  # a tiny XLNet checkpoint, exported without a cache
+def test_xlnet_prefill_alone_equals_eager(tmp_path):
+    """XLNet with ``--cache none`` (``--cache kv`` is refused: a limit of the model). Its
+    relative attention's shift holds where ``(2*sequence_length - 1) % sequence_length !=
+    0``, which torch.export cannot prove: true over the lengths it exports (2 to 511, its
+    bound), deferred to run time; ``1.0 - attention_mask`` on the int64 mask lowered (exit 3
+    in torch.onnx's type promotion before). Prompts of 1 (below the exported range, where
+    the condition is false: the graph still equals eager), 2, 7 and 40 tokens, two rows,
+    equal eager within 1e-4."""
+    import numpy as np
+    import onnxruntime as ort
+    from transformers import AutoModelForCausalLM
+
+    folder = _checkpoint("xlnet", tmp_path)
+    out = tmp_path / "out" / "model.onnx"
+    out.parent.mkdir()
+    progress = Recorder()
+    rewrite.export(folder, output=out, cache="none", progress=progress)
+    assert "holds for sequence_length <= 511 only" in progress.text, progress.text
+    assert "torch.export traces every layer" not in progress.text, progress.text
+    onnx.checker.check_model(str(out), full_check=True)
+    eager = AutoModelForCausalLM.from_pretrained(folder).eval()
+    session = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
+    for length in (1, 2, 7, 40):
+        ids = torch.randint(0, 96, (2, length), generator=torch.Generator().manual_seed(length))
+        mask = torch.ones_like(ids)
+        with torch.no_grad():
+            expected = eager(input_ids=ids, attention_mask=mask).logits.numpy()
+        feeds = {"input_ids": ids.numpy(), "attention_mask": mask.numpy(),
+                 "position_ids": np.arange(length)[None].repeat(2, 0)}
+        logits = session.run(["logits"], feeds)[0]
+        assert np.abs(logits - expected).max() < 1e-4, length
 
 
 @pytest.mark.slow  # a tiny DeepSeek-V4 checkpoint, exported without a cache

@@ -70,3 +70,26 @@ def test_decomposition_equals_torchs_passes(gpt2_program, plain):
 def test_lowering_equals_eager(gpt2_model, gpt2_program):
     lowered = rewrite.apply(GPT2_RULES, gpt2_program).to_onnx()
     assert_matches_eager(lowered, gpt2_model)
+
+
+def test_a_number_minus_a_tensor_of_another_dtype_lowers_with_eagers_values_and_dtype():
+    """``1.0 - mask`` on an int64 mask (XLNet): torch's decomposition of ``aten.rsub`` gives
+    ``aten.sub.Tensor(1.0, mask)``, on which torch.onnx's type promotion failed (no overload
+    of ``aten.sub`` takes a number first); the number is a 0-d tensor of the result's dtype,
+    so every mix of dtypes keeps eager's values and dtype (a float16 tensor stays float16)."""
+    import numpy as np
+
+    from tests.onnx_fixtures import checked_proto, run_onnx
+
+    class Differences(torch.nn.Module):
+        def forward(self, mask, ints, halves, floats):
+            return (1.0 - mask, 2 - ints, 0.5 - halves, 3 - floats, 1.5 - ints,
+                    torch.rsub(floats, 2.0, alpha=3))
+
+    args = (torch.tensor([[1, 0, 1]]), torch.tensor([5, -2], dtype=torch.int32),
+            torch.tensor([1.5, 2.25], dtype=torch.float16), torch.tensor([0.25, 4.0]))
+    model = rewrite.export(Differences(), args, rules="modularize")
+    checked_proto(model)
+    for got, expected in zip(run_onnx(model, args), Differences()(*args), strict=True):
+        assert got.dtype == expected.numpy().dtype
+        np.testing.assert_array_equal(got, expected.numpy())

@@ -36,7 +36,9 @@ masks``                ``is_torchdynamo_exporting``, answering yes in   check tr
 ``onnx_ir_attrs``      the ``data`` dict of ``Node.attributes``         the mapping (slower)
 ``onnx_files``         onnx_ir's ``_shard_filename`` (chunk names)      stale chunks stay
 ``torch_graphs``       ``ExportedProgram._graph_module``, op schemas    --
-                       (``torch._ops``)
+                       (``torch._ops``); runtime asserts' conditions
+                       (``SymBool.node.expr``) and torch's sympy
+                       functions (``torch.utils._sympy.functions``)
 ``torch_programs``     lazy graph modules, pytree code generation       eager modules,
                        (the FX backend); ``.pt2`` loading: torch's       plain code;
                        ``_bytes_to_dataclass``,                         ``torch.export.load``

@@ -24,7 +24,9 @@ result the same (``tests/test_onnx_decompose.py`` compares with torch's plain pa
   ``invoke_subgraph`` call, a placeholder, most ops) from its ``val`` instead of running it
   again under the fake mode (:func:`_promote_types`).
 
-torchlib's registry is built by :mod:`rewrite._private.torchlib`.
+torchlib's registry is built by :mod:`rewrite._private.torchlib`. One decomposition differs
+from torch.onnx's: ``aten.rsub.Scalar``'s number is a 0-d tensor (:func:`_rsub`), on which its
+type promotion does not fail.
 
 Anything missing or changed raises :class:`Unavailable`, an error of torch's own code on
 the program (its decomposition, translation, the opset conversion) :class:`errors.TorchFailed`
@@ -169,7 +171,23 @@ def _tables(registry) -> tuple[dict, dict]:
     (what it implements is not decomposed)."""
     api = _apis()
     table = api["friendly_table"](set(api["implemented"](registry)))
-    return api["split_table"](dict(table))
+    cia, decompositions = api["split_table"](dict(table))
+    if torch.ops.aten.rsub.Scalar in decompositions:
+        decompositions[torch.ops.aten.rsub.Scalar] = _rsub
+    return cia, decompositions
+
+
+def _rsub(self: torch.Tensor, other: Any, alpha: Any = 1) -> torch.Tensor:
+    """``aten.rsub.Scalar``, ``other - alpha * self``, with the number ``other`` a 0-d tensor
+    of the result's dtype. torch's decomposition makes ``aten.sub.Tensor(number, tensor)``,
+    which torch.onnx's type promotion pass fails on where the tensor must be cast (``1.0 -
+    attention_mask`` on an int64 mask: XLNet), re-binding the number to no overload of
+    ``aten.sub``; as a 0-d tensor of that dtype the result and its dtype are the same (a 0-d
+    operand does not widen a dimensioned one of its category, and has the dtype the number
+    promotes to)."""
+    number = torch.scalar_tensor(other, dtype=torch.result_type(self, other),
+                                 device=self.device)
+    return torch.sub(number, self, alpha=alpha)
 
 
 def lowering_tables(custom_translation_table: Mapping | None = None) -> tuple:

@@ -1,13 +1,16 @@
 """Private parts of torch's FX graphs and exported programs that the backend reads or sets.
 
-``torch._ops`` (the classes of op overloads and higher-order operators, an overload's schema)
-and ``ExportedProgram._graph_module`` (a program with a new graph module, its signature,
-state and constants kept: there is no public way to make one without re-exporting).
+``torch._ops`` (the classes of op overloads and higher-order operators, an overload's schema),
+``ExportedProgram._graph_module`` (a program with a new graph module, its signature,
+state and constants kept: there is no public way to make one without re-exporting) and a
+symbolic boolean's expression, ``SymBool.node.expr`` (the conditions of a program's runtime
+asserts: :func:`runtime_conditions`).
 """
 
 from __future__ import annotations
 
 import copy
+from typing import Any
 
 import torch
 
@@ -96,3 +99,43 @@ def with_graph_module(program: torch.export.ExportedProgram, gm: torch.fx.GraphM
     out = copy.copy(program)
     out._graph_module = gm
     return out
+
+
+def runtime_conditions(program: torch.export.ExportedProgram) -> list[Any]:
+    """The sympy conditions on sizes that ``program`` asserts at run time
+    (``aten._assert_scalar`` of a symbolic boolean), in its graph and its subgraphs (a
+    layer's ``invoke_subgraph`` body)."""
+    conditions = []
+    for gm in program.graph_module.modules():
+        if not isinstance(gm, torch.fx.GraphModule):
+            continue
+        for node in gm.graph.find_nodes(op="call_function",
+                                        target=torch.ops.aten._assert_scalar.default):
+            arg = node.args[0] if node.args else None
+            value = arg.meta.get("val") if isinstance(arg, torch.fx.Node) else None
+            if isinstance(value, torch.SymBool):
+                conditions.append(value.node.expr)
+    return conditions
+
+
+def standard_sympy(expr: Any) -> Any:
+    """``expr`` (a size expression of torch's) with torch's own sympy functions (its ``Min``,
+    ``Max``, ``FloorDiv``, ``PythonMod``... of ``torch.utils._sympy.functions``) written as
+    sympy's, about which sympy reasons; a function not known here is kept (all of them
+    without that module)."""
+    import sympy
+
+    try:
+        from torch.utils._sympy import functions
+    except ImportError:  # pragma: no cover - not in the checked versions
+        return expr
+
+    table = {"Min": sympy.Min, "Max": sympy.Max, "Mod": sympy.Mod, "PythonMod": sympy.Mod,
+             "FloorDiv": lambda a, b: sympy.floor(a / b),
+             "CeilDiv": lambda a, b: sympy.ceiling(a / b),
+             "CleanDiv": lambda a, b: a / b, "IntTrueDiv": lambda a, b: a / b,
+             "PowByNatural": sympy.Pow, "FloorToInt": sympy.floor,
+             "CeilToInt": sympy.ceiling, "Identity": lambda a: a}
+    known = {getattr(functions, name): made for name, made in table.items()
+             if hasattr(functions, name)}
+    return expr.replace(lambda e: type(e) in known, lambda e: known[type(e)](*e.args))

@@ -63,9 +63,12 @@ class _First:
 
 
 class LayerCalls:
-    """The layer calls of one ``torch.export`` trace (see the module docstring)."""
+    """The layer calls of one ``torch.export`` trace (see the module docstring); a call in
+    another trace (torch.export called again: a retry) starts afresh."""
 
     def __init__(self) -> None:
+        self._tracer: Any = None
+        """The tracer of the trace the calls so far were made in."""
         self._first: dict[str, list[_First]] = {}
         self._equal: set = set()
         """Pairs of symbolic sizes declared equal."""
@@ -83,6 +86,9 @@ class LayerCalls:
         mode = api["proxy_mode"]()
         if mode is None:
             return tuple(body(*operands))
+        if mode.tracer is not self._tracer:  # another trace: its bodies are not on this root
+            self.__init__()
+            self._tracer = mode.tracer
         firsts = self._first.setdefault(identifier, [])
         for first in firsts:
             if _same_sizes(first.operands, operands, self._equal):

@@ -21,6 +21,7 @@ from rewrite._private.exclusive import exclusive
 from rewrite.api import apply, as_ruleset
 from rewrite.compile import RuleSet, parse_rules
 from rewrite.exporting.bounds import Bounded, bounds, record, within
+from rewrite.exporting.deferred import Deferrable, deferrable, unproven
 from rewrite.exporting.dim_names import dim_names, rename_dims
 from rewrite.errors import library_call
 from rewrite.errors import InputError, first_line
@@ -147,7 +148,10 @@ def _torch_export(model: "torch.nn.Module", args: tuple, kwargs: Mapping[str, An
     :class:`InputError` (a :class:`~rewrite.exporting.bounds.Bounded` where the model holds
     for bounded sizes and ``limits`` is None); a failure in rewrite's own code that it traces
     (a checkpoint's decode-ready forward) is rewrite's bug, a crash of torch's own a
-    ``LibraryError`` (:func:`~rewrite.errors.library_call`)."""
+    ``LibraryError`` (:func:`~rewrite.errors.library_call`). Where it rejects conditions on a
+    size that it cannot prove, the model is exported again with them deferred to run time,
+    and that program stands only where they hold for every size it accepts
+    (:mod:`rewrite.exporting.deferred`)."""
     import torch
 
     name = type(model).__name__
@@ -158,15 +162,31 @@ def _torch_export(model: "torch.nn.Module", args: tuple, kwargs: Mapping[str, An
             return Bounded(name, found)
         guard = violated(str(e))
         if guard:
-            return InputError(f"torch.export could not export {name}: {guard}")
+            kind = Deferrable if deferrable(str(e)) else InputError
+            return kind(f"torch.export could not export {name}: {guard}")
         first = first_line(e) or type(e).__name__
         return InputError(f"torch.export could not export {name}: {type(e).__name__}: {first}")
 
     shapes = within(dynamic_shapes, limits) if limits else dynamic_shapes
-    with library_call("torch.export", f"exporting {name}", rejected), \
-            torch.fx.traceback.preserve_node_meta():
-        return torch.export.export(model, tuple(args), kwargs=dict(kwargs or {}),
-                                   dynamic_shapes=shapes, strict=strict)
+
+    def export(deferred: bool) -> "torch.export.ExportedProgram":
+        with library_call("torch.export", f"exporting {name}", rejected), \
+                torch.fx.traceback.preserve_node_meta():
+            return torch.export.export(model, tuple(args), kwargs=dict(kwargs or {}),
+                                       dynamic_shapes=shapes, strict=strict,
+                                       prefer_deferred_runtime_asserts_over_guards=deferred)
+
+    try:
+        return export(False)
+    except Deferrable as refusal:
+        try:
+            program = export(True)
+        except InputError:
+            raise refusal from None
+        why = unproven(program, dim_names(program, dynamic_shapes))
+        if why is not None:
+            raise InputError(f"{refusal}; {why}") from None
+        return program
 
 
 def violated(message: str) -> str:
@@ -175,8 +195,8 @@ def violated(message: str) -> str:
     another message."""
     import re
 
-    found = re.search(r"Not all values of (\w+) = (\S+) in the specified range satisfy the "
-                      r"generated guard (.+?)\.?$", message, re.M)
+    found = re.search(r"Not all values of (\w+) = (\S+) in the specified range(?: .+?)? "
+                      r"satisfy the generated guard (.+?)\.?$", message, re.M)
     if found is None:
         return ""
     dim, size, guard = found.groups()

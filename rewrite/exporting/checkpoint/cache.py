@@ -249,7 +249,7 @@ def _memory_refusal(name: str, config: Any) -> InputError:
         f"instead (mems, Transformer-XL's: each layer's input for the earlier "
         f"tokens){bidirectional}; transformers' generate predicts each token from a query "
         "stream fed a placeholder token, a permutation mask and a target mapping, re-running "
-        "the last two tokens")
+        "the last two tokens: use --cache none for the prefill")
 
 
 def layers_of(name: str, cache: Any, scans: bool = False) -> tuple[LayerCache, ...]:
