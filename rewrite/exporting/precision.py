@@ -49,7 +49,7 @@ class Precision:
     symmetric: bool = True
     target: str = "onnx"
     """``"onnx"`` (standard ops) or ``"onnxruntime"``: onnxruntime's fused ops in the layer
-    bodies (``OnnxOptions.onnxruntime_ops``, where :func:`causal`) and, in int4, a tied head
+    bodies (:func:`onnxruntime_ops`) and, in int4, a tied head
     reading its embedding's 4-bit table with ``com.microsoft.MatMulNBits``."""
 
     @classmethod

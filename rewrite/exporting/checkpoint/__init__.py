@@ -97,8 +97,7 @@ def export_checkpoint(folder: str | Path, *, rules: RuleSet | str | Path | None,
     first, *more = _one_per_chunk(static or {}, output)
     checkpoint = read_checkpoint(folder, trust_model=trust_model)
     refuse_quantized(checkpoint)
-    if precision.target == "onnxruntime":
-        options = evolve(options, onnxruntime_ops=onnxruntime_ops(checkpoint.config))
+    options = _for_target(options, precision, checkpoint.config)
     inputs = [checkpoint.path, *checkpoint.weights]
     cls = model_class(checkpoint)
     causal = _check_kind(checkpoint, cls, cache)
@@ -230,6 +229,14 @@ def _rules(checkpoint: Checkpoint, rules: RuleSet | str | Path | None, progress:
         progress.note(f"rules: {shipped.name}, shipped for model_type "
                       f"{checkpoint.model_type!r}")
     return as_ruleset(chosen) if chosen is not None else None
+
+
+def _for_target(options: "OnnxOptions", precision: Precision, config: dict) -> "OnnxOptions":
+    """``options`` with the onnxruntime contrib ops ``--target onnxruntime`` writes for a
+    checkpoint of ``config`` (:func:`~rewrite.exporting.precision.onnxruntime_ops`)."""
+    if precision.target != "onnxruntime":
+        return options
+    return evolve(options, onnxruntime_ops=onnxruntime_ops(config))
 
 
 def _check_cache_options(cache: str | None, context: int | None,
