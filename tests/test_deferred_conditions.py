@@ -31,18 +31,25 @@ class _Branch(torch.nn.Module):
         return x
 
 
-def _export(model: torch.nn.Module, output) -> object:
+def _export(model: torch.nn.Module, output, progress=None) -> object:
     return rewrite.export(model, (torch.randn(1, 5, 8),), rules="modularize",
-                          dynamic_shapes=({1: torch.export.Dim("seq")},), output=output)
+                          dynamic_shapes=({1: torch.export.Dim("seq")},), output=output,
+                          progress=progress)
 
 
 def test_a_condition_true_for_every_length_is_deferred_and_the_model_equals_eager(tmp_path):
     """Aria's condition, ``seq * min(64, 64 * seq) == 64 * seq``: true for every length,
     which torch.export cannot prove; the model converts and equals eager at every length,
     one token to beyond the lengths checked one by one."""
+    from tests.test_checkpoint_export import Recorder
+
     model = _Branch(64, 64).eval()
-    exported = _export(model, tmp_path / "m.onnx")
+    progress = Recorder()
+    exported = _export(model, tmp_path / "m.onnx", progress)
     checked_proto(exported)
+    said = " ".join(progress.text.split())
+    assert "torch.export: the model's code holds for some values of the dynamic seq only" \
+           in said and "deferred to run time and proved by rewrite for every length" in said
     for length in (1, 2, 5, 64, CHECKED + 300):
         x = torch.randn(1, length, 8)
         with torch.no_grad():

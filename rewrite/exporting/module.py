@@ -118,9 +118,12 @@ def _lowered(model: "torch.nn.Module", args: tuple, kwargs: Mapping[str, Any] | 
     lowered: (program, the rules used, ONNX model)."""
     from rewrite.backends.onnx import lower
 
+    proved: list[str] = []
+
     def traced(limits: Mapping[str, int] | None) -> "torch.export.ExportedProgram":
         export = partial(_torch_export, model, args=args, kwargs=kwargs,
-                         dynamic_shapes=dynamic_shapes, strict=strict, limits=limits)
+                         dynamic_shapes=dynamic_shapes, strict=strict, limits=limits,
+                         proved=proved)
         return trace(export, args, dynamic_shapes) if trace is not None else export()
 
     limits: dict[str, int] = {}
@@ -131,6 +134,8 @@ def _lowered(model: "torch.nn.Module", args: tuple, kwargs: Mapping[str, Any] | 
             progress.note(bounded.says)
             limits = bounded.limits
             program = traced(limits)
+    for line in dict.fromkeys(proved):
+        progress.note(line)
     if ruleset is None:
         ruleset = suggested_rules(program, type(model).__name__, progress)
     lowering = lower(apply(ruleset, program), options, progress)
@@ -141,8 +146,8 @@ def _lowered(model: "torch.nn.Module", args: tuple, kwargs: Mapping[str, Any] | 
 
 
 def _torch_export(model: "torch.nn.Module", args: tuple, kwargs: Mapping[str, Any] | None,
-                  dynamic_shapes: Any, strict: bool, limits: Mapping[str, int] | None = None
-                  ) -> "torch.export.ExportedProgram":
+                  dynamic_shapes: Any, strict: bool, limits: Mapping[str, int] | None = None,
+                  proved: list[str] | None = None) -> "torch.export.ExportedProgram":
     """``torch.export.export`` keeping node metadata, its dynamic sizes bounded by ``limits``
     (:mod:`rewrite.exporting.bounds`). What it rejects in the model is an
     :class:`InputError` (a :class:`~rewrite.exporting.bounds.Bounded` where the model holds
@@ -151,7 +156,7 @@ def _torch_export(model: "torch.nn.Module", args: tuple, kwargs: Mapping[str, An
     ``LibraryError`` (:func:`~rewrite.errors.library_call`). Where it rejects conditions on a
     size that it cannot prove, the model is exported again with them deferred to run time,
     and that program stands only where they hold for every size it accepts
-    (:mod:`rewrite.exporting.deferred`)."""
+    (:mod:`rewrite.exporting.deferred`); ``proved`` then gets a line saying so."""
     import torch
 
     name = type(model).__name__
@@ -186,6 +191,9 @@ def _torch_export(model: "torch.nn.Module", args: tuple, kwargs: Mapping[str, An
         why = unproven(program, dim_names(program, dynamic_shapes))
         if why is not None:
             raise InputError(f"{refusal}; {why}") from None
+        if proved is not None:
+            proved.append(f"torch.export: {str(refusal).partition(': ')[2]}; deferred to run "
+                          "time and proved by rewrite for every length it accepts")
         return program
 
 
