@@ -216,6 +216,46 @@ def test_families_the_cut_serves_or_not(tmp_path, monkeypatch, model_type, share
     assert "verified against eager" in progress.text and out.is_file()
 
 
+@pytest.mark.slow  # a tiny Gemma 4 checkpoint, exported, then prefill + 3 decode steps
+def test_layers_sharing_keys_and_values_through_a_mapping_are_traced_once_per_kind(tmp_path):
+    """Gemma 4's layers get a mapping (``shared_kv_states``) into which the last layer of
+    each attention type before the sharing ones stores its keys and values, and from which
+    the sharing layers (3, 4, 5) read theirs: in a layer's function its entries are inputs
+    and what it stores outputs. Five kinds of six layers traced (the mapping's keys differ
+    along the way), one recorded; prefill and decode equal eager; only the layers that
+    compute keys and values have a past and a present."""
+    from transformers import AutoModelForCausalLM
+
+    from tools.coverage import tiny_config
+
+    said = tiny_config("gemma4_text").to_dict()
+    for key in [k for k in said if k.startswith("per_layer")]:  # remade from layer_types
+        said.pop(key)
+    said.update(num_hidden_layers=6, num_kv_shared_layers=3,
+                layer_types=["sliding_attention", "sliding_attention", "full_attention"] * 2)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(type(tiny_config("gemma4_text"))(**said)).eval()
+    assert [layer.self_attn.is_kv_shared_layer for layer in model.model.layers] == \
+        [False] * 3 + [True] * 3
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.normal_(0.0, 0.2)
+    folder = tmp_path / "gemma4"
+    model.save_pretrained(folder)
+    progress = Recorder()
+    out = tmp_path / "out" / "model.onnx"
+    out.parent.mkdir()
+    exported = rewrite.export(folder, output=out, cache="kv", progress=progress)
+    assert "torch.export: 5 of 6 layers traced (Gemma4TextDecoderLayer x5), 1 recorded" in \
+        progress.text, progress.text
+    errors = decode_and_compare(folder, out)
+    assert max(errors) < 1e-4, errors
+    assert [v.name for v in exported.graph.outputs] == [
+        "logits", *(f"present.{n}.{kv}" for n in range(3) for kv in ("key", "value"))]
+    calls = [n.op_type for n in exported.graph if n.op_type.startswith("Gemma4TextDecoder")]
+    assert len(calls) == 6 and len(set(calls)) == 5, calls
+
+
 # --- rewrite.export(module): the module's one list of repeated layers ----------------------
 
 

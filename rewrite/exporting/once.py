@@ -384,12 +384,14 @@ class LayerCall:
         self.past = self._past() if self.cache is not None else ()
         self.leaves, self.spec = pytree.tree_flatten((args, kwargs))
         self.tensors = [k for k, v in enumerate(self.leaves) if isinstance(v, torch.Tensor)]
+        self.shared = _SharedStates(self.leaves)
         named = [*layer.named_parameters(), *layer.named_buffers()]
         self.names = [name for name, _ in named]
         self.operands = (*(t for _, t in named), *(self.leaves[k] for k in self.tensors),
-                         *self.past)
-        others = [repr(v) for k, v in enumerate(self.leaves) if k not in self.tensors]
-        text = f"{self.spec}|{others}|{self.cache_at}"
+                         *self.shared.tensors(), *self.past)
+        others = [repr(v) for k, v in enumerate(self.leaves)
+                  if k not in self.tensors and k != self.shared.at]
+        text = f"{self.spec}|{others}|{self.cache_at}|{self.shared.layout}"
         self.identifier = f"{kind}_{hashlib.sha1(text.encode()).hexdigest()[:8]}"
         """The function's identifier: the layer's kind and the call's constants."""
 
@@ -412,6 +414,9 @@ class LayerCall:
         leaves = list(self.leaves)
         for k, tensor in zip(self.tensors, given):
             leaves[k] = tensor
+        shared = self.shared.made(given[len(self.tensors):])
+        if shared is not None:
+            leaves[self.shared.at], before = shared, dict(shared)
         args, kwargs = pytree.tree_unflatten(leaves, self.spec)
         if self.past:
             saved = self.slots.read(self.cache, self.index)
@@ -428,8 +433,9 @@ class LayerCall:
         finally:
             self.layer.forward = forward
         out_leaves, out_spec = pytree.tree_flatten(out)
-        self._outputs_of[self.identifier] = (out_leaves, out_spec)
-        tensors = [v for v in out_leaves if isinstance(v, torch.Tensor)]
+        stored, entries = self.shared.stored(shared, before if shared is not None else {})
+        self._outputs_of[self.identifier] = (out_leaves, out_spec, stored)
+        tensors = [v for v in out_leaves if isinstance(v, torch.Tensor)] + entries
         if self.past:
             tensors += self.slots.updated(self.cache, self.index)
             self.slots.install(self.cache, self.index, saved)
@@ -447,10 +453,66 @@ class LayerCall:
             rest = state[changed:]  # read-only state: unchanged
             self.slots.install(self.cache, self.index, (*outputs[-changed:], *rest))
             outputs = outputs[:-changed]
-        leaves, spec = self._outputs_of[self.identifier]
+        leaves, spec, stored = self._outputs_of[self.identifier]
+        count = sum(n for _, n in stored)
+        if count:
+            self.shared.install(stored, outputs[len(outputs) - count:])
+            outputs = outputs[:len(outputs) - count]
         given = iter(outputs)
         leaves = [next(given) if isinstance(v, torch.Tensor) else v for v in leaves]
         return pytree.tree_unflatten(leaves, spec)
+
+
+class _SharedStates:
+    """A mapping of tensors passed to every layer, which layers store into for later layers
+    to read (Gemma 4's ``shared_kv_states``, a ``UserDict``: the keys and values of the last
+    layer of each attention type before the layers that share them). In a layer's function
+    its entries are operands (their keys and sizes among the call's constants, in
+    :attr:`layout`) and the entries the call stores are outputs, stored into the model's
+    mapping after the call."""
+
+    def __init__(self, leaves: list) -> None:
+        from collections import UserDict
+
+        import torch
+
+        found = [k for k, v in enumerate(leaves) if isinstance(v, UserDict)]
+        self.at: int | None = found[0] if found else None
+        self.mapping = None if self.at is None else leaves[self.at]
+        values = [] if self.mapping is None else list(self.mapping.values())
+        if len(found) > 1 or not all(
+                isinstance(v, tuple) and all(isinstance(t, torch.Tensor) for t in v)
+                for v in values):
+            raise Unavailable("a layer is given a mapping of other values than tensors")
+        self.layout: tuple[tuple[Any, int], ...] = () if self.mapping is None else tuple(
+            (key, len(value)) for key, value in self.mapping.items())
+
+    def tensors(self) -> tuple:
+        return tuple(t for value in (self.mapping or {}).values() for t in value)
+
+    def made(self, tensors: tuple) -> Any:
+        """A mapping of the model's type holding ``tensors`` as :attr:`layout` says (None
+        where the call is given none)."""
+        if self.mapping is None:
+            return None
+        made, given = type(self.mapping)(), iter(tensors)
+        for key, count in self.layout:
+            made[key] = tuple(next(given) for _ in range(count))
+        return made
+
+    @staticmethod
+    def stored(made: Any, given: dict) -> tuple[tuple[tuple[Any, int], ...], list]:
+        """What the call stored into ``made`` (the mapping :meth:`made` gave it, ``given``
+        its entries then): the keys and sizes, and the tensors."""
+        if made is None:
+            return (), []
+        new = [(key, value) for key, value in made.items() if value is not given.get(key)]
+        return tuple((key, len(value)) for key, value in new), [t for _, v in new for t in v]
+
+    def install(self, stored: tuple[tuple[Any, int], ...], tensors: tuple) -> None:
+        given = iter(tensors)
+        for key, count in stored:
+            self.mapping[key] = tuple(next(given) for _ in range(count))
 
 
 class _DynamicSlots:
