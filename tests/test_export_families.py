@@ -273,7 +273,7 @@ def test_minimax_lightning_attention_decodes_with_its_recurrent_states(tmp_path)
     eager computes a prefill in blocks of 4 tokens. Prefill of a left-padded batch and 3
     greedy decode steps equal eager within 1e-4; one function per layer kind; a prompt fed in
     pieces equals eager's one prefill."""
-    folder, out, model = _hybrid_decoded("minimax", tmp_path, "the cache is a MiniMaxCache")
+    folder, out, model = _hybrid_decoded("minimax", tmp_path)  # its cache class's layers
     kv = ["batch_size", "2", "past_sequence_length", "8"]
     shapes = {v.name: [str(d) for d in v.shape] for v in model.graph.inputs[3:]}
     recurrent = ["batch_size", "4", "8", "8"]

@@ -582,8 +582,8 @@ def _slots(cache: Any) -> "type[_DynamicSlots] | type[_FixedSlots] | None":
         return _FixedSlots
     from transformers import DynamicCache
 
-    if type(cache) is DynamicCache and hasattr(cache, "layers"):
-        return _DynamicSlots
+    if isinstance(cache, DynamicCache) and hasattr(cache, "layers"):
+        return _DynamicSlots  # a model's own subclass too (MiniMax's: states in its layers)
     return None
 
 
