@@ -16,6 +16,7 @@ import torch
 import rewrite
 from rewrite.errors import InputError
 from tests import checkpoints
+from tests.test_checkpoint_export import Recorder
 
 transformers = pytest.importorskip("transformers")
 
@@ -38,8 +39,14 @@ def pair(request, tmp_path_factory) -> tuple[str, Path, Path]:
     (folder / "tokenizer_config.json").write_text("{}\n")  # copied beside the graphs
     out = root / "out"
     out.mkdir()
-    rewrite.export(folder, output=out / "model.onnx", cache="kv")
+    progress = Recorder()
+    rewrite.export(folder, output=out / "model.onnx", cache="kv", progress=progress)
+    SAID[family] = progress.text
     return family, folder, out
+
+
+SAID: dict[str, str] = {}
+"""What each family's export said (its progress), by family."""
 
 
 def _session(path: Path) -> ort.InferenceSession:
@@ -149,6 +156,23 @@ def test_one_function_per_layer_class_taking_both_caches(pair):
         assert {f"past_key_values.0.{which}.key", f"past_key_values.0.{which}.value"} <= set(
             first.input)
         assert {f"present.0.{which}.key", f"present.0.{which}.value"} <= set(first.output)
+
+
+@pytest.mark.slow
+def test_each_part_traces_each_distinct_layer_once(pair):
+    """The encoder's layers and the decoder step's (each taking its self-attention cache and
+    the cross-attention one) traced once per kind, the others recorded as calls of their
+    traces: the export's cost flat in the depth of both parts (and, above, one function per
+    layer class all the same)."""
+    family, _, _ = pair
+    traced = {"bart": ("BartEncoderLayer", "BartDecoderLayer"), "t5": ("T5Block x2",) * 2,
+              "whisper": ("WhisperEncoderLayer", "WhisperDecoderLayer")}[family]
+    for kinds in traced:
+        count = kinds.count(" x2") + 1
+        said = (f"torch.export: {count} of {checkpoints.LAYERS} layers traced ({kinds}), "
+                f"{checkpoints.LAYERS - count} recorded as calls of their traces")
+        assert said in SAID[family], SAID[family]
+    assert "torch.export traces every layer" not in SAID[family], SAID[family]
 
 
 @pytest.mark.slow

@@ -573,14 +573,42 @@ class _FixedSlots:
         return 2
 
 
-def _slots(cache: Any) -> "type[_DynamicSlots] | type[_FixedSlots] | None":
+class _EncoderDecoderSlots:
+    """An ``EncoderDecoderCache`` layer's state (a decoder step's): its self-attention keys
+    and values, then its cross-attention ones (the encoder's: made at the first step), all
+    updated by the layer."""
+
+    @staticmethod
+    def read(cache: Any, index: int) -> tuple:
+        return (*_DynamicSlots.read(cache.self_attention_cache, index),
+                *_DynamicSlots.read(cache.cross_attention_cache, index))
+
+    @staticmethod
+    def install(cache: Any, index: int, tensors: tuple, given: bool = False) -> None:
+        _DynamicSlots.install(cache.self_attention_cache, index, tensors[:2], given)
+        _DynamicSlots.install(cache.cross_attention_cache, index, tensors[2:], given)
+
+    updated = read
+
+    @staticmethod
+    def changed(state: tuple) -> int:
+        """How many of a layer's ``state`` tensors its call updates: all."""
+        return len(state)
+
+
+def _slots(cache: Any) -> "type[_DynamicSlots | _FixedSlots | _EncoderDecoderSlots] | None":
     """How a layer's state is read from ``cache`` and written back (None: a cache not
     known here)."""
     from rewrite.exporting.checkpoint.fixed_cache import FixedCache
 
     if type(cache) is FixedCache:
         return _FixedSlots
-    from transformers import DynamicCache
+    from transformers import DynamicCache, EncoderDecoderCache
+
+    if type(cache) is EncoderDecoderCache and all(
+            type(part) is DynamicCache and hasattr(part, "layers")
+            for part in (cache.self_attention_cache, cache.cross_attention_cache)):
+        return _EncoderDecoderSlots
 
     if isinstance(cache, DynamicCache) and hasattr(cache, "layers"):
         return _DynamicSlots  # a model's own subclass too (MiniMax's: states in its layers)

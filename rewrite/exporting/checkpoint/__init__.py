@@ -176,8 +176,7 @@ def _export_pair(model: "torch.nn.Module", checkpoint: Checkpoint, ruleset: Rule
                  verify: bool, int4: "ShellExport | None", layers: bool) -> "ir.Model":
     """An encoder-decoder's encoder and decoder step, each exported, then written with one
     data file and the checkpoint's tokenizer files; returns the decoder's model. ``layers``:
-    the encoder's layers traced once (:func:`_encoder_trace`; the decoder's, which take two
-    caches, are traced each)."""
+    each part's layers traced once (:func:`_part_trace`)."""
 
     from rewrite.backends.onnx.save import write_models
 
@@ -187,7 +186,9 @@ def _export_pair(model: "torch.nn.Module", checkpoint: Checkpoint, ruleset: Rule
               for n in range(2)]
     options = _with_moe_translations(options)
     exported = []
-    for call, trace in zip(calls, (_encoder_trace(model, progress) if layers else None, None)):
+    traces = [_part_trace(model, part, progress) if layers else None
+              for part in ("get_encoder", "get_decoder")]
+    for call, trace in zip(calls, traces):
         with calling(model, call), grouped_query_attention():
             exported.append(export_module(
                 model, call.args, None, rules=ruleset, dynamic_shapes=call.dynamic_shapes,
@@ -207,13 +208,16 @@ def _export_pair(model: "torch.nn.Module", checkpoint: Checkpoint, ruleset: Rule
     return exported[1]
 
 
-def _encoder_trace(model: "torch.nn.Module", progress: "Progress") -> Callable | None:
-    """The encoder graph's trace: each distinct layer of the encoder's one list of repeated
-    layers once (:func:`traced_once`, checked as a module's: the program run eagerly against
-    the model); None (every layer traced) for a model without ``get_encoder`` or such a
+def _part_trace(model: "torch.nn.Module", getter: str, progress: "Progress"
+                ) -> Callable | None:
+    """The trace of the encoder's graph or the decoder step's (``getter``: ``get_encoder``
+    or ``get_decoder``): each distinct layer of that part's one list of repeated layers once
+    (:func:`traced_once`, checked as a module's: the program run eagerly against the model;
+    a decoder layer's state is its self-attention's keys and values and its
+    cross-attention's); None (every layer traced) for a model without that getter or such a
     list."""
-    encoder = model.get_encoder() if hasattr(model, "get_encoder") else None
-    layers = repeated_layers(encoder) if encoder is not None else None
+    part = getattr(model, getter)() if hasattr(model, getter) else None
+    layers = repeated_layers(part) if part is not None else None
     if layers is None:
         return None
     return partial(traced_once, model, progress, kwargs={}, layers=layers)

@@ -250,6 +250,11 @@ def _extending(model: "torch.nn.Module", cross: Any, length: Any) -> Iterator[No
 
     modules = [m for m in model.modules() if isinstance(getattr(m, "layer_idx", None), int)
                and CROSS in inspect.signature(m.forward).parameters]
+    taking = {m.layer_idx for m in modules} & set(range(len(cross.layers)))
+    if len(taking) != len(cross.layers):
+        raise InputError(f"{type(model).__name__}: {len(taking)} of {len(cross.layers)} "
+                         f"decoder layers take their cross-attention {CROSS}: --cache kv "
+                         "needs every one to (as BART's and T5's do)")
     handles = [m.register_forward_pre_hook(hook, with_kwargs=True) for m in modules]
     for layer in cross.layers:
         layer.update = _keeping(layer.update, length)
@@ -258,10 +263,9 @@ def _extending(model: "torch.nn.Module", cross: Any, length: Any) -> Iterator[No
     finally:
         for handle in handles:
             handle.remove()
-    if len(reached) != len(cross.layers):
-        raise InputError(f"{type(model).__name__}: {len(reached)} of {len(cross.layers)} "
-                         f"decoder layers give their cross-attention {CROSS}: --cache kv "
-                         "needs every one to (as BART's and T5's do)")
+    if not reached:  # a layer whose call was recorded, not traced, runs no hook
+        raise InputError(f"{type(model).__name__}: no decoder layer gives its cross-attention "
+                         f"{CROSS}: --cache kv needs every one to (as BART's and T5's do)")
 
 
 def _keeping(update: Any, length: Any) -> Any:

@@ -326,7 +326,26 @@ def _sizes_from_before(graph: torch.fx.Graph, new: list, sizes: dict[str, torch.
             node.replace_all_uses_with(earlier)
             graph.erase_node(node)
         else:
+            _of_an_input(graph, node)
             sizes[str(value)] = node
+
+
+def _of_an_input(graph: torch.fx.Graph, node: torch.fx.Node) -> None:
+    """``node``, a ``sym_size`` of a body's operand computed in the program (a decoder
+    layer's cross-attention keys, concatenated before the call) whose size is one of the
+    program's inputs' (``past_encoder_sequence_length``), made to read the first input of
+    that size, as a trace of the whole program reads it: then a size of the inputs alone,
+    which :func:`sizes_at_top` moves out of the first call (the later calls read it)."""
+    if node.target is not torch.ops.aten.sym_size.int or node.args[0].op == "placeholder":
+        return
+    size = str(node.meta["val"])
+    for placeholder in graph.find_nodes(op="placeholder"):
+        value = placeholder.meta.get("val")
+        shape = getattr(value, "shape", ())
+        dims = [d for d, n in enumerate(shape) if isinstance(n, torch.SymInt) and str(n) == size]
+        if dims:
+            node.args = (placeholder, dims[0])
+            return
 
 
 def _rerooted(items: list, base: list, call: list) -> dict:
