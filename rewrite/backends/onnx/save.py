@@ -13,6 +13,8 @@ whatever the threshold. The model and its data files are written in a staging fo
 the output and published crash-safe (:func:`rewrite.files.outputs.publish`): killed at any instant,
 the output is the old pair or the new one, never a mix. Files that belong with the model
 (``beside``: ``genai_config.json``, tokenizer files) are staged and published with it.
+A model with its weights embedded is written holding each weight once
+(:mod:`rewrite.backends.onnx.embedded`).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import onnx_ir as ir
 from rewrite.files.mapped import FileRange, MappedFile, file_ranges, verify
 from rewrite._private.onnx_files import chunk_names
 from rewrite.backends.onnx.early_data import EarlyData, early_data
+from rewrite.backends.onnx.embedded import save_embedded
 from rewrite.backends.onnx.progress import SILENT, Progress
 from rewrite.backends.onnx.shared_data import (
     Sibling,
@@ -132,7 +135,7 @@ def write_model(model: ir.Model, output: str | Path, *, threshold: int,
                 if early is not None:  # embedded after all: the early data is not needed
                     early.cancel()
                 with _swapped(model, _in_memory):  # a .onnx input's external weights, embedded
-                    ir.save(model, staged)
+                    save_embedded(model, staged)  # each weight held once, when written
             data = _publish_staged(out, folder, [(staged, check), *(
                 (folder / s.output.name, s.check) for s in siblings)], beside, progress)
             return [out.parent / name for name in data]
