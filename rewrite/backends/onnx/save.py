@@ -39,6 +39,7 @@ from rewrite.backends.onnx.shared_data import (
     save_sharing,
     stale_siblings,
 )
+from rewrite._shared.heap import give_back_freed
 from rewrite.errors import InputError
 from rewrite.files.outputs import Beside, Staged, publish, reading_copy, staging_folder
 
@@ -156,6 +157,8 @@ def _publish_staged(out: Path, folder: Path, models: list[tuple[Path, Callable |
     copies reading the staging folder and the companion files, publish them all; the
     names of the data files."""
     data = _data_files(folder, {path.name for path, _ in models})
+    if any(check is not None for _, check in models):
+        give_back_freed()  # what writing freed, before eager and onnxruntime run
     for path, check in models:
         if check is not None:
             what = "" if path.name == out.name else f" ({path.name})"
