@@ -98,3 +98,10 @@ def test_a_weight_writing_other_than_its_size_is_an_error(tmp_path):
         ir.DataType.FLOAT, tensor.shape, name="w0")
     with pytest.raises(AssertionError, match="w0: wrote"):
         save_embedded(model, tmp_path / "written.onnx")
+
+
+def test_a_text_format_is_written_as_ir_save_writes_it(tmp_path):
+    model = _model()
+    ir.save(model, tmp_path / "expected.json")
+    save_embedded(model, tmp_path / "written.json")
+    assert (tmp_path / "written.json").read_bytes() == (tmp_path / "expected.json").read_bytes()

@@ -50,7 +50,12 @@ class _Hollow:
 def save_embedded(model: ir.Model, path: Path) -> None:
     """Write ``model`` to ``path`` with every weight in the file: the bytes of
     ``ir.save(model, path)``, each large weight read (made) once when its bytes are
-    written (module docstring)."""
+    written (module docstring). A path whose extension names a text format (``.json``,
+    ``.textproto``: onnx's serializers) is written by ``ir.save``."""
+    if onnx.serialization.registry.get_format_from_file_extension(
+            Path(path).suffix) not in (None, "protobuf"):
+        ir.save(model, path)
+        return
     values = [value for value in model.graph.initializers.values()
               if _hollowed(value.const_value)]
     tensors = {value.name: value.const_value for value in values}
