@@ -255,6 +255,21 @@ def test_weights_byte_equal_to_the_shards(exported):
     assert progress.text.startswith("rules: llama.rules, shipped for model_type 'llama'\n")
 
 
+@pytest.mark.parametrize("family", ["llama", "gpt2", "qwen2_moe", "deepseek_v3"])
+def test_only_a_model_with_experts_takes_transformers_moe_translations(family):
+    """transformers' ONNX exporter (its grouped-matmul translations) is imported for a model
+    with MoE experts only (its import costs a dense export ~0.3 s); the MoE families'
+    exports above and in test_export_families fail to lower without it."""
+    import transformers
+
+    from rewrite._private.transformers_onnx import has_experts
+
+    name, settings = {**checkpoints.FAMILIES, **checkpoints.OTHER_DECODERS}[family]
+    config = getattr(transformers, name)(**settings)
+    model = checkpoints.architecture(config)(config)
+    assert has_experts(model) == (family in ("qwen2_moe", "deepseek_v3"))
+
+
 @pytest.mark.slow
 def test_a_bf16_checkpoint_keeps_bf16_weights_and_cache(tmp_path):
     """dtype "auto": the weights stay bf16, byte for byte, and so does the KV cache's I/O."""

@@ -172,6 +172,7 @@ def test_a_failed_write_leaves_the_old_file_and_no_debris(shared_program, tmp_pa
     out = tmp_path / "model.onnx"
     out.write_bytes(b"old")
     monkeypatch.setattr(save_module.ir, "save", _failing_save)
+    monkeypatch.setattr(save_module, "save_embedded", _failing_save)  # weights embedded
     with pytest.raises(InputError, match="No space left"):
         save_onnx(result, out, external_data_threshold=threshold)
     assert out.read_bytes() == b"old"

@@ -5,13 +5,32 @@ transformers 5 routes a mixture of experts through ``transformers::grouped_mm_fa
 a translation for both (``exporters.exporter_onnx._ONNX_TRANSLATION_TABLE``, one ``MatMul``
 per expert). Without that table (other transformers releases): ``{}``, and a program calling
 those ops fails to lower with torch.onnx's error naming the op.
+
+Importing that exporter costs ~0.2-0.4 s, and a translation table makes the lowering build
+torchlib's registry again (~0.1 s): only a model with such layers asks for it
+(:func:`has_experts`).
 """
 
 from __future__ import annotations
 
-from typing import Callable
+import sys
+from typing import TYPE_CHECKING, Callable
+
+if TYPE_CHECKING:
+    import torch
 
 GROUPED_MM = ("aten._grouped_mm.default", "transformers.grouped_mm_fallback.default")
+EXPERTS = "use_experts_implementation"
+"""transformers' decorator of the experts classes whose forward dispatches to the grouped
+matmuls: every modeling file calling them imports it (transformers 5)."""
+
+
+def has_experts(model: "torch.nn.Module") -> bool:
+    """Whether a module of ``model`` is defined where transformers' experts dispatch
+    (:data:`EXPERTS`) is imported: the only models whose program may call the ops of
+    :data:`GROUPED_MM`."""
+    modules = {type(module).__module__ for module in model.modules()}
+    return any(EXPERTS in vars(sys.modules[name]) for name in modules if name in sys.modules)
 
 
 def moe_translations() -> dict[Callable, Callable]:

@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Callable, Iterator
 
 from attrs import evolve
 
+from rewrite._shared.heap import give_back_freed
 from rewrite.errors import VerificationError
 
 if TYPE_CHECKING:
@@ -218,6 +219,7 @@ class ShellExport:
             strict = _taking(make, one_pass=True)()
         if self.kept is not None:
             self.kept.clear()  # before onnxruntime loads the model (a new export refills it)
+        give_back_freed()  # the kept weights' and the dequantized buffers' pages
         if strict is None:
             return "not verified against eager"
         with ThreadPoolExecutor(1, thread_name_prefix="rewrite-check") as pool:

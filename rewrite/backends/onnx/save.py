@@ -13,6 +13,8 @@ whatever the threshold. The model and its data files are written in a staging fo
 the output and published crash-safe (:func:`rewrite.files.outputs.publish`): killed at any instant,
 the output is the old pair or the new one, never a mix. Files that belong with the model
 (``beside``: ``genai_config.json``, tokenizer files) are staged and published with it.
+A model with its weights embedded is written holding each weight once
+(:mod:`rewrite.backends.onnx.embedded`).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import onnx_ir as ir
 from rewrite.files.mapped import FileRange, MappedFile, file_ranges, verify
 from rewrite._private.onnx_files import chunk_names
 from rewrite.backends.onnx.early_data import EarlyData, early_data
+from rewrite.backends.onnx.embedded import save_embedded
 from rewrite.backends.onnx.progress import SILENT, Progress
 from rewrite.backends.onnx.shared_data import (
     Sibling,
@@ -36,6 +39,7 @@ from rewrite.backends.onnx.shared_data import (
     save_sharing,
     stale_siblings,
 )
+from rewrite._shared.heap import give_back_freed
 from rewrite.errors import InputError
 from rewrite.files.outputs import Beside, Staged, publish, reading_copy, staging_folder
 
@@ -132,7 +136,7 @@ def write_model(model: ir.Model, output: str | Path, *, threshold: int,
                 if early is not None:  # embedded after all: the early data is not needed
                     early.cancel()
                 with _swapped(model, _in_memory):  # a .onnx input's external weights, embedded
-                    ir.save(model, staged)
+                    save_embedded(model, staged)  # each weight held once, when written
             data = _publish_staged(out, folder, [(staged, check), *(
                 (folder / s.output.name, s.check) for s in siblings)], beside, progress)
             return [out.parent / name for name in data]
@@ -153,6 +157,8 @@ def _publish_staged(out: Path, folder: Path, models: list[tuple[Path, Callable |
     copies reading the staging folder and the companion files, publish them all; the
     names of the data files."""
     data = _data_files(folder, {path.name for path, _ in models})
+    if any(check is not None for _, check in models):
+        give_back_freed()  # what writing freed, before eager and onnxruntime run
     for path, check in models:
         if check is not None:
             what = "" if path.name == out.name else f" ({path.name})"

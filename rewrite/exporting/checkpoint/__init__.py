@@ -125,7 +125,7 @@ def export_checkpoint(folder: str | Path, *, rules: RuleSet | str | Path | None,
     if verify and output is not None and check is None:
         progress.note("not verified against eager: onnxruntime is fed from numpy, which "
                       "has no bfloat16")
-    options = _with_moe_translations(options)
+    options = _with_moe_translations(options, model)
     genai = plan(checkpoint, model.config, call if causal else None, layout, kind)
     published = None if output is None else partial(beside, genai, Path(output))
     export = partial(export_module, model, call.args, None, rules=ruleset,
@@ -184,7 +184,7 @@ def _export_pair(model: "torch.nn.Module", checkpoint: Checkpoint, ruleset: Rule
     calls = (seq2seq_encoder_call(model), decoder_call(model, layout))
     checks = [checked(int4, partial(_nth_check, model, layout, n)) if verify else None
               for n in range(2)]
-    options = _with_moe_translations(options)
+    options = _with_moe_translations(options, model)
     exported = []
     traces = [_part_trace(model, part, progress) if layers else None
               for part in ("get_encoder", "get_decoder")]
@@ -330,11 +330,15 @@ def _check_kind(checkpoint: Checkpoint, cls: type, cache: str | None) -> bool:
     return False
 
 
-def _with_moe_translations(options: "OnnxOptions") -> "OnnxOptions":
-    """``options`` with transformers' translations of its MoE ops (the caller's win)."""
+def _with_moe_translations(options: "OnnxOptions", model: "torch.nn.Module"
+                           ) -> "OnnxOptions":
+    """``options`` with transformers' translations of its MoE ops (the caller's win) where
+    ``model`` has such layers; else ``options`` (transformers' exporter not imported)."""
 
-    from rewrite._private.transformers_onnx import moe_translations
+    from rewrite._private.transformers_onnx import has_experts, moe_translations
 
+    if not has_experts(model):
+        return options
     table = {**moe_translations(), **(options.custom_translation_table or {})}
     return evolve(options, custom_translation_table=table or None)
 
