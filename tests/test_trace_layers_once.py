@@ -173,6 +173,31 @@ def _exported_equal_to_eager(tmp_path) -> str:
     return progress.text
 
 
+def test_a_config_whose_layer_count_cannot_be_set_is_not_cut(tmp_path, monkeypatch):
+    """ProphetNet's config refuses a new ``num_hidden_layers`` (NotImplementedError): the
+    model is not cut to its first layers (one line says why; it had been an internal error,
+    exit 3), its layers' calls traced or recorded in one trace, the model equal to eager."""
+    from transformers import LlamaConfig
+
+    folder = checkpoints.write("llama", tmp_path / "checkpoint")
+
+    def setting(self, value):
+        if "_layers" in self.__dict__ and value != self.__dict__["_layers"]:
+            raise NotImplementedError("This model does not support the setting of "
+                                      "`num_hidden_layers`.")
+        self.__dict__["_layers"] = value
+
+    monkeypatch.setattr(LlamaConfig, "num_hidden_layers", property(
+        lambda self: self.__dict__["_layers"], setting), raising=False)
+    progress = Recorder()
+    out = tmp_path / "model.onnx"
+    rewrite.export(folder, output=out, progress=progress)
+    said = " ".join(progress.text.split())
+    assert "could not be extended: Unavailable: its config's layer count cannot be set: " \
+           "This model does not support" in said, said
+    assert max(decode_and_compare(folder, out)) < 1e-4
+
+
 def test_an_unknown_trace_is_refused(tmp_path):
     folder = checkpoints.write("llama", tmp_path / "checkpoint")
     with pytest.raises(InputError, match="trace='all'"):

@@ -264,8 +264,12 @@ class FirstLayers:
         config = model.config.get_text_config(decoder=True)
         saved = {"num_hidden_layers": config.num_hidden_layers}
         types = getattr(config, "layer_types", None)
+        try:
+            config.num_hidden_layers = self.count
+        except (AttributeError, NotImplementedError) as e:  # ProphetNet's: a property
+            raise Unavailable(f"its config's layer count cannot be set: {first_line(e)}") \
+                from e
         owner._modules[name] = layers[:self.count]
-        config.num_hidden_layers = self.count
         if isinstance(types, list):  # per layer: cut as the layers are
             with contextlib.suppress(AttributeError):  # a property of the count (Bamba's)
                 config.layer_types, saved["layer_types"] = types[:self.count], types
