@@ -167,6 +167,8 @@ def test_each_part_traces_each_distinct_layer_once(pair):
     family, _, _ = pair
     traced = {"bart": ("BartEncoderLayer", "BartDecoderLayer"), "t5": ("T5Block x2",) * 2,
               "whisper": ("WhisperEncoderLayer", "WhisperDecoderLayer")}[family]
+    if torch.__version__ < (2, 10):  # the decoder traced whole (torch.sym_sum, see there)
+        traced = traced[:1]
     for kinds in traced:
         count = kinds.count(" x2") + 1
         said = (f"torch.export: {count} of {checkpoints.LAYERS} layers traced ({kinds}), "

@@ -483,8 +483,9 @@ def test_an_encoder_decoders_encoder_layers_are_traced_once(family, note, tmp_pa
                        trace=trace, progress=progress)
         texts[trace] = progress.text
     assert f"torch.export: {note}" in texts["layers"], texts["layers"]
+    cut = torch.__version__ >= (2, 10)  # torch 2.9: the decoder step traced whole
     assert texts["layers"].count(f"torch.export: {note.replace('Encoder', 'Decoder')}") == \
-        1 + (family == "t5"), texts["layers"]  # T5's decoder blocks: T5Block too
+        cut + (family == "t5"), texts["layers"]  # T5's decoder blocks: T5Block too
     assert "layers traced" not in texts["whole"]
     for graph in ("encoder_model.onnx", "decoder_model.onnx"):
         whole, layers = (ir.load(tmp_path / trace / graph) for trace in ("whole", "layers"))

@@ -215,7 +215,12 @@ def _part_trace(model: "torch.nn.Module", getter: str, progress: "Progress"
     (:func:`traced_once`, checked as a module's: the program run eagerly against the model;
     a decoder layer's state is its self-attention's keys and values and its
     cross-attention's); None (every layer traced) for a model without that getter or such a
-    list."""
+    list, and for the decoder on torch 2.9."""
+    import torch
+
+    if getter == "get_decoder" and torch.__version__ < (2, 10):
+        return None  # its program then holds a torch.sym_sum, which torch 2.9's ONNX
+        # translation lacks (whole, the decoder step's program holds none)
     part = getattr(model, getter)() if hasattr(model, getter) else None
     layers = repeated_layers(part) if part is not None else None
     if layers is None:
