@@ -11,7 +11,6 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
-
 from rewrite.compile import RuleSet
 from rewrite.errors import InputError
 from rewrite.exporting.module import export_module
@@ -129,4 +128,3 @@ def _checkpoint(folder: str | Path, rules: RuleSet | str | Path | None,
     return export_checkpoint(folder, rules=rules, output=output, progress=progress,
                              options=options, precision=Precision.parse(
                                  precision, block_size, symmetric, target), **choices)
-

@@ -103,7 +103,7 @@ def _model_pieces(model: memoryview, tensors: dict[str, ir.TensorProtocol]) -> l
         if body is not None and _number(tag) == _GRAPH:
             pieces.extend(_enclosed(tag, _graph_pieces(body, tensors, found)))
         else:
-            pieces.append(tag if body is None else bytes(tag) + _varint(len(body)) + body)
+            pieces.append(_as_read(tag, body))
     if found != set(tensors):
         raise AssertionError(f"the serialized graph lacks {sorted(set(tensors) - found)[:3]}")
     return pieces
@@ -121,7 +121,7 @@ def _graph_pieces(graph: memoryview, tensors: dict[str, ir.TensorProtocol],
                 found.add(name)
                 pieces.extend(_enclosed(tag, _tensor_pieces(body, tensors[name])))
                 continue
-        pieces.append(tag if body is None else bytes(tag) + _varint(len(body)) + body)
+        pieces.append(_as_read(tag, body))
     return pieces
 
 
@@ -136,10 +136,15 @@ def _tensor_pieces(tensor: memoryview, value: ir.TensorProtocol) -> list[Piece]:
             pieces.extend((bytes(tag) + _varint(value.nbytes), value))
             filled = True
         else:
-            pieces.append(tag if body is None else bytes(tag) + _varint(len(body)) + body)
+            pieces.append(_as_read(tag, body))
     if not filled:
         raise AssertionError(f"{value.name}: no raw_data in its stand-in")
     return pieces
+
+
+def _as_read(tag: memoryview, body: memoryview | None) -> Piece:
+    """A field of :func:`_fields` written back as it was read."""
+    return tag if body is None else bytes(tag) + _varint(len(body)) + body
 
 
 def _enclosed(tag: memoryview, pieces: list[Piece]) -> list[Piece]:
