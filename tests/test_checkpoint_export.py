@@ -255,6 +255,33 @@ def test_weights_byte_equal_to_the_shards(exported):
     assert progress.text.startswith("rules: llama.rules, shipped for model_type 'llama'\n")
 
 
+@pytest.mark.parametrize("exported", ["llama"], indirect=True)
+def test_the_weights_go_to_the_data_file_whatever_their_size(exported):
+    """A checkpoint's export is a deployment laid out as onnxruntime-genai's builder lays its
+    out: even a tiny model's weights are in ``model.onnx.data`` (onnxruntime maps that
+    file), only tensors of at most 1 KiB inline."""
+    _, _, out, _, _ = exported
+    data = out.with_name("model.onnx.data")
+    assert data.stat().st_size > 0
+    proto = onnx.load(str(out), load_external_data=False)
+    inline = [t.name for t in proto.graph.initializer
+              if t.data_location != onnx.TensorProto.EXTERNAL and len(t.raw_data) > 1024]
+    assert not inline
+    assert sum(t.data_location == onnx.TensorProto.EXTERNAL
+               for t in proto.graph.initializer) >= 4 * checkpoints.LAYERS
+
+
+@pytest.mark.slow  # a second export
+def test_external_data_never_embeds_a_checkpoints_weights(tmp_path):
+    folder = checkpoints.write("llama", tmp_path / "checkpoint")
+    out = tmp_path / "out" / "model.onnx"
+    out.parent.mkdir()
+    rewrite.export(folder, output=out, external_data_threshold=2**63)
+    assert sorted(p.name for p in out.parent.iterdir()) == ["genai_config.json", "model.onnx"]
+    session = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
+    assert "logits" in [o.name for o in session.get_outputs()]
+
+
 @pytest.mark.parametrize("family", ["llama", "gpt2", "qwen2_moe", "deepseek_v3"])
 def test_only_a_model_with_experts_takes_transformers_moe_translations(family):
     """transformers' ONNX exporter (its grouped-matmul translations) is imported for a model

@@ -47,7 +47,7 @@ def _ops(out: Path) -> tuple[Counter, dict[str, Counter], Counter]:
     """Op types of the main graph, of each function (by name), and how often each function
     is called anywhere in the file as written."""
     proto = onnx.load(str(out), load_external_data=False)
-    onnx.checker.check_model(proto, full_check=True)
+    onnx.checker.check_model(str(out), full_check=True)  # its data file beside it
     bodies = {f.name: Counter(n.op_type for n in f.node) for f in proto.functions}
     calls = Counter(n.op_type for graph in [proto.graph.node, *(f.node for f in proto.functions)]
                     for n in graph if n.op_type in bodies)

@@ -261,7 +261,7 @@ def test_an_encoder_is_written_without_genai_config(tmp_path):
     out = tmp_path / "out" / "model.onnx"
     progress = Recorder()
     rewrite.export(folder, output=out, progress=progress)
-    assert sorted(p.name for p in out.parent.iterdir()) == ["model.onnx"]
+    assert sorted(p.name for p in out.parent.iterdir()) == ["model.onnx", "model.onnx.data"]
     assert "genai_config.json: not written beside model.onnx (not a causal LM" in progress.text
 
 
@@ -275,7 +275,7 @@ def test_exported_into_the_checkpoint_folder_its_tokenizer_is_left_alone(tmp_pat
     rewrite.export(folder, output=folder / "model.onnx")
     after = {p.name: p.stat().st_ino for p in folder.iterdir()}
     assert {k: after[k] for k in before} == before
-    assert set(after) - set(before) == {"model.onnx", "genai_config.json"}
+    assert set(after) - set(before) == {"model.onnx", "model.onnx.data", "genai_config.json"}
 
 
 def _staged(out: Path, version: str, data: bool) -> Staged:
@@ -347,6 +347,6 @@ def test_the_cli_writes_the_folder(tmp_path, run_cli):
     assert r.code == 0, r
     assert "onnxruntime-genai runs" in r.err, r
     assert sorted(p.name for p in out.parent.iterdir()) == [
-        "chat_template.jinja", "genai_config.json", "model.onnx", "tokenizer.json",
-        "tokenizer_config.json"]
+        "chat_template.jinja", "genai_config.json", "model.onnx", "model.onnx.data",
+        "tokenizer.json", "tokenizer_config.json"]
     assert og_greedy(out.parent, PROMPT, 4)[0] == hf_greedy(folder, PROMPT, 4, out.parent)[0]

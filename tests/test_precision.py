@@ -125,7 +125,7 @@ def test_runs_in_onnxruntime_fused_and_close_to_fp32(int4, tmp_path):
     options = ort.SessionOptions()
     options.optimized_model_filepath = str(tmp_path / "optimized.onnx")
     session = ort.InferenceSession(str(out), options, providers=["CPUExecutionProvider"])
-    optimized = onnx.load(options.optimized_model_filepath)
+    optimized = onnx.load(options.optimized_model_filepath, load_external_data=False)
     ops = [n.op_type for n in optimized.graph.node]
     weights = [t.name for t in onnx.load(str(out), load_external_data=False).graph.initializer
                if t.data_type == onnx.TensorProto.INT4]

@@ -173,7 +173,7 @@ def test_a_chunk_length_no_longer_asked_is_removed(tmp_path):
                               "model_seq9.onnx"]
     assert export([4, 2]) == ["model.onnx", "model.onnx.data", "model_seq2.onnx",
                               "model_seq9.onnx"]
-    assert export(4) == ["model.onnx", "model_seq9.onnx"]  # one small model: embedded
+    assert export(4) == ["model.onnx", "model.onnx.data", "model_seq9.onnx"]
 
 
 def test_several_lengths_without_an_output_refused(tmp_path):

@@ -143,8 +143,10 @@ def onnx_output_options(parser: argparse.ArgumentParser) -> None:
                       help="where the weights go: auto (the default) writes them to "
                       "OUT.onnx.data when they exceed 256 MB, copied straight from the input "
                       "file at disk speed with memory flat in model size, and keeps smaller "
-                      "models one self-contained file; always: OUT.onnx.data whatever the "
-                      "size (tensors under 1 KiB, such as shapes, stay in OUT.onnx); never: "
+                      "models one self-contained file (rewrite export: always, a deployment "
+                      "as onnxruntime-genai's builder writes it); always: OUT.onnx.data "
+                      "whatever the size (tensors under 1 KiB, such as shapes, stay in "
+                      "OUT.onnx); never: "
                       "inside OUT.onnx (at most 2 GB, which ONNX files cannot "
                       "exceed; serialized in memory, about twice the weights)")
     onnx.add_argument("--weights-chunk", type=_byte_size, metavar="SIZE",

@@ -111,9 +111,13 @@ def _refuse_folder_options(for_folders: dict, model: Any) -> None:
 
 def _options(kind: type, folder: bool, given: Mapping[str, Any]) -> Any:
     """``kind`` (``OnnxOptions``) of ``given``; a checkpoint folder's defaults: the weights
-    kept the checkpoint's bytes, the attention fused, the projections packed."""
+    kept the checkpoint's bytes, the attention fused, the projections packed, and written to
+    the data file whatever their size (the deployment's layout, as onnxruntime-genai's
+    builder writes it: onnxruntime maps that file where it would copy embedded weights into
+    its heap)."""
+    deployment = {"external_data_threshold": 0} if folder else {}
     return kind(**{"fold_weights": not folder, "fuse_attention": folder,
-                   "pack_projections": folder, **given})
+                   "pack_projections": folder, **deployment, **given})
 
 
 def _checkpoint(folder: str | Path, rules: RuleSet | str | Path | None,

@@ -18,6 +18,7 @@ from rewrite.backends.onnx.finishing._passes import (
     MergeScalarVariants,
     OptimizeBodies,
     PackProjections,
+    PortableStackTraces,
     run_passes,
 )
 from rewrite.backends.onnx.options import OnnxOptions
@@ -34,8 +35,9 @@ def finish(model: ir.Model, tree: GroupTree, outlined: Outlined, options: OnnxOp
     a scalar share one function reading an attribute: the optimizer cannot fold a scale of
     1.0 in one of them away and leave it apart), then optimized; functions with equal bodies
     merged (folding can make bodies equal), opsets fixed, initializers in first-use order,
-    body nodes unnamed if asked. ``outlined`` with merged functions replaced and, for each
-    body the last merge kept apart from its identity's first, why (:mod:`distinct`)."""
+    stack traces' source paths relative to their import root, body nodes unnamed if asked.
+    ``outlined`` with merged functions replaced and, for each body the last merge kept apart
+    from its identity's first, why (:mod:`distinct`)."""
     records = tree.records
     identity = {fid: (records[k].domain, records[k].function_name)  # type: ignore[union-attr]
                 for k, fid in outlined.by_group.items() if fid is not None}
@@ -51,7 +53,7 @@ def finish(model: ir.Model, tree: GroupTree, outlined: Outlined, options: OnnxOp
         if options.pack_projections:
             passes.append(PackProjections(state))
     passes += [MergeEqualFunctions(state, lift), FixOpsets(state, model.opset_imports),
-               InitializersInFirstUseOrder()]
+               InitializersInFirstUseOrder(), PortableStackTraces()]
     if not options.body_node_names:
         passes.append(DropBodyNodeNames(state))
     with gc_paused():

@@ -16,7 +16,9 @@ Each pass changes the model in place and states, in ``ensures``, the invariant i
 * :class:`MergeEqualFunctions`: no two functions of one identity have equal body keys;
 * :class:`FixOpsets`: every domain a graph uses is imported, by the model and by each
   function made;
-* :class:`InitializersInFirstUseOrder`, :class:`DropBodyNodeNames`.
+* :class:`InitializersInFirstUseOrder`, :class:`DropBodyNodeNames`;
+* :class:`PortableStackTraces`: no node's stack trace names a file under an import root by
+  its absolute path.
 
 What the passes learn (functions merged, variants kept apart) is kept in a :class:`Finishing`
 they share, which :func:`finishing.finish` reads afterwards.
@@ -37,6 +39,7 @@ from rewrite.backends.onnx.finishing._contrib import DOMAIN, group_query_attenti
 from rewrite.backends.onnx.finishing._merge import merge_functions, merge_keys
 from rewrite.backends.onnx.finishing._optimize import optimize
 from rewrite.backends.onnx.finishing._pack import pack_projections
+from rewrite.backends.onnx.finishing._portable import STACK_TRACE, import_roots, make_portable
 from rewrite.backends.onnx.finishing._rotary import call_sites, fuse_rotary
 from rewrite.backends.onnx.outlining import drop_node_names
 from rewrite.backends.onnx.summary import FunctionId
@@ -235,6 +238,26 @@ def _first_use(graph: ir.Graph) -> dict[str, int]:
             if value is not None and value.name is not None:
                 first.setdefault(value.name, i)
     return first
+
+
+class PortableStackTraces(ir.passes.InPlacePass):
+    """The source paths in the nodes' stack traces relative to their import root
+    (:mod:`finishing._portable`): the same model from the same code wherever it lies."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.roots = import_roots()
+
+    def call(self, model: ir.Model) -> ir.passes.PassResult:
+        return ir.passes.PassResult(model, make_portable(model, self.roots))
+
+    def ensures(self, model: ir.Model) -> None:
+        for graph in (model.graph, *model.functions.values()):
+            for node in ir.traversal.RecursiveGraphIterator(graph):
+                trace = node.metadata_props.get(STACK_TRACE, "")
+                if any(f'File "{root}' in trace for root in self.roots):
+                    raise ir.passes.PostconditionError(
+                        f"{node.name}: its stack trace names an absolute source path")
 
 
 class DropBodyNodeNames(_Pass):
