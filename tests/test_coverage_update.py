@@ -33,7 +33,7 @@ def test_the_option_writes_the_page(tmp_path, monkeypatch):
 
     rerun = {"type": "roberta", "result": "converted, equal to eager", "why": "fine",
              "seconds": 1.0}
-    monkeypatch.setattr(coverage, "run_one", lambda model_type, timeout: rerun)
+    monkeypatch.setattr(coverage, "run_one", lambda model_type, timeout, cache: rerun)
     path = tmp_path / "COVERAGE.md"
     path.write_text(_page())
     assert main(["--only", "roberta", "--update", str(path)]) == 0
