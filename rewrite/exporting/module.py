@@ -21,7 +21,7 @@ from rewrite._private.exclusive import exclusive
 from rewrite.api import apply, as_ruleset
 from rewrite.compile import RuleSet, parse_rules
 from rewrite.exporting.bounds import Bounded, bounds, record, within
-from rewrite.exporting.deferred import Deferrable, deferrable, unproven
+from rewrite.exporting.deferred import Deferrable, deferrable, lowered, unproven
 from rewrite.exporting.dim_names import dim_names, rename_dims
 from rewrite.errors import library_call
 from rewrite.errors import InputError, first_line
@@ -128,12 +128,16 @@ def _lowered(model: "torch.nn.Module", args: tuple, kwargs: Mapping[str, Any] | 
 
     limits: dict[str, int] = {}
     with progress.step(f"exporting {type(model).__name__} with torch.export"), exclusive():
-        try:
-            program = traced(None)
-        except Bounded as bounded:
-            progress.note(bounded.says)
-            limits = bounded.limits
-            program = traced(limits)
+        while True:
+            try:
+                program = traced(limits or None)
+                break
+            except Bounded as bounded:  # each time lower (a size's last value refused)
+                if limits and not all(bounded.limits.get(k, v) < v for k, v in limits.items()
+                                      if k in bounded.limits):
+                    raise
+                progress.note(bounded.says)
+                limits = {**limits, **bounded.limits}
     for line in dict.fromkeys(proved):
         progress.note(line)
     if ruleset is None:
@@ -156,7 +160,9 @@ def _torch_export(model: "torch.nn.Module", args: tuple, kwargs: Mapping[str, An
     ``LibraryError`` (:func:`~rewrite.errors.library_call`). Where it rejects conditions on a
     size that it cannot prove, the model is exported again with them deferred to run time,
     and that program stands only where they hold for every size it accepts
-    (:mod:`rewrite.exporting.deferred`); ``proved`` then gets a line saying so."""
+    (:mod:`rewrite.exporting.deferred`); ``proved`` then gets a line saying so. Where they
+    fail at a size's largest value only, a :class:`~rewrite.exporting.bounds.Bounded` one
+    below it."""
     import torch
 
     name = type(model).__name__
@@ -186,9 +192,16 @@ def _torch_export(model: "torch.nn.Module", args: tuple, kwargs: Mapping[str, An
     except Deferrable as refusal:
         try:
             program = export(True)
-        except InputError:
-            raise refusal from None
-        why = unproven(program, dim_names(program, dynamic_shapes))
+        except InputError:  # a guard torch.export keeps (ProphetNet's count of chunks)
+            raise InputError(f"{refusal}, nor defer to run time (torch.export keeps it as a "
+                             "guard: a limit of torch.export)") from None
+        names = dim_names(program, dynamic_shapes)
+        why = unproven(program, names)
+        below = lowered(program, names) if why is not None else {}
+        if below:  # false at a size's largest value only: exported one below
+            raise Bounded(name, {**(limits or {}), **below},
+                          f"torch.export's bounds, and {why.removeprefix('deferred to run time, ')}"
+                          ) from None
         if why is not None:
             raise InputError(f"{refusal}; {why}") from None
         if proved is not None:
@@ -204,7 +217,16 @@ def violated(message: str) -> str:
     import re
 
     found = re.search(r"Not all values of (\w+) = (\S+) in the specified range(?: .+?)? "
-                      r"satisfy the generated guard (.+?)\.?$", message, re.M)
+                      r"satisfy the generated guard (.+?)\.?(?:Specializations unexpectedly "
+                      r"required.*)?$", message, re.M)
+    constant = re.search(r"You marked (\w+) as dynamic but your code specialized it to be a "
+                         r"constant \((\d+)\)", message)
+    if found is None and constant is not None:
+        dim, size = constant.groups()
+        return (f"the model's code makes the dynamic {dim} a constant ({size}, the example's): "
+                "a Python number made from the size (a list or range of its length), which "
+                "holds for that length only; tensor ops on the size in the model's code would "
+                "help")
     if found is None:
         return ""
     dim, size, guard = found.groups()
