@@ -251,3 +251,40 @@ def test_a_length_made_a_constant_is_said_in_one_line():
                "  sequence_length = 3")
     assert violated(message).startswith("the model's code makes the dynamic sequence_length "
                                         "a constant (3, the example's): ")
+
+
+class _OnData(torch.nn.Module):
+    """A branch on the number of positive inputs (BLT's entropy patching: torch.distributions
+    validating its logits): a value computed from the data."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if (x > 0).sum().item() == 1:
+            return x
+        return 2 * x
+
+
+def test_a_branch_on_the_data_is_said_in_one_line_naming_where(tmp_path):
+    """torch.export's "Could not guard on data-dependent expression": one line saying the
+    model's code branches on the data, the expression and the model's line, what would
+    help; nothing written."""
+    with pytest.raises(rewrite.InputError) as refused:
+        _export(_OnData(), tmp_path / "never.onnx")
+    said = str(refused.value)
+    assert said == ("torch.export could not export _OnData: the model's code branches on a "
+                    "value computed from the input data (Eq(u0, 1)), which torch.export cannot "
+                    "trace for every input: torch.cond or torch._check in the model's code "
+                    "would help"), said
+    assert not (tmp_path / "never.onnx").exists()
+
+
+def test_the_models_line_is_named_where_torch_export_gives_it():
+    """BLT's refusal: torch.export names the call that raised (transformers' file and line)."""
+    from rewrite.exporting.module import data_dependent
+
+    message = ("Could not guard on data-dependent expression Eq(u0, 1) (unhinted: Eq(u0, 1))."
+               "  (Size-like symbols: none)\n\nThe following call raised this error:\n  File "
+               "\"/venv/site-packages/transformers/models/blt/modeling_blt.py\", line 915, in "
+               "forward\n")
+    assert data_dependent(message).startswith(
+        "the model's code branches on a value computed from the input data (Eq(u0, 1), "
+        "modeling_blt.py:915 in forward), which")

@@ -171,7 +171,7 @@ def _torch_export(model: "torch.nn.Module", args: tuple, kwargs: Mapping[str, An
         found = bounds(str(e)) if limits is None and dynamic_shapes is not None else {}
         if found:
             return Bounded(name, found)
-        guard = violated(str(e))
+        guard = violated(str(e)) or data_dependent(str(e))
         if guard:
             kind = Deferrable if deferrable(str(e)) else InputError
             return kind(f"torch.export could not export {name}: {guard}")
@@ -235,6 +235,23 @@ def violated(message: str) -> str:
         guard = guard[:157] + "..."
     return (f"the model's code holds for some values of the dynamic {dim} only ({guard}): a "
             "shape condition torch.export cannot prove for every length")
+
+
+def data_dependent(message: str) -> str:
+    """What torch.export's "Could not guard on data-dependent expression" ``message`` says in
+    one line: the model's code branching on a value computed from the data, where; empty for
+    another message."""
+    import re
+
+    found = re.search(r"Could not guard on data-dependent expression (.+?) \(unhinted", message)
+    if found is None:
+        return ""
+    where = re.search(r"The following call raised this error:\s+File \"(?:.*/)?([^/\"]+)\", "
+                      r"line (\d+), in (\w+)", message)
+    at = f", {where.group(1)}:{where.group(2)} in {where.group(3)}" if where else ""
+    return (f"the model's code branches on a value computed from the input data "
+            f"({found.group(1)}{at}), which torch.export cannot trace for every input: "
+            "torch.cond or torch._check in the model's code would help")
 
 
 CYCLE_POLICY = """
