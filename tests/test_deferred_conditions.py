@@ -81,18 +81,33 @@ def test_a_condition_false_for_some_lengths_is_still_refused(tmp_path):
     assert not (tmp_path / "never.onnx").exists()
 
 
-@pytest.mark.parametrize("cap, says", [
-    (2000, "is false at seq = 2001"),
-    (CONSTANTS + 1, rf"cannot be proved for seq > {CHECKED} \(true up to it\)"),
-])
-def test_a_condition_true_only_up_to_some_length_is_not_proved_and_refused(tmp_path, cap,
-                                                                            says):
-    """``seq * min(cap, seq) == seq * seq`` holds up to ``cap`` tokens only: true at every
-    length checked one by one, which sympy cannot prove beyond; evaluated on up to its
-    constant where that is at most :data:`CONSTANTS` (false one past it), else not proved:
-    refused, nothing written."""
-    with pytest.raises(rewrite.InputError, match=says + "$"):
-        _export(_Branch(cap, 1, square=True), tmp_path / "never.onnx")
+def test_a_condition_true_only_up_to_some_length_bounds_the_length(tmp_path):
+    """``seq * min(2000, seq) == seq * seq`` holds up to 2000 tokens only: evaluated on up
+    to its constant (sympy cannot prove it past the lengths checked), false at 2001: the
+    model is exported for ``seq <= 2000``, says so, and equals eager there."""
+    from rewrite.exporting.bounds import recorded
+    from tests.test_checkpoint_export import Recorder
+
+    model = _Branch(2000, 1, square=True).eval()
+    progress = Recorder()
+    exported = _export(model, tmp_path / "m.onnx", progress)
+    assert "its code holds for seq <= 2000 only (deferred to run time, Eq(seq*Min(2000, seq), " \
+        "seq**2) is false at seq = 2001, true below;" in " ".join(progress.text.split())
+    assert recorded(exported) == {"seq": 2000}
+    for length in (2, 2000):
+        x = torch.randn(1, length, 8)
+        with torch.no_grad():
+            expected = model(x).numpy()
+        (got,) = run_onnx(exported, (x,))
+        np.testing.assert_allclose(got, expected, atol=1e-5)
+
+
+def test_a_condition_past_the_constants_evaluated_is_not_proved_and_refused(tmp_path):
+    """The same with a constant beyond :data:`CONSTANTS`: true at every length checked one
+    by one, which sympy cannot prove beyond: refused, nothing written."""
+    with pytest.raises(rewrite.InputError, match=rf"cannot be proved for seq > {CHECKED} "
+                       r"\(true up to it\)$"):
+        _export(_Branch(CONSTANTS + 1, 1, square=True), tmp_path / "never.onnx")
     assert not (tmp_path / "never.onnx").exists()
 
 
@@ -166,8 +181,8 @@ def test_a_condition_false_at_the_bound_only_lowers_the_bound(tmp_path):
     exported = _export(model, tmp_path / "m.onnx", progress)
     checked_proto(exported)
     said = " ".join(progress.text.split())
-    assert ("_Table: its code holds for seq <= 15 only (torch.export's bounds, and Ne(seq, "
-            "16) is false at seq = 16;") in said, said
+    assert ("_Table: its code holds for seq <= 15 only (deferred to run time, Ne(seq, 16) is "
+            "false at seq = 16, true below;") in said, said
     assert recorded(exported) == {"seq": 15}
     for length in (1, 2, 15):
         x = torch.randn(1, length, 8)

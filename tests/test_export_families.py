@@ -751,7 +751,8 @@ def _prefill_equals_eager(folder: Path, out: Path, lengths: tuple[int, ...]) -> 
 @pytest.mark.slow  # tiny checkpoints, each exported without a cache
 @pytest.mark.parametrize("model_type, said, lengths", [
     ("openai-gpt", "OpenAIGPTLMHeadModel: its code holds for sequence_length <= 127 only "
-     "(torch.export's bounds, and Ne(sequence_length, 128) is false at sequence_length = 128;",
+     "(deferred to run time, Ne(sequence_length, 128) is false at sequence_length = 128, "
+     "true below;",
      (1, 7, 127)),
     ("hrm_text", "torch.export traces every layer", (1, 7, 40)),
 ])

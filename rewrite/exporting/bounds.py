@@ -27,7 +27,7 @@ KEY = "rewrite.bounded_sizes"
 class Bounded(InputError):
     """torch.export's verdict that the model holds for dynamic sizes of at most
     ``limits`` (a size's name: its largest value) only; ``why``: whose verdict (rewrite's
-    where a condition deferred to run time fails at a size's largest value only)."""
+    where a condition deferred to run time holds up to some length only)."""
 
     def __init__(self, model: str, limits: Mapping[str, int], why: str = "torch.export's bounds"):
         self.limits = dict(limits)

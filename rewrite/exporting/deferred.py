@@ -14,16 +14,19 @@ made only where torch.export's refusal named conditions on one size each (:func:
 a condition tying sizes together (a mask as long as the past and the new tokens) is the
 model's input contract, which torch.export would have accepted or refused the same way.
 
-A condition false at its size's largest value only (OpenAI-GPT's ``sequence_length != 128``
-under torch.export's bound ``<= 128``: its causal mask sliced from a 128 x 128 buffer is
-contiguous at 128 only) holds one below: :func:`lowered` gives that bound, at which the
-model is exported again (:class:`~rewrite.exporting.bounds.Bounded`).
+A condition true from the shortest length up to some length and false just past it
+(OpenAI-GPT's ``sequence_length != 128`` under torch.export's bound ``<= 128``: its causal
+mask sliced from a 128 x 128 buffer is contiguous at 128 only; MPT's at its 2048 positions)
+bounds the size: :func:`lowered` gives the bound, within which the model is exported again
+(:class:`~rewrite.exporting.bounds.Bounded`), as for a bound torch.export suggests.
 """
 
 from __future__ import annotations
 
 import re
 from typing import TYPE_CHECKING, Any, Mapping
+
+from attrs import frozen
 
 from rewrite.errors import InputError
 
@@ -64,29 +67,31 @@ def unproven(program: "torch.export.ExportedProgram", names: Mapping[str, str]) 
     """Why ``program``'s runtime conditions on one size each do not hold over its range, in
     words naming the size (``names``: a symbol's ``Dim`` name); None when they all hold."""
     for condition, symbol, low, high in _conditions(program):
-        why = _failing(condition, symbol, low, high)
-        if why is not None:
+        failing = _failing(condition, symbol, low, high)
+        if failing is not None:
             name = names.get(symbol.name, symbol.name)
             shown = re.sub(rf"\b{symbol.name}\b", name, str(condition))
-            return f"deferred to run time, {shown} {why.replace('{}', name)}"
+            return f"deferred to run time, {shown} {failing.words.replace('{}', name)}"
     return None
 
 
 def lowered(program: "torch.export.ExportedProgram", names: Mapping[str, str]
             ) -> dict[str, int]:
-    """Where every runtime condition of ``program`` that fails (:func:`unproven`) fails at
-    its size's largest value only, true at each smaller one (all checked one by one): each
-    such size's name (``names``) and that value less one, its bound within which every
-    condition holds; empty otherwise (a condition false elsewhere, or not proved)."""
+    """Where every runtime condition of ``program`` that fails (:func:`unproven`) is true
+    from its size's smallest value up to some length, each checked, and false just past it
+    (OpenAI-GPT's ``!= 128`` at torch.export's bound 128; MPT's at its 2048 positions): each
+    such size's name (``names``) and the last length where its conditions hold (at least 2:
+    a prompt stays possible), the bound within which the model is exported; empty otherwise
+    (a condition false at the shortest, not proved, or not evaluated)."""
     bounds: dict[str, int] = {}
     for condition, symbol, low, high in _conditions(program):
-        if _failing(condition, symbol, low, high) is None:
+        failing = _failing(condition, symbol, low, high)
+        if failing is None:
             continue
-        if high is None or high - 1 < max(low, 2) or high - low > CHECKED or _failing(
-                condition, symbol, low, high - 1) is not None:
+        if failing.first_false is None or failing.first_false - 1 < max(low, 2):
             return {}
         name = names.get(symbol.name, symbol.name)
-        bounds[name] = min(bounds.get(name, high - 1), high - 1)
+        bounds[name] = min(bounds.get(name, failing.first_false), failing.first_false - 1)
     return bounds
 
 
@@ -114,9 +119,19 @@ def _conditions(program: "torch.export.ExportedProgram"
     return found
 
 
-def _failing(condition: Any, symbol: Any, low: int, high: int | None) -> str | None:
-    """Where ``condition`` fails for ``symbol`` from ``low`` to ``high`` (None: unbounded;
-    ``{}`` in the words stands for the size's name), None when it holds for every value."""
+@frozen
+class _Failing:
+    """Where a condition fails: in ``words`` (``{}`` for the size's name), and the first
+    value where it is false, every value before it true (None: not proved, or not
+    evaluated)."""
+
+    words: str
+    first_false: int | None = None
+
+
+def _failing(condition: Any, symbol: Any, low: int, high: int | None) -> _Failing | None:
+    """Where ``condition`` fails for ``symbol`` from ``low`` to ``high`` (None: unbounded),
+    None when it holds for every value."""
     import sympy
 
     last = low + CHECKED if high is None else min(high, low + CHECKED)
@@ -134,21 +149,21 @@ def _failing(condition: Any, symbol: Any, low: int, high: int | None) -> str | N
         if _proved(condition, symbol, end + 1):
             return None
         last = end
-    return f"cannot be proved for {{}} > {last} (true up to it)"
+    return _Failing(f"cannot be proved for {{}} > {last} (true up to it)")
 
 
-def _false_at(condition: Any, symbol: Any, first: int, last: int) -> str | None:
+def _false_at(condition: Any, symbol: Any, first: int, last: int) -> _Failing | None:
     """Where ``condition`` is false for ``symbol`` from ``first`` to ``last``, each
-    evaluated (``{}`` in the words: the size's name); None where it is true at all."""
+    evaluated; None where it is true at all."""
     import sympy
 
     for value in range(first, last + 1):
         try:
             holds = condition.subs(symbol, value) is sympy.true
         except (ZeroDivisionError, TypeError, ValueError) as e:  # torch's Mod by zero
-            return f"cannot be evaluated at {{}} = {value} ({type(e).__name__}: {e})"
+            return _Failing(f"cannot be evaluated at {{}} = {value} ({type(e).__name__}: {e})")
         if not holds:
-            return f"is false at {{}} = {value}"
+            return _Failing(f"is false at {{}} = {value}", value)
     return None
 
 

@@ -161,8 +161,7 @@ def _torch_export(model: "torch.nn.Module", args: tuple, kwargs: Mapping[str, An
     size that it cannot prove, the model is exported again with them deferred to run time,
     and that program stands only where they hold for every size it accepts
     (:mod:`rewrite.exporting.deferred`); ``proved`` then gets a line saying so. Where they
-    fail at a size's largest value only, a :class:`~rewrite.exporting.bounds.Bounded` one
-    below it."""
+    hold up to some length only, a :class:`~rewrite.exporting.bounds.Bounded` at it."""
     import torch
 
     name = type(model).__name__
@@ -198,10 +197,8 @@ def _torch_export(model: "torch.nn.Module", args: tuple, kwargs: Mapping[str, An
         names = dim_names(program, dynamic_shapes)
         why = unproven(program, names)
         below = lowered(program, names) if why is not None else {}
-        if below:  # false at a size's largest value only: exported one below
-            raise Bounded(name, {**(limits or {}), **below},
-                          f"torch.export's bounds, and {why.removeprefix('deferred to run time, ')}"
-                          ) from None
+        if below:  # true up to some length, false past it: exported up to it
+            raise Bounded(name, {**(limits or {}), **below}, f"{why}, true below") from None
         if why is not None:
             raise InputError(f"{refusal}; {why}") from None
         if proved is not None:
