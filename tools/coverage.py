@@ -186,7 +186,7 @@ def write_checkpoint(model_type: str, folder: Path, cache: str = "kv") -> str | 
 
 def _first(text: str) -> str:
     lines = [line for line in text.strip().splitlines() if line.strip()]
-    return (lines[0] if lines else "")[:240]
+    return (lines[0] if lines else "")[:240].rstrip()
 
 
 def run_one(model_type: str, timeout: float, cache: str = "kv") -> dict:
