@@ -3,6 +3,8 @@ on the page, the counts follow, every other row and the text above the table sta
 
 from __future__ import annotations
 
+import pytest
+
 from tools.coverage import main, table, traced, update
 
 
@@ -33,7 +35,7 @@ def test_the_option_writes_the_page(tmp_path, monkeypatch):
 
     rerun = {"type": "roberta", "result": "converted, equal to eager", "why": "fine",
              "seconds": 1.0}
-    monkeypatch.setattr(coverage, "run_one", lambda model_type, timeout: rerun)
+    monkeypatch.setattr(coverage, "run_one", lambda model_type, timeout, cache: rerun)
     path = tmp_path / "COVERAGE.md"
     path.write_text(_page())
     assert main(["--only", "roberta", "--update", str(path)]) == 0
@@ -52,3 +54,56 @@ def test_the_trace_column_says_what_the_export_said():
                   "layer: the per-layer model disagreed") == \
         "whole: the per-layer model disagreed"
     assert traced("refused before any export") == ""
+
+
+def test_a_cache_none_run_passes_the_option_and_keeps_its_own_table(tmp_path, monkeypatch):
+    """``--cache none``: each type exported with ``rewrite export --cache none``, its table
+    headed so; ``--update`` puts its rows in that table only, the kv table above (and its
+    text) untouched, and a page with no table of that cache is said before any run."""
+    import tools.coverage as coverage
+
+    asked = []
+
+    def run_one(model_type, timeout, cache):
+        asked.append(cache)
+        return {"type": model_type, "result": "refused (exit 2)", "why": "prefill only",
+                "seconds": 2.0}
+
+    monkeypatch.setattr(coverage, "run_one", run_one)
+    kv = _page()
+    none = update("\n## Prefill only\n\n" + table([], "none"), [], "none")
+    assert none.startswith("\n## Prefill only\n\ntransformers ") and \
+        "causal-LM model types, prefill only (`--cache none`) (`python -m tools.coverage " \
+        "--cache none --table docs/COVERAGE-none.md`):" in none
+    path = tmp_path / "COVERAGE.md"
+    path.write_text(kv + none + "\nText after.\n")
+    assert main(["--cache", "none", "--only", "llama", "--update", str(path)]) == 0
+    page = path.read_text()
+    assert asked == ["none"]
+    assert page.startswith(kv) and page.endswith("\nText after.\n")
+    assert page.count("| llama |") == 2 and "| llama | refused (exit 2) | prefill only |  | " \
+        "2.0 |" in page.split("## Prefill only")[1]
+    assert update(page, [], "none") == page and update(page, [], "kv") == page
+    path.write_text(kv)
+    with pytest.raises(SystemExit, match="no table of --cache none|a table of --cache kv only"):
+        main(["--cache", "none", "--only", "gpt2", "--update", str(path)])
+    assert asked == ["none"]
+
+
+def test_the_export_is_run_with_the_cache_asked(monkeypatch):
+    """``run_one`` builds the checkpoint (its eager check without a cache for ``none``) and
+    runs ``rewrite export ... --cache none``."""
+    import subprocess
+
+    import tools.coverage as coverage
+
+    calls = []
+
+    def run(argv, **kwargs):
+        calls.append(argv)
+        return subprocess.CompletedProcess(argv, 0, "", "max |difference| 1e-07")
+
+    monkeypatch.setattr(coverage.subprocess, "run", run)
+    row = coverage.run_one("gpt2", 10, "none")
+    assert row["result"] == "converted, equal to eager"
+    assert calls[0][-1] == "none" and calls[1][-2:] == ["--cache", "none"]

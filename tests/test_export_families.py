@@ -725,3 +725,68 @@ def test_deepseek_v4_prefill_alone_for_any_length(tmp_path):
                  "position_ids": np.arange(length)[None].repeat(2, 0)}
         logits = session.run(["logits"], feeds)[0]
         assert np.abs(logits - expected).max() < 1e-4, length
+
+
+def _prefill_equals_eager(folder: Path, out: Path, lengths: tuple[int, ...]) -> None:
+    """The written prefill-only model, two rows of each length, equals eager within 1e-4."""
+    import numpy as np
+    import onnxruntime as ort
+    from transformers import AutoModelForCausalLM
+
+    onnx.checker.check_model(str(out), full_check=True)
+    eager = AutoModelForCausalLM.from_pretrained(folder).eval()
+    session = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
+    names = {i.name for i in session.get_inputs()}
+    for length in lengths:
+        ids = torch.randint(0, 96, (2, length), generator=torch.Generator().manual_seed(length))
+        mask = torch.ones_like(ids)
+        with torch.no_grad():
+            expected = eager(input_ids=ids, attention_mask=mask, use_cache=False).logits.numpy()
+        feeds = {"input_ids": ids.numpy(), "attention_mask": mask.numpy(),
+                 "position_ids": np.arange(length)[None].repeat(2, 0)}
+        logits = session.run(["logits"], {k: v for k, v in feeds.items() if k in names})[0]
+        assert np.abs(logits - expected).max() < 1e-4, length
+
+
+@pytest.mark.slow  # tiny checkpoints, each exported without a cache
+@pytest.mark.parametrize("model_type, said, lengths", [
+    ("openai-gpt", "OpenAIGPTLMHeadModel: its code holds for sequence_length <= 127 only "
+     "(deferred to run time, Ne(sequence_length, 128) is false at sequence_length = 128, "
+     "true below;",
+     (1, 7, 127)),
+    ("hrm_text", "torch.export traces every layer", (1, 7, 40)),
+])
+def test_the_cache_none_sweeps_failures_convert_and_equal_eager(model_type, said, lengths,
+                                                                 tmp_path):
+    """``--cache none`` over every model type (issue 42): OpenAI-GPT was refused (torch.export
+    bounds its length to 128, its 128 x 128 mask buffer, then refuses ``!= 128``: a slice
+    contiguous at 128 only), now exported for 127 tokens and said so; HRM was an exit 3 (a
+    group reading a ``torch.no_grad()`` block's results, a tuple, made a shared body)."""
+    folder = tmp_path / model_type
+    assert write_checkpoint(model_type, folder, "none") is None
+    out = tmp_path / "out" / "model.onnx"
+    out.parent.mkdir()
+    progress = Recorder()
+    rewrite.export(folder, output=out, cache="none", progress=progress)
+    assert said in " ".join(progress.text.split()), progress.text
+    _prefill_equals_eager(folder, out, lengths)
+
+
+@pytest.mark.slow  # a tiny checkpoint, its export refused
+def test_prophetnet_prefill_is_refused_as_torch_exports_limit(tmp_path, run_cli):
+    """ProphetNet's streams, ``chunk(1 + ngram)`` of a dynamic length: torch's decomposition
+    guards ``(4*s - 1) // s == 3`` (true for every length) and keeps that guard with
+    conditions deferred to run time: exit 2 in one line saying so, nothing written."""
+    folder = tmp_path / "prophetnet"
+    assert write_checkpoint("prophetnet", folder, "none") is None
+    out = tmp_path / "out" / "model.onnx"
+    out.parent.mkdir()
+    r = run_cli("export", folder, "-o", out, "--cache", "none")
+    assert r.code == 2, r.err
+    line = r.err.strip().splitlines()[-1]
+    assert line == ("torch.export could not export ProphetNetForCausalLM: the model's code holds "
+                    "for some values of the dynamic sequence_length only ((((-1) + "
+                    "4*sequence_length) // sequence_length) == 3): a shape condition "
+                    "torch.export cannot prove for every length, nor defer to run time "
+                    "(torch.export keeps it as a guard: a limit of torch.export)"), line
+    assert not out.exists()

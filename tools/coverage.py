@@ -2,7 +2,7 @@
 causal-LM mapping, as a tiny random checkpoint, exported as a user runs it.
 
     .venv/bin/python -m tools.coverage [--only TYPE ...] [--jobs N] [--timeout 300]
-        [--table docs/COVERAGE.md | --update docs/COVERAGE.md] [--json FILE]
+        [--cache {kv,none}] [--table docs/COVERAGE.md | --update docs/COVERAGE.md] [--json FILE]
 
 Per model type: its config class with small sizes (2 layers, hidden 64, 4 heads / 2 KV heads,
 4 experts / top-2 where the family has experts; nested text configs likewise), random normal
@@ -14,7 +14,10 @@ against the eager model (a prefill and a decode step) before publishing it, so e
 its one line; exit 3 a bug in rewrite. The table lists each type with its result and the
 line that says why. ``--table`` writes the table of this run; ``--update`` puts this run's rows
 (``--only`` some types, after a fix) in place of the same types' rows of an existing page,
-its counts redone and the text above them kept.
+its counts redone and the text above and below them kept. ``--cache none`` exports prefill
+only (``rewrite export --cache none``: no cache inputs or outputs; the eager model called
+without a cache first); its table says so in its heading and is a table of its own
+(docs/COVERAGE-none.md): ``--update`` puts a run's rows in the table of its own cache only.
 """
 
 from __future__ import annotations
@@ -157,8 +160,9 @@ def _set(config, key: str, value) -> None:
         pass
 
 
-def write_checkpoint(model_type: str, folder: Path) -> str | None:
-    """A tiny random checkpoint; None, or why the eager model cannot be used."""
+def write_checkpoint(model_type: str, folder: Path, cache: str = "kv") -> str | None:
+    """A tiny random checkpoint; None, or why the eager model cannot be used (called on 6
+    tokens with a cache, or without one for ``cache="none"``)."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -173,7 +177,8 @@ def write_checkpoint(model_type: str, folder: Path) -> str | None:
         model = AutoModelForCausalLM.from_pretrained(folder).eval()  # as rewrite will
         with torch.no_grad():
             ids = torch.randint(0, 100, (1, 6))
-            model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=True)
+            model(input_ids=ids, attention_mask=torch.ones_like(ids),
+                  use_cache=cache != "none")
     except Exception as e:  # noqa: BLE001 - any failure: the eager model is unusable
         return f"{type(e).__name__}: {_first(str(e))}"
     return None
@@ -181,11 +186,12 @@ def write_checkpoint(model_type: str, folder: Path) -> str | None:
 
 def _first(text: str) -> str:
     lines = [line for line in text.strip().splitlines() if line.strip()]
-    return (lines[0] if lines else "")[:240]
+    return (lines[0] if lines else "")[:240].rstrip()
 
 
-def run_one(model_type: str, timeout: float) -> dict:
-    """Build, export and classify one model type (each in its own processes)."""
+def run_one(model_type: str, timeout: float, cache: str = "kv") -> dict:
+    """Build, export (``rewrite export --cache CACHE``) and classify one model type (each in
+    its own processes)."""
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix=f"coverage-{model_type}-") as tmp:
         folder = Path(tmp) / "checkpoint"
@@ -193,8 +199,8 @@ def run_one(model_type: str, timeout: float) -> dict:
             build = subprocess.run(
                 [sys.executable, "-c", "import sys; from tools.coverage import "
                  "write_checkpoint; from pathlib import Path; why = write_checkpoint("
-                 "sys.argv[1], Path(sys.argv[2])); print(why or ''); sys.exit(3 if why else 0)",
-                 model_type, str(folder)],
+                 "sys.argv[1], Path(sys.argv[2]), sys.argv[3]); print(why or ''); "
+                 "sys.exit(3 if why else 0)", model_type, str(folder), cache],
                 cwd=ROOT, capture_output=True, text=True, timeout=timeout,
                 env={**os.environ, "HF_HUB_OFFLINE": "1"})
             if build.returncode != 0:
@@ -202,8 +208,8 @@ def run_one(model_type: str, timeout: float) -> dict:
                                                      if build.stderr else "")
                 return _row(model_type, "eager unusable", why, start)
             run = subprocess.run([sys.executable, "-m", "rewrite", "export", str(folder),
-                                  "-o", str(Path(tmp) / "model.onnx")], cwd=ROOT,
-                                 capture_output=True, text=True, timeout=timeout)
+                                  "-o", str(Path(tmp) / "model.onnx"), "--cache", cache],
+                                 cwd=ROOT, capture_output=True, text=True, timeout=timeout)
         except subprocess.TimeoutExpired as e:
             step = "building the checkpoint" if e.cmd[1] == "-c" else "rewrite export"
             return _row(model_type, "timeout", f"{step} over {timeout:.0f} s", start)
@@ -236,15 +242,24 @@ def _row(model_type: str, result: str, why: str, start: float, seconds: float | 
             "seconds": round(time.perf_counter() - start if seconds is None else seconds, 1)}
 
 
-def table(rows: list[dict]) -> str:
-    """The markdown table, with the counts per result first."""
+PAGES = {"kv": "docs/COVERAGE.md", "none": "docs/COVERAGE-none.md"}
+"""Each cache's page."""
+
+PREFILL = ", prefill only (`--cache none`)"
+"""What a ``--cache none`` table's heading says after its count."""
+
+
+def table(rows: list[dict], cache: str = "kv") -> str:
+    """The markdown table, with the counts per result first; its heading says the cache."""
     import transformers
 
     counts: dict[str, int] = {}
     for row in rows:
         counts[row["result"]] = counts.get(row["result"], 0) + 1
-    lines = [f"transformers {transformers.__version__}, {len(rows)} causal-LM model types "
-             f"(`python -m tools.coverage --table docs/COVERAGE.md`):", ""]
+    option = "" if cache == "kv" else f"--cache {cache} "
+    lines = [f"transformers {transformers.__version__}, {len(rows)} causal-LM model types"
+             f"{PREFILL if cache == 'none' else ''} "
+             f"(`python -m tools.coverage {option}--table {PAGES[cache]}`):", ""]
     lines += [f"- {result}: {n}" for result, n in sorted(counts.items(), key=lambda x: -x[1])]
     lines += ["", "| model type | result | why | layers traced | seconds |",
               "|---|---|---|---|---|"]
@@ -255,24 +270,33 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
-HEADING = re.compile(r"^transformers \S+, \d+ causal-LM model types", re.M)
+HEADING = re.compile(r"^transformers \S+, \d+ causal-LM model types(?P<none>"
+                     + re.escape(PREFILL) + ")?", re.M)
 
 
-def update(page: str, rows: list[dict]) -> str:
-    """``page`` (a ``--table`` page) with ``rows`` in place of its rows of the same types:
-    the counts and the table redone, the text above them kept."""
-    heading = HEADING.search(page)
-    if heading is None:
-        raise SystemExit("--update: the page has no table written by --table")
+def update(page: str, rows: list[dict], cache: str = "kv") -> str:
+    """``page`` (a ``--table`` page) with ``rows`` in place of its rows of the same types in
+    its table of ``cache``: the counts and the table redone, the text above and below kept."""
+    headings = {("none" if h.group("none") else "kv"): h for h in HEADING.finditer(page)}
+    if cache not in headings:
+        has = " and ".join(f"--cache {c}" for c in headings)
+        what = f"a table of {has} only" if has else "no table written by --table"
+        raise SystemExit(f"--update: the page has {what}, not one of --cache {cache} "
+                         f"(its page: {PAGES[cache]})")
+    heading = headings[cache]
+    section = page[heading.start():].splitlines(keepends=True)
+    end = next((i for i, line in enumerate(section) if i > 2 and not line.startswith("|")
+                and section[i - 1].startswith("|")), len(section))
     kept = {}
-    for line in page[heading.start():].splitlines():
+    for line in section[:end]:
         cells = [c.strip() for c in re.split(r"(?<!\\)\|", line)[1:-1]]
         if len(cells) in (4, 5) and cells[-1] not in ("seconds", "---"):
             trace = cells[3].replace("\\|", "|") if len(cells) == 5 else ""
             kept[cells[0]] = _row(*cells[:2], cells[2].replace("\\|", "|"), 0.0,
                                   float(cells[-1]), trace)
     kept.update({row["type"]: row for row in rows})
-    return page[:heading.start()] + table([kept[t] for t in sorted(kept)])
+    return (page[:heading.start()] + table([kept[t] for t in sorted(kept)], cache)
+            + "".join(section[end:]))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -282,25 +306,31 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", nargs="+", metavar="TYPE")
     parser.add_argument("--timeout", type=float, default=300)
     parser.add_argument("--jobs", type=int, default=1, help="model types run at once")
+    parser.add_argument("--cache", choices=sorted(PAGES), default="kv",
+                        help="rewrite export's --cache: kv (decode-ready, the default) or none "
+                             "(prefill only); each has a table of its own")
     parser.add_argument("--table", type=Path, help="write the markdown table here")
     parser.add_argument("--update", type=Path,
                         help="put the rows in place of the same types' rows of this page")
     parser.add_argument("--json", type=Path, help="write the rows as JSON here")
     args = parser.parse_args(argv)
     types = args.only or sorted(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
+    if args.update:  # a page without this cache's table: said before any run
+        update(args.update.read_text(), [], args.cache)
     rows = []
     with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:  # each runs processes
-        for n, row in enumerate(pool.map(lambda t: run_one(t, args.timeout), types), 1):
+        for n, row in enumerate(pool.map(lambda t: run_one(t, args.timeout, args.cache),
+                                         types), 1):
             rows.append(row)
             print(f"[{n}/{len(types)}] {row['type']}: {row['result']} ({row['seconds']} s) "
                   f"{row['why']}", flush=True)
             if args.json:
                 args.json.write_text(json.dumps(rows, indent=1))
-    text = table(rows)
+    text = table(rows, args.cache)
     if args.table:
         args.table.write_text(text)
     if args.update:
-        args.update.write_text(update(args.update.read_text(), rows))
+        args.update.write_text(update(args.update.read_text(), rows, args.cache))
     print(text)
     return 0
 

@@ -26,13 +26,14 @@ KEY = "rewrite.bounded_sizes"
 
 class Bounded(InputError):
     """torch.export's verdict that the model holds for dynamic sizes of at most
-    ``limits`` (a size's name: its largest value) only."""
+    ``limits`` (a size's name: its largest value) only; ``why``: whose verdict (rewrite's
+    where a condition deferred to run time holds up to some length only)."""
 
-    def __init__(self, model: str, limits: Mapping[str, int]):
+    def __init__(self, model: str, limits: Mapping[str, int], why: str = "torch.export's bounds"):
         self.limits = dict(limits)
         most = ", ".join(f"{name} <= {value}" for name, value in self.limits.items())
-        self.says = (f"{model}: its code holds for {most} only (torch.export's bounds; longer "
-                     "inputs take another path in the model): exported for those lengths")
+        self.says = (f"{model}: its code holds for {most} only ({why}; longer inputs take "
+                     "another path in the model): exported for those lengths")
         super().__init__(self.says)
 
 

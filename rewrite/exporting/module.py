@@ -21,7 +21,7 @@ from rewrite._private.exclusive import exclusive
 from rewrite.api import apply, as_ruleset
 from rewrite.compile import RuleSet, parse_rules
 from rewrite.exporting.bounds import Bounded, bounds, record, within
-from rewrite.exporting.deferred import Deferrable, deferrable, unproven
+from rewrite.exporting.deferred import Deferrable, deferrable, lowered, unproven
 from rewrite.exporting.dim_names import dim_names, rename_dims
 from rewrite.errors import library_call
 from rewrite.errors import InputError, first_line
@@ -128,12 +128,16 @@ def _lowered(model: "torch.nn.Module", args: tuple, kwargs: Mapping[str, Any] | 
 
     limits: dict[str, int] = {}
     with progress.step(f"exporting {type(model).__name__} with torch.export"), exclusive():
-        try:
-            program = traced(None)
-        except Bounded as bounded:
-            progress.note(bounded.says)
-            limits = bounded.limits
-            program = traced(limits)
+        while True:
+            try:
+                program = traced(limits or None)
+                break
+            except Bounded as bounded:  # each time lower (a size's last value refused)
+                if limits and not all(bounded.limits.get(k, v) < v for k, v in limits.items()
+                                      if k in bounded.limits):
+                    raise
+                progress.note(bounded.says)
+                limits = {**limits, **bounded.limits}
     for line in dict.fromkeys(proved):
         progress.note(line)
     if ruleset is None:
@@ -156,7 +160,8 @@ def _torch_export(model: "torch.nn.Module", args: tuple, kwargs: Mapping[str, An
     ``LibraryError`` (:func:`~rewrite.errors.library_call`). Where it rejects conditions on a
     size that it cannot prove, the model is exported again with them deferred to run time,
     and that program stands only where they hold for every size it accepts
-    (:mod:`rewrite.exporting.deferred`); ``proved`` then gets a line saying so."""
+    (:mod:`rewrite.exporting.deferred`); ``proved`` then gets a line saying so. Where they
+    hold up to some length only, a :class:`~rewrite.exporting.bounds.Bounded` at it."""
     import torch
 
     name = type(model).__name__
@@ -165,7 +170,7 @@ def _torch_export(model: "torch.nn.Module", args: tuple, kwargs: Mapping[str, An
         found = bounds(str(e)) if limits is None and dynamic_shapes is not None else {}
         if found:
             return Bounded(name, found)
-        guard = violated(str(e))
+        guard = violated(str(e)) or data_dependent(str(e))
         if guard:
             kind = Deferrable if deferrable(str(e)) else InputError
             return kind(f"torch.export could not export {name}: {guard}")
@@ -186,9 +191,14 @@ def _torch_export(model: "torch.nn.Module", args: tuple, kwargs: Mapping[str, An
     except Deferrable as refusal:
         try:
             program = export(True)
-        except InputError:
-            raise refusal from None
-        why = unproven(program, dim_names(program, dynamic_shapes))
+        except InputError:  # a guard torch.export keeps (ProphetNet's count of chunks)
+            raise InputError(f"{refusal}, nor defer to run time (torch.export keeps it as a "
+                             "guard: a limit of torch.export)") from None
+        names = dim_names(program, dynamic_shapes)
+        why = unproven(program, names)
+        below = lowered(program, names) if why is not None else {}
+        if below:  # true up to some length, false past it: exported up to it
+            raise Bounded(name, {**(limits or {}), **below}, f"{why}, true below") from None
         if why is not None:
             raise InputError(f"{refusal}; {why}") from None
         if proved is not None:
@@ -204,7 +214,16 @@ def violated(message: str) -> str:
     import re
 
     found = re.search(r"Not all values of (\w+) = (\S+) in the specified range(?: .+?)? "
-                      r"satisfy the generated guard (.+?)\.?$", message, re.M)
+                      r"satisfy the generated guard (.+?)\.?(?:Specializations unexpectedly "
+                      r"required.*)?$", message, re.M)
+    constant = re.search(r"You marked (\w+) as dynamic but your code specialized it to be a "
+                         r"constant \((\d+)\)", message)
+    if found is None and constant is not None:
+        dim, size = constant.groups()
+        return (f"the model's code makes the dynamic {dim} a constant ({size}, the example's): "
+                "a Python number made from the size (a list or range of its length), which "
+                "holds for that length only; tensor ops on the size in the model's code would "
+                "help")
     if found is None:
         return ""
     dim, size, guard = found.groups()
@@ -213,6 +232,23 @@ def violated(message: str) -> str:
         guard = guard[:157] + "..."
     return (f"the model's code holds for some values of the dynamic {dim} only ({guard}): a "
             "shape condition torch.export cannot prove for every length")
+
+
+def data_dependent(message: str) -> str:
+    """What torch.export's "Could not guard on data-dependent expression" ``message`` says in
+    one line: the model's code branching on a value computed from the data, where; empty for
+    another message."""
+    import re
+
+    found = re.search(r"Could not guard on data-dependent expression (.+?) \(unhinted", message)
+    if found is None:
+        return ""
+    where = re.search(r"The following call raised this error:\s+File \"(?:.*/)?([^/\"]+)\", "
+                      r"line (\d+), in (\w+)", message)
+    at = f", {where.group(1)}:{where.group(2)} in {where.group(3)}" if where else ""
+    return (f"the model's code branches on a value computed from the input data "
+            f"({found.group(1)}{at}), which torch.export cannot trace for every input: "
+            "torch.cond or torch._check in the model's code would help")
 
 
 CYCLE_POLICY = """

@@ -129,6 +129,10 @@ def _selected(tree: GroupTree, by_index) -> list[Chosen]:
         else:
             key, inputs = body_key(nodes)
             key = (key, _group_key(tree, group, indices, nodes))
+            if any(isinstance(i.meta.get("val"), (tuple, list)) for i in inputs):
+                # it unpacks a higher-order op's results (HRM's torch.no_grad() steps,
+                # wrap_with_set_grad_enabled): an invoke_subgraph operand is a tensor or size
+                key, inputs = ("not shared", group.index), []
         keyed[group.index] = (key, nodes, inputs)
         counts[key] = counts.get(key, 0) + 1
 
