@@ -132,6 +132,37 @@ def test_added_layers_wired_wrong_are_caught_and_the_model_traced_whole(tmp_path
            "does not give the model's outputs" in text, text
 
 
+def test_int4_of_a_half_checkpoint_checks_its_layers_with_the_written_model(tmp_path):
+    """The float32 shell's weights are placeholders until written (zero pages, nothing for
+    eager to compare), so the layers traced once are checked by the written model's check on
+    the real weights, not run before: said, and the model is equal to eager on them."""
+    folder = checkpoints.write("llama", tmp_path / "checkpoint", dtype=torch.bfloat16,
+                               layers=4)
+    progress = Recorder()
+    rewrite.export(folder, output=tmp_path / "model.onnx", precision="int4",
+                   progress=progress)
+    assert "2 added to the program of the first 2); checked with the written model, on the " \
+           "weights written" in progress.text, progress.text
+    assert "on the same int4 weights dequantized: max |difference|" in progress.text
+
+
+@pytest.mark.slow
+def test_int4_layers_wired_wrong_fail_the_written_models_check_and_are_traced_whole(
+        tmp_path, monkeypatch):
+    """The stale-wiring mutant under int4's shell: no check runs the bodies before writing;
+    the written model's check on the real weights fails, the model is traced whole, said,
+    and written checked."""
+    wire_added_layers_stale(monkeypatch)
+    folder = checkpoints.write("llama", tmp_path / "checkpoint", dtype=torch.bfloat16,
+                               layers=4)
+    progress = Recorder()
+    rewrite.export(folder, output=tmp_path / "model.onnx", precision="int4",
+                   progress=progress)
+    assert "torch.export traces every layer: the per-layer model disagreed with eager" in \
+        progress.text, progress.text
+    assert "on the same int4 weights dequantized: max |difference|" in progress.text
+
+
 def wire_added_layers_stale(monkeypatch) -> None:
     """The mutant: every added layer fed what its kind's traced call is fed."""
     from rewrite._private import torch_repeated_calls

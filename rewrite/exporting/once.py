@@ -102,7 +102,8 @@ def traced_once(model: "torch.nn.Module", progress: "Progress",
                 export: Callable[..., "torch.export.ExportedProgram"], example: tuple,
                 dynamic_shapes: Any = None, used: list | None = None,
                 kwargs: dict | None = None, layers: "torch.nn.ModuleList | None" = None,
-                twin: Twin | None = None) -> "torch.export.ExportedProgram":
+                twin: Twin | None = None, weighed: bool = True
+                ) -> "torch.export.ExportedProgram":
     """``export()`` with each distinct decoder layer of ``model`` traced once (``example``
     and ``dynamic_shapes``: the export's example inputs and their dynamic shapes; ``used``
     gets a ``True`` when the program is so made); where the model cannot be cut so, a
@@ -117,7 +118,11 @@ def traced_once(model: "torch.nn.Module", progress: "Progress",
     on a row of ``example`` randomized. ``layers``: the list to cut, when not the model's
     own (an encoder-decoder's encoder). ``twin``: smaller inputs of the same call, at which
     a program extended from its first layers is checked when its example costs more
-    (:mod:`rewrite.exporting.twin`)."""
+    (:mod:`rewrite.exporting.twin`). ``weighed=False``: the model's weights are placeholders
+    until written (int4's float32 shell, :mod:`rewrite.exporting.int4`), on which eager
+    computes nothing to compare: the bodies are not run here; the written model's check
+    against eager on the real weights stands for it (a model that fails it is exported again
+    with every layer traced: ``checkpoint._traced``)."""
     if layers is None:
         layers = decoder_layers(model) if kwargs is None else repeated_layers(model)
     reason = _cannot_cut(model, layers, kwargs is not None)
@@ -126,7 +131,7 @@ def traced_once(model: "torch.nn.Module", progress: "Progress",
             program, calls, added = _cut_trace(model, layers, export, example,
                                                dynamic_shapes, kwargs is None, progress)
             reason, by_twin = _sizes_from_data(program), False
-            if reason is None:
+            if reason is None and weighed:
                 checking = _Checking(model, layers, export, dynamic_shapes)
                 reason, by_twin = checking.verdict(program, example, kwargs, added > 0, twin)
         except Bounded:
@@ -142,7 +147,9 @@ def traced_once(model: "torch.nn.Module", progress: "Progress",
                                                      f"the first {len(layers) - added})"
                                                      if added else "")
                           + ("; checked at its twin's sizes, its program alike" if by_twin
-                             else ""))
+                             else "")
+                          + ("" if weighed else "; checked with the written model, on the "
+                             "weights written"))
             return program
     progress.note(f"torch.export traces every layer: {reason}")
     return export()

@@ -136,16 +136,20 @@ def export_checkpoint(folder: str | Path, *, rules: RuleSet | str | Path | None,
                      finish=None if int4 is None else int4.finish, variants=variants)
     twin = fixed_cache_twin(model, layout, context, first) if kind == "static" else None
     with calling(model, call), grouped_query_attention():
-        exported = _traced(export, model, progress, trace == "layers", twin)
+        exported = _traced(export, model, progress, trace == "layers", twin,
+                           weighed=check is None or int4 is None or not int4.sources)
     if output is not None:
         progress.note(genai.note(Path(output)))
     return exported
 
 
 def _traced(export: Callable[..., "ir.Model"], model: "torch.nn.Module",
-            progress: "Progress", layers: bool, twin: "Twin | None" = None) -> "ir.Model":
+            progress: "Progress", layers: bool, twin: "Twin | None" = None,
+            weighed: bool = True) -> "ir.Model":
     """``export(trace=...)``: each distinct layer traced once when ``layers``
-    (:func:`traced_once`; checked at ``twin``'s sizes where it stands for the export's); a
+    (:func:`traced_once`; checked at ``twin``'s sizes where it stands for the export's, or,
+    not ``weighed`` (int4's shell, its weights placeholders), by the written model's check
+    alone); a
     model so made that disagrees with eager when checked before
     publishing (nothing was written) is exported again with every layer traced, said in one
     line (the check runs the model's own code: what the per-layer check did not see)."""
@@ -153,7 +157,8 @@ def _traced(export: Callable[..., "ir.Model"], model: "torch.nn.Module",
         return export()
     cut: list[bool] = []
     try:
-        return export(trace=partial(traced_once, model, progress, used=cut, twin=twin))
+        return export(trace=partial(traced_once, model, progress, used=cut, twin=twin,
+                                    weighed=weighed))
     except VerificationError as e:
         if not cut:
             raise
