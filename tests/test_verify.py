@@ -61,3 +61,28 @@ def test_positions_the_model_computes_itself_are_caught(tmp_path, run_cli, monke
     assert r.code == 1, r.err
     assert "disagrees with eager PyTorch: logits (prefill) differs by up to" in r.err
     assert not list(out.parent.iterdir())
+
+
+def test_a_model_onnxruntime_refuses_is_exit_1_and_not_written(llama, tmp_path, run_cli,
+                                                               monkeypatch):
+    """A bug that writes an invalid node (a ``Constant`` without a value, as a function's
+    attribute reference its call does not set leaves one) is not published as "not
+    verified": onnxruntime refuses to load it, the export fails, nothing is written."""
+    import onnx_ir as ir
+
+    from rewrite.exporting import module
+
+    real = module.rename_values
+
+    def broken(model, input_names, output_names):
+        real(model, input_names, output_names)
+        first = next(iter(model.graph))
+        empty = ir.node("Constant", inputs=[], attributes={}, name="no_value")
+        model.graph.insert_before(first, empty)
+
+    monkeypatch.setattr(module, "rename_values", broken)
+    out = tmp_path / "model.onnx"
+    r = run_cli("export", llama, "-o", out, "--trace", "whole")
+    assert r.code == 1, r
+    assert "onnxruntime refuses the exported model as invalid" in r.err, r.err
+    assert not out.exists() and not out.with_name("model.onnx.data").exists()

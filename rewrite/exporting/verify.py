@@ -104,7 +104,10 @@ class Check:
 def open_session(model_path: Path, int4: bool = False) -> Any:
     """An onnxruntime session of the file, unoptimized (what the file says; its weights
     mapped, not copied: no prepacking, no arena keeping a run's buffers), or a note saying
-    why there is none. ``int4``: optimized instead, each ``DequantizeLinear`` +
+    why there is none: onnxruntime is not installed, or lacks a kernel the model needs (bf16
+    on CPU). A file onnxruntime refuses to load otherwise (its graph invalid: a shape
+    inference error, a malformed node) is a :class:`VerificationError`: never published
+    unchecked. ``int4``: optimized instead, each ``DequantizeLinear`` +
     ``MatMul`` fused into one ``MatMulNBits`` computing in float32 (accuracy level 0: the
     file's numbers to float32's rounding), which dequantizes each weight once, not at
     every run (a 1.24B model's two runs: 9.5 s instead of 20 s)."""
@@ -124,8 +127,12 @@ def open_session(model_path: Path, int4: bool = False) -> Any:
     try:
         return ort.InferenceSession(str(model_path), options,
                                     providers=["CPUExecutionProvider"])
-    except Exception as e:  # noqa: BLE001 - a kernel onnxruntime lacks (bf16 on CPU)
-        return f"not verified against eager: onnxruntime cannot run it ({_short(e)})"
+    except Exception as e:  # noqa: BLE001 - onnxruntime raises its own classes
+        if type(e).__name__ == "NotImplemented":  # a kernel onnxruntime lacks (bf16 on CPU)
+            return f"not verified against eager: onnxruntime cannot run it ({_short(e)})"
+        raise VerificationError(f"onnxruntime refuses the exported model as invalid "
+                                f"({_short(e)}): a bug in rewrite, please report it; nothing "
+                                "was written") from None
 
 
 def tolerances(dtype: "torch.dtype") -> tuple[float, float]:
