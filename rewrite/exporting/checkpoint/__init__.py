@@ -136,11 +136,16 @@ def export_checkpoint(folder: str | Path, *, rules: RuleSet | str | Path | None,
                      finish=None if int4 is None else int4.finish, variants=variants)
     twin = fixed_cache_twin(model, layout, context, first) if kind == "static" else None
     with calling(model, call), grouped_query_attention():
-        exported = _traced(export, model, progress, trace == "layers", twin,
-                           weighed=check is None or int4 is None or not int4.sources)
+        exported = _traced(export, model, progress, trace == "layers", twin, _weighed(int4, check))
     if output is not None:
         progress.note(genai.note(Path(output)))
     return exported
+
+
+def _weighed(int4: "ShellExport | None", check: Callable | None) -> bool:
+    """Whether the layers traced once are checked before writing: not where int4's shell
+    holds placeholder weights and the written model's check runs on the real ones."""
+    return check is None or int4 is None or not int4.sources
 
 
 def _traced(export: Callable[..., "ir.Model"], model: "torch.nn.Module",
