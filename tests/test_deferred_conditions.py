@@ -57,12 +57,7 @@ def test_a_condition_true_for_every_length_is_deferred_and_the_model_equals_eage
     assert ("torch.export: the model's code holds for some values of the dynamic seq only"
             in said and "deferred to run time and proved by rewrite for every length"
             in said) == refused, said
-    for length in (1, 2, 5, 64, CHECKED + 300):
-        x = torch.randn(1, length, 8)
-        with torch.no_grad():
-            expected = model(x).numpy()
-        (got,) = run_onnx(exported, (x,))
-        np.testing.assert_allclose(got, expected, atol=1e-5)
+    _equal_to_eager_at(model, exported, (1, 2, 5, 64, CHECKED + 300))
 
 
 def test_a_condition_false_for_some_lengths_is_still_refused(tmp_path):
@@ -94,12 +89,7 @@ def test_a_condition_true_only_up_to_some_length_bounds_the_length(tmp_path):
     assert "its code holds for seq <= 2000 only (deferred to run time, Eq(seq*Min(2000, seq), " \
         "seq**2) is false at seq = 2001, true below;" in " ".join(progress.text.split())
     assert recorded(exported) == {"seq": 2000}
-    for length in (2, 2000):
-        x = torch.randn(1, length, 8)
-        with torch.no_grad():
-            expected = model(x).numpy()
-        (got,) = run_onnx(exported, (x,))
-        np.testing.assert_allclose(got, expected, atol=1e-5)
+    _equal_to_eager_at(model, exported, (2, 2000))
 
 
 def test_a_condition_past_the_constants_evaluated_is_not_proved_and_refused(tmp_path):
@@ -184,12 +174,7 @@ def test_a_condition_false_at_the_bound_only_lowers_the_bound(tmp_path):
     assert ("_Table: its code holds for seq <= 15 only (deferred to run time, Ne(seq, 16) is "
             "false at seq = 16, true below;") in said, said
     assert recorded(exported) == {"seq": 15}
-    for length in (1, 2, 15):
-        x = torch.randn(1, length, 8)
-        with torch.no_grad():
-            expected = model(x).numpy()
-        (got,) = run_onnx(exported, (x,))
-        np.testing.assert_allclose(got, expected, atol=1e-5)
+    _equal_to_eager_at(model, exported, (1, 2, 15))
 
 
 class _TopK(torch.nn.Module):
@@ -211,12 +196,7 @@ def test_a_condition_on_a_min_of_a_constant_is_proved_past_the_constant(tmp_path
     exported = rewrite.export(model, (torch.randn(1, 5, 8),), rules="modularize",
                               dynamic_shapes=({1: torch.export.Dim("seq", min=2)},),
                               output=tmp_path / "m.onnx")
-    for length in (2, 5, 2100):
-        x = torch.randn(1, length, 8)
-        with torch.no_grad():
-            expected = model(x).numpy()
-        (got,) = run_onnx(exported, (x,))
-        np.testing.assert_allclose(got, expected, atol=1e-5)
+    _equal_to_eager_at(model, exported, (2, 5, 2100))
 
 
 class _Chunks(torch.nn.Module):
@@ -303,3 +283,14 @@ def test_the_models_line_is_named_where_torch_export_gives_it():
     assert data_dependent(message).startswith(
         "the model's code branches on a value computed from the input data (Eq(u0, 1), "
         "modeling_blt.py:915 in forward), which")
+
+
+def _equal_to_eager_at(model: torch.nn.Module, exported, lengths: tuple[int, ...]) -> None:
+    """``exported`` in onnxruntime equals ``model`` eagerly at each of ``lengths`` (a random
+    ``[1, length, 8]`` input)."""
+    for length in lengths:
+        x = torch.randn(1, length, 8)
+        with torch.no_grad():
+            expected = model(x).numpy()
+        (got,) = run_onnx(exported, (x,))
+        np.testing.assert_allclose(got, expected, atol=1e-5)
