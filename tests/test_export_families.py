@@ -790,3 +790,24 @@ def test_prophetnet_prefill_is_refused_as_torch_exports_limit(tmp_path, run_cli)
                     "torch.export cannot prove for every length, nor defer to run time "
                     "(torch.export keeps it as a guard: a limit of torch.export)"), line
     assert not out.exists()
+
+
+@pytest.mark.slow  # a tiny checkpoint exported
+def test_layers_whose_scalars_differ_merged_in_two_passes_pass_their_values(tmp_path):
+    """Beam (issue 42): its layers differ by scalars, merged into functions with attributes
+    in two passes (before and after optimizing); the calls of a function renumbered by the
+    first pass got no values in the second (a ``Constant`` without a value: onnxruntime and
+    onnx.checker refuse the file). Now every call passes its values: the file is valid and
+    equals eager."""
+    folder = tmp_path / "beam"
+    assert write_checkpoint("beam", folder) is None
+    out = tmp_path / "out" / "model.onnx"
+    out.parent.mkdir()
+    progress = Recorder()
+    rewrite.export(folder, output=out, progress=progress)
+    assert "verified against eager in onnxruntime" in progress.text, progress.text
+    onnx.checker.check_model(str(out), full_check=True)
+    proto = onnx.load(str(out), load_external_data=False)
+    declared = {f.name: set(f.attribute) for f in proto.functions}
+    for node in proto.graph.node:
+        assert declared.get(node.op_type, set()) <= {a.name for a in node.attribute}, node.name

@@ -177,7 +177,17 @@ def merge_functions(model: ir.Model, identity: Mapping[FunctionId, tuple[str, st
         renamed = _renumber(model, identity)
         result = {fid: renamed.get(kept, kept) for fid, kept in result.items()}
         result.update(renamed)
+    _forget_origins(model)
     return result
+
+
+def _forget_origins(model: ir.Model) -> None:
+    """No call keeps the function it called before this merge (``_ORIGIN``): in a later
+    merge its first callee is the one it calls then (renumbering gives an old id to another
+    function: Beam's layers 3 and 4, merged in the second pass, got no attribute values)."""
+    for graph in [model.graph, *(f.graph for f in model.functions.values())]:
+        for node in ir.traversal.RecursiveGraphIterator(graph):
+            node.meta.pop(_ORIGIN, None)
 
 
 def merge_keys(model: ir.Model, identity: Mapping[FunctionId, tuple[str, str]], *,
