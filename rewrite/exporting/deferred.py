@@ -17,7 +17,7 @@ model's input contract, which torch.export would have accepted or refused the sa
 A condition true from the shortest length up to some length and false just past it
 (OpenAI-GPT's ``sequence_length != 128`` under torch.export's bound ``<= 128``: its causal
 mask sliced from a 128 x 128 buffer is contiguous at 128 only; MPT's at its 2048 positions)
-bounds the size: :func:`lowered` gives the bound, within which the model is exported again
+bounds the size: :attr:`Unproven.bounds` gives the bound, within which the model is exported again
 (:class:`~rewrite.exporting.bounds.Bounded`), as for a bound torch.export suggests.
 """
 
@@ -63,36 +63,45 @@ def deferrable(message: str) -> bool:
         for line in lines)
 
 
-def unproven(program: "torch.export.ExportedProgram", names: Mapping[str, str]) -> str | None:
-    """Why ``program``'s runtime conditions on one size each do not hold over its range, in
-    words naming the size (``names``: a symbol's ``Dim`` name); None when they all hold."""
+@frozen
+class Unproven:
+    """Why a program's runtime conditions on one size each do not all hold over its range
+    (:func:`unproven`)."""
+
+    why: str
+    """The first failing condition, in words naming its size."""
+    bounds: dict[str, int]
+    """Where every failing condition is true from its size's smallest value up to some
+    length, each checked, and false just past it (OpenAI-GPT's ``!= 128`` at torch.export's
+    bound 128; MPT's at its 2048 positions): each such size's name and the last length where
+    its conditions hold (at least 2: a prompt stays possible), the bound within which the
+    model is exported; empty otherwise (a condition false at the shortest, not proved, or
+    not evaluated)."""
+
+
+def unproven(program: "torch.export.ExportedProgram", names: Mapping[str, str]
+             ) -> Unproven | None:
+    """Why ``program``'s runtime conditions on one size each do not hold over its range,
+    and the bounds within which they do, each condition evaluated once (``names``: a
+    symbol's ``Dim`` name); None when they all hold."""
+    failing = []
     for condition, symbol, low, high in _conditions(program):
-        failing = _failing(condition, symbol, low, high)
-        if failing is not None:
-            name = names.get(symbol.name, symbol.name)
-            shown = re.sub(rf"\b{symbol.name}\b", name, str(condition))
-            return f"deferred to run time, {shown} {failing.words.replace('{}', name)}"
-    return None
-
-
-def lowered(program: "torch.export.ExportedProgram", names: Mapping[str, str]
-            ) -> dict[str, int]:
-    """Where every runtime condition of ``program`` that fails (:func:`unproven`) is true
-    from its size's smallest value up to some length, each checked, and false just past it
-    (OpenAI-GPT's ``!= 128`` at torch.export's bound 128; MPT's at its 2048 positions): each
-    such size's name (``names``) and the last length where its conditions hold (at least 2:
-    a prompt stays possible), the bound within which the model is exported; empty otherwise
-    (a condition false at the shortest, not proved, or not evaluated)."""
+        found = _failing(condition, symbol, low, high)
+        if found is not None:
+            failing.append((condition, symbol, low, found))
+    if not failing:
+        return None
+    condition, symbol, _, first = failing[0]
+    name = names.get(symbol.name, symbol.name)
+    shown = re.sub(rf"\b{symbol.name}\b", name, str(condition))
+    why = f"deferred to run time, {shown} {first.words.replace('{}', name)}"
     bounds: dict[str, int] = {}
-    for condition, symbol, low, high in _conditions(program):
-        failing = _failing(condition, symbol, low, high)
-        if failing is None:
-            continue
-        if failing.first_false is None or failing.first_false - 1 < max(low, 2):
-            return {}
+    for _, symbol, low, found in failing:
+        if found.first_false is None or found.first_false - 1 < max(low, 2):
+            return Unproven(why, {})
         name = names.get(symbol.name, symbol.name)
-        bounds[name] = min(bounds.get(name, failing.first_false), failing.first_false - 1)
-    return bounds
+        bounds[name] = min(bounds.get(name, found.first_false), found.first_false - 1)
+    return Unproven(why, bounds)
 
 
 def _conditions(program: "torch.export.ExportedProgram"

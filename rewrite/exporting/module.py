@@ -21,7 +21,7 @@ from rewrite._private.exclusive import exclusive
 from rewrite.api import apply, as_ruleset
 from rewrite.compile import RuleSet, parse_rules
 from rewrite.exporting.bounds import Bounded, bounds, record, within
-from rewrite.exporting.deferred import Deferrable, deferrable, lowered, unproven
+from rewrite.exporting.deferred import Deferrable, deferrable, unproven
 from rewrite.exporting.dim_names import dim_names, rename_dims
 from rewrite.errors import library_call
 from rewrite.errors import InputError, first_line
@@ -194,13 +194,12 @@ def _torch_export(model: "torch.nn.Module", args: tuple, kwargs: Mapping[str, An
         except InputError:  # a guard torch.export keeps (ProphetNet's count of chunks)
             raise InputError(f"{refusal}, nor defer to run time (torch.export keeps it as a "
                              "guard: a limit of torch.export)") from None
-        names = dim_names(program, dynamic_shapes)
-        why = unproven(program, names)
-        below = lowered(program, names) if why is not None else {}
-        if below:  # true up to some length, false past it: exported up to it
-            raise Bounded(name, {**(limits or {}), **below}, f"{why}, true below") from None
-        if why is not None:
-            raise InputError(f"{refusal}; {why}") from None
+        failed = unproven(program, dim_names(program, dynamic_shapes))
+        if failed is not None and failed.bounds:  # true up to some length: exported up to it
+            raise Bounded(name, {**(limits or {}), **failed.bounds},
+                          f"{failed.why}, true below") from None
+        if failed is not None:
+            raise InputError(f"{refusal}; {failed.why}") from None
         if proved is not None:
             proved.append(f"torch.export: {str(refusal).partition(': ')[2]}; deferred to run "
                           "time and proved by rewrite for every length it accepts")
