@@ -254,8 +254,9 @@ class PortableStackTraces(ir.passes.InPlacePass):
     def ensures(self, model: ir.Model) -> None:
         for graph in (model.graph, *model.functions.values()):
             for node in ir.traversal.RecursiveGraphIterator(graph):
-                trace = node.metadata_props.get(STACK_TRACE, "")
-                if any(f'File "{root}' in trace for root in self.roots):
+                trace = node.metadata_props.get(STACK_TRACE)
+                if isinstance(trace, str) and any(f'File "{root}' in trace
+                                                  for root in self.roots):
                     raise ir.passes.PostconditionError(
                         f"{node.name}: its stack trace names an absolute source path")
 

@@ -32,14 +32,15 @@ def portable(trace: str, roots: tuple[str, ...]) -> str:
 
 def make_portable(model: ir.Model, roots: tuple[str, ...] | None = None) -> bool:
     """Every node's stack trace in ``model`` (main graph, subgraphs and functions) made
-    portable; whether one changed."""
+    portable; whether one changed. A trace that is not UTF-8 text (onnx_ir reads it as bytes)
+    is left as it is: writing the output says what is wrong with it."""
     roots = import_roots() if roots is None else roots
     changed = False
     seen: dict[str, str] = {}
     for graph in (model.graph, *model.functions.values()):
         for node in ir.traversal.RecursiveGraphIterator(graph):
             trace = node.metadata_props.get(STACK_TRACE)
-            if trace is None:
+            if not isinstance(trace, str):  # absent, or bytes (a corrupt file's, not UTF-8)
                 continue
             if trace not in seen:
                 seen[trace] = portable(trace, roots)
