@@ -18,6 +18,7 @@ import torch
 import rewrite
 from rewrite.backends.onnx import _blockwise
 from rewrite.errors import VerificationError
+from rewrite.exporting.verify import open_session
 from tests import checkpoints
 from tests.test_genai_folder import NEW_TOKENS, PROMPT, og_greedy, write_tokenizer
 from tests.test_precision import ERROR, FUSED, MEAN_ERROR, _eager, _feeds
@@ -67,6 +68,9 @@ def test_the_table_is_written_in_four_bits(exported):
     if target:  # one table, read by the embedding's call and by the head's MatMulNBits
         assert "lm_head.weight_Q4G32" not in types
         assert len(users) == 2 and "MatMulNBits" in [n.op_type for n in users]
+        head = next(n for n in users if n.op_type == "MatMulNBits")
+        levels = [a.i for a in head.attribute if a.name == "accuracy_level"]
+        assert levels == [4]  # int8 activations, as the builder's head
         assert [n.op_type for n in model.graph.node if n.domain == "com.microsoft"] == [
             "MatMulNBits"]  # in the bodies: tests/test_onnxruntime_target.py
     else:
@@ -93,8 +97,16 @@ def test_onnxruntime_computes_the_checks_reference(exported):
     plain.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     unfused = ort.InferenceSession(str(out), plain, providers=["CPUExecutionProvider"])
     fake = _eager(folder, IDS, fake_quant=True)  # every table and linear weight quantized
-    np.testing.assert_allclose(unfused.run(["logits"], _feeds(unfused, IDS))[0], fake,
+    as_written = unfused.run(["logits"], _feeds(unfused, IDS))[0]
+    # the check's session: every MatMulNBits in float32 (the file's head asks for int8
+    # activations, as the builder's): the quantized model's numbers to float32's rounding
+    checked = open_session(out, int4=True)
+    np.testing.assert_allclose(checked.run(["logits"], _feeds(checked, IDS))[0], fake,
                                atol=1e-5, rtol=0)
+    if target:
+        assert np.abs(as_written - fake).max() <= FUSED * np.abs(fake).max()
+    else:
+        np.testing.assert_allclose(as_written, fake, atol=1e-5, rtol=0)
     fused = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
     logits = fused.run(["logits"], _feeds(fused, IDS))[0]
     assert np.abs(logits - fake).max() <= FUSED * np.abs(fake).max()
