@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tools.coverage import main, table, traced, update
+from tools.coverage import _first, main, table, traced, update
 
 
 def _page() -> str:
@@ -107,3 +107,12 @@ def test_the_export_is_run_with_the_cache_asked(monkeypatch):
     row = coverage.run_one("gpt2", 10, "none")
     assert row["result"] == "converted, equal to eager"
     assert calls[0][-1] == "none" and calls[1][-2:] == ["--cache", "none"]
+
+
+def test_a_long_reason_is_cut_saying_so():
+    """A row's reason is the first line of a message, at most 240 characters; a cut one
+    ends in an ellipsis (it read as the whole message)."""
+    message = "\n  InputError: " + "x" * 300 + "\nsecond line"
+    cut = _first(message)
+    assert len(cut) == 240 and cut == "InputError: " + "x" * 225 + "..."
+    assert _first("short\nsecond") == "short"

@@ -184,9 +184,11 @@ def write_checkpoint(model_type: str, folder: Path, cache: str = "kv") -> str | 
     return None
 
 
-def _first(text: str) -> str:
-    lines = [line for line in text.strip().splitlines() if line.strip()]
-    return (lines[0] if lines else "")[:240].rstrip()
+def _first(text: str, width: int = 240) -> str:
+    """The first non-blank line of ``text``, cut to ``width`` with an ellipsis saying so."""
+    lines = [line.rstrip() for line in text.strip().splitlines() if line.strip()]
+    line = lines[0] if lines else ""
+    return line if len(line) <= width else line[:width - 3].rstrip() + "..."
 
 
 def run_one(model_type: str, timeout: float, cache: str = "kv") -> dict:

@@ -122,9 +122,11 @@ def open_session(model_path: Path, int4: bool = False) -> Any:
     if int4:
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
         options.add_session_config_entry("session.qdq_matmulnbits_accuracy_level", "0")
-        model = _nbits_in_float32(model_path) or model
-        options.add_session_config_entry(  # where a graph given as bytes finds its data
-            "session.model_external_initializers_file_folder_path", str(model_path.parent))
+        graph = _nbits_in_float32(model_path)
+        if graph is not None:  # given as bytes, it finds its data file in the file's folder
+            model = graph
+            options.add_session_config_entry(
+                "session.model_external_initializers_file_folder_path", str(model_path.parent))
     else:
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
         options.add_session_config_entry("session.disable_prepacking", "1")
