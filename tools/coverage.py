@@ -127,6 +127,7 @@ def _small(fields: dict) -> dict:
                 small["num_hidden_layers"] = small["num_kv_shared_layers"] = layers
                 small["num_hidden_layers"] = 2 * layers
     layers = small.get("num_hidden_layers", fields.get("num_hidden_layers"))
+    small.update(_validated(fields, small, layers))
     if isinstance(fields.get("activation_sparsity_pattern"), list):
         small["activation_sparsity_pattern"] = [0.0] * layers
     for key, value in list(small.items()):  # a size given per layer: one per layer
@@ -137,6 +138,27 @@ def _small(fields: dict) -> dict:
         layers = small.get("num_hidden_layers", fields.get("num_hidden_layers", 2))
         small["per_layer_config"] = {k: v for k, v in per_layer.items() if int(k) < layers}
     return small
+
+
+def _validated(fields: dict, small: dict, layers: int | None) -> dict:
+    """Fields that must follow the small sizes for the family's own validators (or its
+    modeling code) to accept them: a router's top-k no higher than the family's (ZAYA, Llama
+    4: 1), Mamba-2's heads filling ``hidden_size * expand``, GPT-Neo's global / local pattern
+    one pair per two layers, a shared-expert count where the defaults leave it None
+    (dots1)."""
+    out: dict = {}
+    top = fields.get("num_experts_per_tok")
+    if isinstance(top, int) and top < small.get("num_experts_per_tok", top):
+        out["num_experts_per_tok"] = top
+    if {"expand", "num_heads", "head_dim"} <= fields.keys():
+        width = small.get("hidden_size", fields.get("hidden_size")) * fields["expand"]
+        out["num_heads"] = width // small.get("head_dim", fields["head_dim"])
+    if "attention_types" in fields:  # its layer count is num_layers, set through a map
+        count = layers or SIZES["num_hidden_layers"]
+        out["attention_types"] = [[["global", "local"], max(1, count // 2)]]
+    if "n_shared_experts" in fields and fields["n_shared_experts"] is None:
+        out["n_shared_experts"] = 1
+    return out
 
 
 def _kept(pattern: list) -> int:
