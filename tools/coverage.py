@@ -39,7 +39,8 @@ SIZES = {
     "num_key_value_heads": 2, "intermediate_size": 128, "vocab_size": 128,
     "vocab_size_per_layer_input": 128,
     "max_position_embeddings": 128, "head_dim": 16, "num_experts": 4, "num_local_experts": 4,
-    "n_routed_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 64,
+    "n_routed_experts": 4, "num_experts_per_tok": 2, "num_experts_per_token": 2,
+    "moe_intermediate_size": 64,
     "shared_expert_intermediate_size": 64, "n_layer": 2, "n_embd": 64, "n_head": 4,
     "d_model": 64, "n_positions": 128, "decoder_layers": 2, "decoder_attention_heads": 4,
     "decoder_ffn_dim": 128, "encoder_layers": 2, "encoder_attention_heads": 4,
@@ -53,7 +54,7 @@ RESULTS = {0: "converted, equal to eager", 1: "disagrees with eager (not written
            2: "refused (exit 2)", 3: "bug in rewrite (exit 3)"}
 
 
-GROUPS = {"n_group": 2, "topk_group": 1, "rotary_dim": 8, "attn_layer_period": 2,
+GROUPS = {"n_group": 2, "num_expert_group": 2, "topk_group": 1, "rotary_dim": 8, "attn_layer_period": 2,
           "attn_layer_offset": 1, "expert_layer_period": 2, "expert_layer_offset": 1,
           "attn_layer_indices": [1]}
 """Settings that follow the small sizes: expert groups within 4 experts, a rotary part within
@@ -145,7 +146,7 @@ def _validated(fields: dict, small: dict, layers: int | None) -> dict:
     modeling code) to accept them: a router's top-k no higher than the family's (ZAYA, Llama
     4: 1), Mamba-2's heads filling ``hidden_size * expand``, GPT-Neo's global / local pattern
     one pair per two layers, a shared-expert count where the defaults leave it None
-    (dots1)."""
+    (dots1), HRM's layer count the slots of its cycles (one layer per stack)."""
     out: dict = {}
     top = fields.get("num_experts_per_tok")
     if isinstance(top, int) and top < small.get("num_experts_per_tok", top):
@@ -158,6 +159,9 @@ def _validated(fields: dict, small: dict, layers: int | None) -> dict:
         out["attention_types"] = [[["global", "local"], max(1, count // 2)]]
     if "n_shared_experts" in fields and fields["n_shared_experts"] is None:
         out["n_shared_experts"] = 1
+    if "num_layers_per_stack" in fields:  # HRM: a cache slot per stacked layer per cycle
+        cycles = fields.get("H_cycles", 1) * (fields.get("L_cycles", 0) + 1)
+        out["num_layers_per_stack"], out["num_hidden_layers"] = 1, cycles
     return out
 
 
