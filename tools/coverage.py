@@ -146,7 +146,8 @@ def _validated(fields: dict, small: dict, layers: int | None) -> dict:
     modeling code) to accept them: a router's top-k no higher than the family's (ZAYA, Llama
     4: 1), Mamba-2's heads filling ``hidden_size * expand``, GPT-Neo's global / local pattern
     one pair per two layers, a shared-expert count where the defaults leave it None
-    (dots1), HRM's layer count the slots of its cycles (one layer per stack)."""
+    (dots1), HRM's layer count the slots of its cycles (one layer per stack), Inkling 2's
+    unpadded vocabulary, LongCat's ``head_dim`` its rotary width as in its defaults."""
     out: dict = {}
     top = fields.get("num_experts_per_tok")
     if isinstance(top, int) and top < small.get("num_experts_per_tok", top):
@@ -159,6 +160,10 @@ def _validated(fields: dict, small: dict, layers: int | None) -> dict:
         out["attention_types"] = [[["global", "local"], max(1, count // 2)]]
     if "n_shared_experts" in fields and fields["n_shared_experts"] is None:
         out["n_shared_experts"] = 1
+    if fields.get("unpadded_vocab_size") is not None:  # before padding (Inkling 2)
+        out["unpadded_vocab_size"] = small.get("vocab_size", fields["unpadded_vocab_size"])
+    if "qk_rope_head_dim" in small and fields.get("head_dim") == fields.get("qk_rope_head_dim"):
+        out["head_dim"] = small["qk_rope_head_dim"]  # the rotary part's width (LongCat)
     if "num_layers_per_stack" in fields:  # HRM: a cache slot per stacked layer per cycle
         cycles = fields.get("H_cycles", 1) * (fields.get("L_cycles", 0) + 1)
         out["num_layers_per_stack"], out["num_hidden_layers"] = 1, cycles
