@@ -102,7 +102,25 @@ def tiny_config(model_type: str):
         if part is not None and hasattr(part, "to_dict"):
             for key, value in _small(part.to_dict()).items():
                 _set(part, key, value)
+            _missing_defaults(part)
     return config
+
+
+def _missing_defaults(config) -> None:
+    """Fields a family's modeling code reads that its default config leaves unset (a real
+    checkpoint's config sets them): DBRX's attention ``rope_theta`` and ``clip_qkv`` (its
+    clamp takes no None); RoPE parameters for each layer kind where the defaults give none
+    (Cohere Compass)."""
+    attention = getattr(config, "attn_config", None)
+    if attention is not None and hasattr(attention, "kv_n_heads"):  # DBRX's
+        if getattr(attention, "rope_theta", None) is None:
+            attention.rope_theta = 10000.0
+        if getattr(attention, "clip_qkv", None) is None:
+            attention.clip_qkv = 8.0
+    kinds = getattr(config, "layer_types", None)
+    if getattr(config, "rope_parameters", None) == {} and kinds:
+        config.rope_parameters = {kind: {"rope_type": "default", "rope_theta": 10000.0}
+                                  for kind in dict.fromkeys(kinds)}
 
 
 def _small(fields: dict) -> dict:
