@@ -120,7 +120,8 @@ def test_a_long_reason_is_cut_saying_so():
 
 @pytest.mark.parametrize("model_type", ["gpt_neo", "zaya", "mamba2", "dots1", "bailing_hybrid",
                                         "kimi_linear", "hrm_text", "inkling2_text",
-                                        "longcat_flash", "dbrx", "cohere_compass_text"])
+                                        "longcat_flash", "dbrx", "cohere_compass_text",
+                                        "xmod"])
 def test_a_tiny_config_passes_its_familys_validators(model_type, tmp_path):
     """These families' tiny configs were refused by their own validators (or modeling code),
     so their rows read "eager unusable" for a fault of the tool: GPT-Neo's 24-layer
@@ -130,7 +131,8 @@ def test_a_tiny_config_passes_its_familys_validators(model_type, tmp_path):
     4 experts, HRM's cache slots (one per stacked layer per cycle) not its layer count,
     Inkling 2's unpadded vocabulary of 200,058 in a vocabulary of 128, LongCat's 64-wide
     rotary part in 8-wide rotary heads; DBRX's attention without ``rope_theta`` and
-    ``clip_qkv`` and Cohere Compass without RoPE parameters, as their defaults leave them."""
+    ``clip_qkv``, Cohere Compass without RoPE parameters and X-MOD without a default
+    language, as their defaults leave them."""
     from tools.coverage import write_checkpoint
 
     assert write_checkpoint(model_type, tmp_path / model_type) is None

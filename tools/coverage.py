@@ -109,14 +109,17 @@ def tiny_config(model_type: str):
 def _missing_defaults(config) -> None:
     """Fields a family's modeling code reads that its default config leaves unset (a real
     checkpoint's config sets them): DBRX's attention ``rope_theta`` and ``clip_qkv`` (its
-    clamp takes no None); RoPE parameters for each layer kind where the defaults give none
-    (Cohere Compass)."""
+    clamp takes no None); X-MOD's default language adapter; RoPE parameters for each layer
+    kind where the defaults give none (Cohere Compass)."""
     attention = getattr(config, "attn_config", None)
     if attention is not None and hasattr(attention, "kv_n_heads"):  # DBRX's
         if getattr(attention, "rope_theta", None) is None:
             attention.rope_theta = 10000.0
         if getattr(attention, "clip_qkv", None) is None:
             attention.clip_qkv = 8.0
+    languages = getattr(config, "languages", None)
+    if languages and getattr(config, "default_language", "unset") is None:  # X-MOD's
+        config.default_language = languages[0]  # adapter, which its forward needs chosen
     kinds = getattr(config, "layer_types", None)
     if getattr(config, "rope_parameters", None) == {} and kinds:
         config.rope_parameters = {kind: {"rope_type": "default", "rope_theta": 10000.0}
