@@ -74,6 +74,12 @@ OTHER_DECODERS: dict[str, tuple[str, dict]] = {
         **SMALL, **MOE, "attn_layer_period": 4, "attn_layer_offset": 1,
         "expert_layer_period": 2, "expert_layer_offset": 1, "mamba_d_state": 8,
         "mamba_d_conv": 4, "mamba_expand": 2, "mamba_dt_rank": 8, "use_mamba_kernels": False}),
+    # Zamba: Mamba (1) layers scanning 2 heads each (a recurrent state [batch, 2 heads, 32
+    # channels, 8]), two of them also calling the one attention block they share (hybrid)
+    "zamba": ("ZambaConfig", {
+        **SMALL, "layers_block_type": ["mamba", "hybrid"] * 2, "n_mamba_heads": 2,
+        "mamba_d_state": 8, "mamba_d_conv": 4, "mamba_expand": 2, "mamba_dt_rank": 8,
+        "attention_head_dim": 16, "use_mamba_kernels": False}),
     # Mamba (1) alone: no attention, its mask the new tokens' (the graph keeps the last
     # columns of the documented one)
     "mamba": ("MambaConfig", dict(vocab_size=96, hidden_size=32, state_size=8,

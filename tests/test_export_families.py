@@ -443,6 +443,21 @@ def test_mamba1_layers_decode_with_their_recurrent_states(family, attention, tra
     assert _prompt_in_pieces(folder, out, (5, 4, 3)) < 1e-4
 
 
+@pytest.mark.slow  # a tiny checkpoint, exported, then prefill + 3 decode steps
+def test_mamba_layers_scanning_head_by_head_decode_with_each_heads_state(tmp_path):
+    """Zamba's Mamba mixer scans its 2 heads one after the other, each from its slice of one
+    recurrent state ``[batch, heads, channels, state]`` (it was exit 3: the scan started
+    from the whole state); hybrid layers also call the attention block they share. Prefill
+    and 3 greedy decode steps equal eager within 1e-4; a prompt fed in pieces equals eager's
+    one prefill (each head continues its own state)."""
+    folder, out, model = _hybrid_decoded("zamba", tmp_path, "4 of 4 layers traced")
+    shapes = {v.name: [str(d) for d in v.shape] for v in model.graph.inputs[3:]}
+    assert shapes["past.0.recurrent"] == ["batch_size", "2", "32", "8"], shapes
+    assert {f"past_key_values.{n}.key" for n in (1, 3)} <= shapes.keys(), shapes
+    assert any(n.op_type == "Scan" for f in model.functions.values() for n in f)
+    assert _prompt_in_pieces(folder, out, (5, 4, 3)) < 1e-4
+
+
 def _three_scanning_layers_around_attention(model: ir.Model, layer_class: str, conv: list,
                                             recurrent: list) -> None:
     """Layers 0, 2, 3 of ``model`` keep a convolution and a recurrent state of the given

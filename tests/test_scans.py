@@ -62,7 +62,7 @@ def test_mambas_selective_scan_as_one_scan_equals_transformers(length):
     B, C = (_random(batch, state_size, length, seed=s) for s in (3, 4))
     D, z, bias = (_random(*shape, seed=s) for s, shape in
                   ((5, (channels,)), (6, (batch, channels, length)), (7, (channels,))))
-    states = type("States", (), {"last": None})()
+    states = scans.MixerStates(torch.nn.Module(), [])  # no mixer hooked: its state set here
     if length == 1:
         states.last = _random(batch, channels, state_size, seed=8)
         cache = states.last.clone()  # the step updates it in place
@@ -77,3 +77,24 @@ def test_mambas_selective_scan_as_one_scan_equals_transformers(length):
                                        delta_softplus=True, return_last_state=True)
     for e, o in zip(expected, got):
         torch.testing.assert_close(o, e, atol=1e-5, rtol=1e-5)
+
+
+def test_a_mixer_scanning_head_by_head_starts_each_head_from_its_own_state():
+    """Zamba's mixer scans its heads in order, each with ``A [channels, state]``, from one
+    cached state ``[batch, heads, channels, state]``: each scan reads its head's slice."""
+    from transformers.models.mamba import modeling_mamba as mamba
+
+    batch, heads, channels, state_size = 2, 3, 6, 4
+    states = scans.MixerStates(torch.nn.Module(), [])
+    states.last = _random(batch, heads, channels, state_size, seed=8)
+    for head in range(heads):
+        x, dt = _random(batch, channels, 1, seed=head), _random(batch, channels, 1, seed=9)
+        A = -_random(channels, state_size, seed=10 + head).abs()
+        B, C = (_random(batch, state_size, 1, seed=s) for s in (3, 4))
+        cache = states.last[:, head].clone()
+        expected = mamba.mamba_selective_state_update(cache, x[..., 0], dt[..., 0], A,
+                                                      B[..., 0], C[..., 0])[..., None]
+        got, last = scans.scanned_selective_scan(states, x, dt, A, B, C,
+                                                 return_last_state=True)
+        torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(last, cache, atol=1e-5, rtol=1e-5)

@@ -54,9 +54,9 @@ RESULTS = {0: "converted, equal to eager", 1: "disagrees with eager (not written
            2: "refused (exit 2)", 3: "bug in rewrite (exit 3)"}
 
 
-GROUPS = {"n_group": 2, "num_expert_group": 2, "topk_group": 1, "rotary_dim": 8, "attn_layer_period": 2,
-          "attn_layer_offset": 1, "expert_layer_period": 2, "expert_layer_offset": 1,
-          "attn_layer_indices": [1]}
+GROUPS = {"n_group": 2, "num_expert_group": 2, "topk_group": 1, "rotary_dim": 8,
+          "attn_layer_period": 2, "attn_layer_offset": 1, "expert_layer_period": 2,
+          "expert_layer_offset": 1, "attn_layer_indices": [1]}
 """Settings that follow the small sizes: expert groups within 4 experts, a rotary part within
 a 16-wide head, an attention layer among the first layers of a hybrid."""
 
@@ -167,7 +167,8 @@ def _validated(fields: dict, small: dict, layers: int | None) -> dict:
     modeling code) to accept them: a router's top-k no higher than the family's (ZAYA, Llama
     4: 1), Mamba-2's heads filling ``hidden_size * expand``, GPT-Neo's global / local pattern
     one pair per two layers, a shared-expert count where the defaults leave it None
-    (dots1), HRM's layer count the slots of its cycles (one layer per stack), Inkling 2's
+    (dots1), two Zamba hybrid layers sharing their block (one is refused by transformers'
+    weight tying), HRM's layer count the slots of its cycles (one layer per stack), Inkling 2's
     unpadded vocabulary, LongCat's ``head_dim`` its rotary width as in its defaults."""
     out: dict = {}
     top = fields.get("num_experts_per_tok")
@@ -185,6 +186,9 @@ def _validated(fields: dict, small: dict, layers: int | None) -> dict:
         out["unpadded_vocab_size"] = small.get("vocab_size", fields["unpadded_vocab_size"])
     if "qk_rope_head_dim" in small and fields.get("head_dim") == fields.get("qk_rope_head_dim"):
         out["head_dim"] = small["qk_rope_head_dim"]  # the rotary part's width (LongCat)
+    if fields.get("model_type") == "zamba":  # its hybrid layers share one attention block,
+        out["layers_block_type"] = ["linear_attention", "hybrid"] * 2  # tied from the first
+        out["num_hidden_layers"] = 4  # to the others: transformers needs a second to tie
     if "num_layers_per_stack" in fields:  # HRM: a cache slot per stacked layer per cycle
         cycles = fields.get("H_cycles", 1) * (fields.get("L_cycles", 0) + 1)
         out["num_layers_per_stack"], out["num_hidden_layers"] = 1, cycles

@@ -121,7 +121,7 @@ def _export_onnx(program, path: Path) -> None:
     byte to flip in CI as here (an absolute path once moved a flip into a trace in CI only)."""
     import torch
 
-    from rewrite.backends.onnx.finishing._portable import make_portable
+    from rewrite.backends.onnx.finishing import make_portable
 
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
         onnx_program = torch.onnx.export(program, dynamo=True, verbose=False)

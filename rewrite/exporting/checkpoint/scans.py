@@ -80,10 +80,12 @@ def scan_modules(model: "torch.nn.Module") -> dict[types.ModuleType, tuple[str, 
 class MixerStates:
     """The recurrent state each Mamba mixer of ``model`` (a module of a class of ``modules``
     with ``A_log`` and ``layer_idx``) reads from the cache it is called with, kept by a
-    forward pre-hook for the selective scan the mixer calls next (:attr:`last`)."""
+    forward pre-hook for the selective scans the mixer calls next (:meth:`take`)."""
 
     def __init__(self, model: "torch.nn.Module", modules: list[types.ModuleType]) -> None:
         self.last: "torch.Tensor | None" = None
+        self.scans = 0
+        """Scans the mixer has called since the hook read its state."""
         self.handles = [
             mixer.register_forward_pre_hook(self.read, with_kwargs=True)
             for mixer in model.modules()
@@ -95,6 +97,19 @@ class MixerStates:
         cache = kwargs.get("cache", kwargs.get("cache_params", args[1] if len(args) > 1
                                                else None))
         self.last = None if cache is None else cache.get_recurrent_state(mixer.layer_idx, 0)
+        self.scans = 0
+
+    def take(self, A: "torch.Tensor") -> "torch.Tensor | None":
+        """The state of the scan of ``A [channels, state]`` the mixer calls now: its cached
+        state ``[batch, channels, state]``, or, for a mixer scanning head by head (Zamba's:
+        a state ``[batch, heads, channels, state]``), the head of this call, heads being
+        scanned in order; None before the first token."""
+        import torch
+
+        state, self.scans = self.last, self.scans + 1
+        if state is not None and state.dim() == A.dim() + 2:  # the scan's carry has standard
+            return state[:, self.scans - 1].clone(memory_format=torch.contiguous_format)
+        return state  # strides (a batch of 1's slice would keep its parent's)
 
     def remove(self) -> None:
         """Remove the hooks."""
@@ -196,8 +211,8 @@ def scanned_selective_scan(
         delta_softplus: bool = False, return_last_state: bool = False, **kwargs: Any) -> Any:
     """transformers' ``mamba_selective_scan`` (``hidden_states`` and ``dt [batch, channels,
     length]``, ``A [channels, state]``, ``B``, ``C [batch, state, length]``...) from the state
-    its mixer read (``states.last [batch, channels, state]``, zeros when None) as one scan over
-    the tokens: the output ``[batch, channels, length]`` (and the final state)."""
+    its mixer read (:meth:`MixerStates.take`, zeros when None) as one scan over the tokens:
+    the output ``[batch, channels, length]`` (and the final state)."""
     import torch
     import torch.nn.functional as F
     from torch._higher_order_ops.scan import scan
@@ -210,7 +225,7 @@ def scanned_selective_scan(
     decay = torch.exp(A[None, :, None, :] * dt[:, :, :, None])
     update = dt[:, :, :, None] * B[:, None].transpose(2, 3).float() \
         * hidden_states[:, :, :, None].float()
-    state = states.last
+    state = states.take(A)
     state = torch.zeros(hidden_states.shape[0], *A.shape, dtype=dtype) if state is None \
         else state.to(dtype)
     tokens = (decay.movedim(2, 0), update.movedim(2, 0), C.to(state.dtype).movedim(2, 0))
