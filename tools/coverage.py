@@ -189,6 +189,10 @@ def _validated(fields: dict, small: dict, layers: int | None) -> dict:
     if fields.get("model_type") == "zamba":  # its hybrid layers share one attention block,
         out["layers_block_type"] = ["linear_attention", "hybrid"] * 2  # tied from the first
         out["num_hidden_layers"] = 4  # to the others: transformers needs a second to tie
+    if "indexer_compress_ratio" in fields and fields["indexer_compress_ratio"] is None:
+        out.update(indexer_n_heads=4, indexer_kv_heads=1, indexer_head_dim=16,
+                   indexer_budget=8, indexer_compress_ratio=4)  # Qwen4-Exp builds its
+        # token indexer whether or not its defaults set one (they leave every size None)
     if "num_layers_per_stack" in fields:  # HRM: a cache slot per stacked layer per cycle
         cycles = fields.get("H_cycles", 1) * (fields.get("L_cycles", 0) + 1)
         out["num_layers_per_stack"], out["num_hidden_layers"] = 1, cycles
