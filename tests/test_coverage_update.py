@@ -121,7 +121,7 @@ def test_a_long_reason_is_cut_saying_so():
 @pytest.mark.parametrize("model_type", ["gpt_neo", "zaya", "mamba2", "dots1", "bailing_hybrid",
                                         "kimi_linear", "hrm_text", "inkling2_text",
                                         "longcat_flash", "dbrx", "cohere_compass_text",
-                                        "xmod", "qwen4_exp_text"])
+                                        "xmod", "qwen4_exp_text", "dory"])
 def test_a_tiny_config_passes_its_familys_validators(model_type, tmp_path):
     """These families' tiny configs were refused by their own validators (or modeling code),
     so their rows read "eager unusable" for a fault of the tool: GPT-Neo's 24-layer
@@ -132,7 +132,8 @@ def test_a_tiny_config_passes_its_familys_validators(model_type, tmp_path):
     Inkling 2's unpadded vocabulary of 200,058 in a vocabulary of 128, LongCat's 64-wide
     rotary part in 8-wide rotary heads; DBRX's attention without ``rope_theta`` and
     ``clip_qkv``, Cohere Compass without RoPE parameters, X-MOD without a default language
-    and Qwen4-Exp without its token indexer's sizes, as their defaults leave them."""
+    and Qwen4-Exp without its token indexer's sizes, as their defaults leave them; Dory's
+    layer counts, which its config writes doubled (attention and MLP listed apart)."""
     from tools.coverage import write_checkpoint
 
     assert write_checkpoint(model_type, tmp_path / model_type) is None

@@ -100,8 +100,10 @@ def tiny_config(model_type: str):
         pass
     for part in [config, *(getattr(config, k, None) for k in NESTED)]:
         if part is not None and hasattr(part, "to_dict"):
-            for key, value in _small(part.to_dict()).items():
-                _set(part, key, value)
+            fields = part.to_dict()
+            for key, value in _small(fields).items():
+                if fields.get(key) != value:  # already so (Dory writes its counts doubled)
+                    _set(part, key, value)
             _missing_defaults(part)
     return config
 
@@ -193,6 +195,11 @@ def _validated(fields: dict, small: dict, layers: int | None) -> dict:
         out.update(indexer_n_heads=4, indexer_kv_heads=1, indexer_head_dim=16,
                    indexer_budget=8, indexer_compress_ratio=4)  # Qwen4-Exp builds its
         # token indexer whether or not its defaults set one (they leave every size None)
+    if "n_recurrent_loops" in fields:  # Dory: an input, a recurrent and an output layer, as
+        out.update(num_hidden_layers=6, n_input_layers=2, n_recurrent_layers=2,  # released
+                   n_output_layers=2, layer_types=[  # configs list them: attention then MLP
+                       kind for attention in ("sliding_attention", "full_attention",
+                                              "sliding_attention") for kind in (attention, "mlp")])
     if "num_layers_per_stack" in fields:  # HRM: a cache slot per stacked layer per cycle
         cycles = fields.get("H_cycles", 1) * (fields.get("L_cycles", 0) + 1)
         out["num_layers_per_stack"], out["num_hidden_layers"] = 1, cycles
