@@ -100,7 +100,7 @@ def test_onnxruntime_computes_the_checks_reference(exported):
     as_written = unfused.run(["logits"], _feeds(unfused, IDS))[0]
     # the check's session: every MatMulNBits in float32 (the file's head asks for int8
     # activations, as the builder's): the quantized model's numbers to float32's rounding
-    checked = open_session(out, int4=True)
+    checked = open_session(out, int4=True, nbits=bool(target))
     np.testing.assert_allclose(checked.run(["logits"], _feeds(checked, IDS))[0], fake,
                                atol=1e-5, rtol=0)
     if target:

@@ -223,7 +223,8 @@ class ShellExport:
         if strict is None:
             return "not verified against eager"
         with ThreadPoolExecutor(1, thread_name_prefix="rewrite-check") as pool:
-            opening = pool.submit(open_session, path, int4=True)  # while eager runs again
+            opening = pool.submit(open_session, path, int4=True,  # while eager runs again
+                                  nbits=self.quantized.shared > 0)
             with swapped(self.model, *self._weights(quantized=False)):
                 loose = _taking(make, decode=False)()
             session = opening.result()

@@ -101,7 +101,7 @@ class Check:
         return worst, relative
 
 
-def open_session(model_path: Path, int4: bool = False) -> Any:
+def open_session(model_path: Path, int4: bool = False, nbits: bool = False) -> Any:
     """An onnxruntime session of the file, unoptimized (what the file says; its weights
     mapped, not copied: no prepacking, no arena keeping a run's buffers), or a note saying
     why there is none: onnxruntime is not installed, or lacks a kernel the model needs (bf16
@@ -110,8 +110,9 @@ def open_session(model_path: Path, int4: bool = False) -> Any:
     unchecked. ``int4``: optimized instead, each ``DequantizeLinear`` +
     ``MatMul`` fused into one ``MatMulNBits`` computing in float32 (accuracy level 0: the
     file's numbers to float32's rounding), which dequantizes each weight once, not at
-    every run (a 1.24B model's two runs: 9.5 s instead of 20 s); a ``MatMulNBits`` the file
-    holds computes in float32 too (:func:`_nbits_in_float32`)."""
+    every run (a 1.24B model's two runs: 9.5 s instead of 20 s). ``nbits``: the file holds
+    ``MatMulNBits`` (a tied head reading its table, ``--target onnxruntime``), which computes
+    in float32 too (:func:`_nbits_in_float32`)."""
     try:
         import onnxruntime as ort
     except ImportError:
@@ -122,9 +123,8 @@ def open_session(model_path: Path, int4: bool = False) -> Any:
     if int4:
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
         options.add_session_config_entry("session.qdq_matmulnbits_accuracy_level", "0")
-        graph = _nbits_in_float32(model_path)
-        if graph is not None:  # given as bytes, it finds its data file in the file's folder
-            model = graph
+        if nbits:  # the graph given as bytes finds its data file in the file's folder
+            model = _nbits_in_float32(model_path)
             options.add_session_config_entry(
                 "session.model_external_initializers_file_folder_path", str(model_path.parent))
     else:
@@ -141,25 +141,23 @@ def open_session(model_path: Path, int4: bool = False) -> Any:
                                 "was written") from None
 
 
-def _nbits_in_float32(model_path: Path) -> bytes | None:
+def _nbits_in_float32(model_path: Path) -> bytes:
     """The file's graph (its weights left in its data file) with each ``com.microsoft``
     ``MatMulNBits`` computing in float32 (accuracy level 0) where it asks for int8
     activations (:data:`rewrite.backends.onnx.quantize.ACCURACY_LEVEL`, as the builder's
     and as onnxruntime fuses the standard ops in a user's session): what the check
-    compares with eager at float32's tolerance, as it fuses the standard ops at 0; None
-    where no node asks for another level (the file opened as it is)."""
+    compares with eager at float32's tolerance, as it fuses the standard ops at 0."""
     import onnx
 
     proto = onnx.load(str(model_path), load_external_data=False)
-    changed = False
     for nodes in (proto.graph.node, *(f.node for f in proto.functions)):
         for node in nodes:
             if node.op_type != "MatMulNBits" or node.domain != "com.microsoft":
                 continue
             for attribute in node.attribute:
-                if attribute.name == "accuracy_level" and attribute.i != 0:
-                    attribute.i, changed = 0, True
-    return proto.SerializeToString() if changed else None
+                if attribute.name == "accuracy_level":
+                    attribute.i = 0
+    return proto.SerializeToString()
 
 
 def tolerances(dtype: "torch.dtype") -> tuple[float, float]:

@@ -58,12 +58,12 @@ from rewrite.backends.onnx.weight_slots import (
     weight_slots, weight_use)
 
 OPSET = 21
+"""The first opset of ``DequantizeLinear`` with ``block_size`` and of int4 / uint4."""
 ACCURACY_LEVEL = 4
 """A ``MatMulNBits``'s: int8 activations, as the builder's CPU int4 and onnxruntime's own
 fusion of ``DequantizeLinear`` + ``MatMul`` (its session's default). At 0 (float32) a 1.24B
 model's tied head cost 10% of a decode step. The check before publishing runs the file at 0
 (:func:`rewrite.exporting.verify.open_session`): float32's tolerance against eager."""
-"""The first opset of ``DequantizeLinear`` with ``block_size`` and of int4 / uint4."""
 
 
 @frozen

@@ -39,7 +39,7 @@ from rewrite.backends.onnx.finishing._contrib import DOMAIN, group_query_attenti
 from rewrite.backends.onnx.finishing._merge import merge_functions, merge_keys
 from rewrite.backends.onnx.finishing._optimize import optimize
 from rewrite.backends.onnx.finishing._pack import pack_projections
-from rewrite.backends.onnx.finishing._portable import STACK_TRACE, import_roots, make_portable
+from rewrite.backends.onnx.finishing._portable import import_roots, make_portable, stack_traces
 from rewrite.backends.onnx.finishing._rotary import call_sites, fuse_rotary
 from rewrite.backends.onnx.outlining import drop_node_names
 from rewrite.backends.onnx.summary import FunctionId
@@ -252,13 +252,10 @@ class PortableStackTraces(ir.passes.InPlacePass):
         return ir.passes.PassResult(model, make_portable(model, self.roots))
 
     def ensures(self, model: ir.Model) -> None:
-        for graph in (model.graph, *model.functions.values()):
-            for node in ir.traversal.RecursiveGraphIterator(graph):
-                trace = node.metadata_props.get(STACK_TRACE)
-                if isinstance(trace, str) and any(f'File "{root}' in trace
-                                                  for root in self.roots):
-                    raise ir.passes.PostconditionError(
-                        f"{node.name}: its stack trace names an absolute source path")
+        for node, trace in stack_traces(model):
+            if any(f'File "{root}' in trace for root in self.roots):
+                raise ir.passes.PostconditionError(
+                    f"{node.name}: its stack trace names an absolute source path")
 
 
 class DropBodyNodeNames(_Pass):

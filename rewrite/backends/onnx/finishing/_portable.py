@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Iterable
+from typing import Iterable, Iterator
 
 import onnx_ir as ir
 
@@ -30,21 +30,27 @@ def portable(trace: str, roots: tuple[str, ...]) -> str:
     return trace
 
 
-def make_portable(model: ir.Model, roots: tuple[str, ...] | None = None) -> bool:
-    """Every node's stack trace in ``model`` (main graph, subgraphs and functions) made
-    portable; whether one changed. A trace that is not UTF-8 text (onnx_ir reads it as bytes)
-    is left as it is: writing the output says what is wrong with it."""
-    roots = import_roots() if roots is None else roots
-    changed = False
-    seen: dict[str, str] = {}
+def stack_traces(model: ir.Model) -> Iterator[tuple[ir.Node, str]]:
+    """Each node of ``model`` (main graph, subgraphs and functions) with a stack trace, and
+    the trace. One that is not UTF-8 text (onnx_ir reads it as bytes) is left out: writing
+    the output says what is wrong with it."""
     for graph in (model.graph, *model.functions.values()):
         for node in ir.traversal.RecursiveGraphIterator(graph):
             trace = node.metadata_props.get(STACK_TRACE)
-            if not isinstance(trace, str):  # absent, or bytes (a corrupt file's, not UTF-8)
-                continue
-            if trace not in seen:
-                seen[trace] = portable(trace, roots)
-            if seen[trace] != trace:
-                node.metadata_props[STACK_TRACE] = seen[trace]
-                changed = True
+            if isinstance(trace, str):
+                yield node, trace
+
+
+def make_portable(model: ir.Model, roots: tuple[str, ...] | None = None) -> bool:
+    """Every node's stack trace in ``model`` (:func:`stack_traces`) made portable; whether
+    one changed."""
+    roots = import_roots() if roots is None else roots
+    changed = False
+    seen: dict[str, str] = {}
+    for node, trace in stack_traces(model):
+        if trace not in seen:
+            seen[trace] = portable(trace, roots)
+        if seen[trace] != trace:
+            node.metadata_props[STACK_TRACE] = seen[trace]
+            changed = True
     return changed
