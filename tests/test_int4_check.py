@@ -103,3 +103,53 @@ def test_a_wrong_layout_fails_the_check(tmp_path, monkeypatch, symmetric):
 
     monkeypatch.setattr(_blockwise, "_packed", transposed)
     assert "differs by up to" in str(_export_fails(tmp_path, symmetric=symmetric))
+
+
+def _by_rows_everywhere(monkeypatch) -> list:
+    """Every plain linear layer of the check computes by blocks of rows (as a head over a
+    vocabulary does): 6 rows at a time, so that the last block is partial; the calls."""
+    from rewrite.exporting import int4
+
+    calls: list = []
+    original = int4._linear_by_rows
+
+    def counted(module, weight, buffers, x):
+        calls.append(module)
+        return original(module, weight, buffers, x)
+
+    monkeypatch.setattr(int4, "BY_ROWS_ABOVE", 0)
+    monkeypatch.setattr(int4, "ROWS_AT_ONCE", 6 * 64)
+    monkeypatch.setattr(int4, "_linear_by_rows", counted)
+    return calls
+
+
+def test_a_weight_made_by_rows_gives_the_same_check(tmp_path, monkeypatch):
+    calls = _by_rows_everywhere(monkeypatch)
+    folder = checkpoints.write("llama", tmp_path / "ckpt", dtype=torch.bfloat16)
+    out = tmp_path / "out" / "model.onnx"
+    out.parent.mkdir()
+    rewrite.export(folder, output=out, cache="kv", precision="int4")
+    shapes = {tuple(m.weight.shape) for m in calls}
+    assert len({id(m) for m in calls}) >= 2 and len(shapes) >= 2, shapes  # a head, layers
+    plain = ort.SessionOptions()  # the file's DequantizeLinear, then MatMul
+    plain.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    session = ort.InferenceSession(str(out), plain, providers=["CPUExecutionProvider"])
+    ids = np.array([[3, 14, 15, 9, 26, 5, 35, 8]], np.int64)
+    logits = session.run(["logits"], _feeds(session, ids))[0]
+    fake = _eager(folder, ids, fake_quant=True)
+    assert np.abs(logits - fake).max() <= 1e-4 * max(1.0, np.abs(fake).max())
+
+
+def test_a_wrong_block_of_rows_fails_the_check(tmp_path, monkeypatch):
+    from rewrite.exporting import int4
+
+    _by_rows_everywhere(monkeypatch)
+    original = int4._kept_rows
+
+    def shifted(kept, key, block, start, stop, out):  # the mutant: rows 2 further on
+        if stop + 2 <= kept.weight(key, "NK", block).shape[0]:
+            start, stop = start + 2, stop + 2
+        return original(kept, key, block, start, stop, out)
+
+    monkeypatch.setattr(int4, "_kept_rows", shifted)
+    assert "differs by up to" in str(_export_fails(tmp_path))

@@ -248,7 +248,7 @@ class ShellExport:
         :func:`swapped`), or, quantized, in its rows asked for dequantized."""
         from rewrite.backends.onnx.quantize import fake_quantized
 
-        floats: Weights = {name: partial(_converted, source)
+        floats: Weights = {name: ByRows(partial(_converted_rows, source))
                            for name, source in self.sources.items()}
         tables: Tables = {name: partial(_as_is, source) for name, source in self.sources.items()}
         if not quantized or self.quantized is None:
@@ -260,12 +260,14 @@ class ShellExport:
                 tables.update(dict.fromkeys(aliases, partial(
                     _rows, self.kept, f"{name}:NK", self.block)))
                 if self.kept is not None and f"{name}:NK" in self.kept:
-                    linear.update(dict.fromkeys(aliases, partial(
-                        self.kept.weight, f"{name}:NK", "NK", self.block)))
+                    linear.update(dict.fromkeys(aliases, ByRows(partial(
+                        _kept_rows, self.kept, f"{name}:NK", self.block))))
                 continue
             key = f"{name}:{layout}"
             kept = self.kept is not None and key in self.kept
-            if kept:
+            if kept and layout == "NK" and name not in self.packed:
+                made = ByRows(partial(_kept_rows, self.kept, key, self.block))
+            elif kept:
                 made = partial(self.kept.weight, key, layout, self.block)  # takes ``out``
             elif name in self.packed:
                 made = partial(_fake_packed, self.packed[name],
@@ -362,7 +364,7 @@ def swapped(model: "torch.nn.Module", linear: Weights, embedding: Tables
 
     tables = {id(model.get_parameter(name)): make for name, make in embedding.items()}
     others = {id(model.get_parameter(name)): make for name, make in linear.items()}
-    handles, found = [], set()
+    handles, found, by_rows = [], set(), []
     buffers = _Buffers()
     for module in model.modules():
         table = isinstance(module, torch.nn.Embedding)
@@ -372,6 +374,10 @@ def swapped(model: "torch.nn.Module", linear: Weights, embedding: Tables
         if not mine:
             continue
         found.update(id(module._parameters[attr]) for attr in mine)
+        if _in_blocks_of_rows(module, mine):
+            module.forward = partial(_linear_by_rows, module, mine["weight"], buffers)
+            by_rows.append(module)
+            continue
         saved: dict[str, torch.nn.Parameter] = {}
         lent = None if table else buffers
         handles.append(module.register_forward_pre_hook(partial(_swap_in, mine, saved, lent)))
@@ -385,6 +391,60 @@ def swapped(model: "torch.nn.Module", linear: Weights, embedding: Tables
     finally:
         for handle in handles:
             handle.remove()
+        for module in by_rows:
+            del module.forward  # the class's again
+
+
+class ByRows:
+    """A linear layer's weight (``[out, in]``) made a block of its rows at a time: ``make(start,
+    stop, out)`` writes rows ``start:stop`` (``start`` even) into ``out``; called with ``out``
+    alone, the whole weight, as any other maker of :data:`Weights`."""
+
+    def __init__(self, make: Callable[[int, int, "torch.Tensor"], "torch.Tensor"]) -> None:
+        self.make = make
+
+    def __call__(self, out: "torch.Tensor") -> "torch.Tensor":
+        return self.make(0, out.shape[0], out)
+
+
+ROWS_AT_ONCE = 1 << 20
+"""Values of a weight made at a time where it is made by rows (4 MB in float32)."""
+BY_ROWS_ABOVE = 1 << 23
+"""A linear layer whose weight holds more values (32 MB in float32) computes with it a block
+of rows at a time while eager runs: a head over a vocabulary (32000 x 1024: 131 MB) is no
+longer made whole, the largest buffer of the check."""
+
+
+def _in_blocks_of_rows(module: "torch.nn.Module", mine: Weights) -> bool:
+    """Whether ``module`` is a plain ``nn.Linear`` whose only weight swapped, a large one,
+    can be made by rows."""
+    import torch
+
+    weight = module._parameters.get("weight")
+    return (type(module).forward is torch.nn.Linear.forward and set(mine) == {"weight"}
+            and isinstance(mine["weight"], ByRows) and weight is not None
+            and weight.numel() > BY_ROWS_ABOVE)
+
+
+def _linear_by_rows(module: "torch.nn.Linear", weight: ByRows, buffers: "_Buffers",
+                    x: "torch.Tensor") -> "torch.Tensor":
+    """``module(x)`` with ``weight`` made a block of rows at a time, each block's outputs
+    computed from it (each output is the same dot product as with the whole weight)."""
+    import torch
+
+    count, width = module.weight.shape
+    step = max(2, ROWS_AT_ONCE // max(width, 1) // 2 * 2)
+    out = x.new_empty(*x.shape[:-1], count)
+    buffer = buffers.take((min(step, count), width))
+    try:
+        for start in range(0, count, step):
+            stop = min(start + step, count)
+            block = weight.make(start, stop, buffer[:stop - start])
+            bias = None if module.bias is None else module.bias[start:stop]
+            out[..., start:stop] = torch.nn.functional.linear(x, block, bias)
+    finally:
+        buffers.give(buffer)
+    return out
 
 
 class _Buffers:
@@ -443,6 +503,19 @@ def _converted(source: "torch.Tensor | Callable[[], torch.Tensor]", out: "torch.
     from rewrite.backends.onnx.quantize import made
 
     return out.copy_(made(source))
+
+
+def _converted_rows(source: "torch.Tensor", start: int, stop: int, out: "torch.Tensor"
+                    ) -> "torch.Tensor":
+    """Rows ``start:stop`` of ``source`` in float32, in ``out``."""
+    return out.copy_(source[start:stop])
+
+
+def _kept_rows(kept: "Kept", key: str, block: int, start: int, stop: int,
+               out: "torch.Tensor") -> "torch.Tensor":
+    """Rows ``start:stop`` of the kept quantized weight ``key`` (``"NK"``), dequantized
+    into ``out``."""
+    return kept.weight(key, "NK", block, out=out, rows=(start, stop))
 
 
 def _as_is(source: "torch.Tensor", ids: "torch.Tensor"

@@ -402,28 +402,31 @@ class Kept:
         """``pairs``: :func:`_row_pairs` of the ``rows`` rows of q (``[N, K]``)."""
         self._parts[key] = (pairs, rows, scale, zero_point)
 
-    def weight(self, key: str, layout: str, block: int, out: "torch.Tensor | None" = None
-               ) -> "torch.Tensor":
+    def weight(self, key: str, layout: str, block: int, out: "torch.Tensor | None" = None,
+               rows: "tuple[int, int] | None" = None) -> "torch.Tensor":
         """The float32 weight ``key``'s ``DequantizeLinear`` computes, in its source's
-        layout (``"NK"``: the rows; ``"KN"``: transposed), in ``out`` when given."""
+        layout (``"NK"``: the rows; ``"KN"``: transposed), in ``out`` when given; only its
+        ``rows`` (``(start, stop)``, start even, layout ``"NK"``) when given."""
         import torch
 
-        pairs, rows, scale, zero_point = self._parts[key]
+        pairs, count, scale, zero_point = self._parts[key]
+        first, last = (0, count) if rows is None else rows
         if out is None:
-            out = torch.empty((rows, pairs.shape[1]) if layout == "NK"
-                              else (pairs.shape[1], rows))
+            out = torch.empty((last - first, pairs.shape[1]) if layout == "NK"
+                              else (pairs.shape[1], count))
         back = out if layout == "NK" else out.T
         step = max(2, CHUNK // max(pairs.shape[1], 1) // 2 * 2)  # an even count of rows
 
         def chunk(start: int, stop: int) -> None:  # a chunk of rows at a time, cache-hot
+            start, stop = start + first, stop + first
             q = _unpair(pairs[start // 2:(stop + 1) // 2], stop - start,
                         signed=zero_point is None)
-            back[start:stop] = dequantize_rows(
+            back[start - first:stop - first] = dequantize_rows(
                 q, scale[start:stop], None if zero_point is None else zero_point[start:stop],
                 block)
 
         with one_thread() as threads:
-            spread(rows, step, chunk, threads)
+            spread(last - first, step, chunk, threads)
         return out
 
     def rows(self, key: str, ids: "torch.Tensor", block: int) -> "torch.Tensor":
