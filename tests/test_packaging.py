@@ -40,3 +40,17 @@ def test_torch_is_a_supported_range_not_a_pin():
         assert specifier.contains(supported), (supported, specifier)
     assert specifier.contains(Version(torch.__version__).base_version)  # the one installed here
     assert not specifier.contains("2.8.0")  # before torch.onnx's metadata and dynamo=True export
+
+
+def test_onnxruntime_is_asked_for_from_the_release_that_reads_the_exports_opset():
+    """Every extra naming onnxruntime asks for the release the export's check names
+    (:data:`rewrite.exporting.verify.MIN_ONNXRUNTIME`): older ones refuse opset 23."""
+    from packaging.requirements import Requirement
+
+    from rewrite.exporting.verify import MIN_ONNXRUNTIME
+
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"]
+    bounds = {str(r.specifier) for group in extras.values() for r in map(Requirement, group)
+              if r.name == "onnxruntime"}
+    assert bounds == {f">={MIN_ONNXRUNTIME}"}

@@ -86,3 +86,42 @@ def test_a_model_onnxruntime_refuses_is_exit_1_and_not_written(llama, tmp_path, 
     assert r.code == 1, r
     assert "onnxruntime refuses the exported model as invalid" in r.err, r.err
     assert not out.exists() and not out.with_name("model.onnx.data").exists()
+
+
+ORT_1_20_REFUSAL = (
+    "[ONNXRuntimeError] : 2 : INVALID_ARGUMENT : Failed to load model with error: "
+    "/onnxruntime_src/onnxruntime/core/graph/model_load_utils.h:46 void onnxruntime::"
+    "model_load_utils::ValidateOpsetForDomain(const std::unordered_map<std::__cxx11::"
+    "basic_string<char>, int>&, const onnxruntime::logging::Logger&, bool, const std::string&, "
+    "int) ONNX Runtime only *guarantees* support for models stamped with official released "
+    "onnx opset versions. Opset 23 is under development and support for this is limited. The "
+    "operator schemas and or other functionality may change before next ONNX release and in "
+    "this case ONNX Runtime will not guarantee backward compatibility. Current official "
+    "support for domain ai.onnx is till opset 21.")
+"""What onnxruntime 1.20.0 raises on an opset-23 model (its message, verbatim)."""
+
+
+def test_an_onnxruntime_older_than_the_opset_is_named_not_taken_for_a_bug(
+        llama, tmp_path, run_cli, monkeypatch):
+    """onnxruntime before 1.23 reads opsets up to 21 or 22: the export says which release
+    checks and runs its opset-23 model (verify.MIN_ONNXRUNTIME), instead of calling it
+    invalid."""
+    import onnx
+    import onnxruntime
+
+    class Refusal(Exception):
+        pass
+
+    def refuses(*args, **kwargs):
+        raise Refusal(ORT_1_20_REFUSAL)
+
+    monkeypatch.setattr(onnxruntime, "InferenceSession", refuses)
+    monkeypatch.setattr(onnxruntime, "__version__", "1.20.0")
+    out = tmp_path / "model.onnx"
+    r = run_cli("export", llama, "-o", out)
+    assert r.code == 0, r.err
+    opset = {o.domain: o.version for o in onnx.load(str(out)).opset_import}[""]
+    assert opset == 23
+    assert (f"not verified against eager: onnxruntime 1.20.0 reads ai.onnx opsets up to 21, "
+            f"this model is opset {opset} (pip install 'onnxruntime>=1.31' to check and run "
+            "it)") in r.out + r.err

@@ -85,6 +85,15 @@ def inner_nodes(node: "ir.Node") -> Iterator["ir.Node"]:
             yield from inner_nodes(inner)
 
 
+def model_nodes(model: "ir.Model") -> Iterator["ir.Node"]:
+    """Every node of ``model``: its main graph's and each local function's, with the nodes
+    of their subgraphs (``Model.graphs()`` leaves the functions out)."""
+    import onnx_ir as ir
+
+    for graph in (model.graph, *model.functions.values()):
+        yield from ir.traversal.RecursiveGraphIterator(graph)
+
+
 def looks_like_weight(value: "ir.Value") -> bool:
     """An initializer of more than one element that is not of an index or mask type (int64,
     int32, bool: shapes, axes, positions): floats, and the integer types quantized weights

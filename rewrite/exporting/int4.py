@@ -260,15 +260,13 @@ class ShellExport:
                 tables.update(dict.fromkeys(aliases, partial(
                     _rows, self.kept, f"{name}:NK", self.block)))
                 if self.kept is not None and f"{name}:NK" in self.kept:
-                    linear.update(dict.fromkeys(aliases, ByRows(partial(
-                        _kept_rows, self.kept, f"{name}:NK", self.block))))
+                    linear.update(dict.fromkeys(aliases, _kept_made(
+                        self.kept, f"{name}:NK", "NK", self.block, by_rows=True)))
                 continue
             key = f"{name}:{layout}"
             kept = self.kept is not None and key in self.kept
-            if kept and layout == "NK" and name not in self.packed:
-                made = ByRows(partial(_kept_rows, self.kept, key, self.block))
-            elif kept:
-                made = partial(self.kept.weight, key, layout, self.block)  # takes ``out``
+            if kept:
+                made = _kept_made(self.kept, key, layout, self.block, name not in self.packed)
             elif name in self.packed:
                 made = partial(_fake_packed, self.packed[name],
                                self._parts_of(self.packed[name]), layout, self.block,
@@ -509,6 +507,16 @@ def _converted_rows(source: "torch.Tensor", start: int, stop: int, out: "torch.T
                     ) -> "torch.Tensor":
     """Rows ``start:stop`` of ``source`` in float32, in ``out``."""
     return out.copy_(source[start:stop])
+
+
+def _kept_made(kept: "Kept", key: str, layout: str, block: int, by_rows: bool
+               ) -> Callable[..., "torch.Tensor"]:
+    """The kept quantized weight ``key`` dequantized into the buffer it is given; by rows
+    (:class:`ByRows`) where it is a linear layer's own weight (``by_rows``: not a part of a
+    packed one) in its layout (``"NK"``)."""
+    if by_rows and layout == "NK":
+        return ByRows(partial(_kept_rows, kept, key, block))
+    return partial(kept.weight, key, layout, block)
 
 
 def _kept_rows(kept: "Kept", key: str, block: int, start: int, stop: int,

@@ -11,6 +11,7 @@ a decode step feeds back the ``present`` cache) and compares named outputs.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
@@ -136,9 +137,47 @@ def open_session(model_path: Path, int4: bool = False, nbits: bool = False) -> A
     except Exception as e:  # noqa: BLE001 - onnxruntime raises its own classes
         if type(e).__name__ == "NotImplemented":  # a kernel onnxruntime lacks (bf16 on CPU)
             return f"not verified against eager: onnxruntime cannot run it ({_short(e)})"
+        older = _opsets_beyond(str(e), model_path)
+        if older is not None:
+            return f"not verified against eager: {older}"
         raise VerificationError(f"onnxruntime refuses the exported model as invalid "
                                 f"({_short(e)}): a bug in rewrite, please report it; nothing "
                                 "was written") from None
+
+
+MIN_ONNXRUNTIME = "1.31"
+"""The oldest onnxruntime release the suite passes with (1.31.0, session 22; also what
+onnxruntime-genai 0.18 needs) on the opset-23 models ``rewrite export`` writes
+(``RotaryEmbedding``, ``Attention``, 4-bit ``DequantizeLinear``). Older ones: 1.20 to 1.22
+refuse opset 23; 1.23's ``Attention`` gives NaN for a query row whose keys are all masked (a
+left-padded row's padding), which spreads to the row's other positions; 1.24's fails on
+Doge's mask, differs from eager on RecurrentGemma (0.15), and leaves GPT-2's int4
+``DequantizeLinear`` + ``MatMul`` unfused."""
+
+
+def _opsets_beyond(message: str, model_path: Path) -> str | None:
+    """Where onnxruntime refused the file for an opset newer than it reads (``Current
+    official support for domain ai.onnx is till opset 21``: onnxruntime before 1.23 on an
+    opset-23 model), a sentence naming the release to install; else None."""
+    import onnxruntime as ort
+
+    found = re.search(r"support for domain (\S+) is till opset (\d+)", message)
+    if found is None:
+        return None
+    domain, newest = found.group(1), found.group(2)
+    wanted = _model_opset(model_path, "" if domain == "ai.onnx" else domain)
+    return (f"onnxruntime {ort.__version__} reads {domain} opsets up to {newest}, this model "
+            f"is opset {wanted} (pip install 'onnxruntime>={MIN_ONNXRUNTIME}' to check and "
+            "run it)")
+
+
+def _model_opset(model_path: Path, domain: str) -> str:
+    """The file's opset of ``domain`` (``""``: ai.onnx), read without its weights."""
+    import onnx
+
+    model = onnx.load(str(model_path), load_external_data=False)
+    versions = [o.version for o in model.opset_import if o.domain == domain]
+    return str(versions[0]) if versions else "unknown"
 
 
 def _nbits_in_float32(model_path: Path) -> bytes:

@@ -30,6 +30,7 @@ from typing import Mapping
 import onnx_ir as ir
 from attrs import frozen
 
+from rewrite._shared.onnx_ir_nodes import model_nodes
 from rewrite.backends.onnx.distinct import Variants
 from rewrite.backends.onnx.summary import FunctionId
 from rewrite.backends.onnx.outlining import (
@@ -185,9 +186,8 @@ def _forget_origins(model: ir.Model) -> None:
     """No call keeps the function it called before this merge (``_ORIGIN``): in a later
     merge its first callee is the one it calls then (renumbering gives an old id to another
     function: Beam's layers 3 and 4, merged in the second pass, got no attribute values)."""
-    for graph in [model.graph, *(f.graph for f in model.functions.values())]:
-        for node in ir.traversal.RecursiveGraphIterator(graph):
-            node.meta.pop(_ORIGIN, None)
+    for node in model_nodes(model):
+        node.meta.pop(_ORIGIN, None)
 
 
 def merge_keys(model: ir.Model, identity: Mapping[FunctionId, tuple[str, str]], *,

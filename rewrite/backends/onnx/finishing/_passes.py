@@ -32,6 +32,7 @@ from typing import Mapping
 import onnx_ir as ir
 from attrs import define, field
 
+from rewrite._shared.onnx_ir_nodes import model_nodes
 from rewrite.backends.onnx._opsets import fix_opsets, used_domains
 from rewrite.backends.onnx.distinct import Variants
 from rewrite.backends.onnx.finishing._attention import OPSET, flatten_heads, fuse_attention
@@ -271,11 +272,10 @@ def _calls_retargeted(model: ir.Model, merged: Mapping[FunctionId, FunctionId]) 
     gone = set(merged) - model.functions.keys()
     if not gone:
         return
-    for graph in [model.graph, *model.functions.values()]:
-        for node in ir.traversal.RecursiveGraphIterator(graph):
-            if (node.domain, node.op_type, node.overload) in gone:
-                raise ir.passes.PostconditionError(
-                    f"{node.name} calls {node.domain}::{node.op_type}, which merging removed")
+    for node in model_nodes(model):
+        if (node.domain, node.op_type, node.overload) in gone:
+            raise ir.passes.PostconditionError(
+                f"{node.name} calls {node.domain}::{node.op_type}, which merging removed")
 
 
 def run_passes(model: ir.Model, passes: list[ir.passes.PassBase]) -> None:

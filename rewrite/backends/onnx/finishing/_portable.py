@@ -11,6 +11,8 @@ from typing import Iterable, Iterator
 
 import onnx_ir as ir
 
+from rewrite._shared.onnx_ir_nodes import model_nodes
+
 STACK_TRACE = "pkg.torch.onnx.stack_trace"
 
 
@@ -34,11 +36,10 @@ def stack_traces(model: ir.Model) -> Iterator[tuple[ir.Node, str]]:
     """Each node of ``model`` (main graph, subgraphs and functions) with a stack trace, and
     the trace. One that is not UTF-8 text (onnx_ir reads it as bytes) is left out: writing
     the output says what is wrong with it."""
-    for graph in (model.graph, *model.functions.values()):
-        for node in ir.traversal.RecursiveGraphIterator(graph):
-            trace = node.metadata_props.get(STACK_TRACE)
-            if isinstance(trace, str):
-                yield node, trace
+    for node in model_nodes(model):
+        trace = node.metadata_props.get(STACK_TRACE)
+        if isinstance(trace, str):
+            yield node, trace
 
 
 def make_portable(model: ir.Model, roots: tuple[str, ...] | None = None) -> bool:
