@@ -125,3 +125,26 @@ def test_an_onnxruntime_older_than_the_opset_is_named_not_taken_for_a_bug(
     assert (f"not verified against eager: onnxruntime 1.20.0 reads ai.onnx opsets up to 21, "
             f"this model is opset {opset} (pip install 'onnxruntime>=1.31' to check and run "
             "it)") in r.out + r.err
+
+
+def test_onnxruntime_failing_to_run_the_model_is_named_and_nothing_is_written(
+        llama, tmp_path, run_cli, monkeypatch):
+    """A kernel raising while the check runs the file (onnxruntime 1.24's ``Attention`` on
+    Doge's mask did) names onnxruntime and its version, exit 3, nothing written."""
+    import onnxruntime
+
+    class RuntimeException(Exception):
+        pass
+
+    def raises(self, *args, **kwargs):
+        raise RuntimeException("[ONNXRuntimeError] : 6 : RUNTIME_EXCEPTION : Non-zero status "
+                               "code returned while running Attention node.")
+
+    monkeypatch.setattr(onnxruntime.InferenceSession, "run", raises)
+    out = tmp_path / "model.onnx"
+    r = run_cli("export", llama, "-o", out)
+    assert r.code == 3, r.err
+    assert (f"onnxruntime {onnxruntime.__version__} failed running the exported model "
+            "(prefill): RuntimeException: [ONNXRuntimeError] : 6 : RUNTIME_EXCEPTION") in r.err
+    assert "internal error" not in r.err
+    assert not out.exists() and not out.with_name("model.onnx.data").exists()

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 import numpy as np
 from attrs import frozen
 
-from rewrite.errors import VerificationError
+from rewrite.errors import LibraryError, VerificationError
 
 if TYPE_CHECKING:
     import torch
@@ -69,7 +69,7 @@ class Check:
             feeds = {**step.feeds, **{i: previous[o] for i, o in step.carried.items()}}
             key = (key, tuple((n, a.shape, a.tobytes()) for n, a in sorted(step.feeds.items())))
             if memo is None or key not in memo:
-                outputs = dict(zip(names, session.run(None, feeds)))
+                outputs = dict(zip(names, _run(session, feeds, step.name)))
                 if memo is not None:
                     memo[key] = outputs
             previous = outputs if memo is None else memo[key]
@@ -100,6 +100,15 @@ class Check:
                     "was written")
             worst = max(worst, difference)
         return worst, relative
+
+
+def _run(session: Any, feeds: Mapping[str, np.ndarray], step: str) -> list:
+    """``session.run`` of every output; onnxruntime failing on the file it loaded (a kernel
+    raising) is a :class:`LibraryError` naming onnxruntime and its version."""
+    try:
+        return session.run(None, dict(feeds))
+    except Exception as e:  # noqa: BLE001 - onnxruntime raises its own classes
+        raise LibraryError("onnxruntime", f"running the exported model ({step})", e) from e
 
 
 def open_session(model_path: Path, int4: bool = False, nbits: bool = False) -> Any:
