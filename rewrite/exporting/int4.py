@@ -26,10 +26,12 @@ checked against eager on the same weights.
   (:func:`~rewrite.exporting.checkpoint.checks.causal_lm_check`'s ``one_pass``), onnxruntime
   with the ``MatMulNBits`` fusion in float32 (:func:`~rewrite.exporting.verify.open_session`).
   The eager weights are swapped in module by module while it runs (forward hooks: one
-  float32 weight at a time). The error against eager float32 is measured on the same file
-  (its first step, the prefill: one eager run, one onnxruntime run for both) and reported,
-  not checked; onnxruntime opens the file (fusing and packing the weights: seconds) while
-  that eager run computes, once the quantized weights kept are dropped.
+  float32 weight at a time; a linear layer's of more than :data:`BY_ROWS_ABOVE` values, a
+  head over a vocabulary, a block of rows at a time: :class:`ByRows`). The error against
+  eager float32 is measured on the same file (its first step, the prefill: one eager run,
+  one onnxruntime run for both) and reported, not checked; onnxruntime opens the file
+  (fusing and packing the weights: seconds) while that eager run computes, once the
+  quantized weights kept are dropped.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator
 
-from attrs import evolve
+from attrs import evolve, frozen
 
 from rewrite._shared.heap import give_back_freed
 from rewrite.errors import VerificationError
@@ -393,13 +395,13 @@ def swapped(model: "torch.nn.Module", linear: Weights, embedding: Tables
             del module.forward  # the class's again
 
 
+@frozen
 class ByRows:
     """A linear layer's weight (``[out, in]``) made a block of its rows at a time: ``make(start,
     stop, out)`` writes rows ``start:stop`` (``start`` even) into ``out``; called with ``out``
     alone, the whole weight, as any other maker of :data:`Weights`."""
 
-    def __init__(self, make: Callable[[int, int, "torch.Tensor"], "torch.Tensor"]) -> None:
-        self.make = make
+    make: Callable[[int, int, "torch.Tensor"], "torch.Tensor"]
 
     def __call__(self, out: "torch.Tensor") -> "torch.Tensor":
         return self.make(0, out.shape[0], out)
