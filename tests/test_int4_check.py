@@ -5,6 +5,8 @@ float32's tolerance, so that a wrong layout or a weight wired to the wrong call 
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import onnx
 import onnxruntime as ort
@@ -153,3 +155,19 @@ def test_a_wrong_block_of_rows_fails_the_check(tmp_path, monkeypatch):
 
     monkeypatch.setattr(int4, "_kept_rows", shifted)
     assert "differs by up to" in str(_export_fails(tmp_path))
+
+
+def test_a_tied_head_made_by_rows_passes_the_check(tmp_path, monkeypatch):
+    """``--target onnxruntime``'s tied head (``MatMulNBits`` on the embedding's table, kept by
+    rows) made a block of rows at a time: the export's own check, at float32's tolerance
+    against eager on the same weights, passes."""
+    calls = _by_rows_everywhere(monkeypatch)
+    folder = checkpoints.write("llama", tmp_path / "ckpt", dtype=torch.bfloat16,
+                               tie_word_embeddings=True)
+    out = tmp_path / "out" / "model.onnx"
+    out.parent.mkdir()
+    rewrite.export(folder, output=out, cache="kv", precision="int4", target="onnxruntime")
+    vocab = json.loads((folder / "config.json").read_text())["vocab_size"]
+    assert any(m.weight.shape[0] == vocab for m in calls)  # the head, by rows
+    graph = onnx.load(str(out), load_external_data=False).graph
+    assert [n.op_type for n in graph.node].count("MatMulNBits") == 1
