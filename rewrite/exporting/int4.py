@@ -416,12 +416,14 @@ longer made whole, the largest buffer of the check."""
 
 
 def _in_blocks_of_rows(module: "torch.nn.Module", mine: Weights) -> bool:
-    """Whether ``module`` is a plain ``nn.Linear`` whose only weight swapped, a large one,
-    can be made by rows."""
+    """Whether ``module`` is a plain ``nn.Linear`` (its class's ``forward``, none of the
+    instance's, which :func:`swapped` could not give back) whose only weight swapped, a large
+    one, can be made by rows."""
     import torch
 
     weight = module._parameters.get("weight")
-    return (type(module).forward is torch.nn.Linear.forward and set(mine) == {"weight"}
+    return (type(module).forward is torch.nn.Linear.forward and "forward" not in vars(module)
+            and set(mine) == {"weight"}
             and isinstance(mine["weight"], ByRows) and weight is not None
             and weight.numel() > BY_ROWS_ABOVE)
 

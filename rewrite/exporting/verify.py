@@ -102,11 +102,11 @@ class Check:
         return worst, relative
 
 
-def _run(session: Any, feeds: Mapping[str, np.ndarray], step: str) -> list:
+def _run(session: Any, feeds: dict[str, np.ndarray], step: str) -> list:
     """``session.run`` of every output; onnxruntime failing on the file it loaded (a kernel
     raising) is a :class:`LibraryError` naming onnxruntime and its version."""
     try:
-        return session.run(None, dict(feeds))
+        return session.run(None, feeds)
     except Exception as e:  # noqa: BLE001 - onnxruntime raises its own classes
         raise LibraryError("onnxruntime", f"running the exported model ({step})", e) from e
 

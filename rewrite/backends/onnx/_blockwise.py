@@ -418,12 +418,10 @@ class Kept:
         step = max(2, CHUNK // max(pairs.shape[1], 1) // 2 * 2)  # an even count of rows
 
         def chunk(start: int, stop: int) -> None:  # a chunk of rows at a time, cache-hot
-            start, stop = start + first, stop + first
-            q = _unpair(pairs[start // 2:(stop + 1) // 2], stop - start,
-                        signed=zero_point is None)
-            back[start - first:stop - first] = dequantize_rows(
-                q, scale[start:stop], None if zero_point is None else zero_point[start:stop],
-                block)
+            low, high = first + start, first + stop  # the weight's rows; ``out``'s start:stop
+            q = _unpair(pairs[low // 2:(high + 1) // 2], high - low, signed=zero_point is None)
+            back[start:stop] = dequantize_rows(
+                q, scale[low:high], None if zero_point is None else zero_point[low:high], block)
 
         with one_thread() as threads:
             spread(last - first, step, chunk, threads)

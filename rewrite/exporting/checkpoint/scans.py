@@ -107,9 +107,11 @@ class MixerStates:
         import torch
 
         state, self.scans = self.last, self.scans + 1
-        if state is not None and state.dim() == A.dim() + 2:  # the scan's carry has standard
+        if state is not None and state.dim() == A.dim() + 2:
+            # copied: the scan's carry has standard strides (a batch of 1's slice would keep
+            # its parent's)
             return state[:, self.scans - 1].clone(memory_format=torch.contiguous_format)
-        return state  # strides (a batch of 1's slice would keep its parent's)
+        return state
 
     def remove(self) -> None:
         """Remove the hooks."""
