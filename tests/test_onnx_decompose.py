@@ -1,7 +1,7 @@
 """The per-body decomposition's shortcuts (rewrite/_private/torch_exporter.py: lazy graph
 modules, type promotion reading invoke_subgraph calls' values from meta, repeated calls
-recorded without dispatching them) change nothing: the same decomposed graphs, node values
-and ONNX model as torch's plain passes."""
+recorded without dispatching them, the fake-tensor cache off) change nothing: the same
+decomposed graphs, node values and ONNX model as torch's plain passes."""
 
 from __future__ import annotations
 
@@ -43,8 +43,9 @@ def _graphs(decomposed) -> list:
 @pytest.fixture
 def plain(monkeypatch):
     """torch's passes as they are: eager graph modules, the type promotion pass as is, every
-    call traced through make_fx's dispatch."""
+    call traced through make_fx's dispatch, the fake mode's dispatch cache on."""
     def use():
+        monkeypatch.setattr(torch_private, "uncached", lambda mode: contextlib.nullcontext())
         monkeypatch.setattr(torch_private, "recording_apis", lambda: None)
         monkeypatch.setattr(torch_private, "lazy_graph_modules", contextlib.nullcontext)
         monkeypatch.setattr(torch_private, "_promote_types",

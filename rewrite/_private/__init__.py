@@ -22,6 +22,10 @@ shim                   private API                                     without i
                        recorded), symbolic sizes' expressions/hints     line)
 ``torchlib``           onnxscript's ``_framework_apis``, torch's        torch's
                        ``ONNXRegistry.from_torchlib``                   ``from_torchlib``
+``torch_fake_cache``   ``torch._dynamo.config.fake_tensor_cache_        the cache on (the
+                       enabled``, ``disable_fake_tensor_cache``: the    same programs,
+                       fake-tensor dispatch cache off while rewrite     slower)
+                       traces (cheaper with symbolic sizes)
 ``onnx_ir_inline``     onnx_ir's ``inliner._make_unique_name``          ``InlinePass`` as is
 ``transformers_onnx``  transformers' ``exporters.exporter_onnx.``       no MoE translation
                        ``_ONNX_TRANSLATION_TABLE`` (its grouped          (torch.onnx's error

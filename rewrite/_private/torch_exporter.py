@@ -53,6 +53,7 @@ import torch
 
 from rewrite._private.torch_programs import lazy_graph_modules
 from rewrite._private.errors import Unavailable, torch_code
+from rewrite._private.torch_fake_cache import uncached
 from rewrite._private.torch_graphs import with_graph_module
 from rewrite._private.torch_recording import (
     Trace,
@@ -244,7 +245,7 @@ def _decompose(program: torch.export.ExportedProgram, tables: tuple
     # or read, not at each of the passes' recompiles (the translation reads graphs only)
     with lazy_graph_modules():
         with (torch.no_grad(), api["python_dispatcher"](), api["override_cia"](cia),
-              api["tracing"](api["TracingContext"](fake_mode)), fake_mode,
+              api["tracing"](api["TracingContext"](fake_mode)), fake_mode, uncached(fake_mode),
               torch.fx.traceback.preserve_node_meta(),
               torch.fx.experimental._config.patch(backed_size_oblivious=True)):
             new = api["make_fx"](run, decomposition_table=table, tracing_mode="real")(

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 from attrs import frozen
 
 from rewrite._private.exclusive import exclusive
+from rewrite._private.torch_fake_cache import new_modes_uncached
 from rewrite.api import apply, as_ruleset
 from rewrite.compile import RuleSet, parse_rules
 from rewrite.exporting.bounds import Bounded, bounds, record, within
@@ -127,7 +128,8 @@ def _lowered(model: "torch.nn.Module", args: tuple, kwargs: Mapping[str, Any] | 
         return trace(export, args, dynamic_shapes) if trace is not None else export()
 
     limits: dict[str, int] = {}
-    with progress.step(f"exporting {type(model).__name__} with torch.export"), exclusive():
+    with progress.step(f"exporting {type(model).__name__} with torch.export"), exclusive(), \
+            new_modes_uncached():
         while True:
             try:
                 program = traced(limits or None)
