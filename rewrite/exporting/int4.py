@@ -30,8 +30,10 @@ checked against eager on the same weights.
   head over a vocabulary, a block of rows at a time: :class:`ByRows`). The error against
   eager float32 is measured on the same file (its first step, the prefill: one eager run,
   one onnxruntime run for both) and reported, not checked; onnxruntime opens the file
-  (fusing and packing the weights: seconds) while that eager run computes, once the
-  quantized weights kept are dropped.
+  (fusing and packing the weights) after that eager run, once the quantized weights kept
+  are dropped. Not while it runs: both use every core, and side by side they took longer
+  than one after the other (1.24B bf16: 3.0 s against 2.1 s; 187M fp32: 0.45 s against
+  0.32 s).
 """
 
 from __future__ import annotations
@@ -39,7 +41,6 @@ from __future__ import annotations
 import contextlib
 import inspect
 import mmap
-from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator
@@ -224,12 +225,10 @@ class ShellExport:
         give_back_freed()  # the kept weights' and the dequantized buffers' pages
         if strict is None:
             return "not verified against eager"
-        with ThreadPoolExecutor(1, thread_name_prefix="rewrite-check") as pool:
-            opening = pool.submit(open_session, path, int4=True,  # while eager runs again
-                                  nbits=self.quantized.shared > 0)
-            with swapped(self.model, *self._weights(quantized=False)):
-                loose = _taking(make, decode=False)()
-            session = opening.result()
+        with swapped(self.model, *self._weights(quantized=False)):
+            loose = _taking(make, decode=False)()
+        give_back_freed()  # the float32 buffers' pages
+        session = open_session(path, int4=True, nbits=self.quantized.shared > 0)
         if loose is None:
             return "not verified against eager"
         if isinstance(session, str):
