@@ -132,12 +132,13 @@ def test_added_layers_wired_wrong_are_caught_and_the_model_traced_whole(tmp_path
            "does not give the model's outputs" in text, text
 
 
-def test_int4_of_a_half_checkpoint_checks_its_layers_with_the_written_model(tmp_path):
-    """The float32 shell's weights are placeholders until written (zero pages, nothing for
-    eager to compare), so the layers traced once are checked by the written model's check on
-    the real weights, not run before: said, and the model is equal to eager on them."""
-    folder = checkpoints.write("llama", tmp_path / "checkpoint", dtype=torch.bfloat16,
-                               layers=4)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_int4_checks_its_layers_with_the_written_model(dtype, tmp_path):
+    """An int4 export's layers traced once are checked by the written model's check on the
+    weights written (float32's tolerance on them dequantized), not run before: said, and the
+    model is equal to eager on them. A half checkpoint's float32 shell holds placeholders
+    until written (nothing for eager to compare); a float32 one saves two eager runs."""
+    folder = checkpoints.write("llama", tmp_path / "checkpoint", dtype=dtype, layers=4)
     progress = Recorder()
     rewrite.export(folder, output=tmp_path / "model.onnx", precision="int4",
                    progress=progress)
@@ -147,14 +148,14 @@ def test_int4_of_a_half_checkpoint_checks_its_layers_with_the_written_model(tmp_
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_int4_layers_wired_wrong_fail_the_written_models_check_and_are_traced_whole(
-        tmp_path, monkeypatch):
-    """The stale-wiring mutant under int4's shell: no check runs the bodies before writing;
-    the written model's check on the real weights fails, the model is traced whole, said,
-    and written checked."""
+        dtype, tmp_path, monkeypatch):
+    """The stale-wiring mutant in int4 (a half checkpoint's shell, a float32 one): no check
+    runs the bodies before writing; the written model's check on the weights written fails,
+    the model is traced whole, said, and written checked."""
     wire_added_layers_stale(monkeypatch)
-    folder = checkpoints.write("llama", tmp_path / "checkpoint", dtype=torch.bfloat16,
-                               layers=4)
+    folder = checkpoints.write("llama", tmp_path / "checkpoint", dtype=dtype, layers=4)
     progress = Recorder()
     rewrite.export(folder, output=tmp_path / "model.onnx", precision="int4",
                    progress=progress)
