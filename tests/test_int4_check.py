@@ -157,6 +157,37 @@ def test_a_wrong_block_of_rows_fails_the_check(tmp_path, monkeypatch):
     assert "differs by up to" in str(_export_fails(tmp_path))
 
 
+def test_packed_projections_are_dequantized_part_by_part(tmp_path, monkeypatch):
+    """q / k / v and gate / up, each written as one packed weight, are dequantized in the
+    check part by part into each projection's buffer (the part's rows of the packed weight
+    kept), not made whole and sliced; a mutant reading each part 2 rows further on fails
+    the check."""
+    from rewrite.exporting import int4
+
+    original = int4._kept_rows
+    parts: list = []
+
+    def counted(kept, key, block, start, stop, out):
+        parts.append((key, start, stop))
+        return original(kept, key, block, start, stop, out)
+
+    monkeypatch.setattr(int4, "_kept_rows", counted)
+    folder = checkpoints.write("llama", tmp_path / "ckpt", dtype=torch.bfloat16)
+    out = tmp_path / "out" / "model.onnx"
+    out.parent.mkdir()
+    rewrite.export(folder, output=out, cache="kv", precision="int4")
+    later = {key.split(":")[0].rsplit(".", 1)[0] for key, start, _ in parts if start > 0}
+    assert any("self_attn" in name for name in later) and any("mlp" in name for name in later)
+
+    def shifted(kept, key, block, start, stop, out):  # the mutant: rows 2 further on
+        if start > 0 and stop + 2 <= kept.weight(key, "NK", block).shape[0]:
+            start, stop = start + 2, stop + 2
+        return original(kept, key, block, start, stop, out)
+
+    monkeypatch.setattr(int4, "_kept_rows", shifted)
+    assert "differs by up to" in str(_export_fails(tmp_path / "mutant"))
+
+
 def test_a_tied_head_made_by_rows_passes_the_check(tmp_path, monkeypatch):
     """``--target onnxruntime``'s tied head (``MatMulNBits`` on the embedding's table, kept by
     rows) made a block of rows at a time: the export's own check, at float32's tolerance

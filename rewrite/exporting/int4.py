@@ -278,7 +278,9 @@ class ShellExport:
                     fake_quantized, self.model.get_parameter(name) if source is None
                     else source, layout, self.block, self.symmetric)
             if name in self.packed:
-                linear.update(_parts(self.packed[name], made))
+                parts = _kept_parts(self.kept, key, self.packed[name], self.block) \
+                    if kept and layout == "NK" else None
+                linear.update(parts or _parts(self.packed[name], made))
             else:
                 linear[name] = made if kept else partial(_converted, made)
         return linear, tables
@@ -332,6 +334,19 @@ def _fake_packed(tensor: "PackedWeight", sources: list["torch.Tensor"], layout: 
     from rewrite.backends.onnx.quantize import fake_quantized
 
     return fake_quantized(tensor.rows(sources), layout, block, symmetric)
+
+
+def _kept_parts(kept: "Kept | None", key: str, tensor: "PackedWeight", block: int
+                ) -> Weights | None:
+    """Each part's weight dequantized from the kept packed weight ``key`` (``"NK"``, its
+    parts one after another along its rows) straight into the buffer it is given, not sliced
+    from the packed weight made whole (gate and up: 32 MB of fresh pages at each layer); None
+    where a part starts at an odd row (the rows are kept in pairs)."""
+    bounds = tensor.bounds()
+    if kept is None or tensor.axis != 0 or any(start % 2 for start, _ in bounds.values()):
+        return None
+    return {name: partial(_kept_rows, kept, key, block, start, stop)
+            for name, (start, stop) in bounds.items()}
 
 
 def _parts(tensor: "PackedWeight", made: Callable[[], "torch.Tensor"]) -> Weights:
