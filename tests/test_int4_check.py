@@ -98,7 +98,7 @@ def test_a_wrong_layout_fails_the_check(tmp_path, monkeypatch, symmetric):
     original = _blockwise._packed
 
     def transposed(rows, pairs, like):  # the mutant: square weights written [N, K]
-        if rows.shape[0] == rows.shape[1]:
+        if rows is not None and rows.shape[0] == rows.shape[1]:  # o_proj (not packed)
             rows = rows.T.contiguous()
             pairs = _blockwise._row_pairs(rows)
         return original(rows, pairs, like)

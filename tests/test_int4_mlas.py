@@ -78,7 +78,8 @@ def test_blockwise_parts_are_onnxruntimes(shape, block, symmetric):
 def _assert_written(weight: torch.Tensor, block: int, symmetric: bool,
                     scale_dtype: ir.DataType, expected: tuple) -> None:
     """``weight``'s parts as :class:`Blockwise` writes them (from ``[N, K]`` and from ``[K,
-    N]``; an embedding's rows) are ``expected`` (:func:`_onnxruntime`'s)."""
+    N]``; from two parts of its rows, as a packed weight's; an embedding's rows) are
+    ``expected`` (:func:`_onnxruntime`'s)."""
     packed, values, scale, zeros = expected
     shape = tuple(weight.shape)
     for transposed in (True, False):  # a Linear's [N, K], or [K, N]
@@ -86,6 +87,19 @@ def _assert_written(weight: torch.Tensor, block: int, symmetric: bool,
                           shape if transposed else shape[::-1], transposed=transposed,
                           block=block, symmetric=symmetric, scale_dtype=scale_dtype,
                           name="w")
+        q = parts.q.numpy().astype(np.int16) + (8 if symmetric else 0)
+        np.testing.assert_array_equal(q, values)
+        assert parts.scale.numpy().tobytes() == scale.tobytes()
+        if not symmetric:
+            np.testing.assert_array_equal(parts.zero_point.numpy(), zeros)
+    if shape[0] % 2 == 0 and shape[0] >= 4:  # a packed Linear's parts, quantized each alone
+        cut = shape[0] // 2 - shape[0] // 2 % 2
+
+        def whole() -> torch.Tensor:
+            raise AssertionError("the parts were concatenated")
+
+        parts = Blockwise(whole, shape, transposed=True, block=block, symmetric=symmetric,
+                          scale_dtype=scale_dtype, name="w", parts=(weight[:cut], weight[cut:]))
         q = parts.q.numpy().astype(np.int16) + (8 if symmetric else 0)
         np.testing.assert_array_equal(q, values)
         assert parts.scale.numpy().tobytes() == scale.tobytes()

@@ -172,7 +172,7 @@ class ShellExport:
 
         graph = onnx_model.graph
         self.packed = _packed(graph)
-        sources = {**self.sources, **{name: partial(tensor.rows, self._parts_of(tensor))
+        sources = {**self.sources, **{name: tensor.stacked(self._parts_of(tensor))
                                       for name, tensor in self.packed.items()}}
         transposed: tuple[str, ...] = ()
         if self.block is not None:

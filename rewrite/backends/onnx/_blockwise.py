@@ -52,14 +52,19 @@ class Blockwise:
 
     def __init__(self, source: Callable[[], Any], shape: tuple[int, int], *,
                  transposed: bool, block: int, symmetric: bool, scale_dtype: ir.DataType,
-                 name: str, kept: "tuple[Kept, str] | None" = None, rows: bool = False
-                 ) -> None:
+                 name: str, kept: "tuple[Kept, str] | None" = None, rows: bool = False,
+                 parts: "tuple[torch.Tensor, ...] | None" = None) -> None:
         """``source``: the weight as stored (``[N, K]`` when ``transposed``, a Linear's
         layout; else ``[K, N]``; a torch tensor or an array), read only when written;
         ``kept``: where its quantized rows are also kept, and under which key; ``rows``:
         an embedding's table ``[N, K]`` (``transposed``) written by rows for ``Gather``
-        (:func:`_by_rows`)."""
+        (:func:`_by_rows`); ``parts``: the sources ``[N_i, K]`` whose rows, one after another,
+        are the weight's (``transposed``: a packed Linear's), each quantized on its own when
+        every one has an even count of rows (each row's blocks are its own: the same
+        numbers, without the weight concatenated in float)."""
         self._source, self._transposed, self._kept = source, transposed, kept
+        even = parts is not None and all(part.shape[0] % 2 == 0 for part in parts)
+        self._row_parts = parts if even and transposed and not rows else None
         self.block, self.symmetric, self._rows = block, symmetric, rows
         k, n = (shape[1], shape[0]) if transposed else shape
         blocks = -(-k // block)
@@ -90,26 +95,40 @@ class Blockwise:
             return tensor
 
     def _quantize(self, workers: int) -> dict[str, ir.TensorProtocol]:
-        import torch
-
-        source = self._source()
-        source = source.detach() if isinstance(source, torch.Tensor) else as_float32(source)
-        q, scale, zero_point = quantize_rows(
-            source if self._transposed else source.T, self.block, self.symmetric,
-            workers=workers, half_scale=self._scale_dtype == ir.DataType.FLOAT16)
-        pairs = _row_pairs(q)
+        q, pairs, scale, zero_point = self._quantized(workers)
         if self._kept is not None:
-            self._kept[0].put(self._kept[1], pairs, q.shape[0], scale, zero_point)
+            self._kept[0].put(self._kept[1], pairs, scale.shape[0], scale, zero_point)
         if self._rows:
             return _by_rows(q, scale, zero_point, self)
         parts: dict[str, ir.TensorProtocol] = {
-            "q": _packed(q, pairs, self.q),
+            "q": _packed(q, pairs, self.q),  # q: None where the rows are paired
             "scale": ir.Tensor(_as(scale.T.contiguous().numpy(), self._scale_dtype),
                                dtype=self._scale_dtype, name=self.scale.name)}
         if zero_point is not None and self.zero_point is not None:
             parts["zero_point"] = _packed(zero_point, _row_pairs(zero_point),
                                           self.zero_point)
         return parts
+
+
+    def _quantized(self, workers: int) -> tuple:
+        """``(q, pairs, scale, zero_point)`` (:func:`quantize_rows`, pairs: :func:`_row_pairs`
+        of q); q None where made from the parts', which hold pairs of rows."""
+        import torch
+
+        half = self._scale_dtype == ir.DataType.FLOAT16
+        if self._row_parts is not None:
+            made = [quantize_rows(part.detach(), self.block, self.symmetric, workers=workers,
+                                  half_scale=half) for part in self._row_parts]
+            zero_points = [z for _, _, z in made]
+            return (None, torch.cat([_row_pairs(q) for q, _, _ in made]),
+                    torch.cat([scale for _, scale, _ in made]),
+                    None if zero_points[0] is None else torch.cat(zero_points))
+        source = self._source()
+        source = source.detach() if isinstance(source, torch.Tensor) else as_float32(source)
+        q, scale, zero_point = quantize_rows(
+            source if self._transposed else source.T, self.block, self.symmetric,
+            workers=workers, half_scale=half)
+        return q, _row_pairs(q), scale, zero_point
 
 
 def _by_rows(q: "torch.Tensor", scale: "torch.Tensor", zero_point: "torch.Tensor | None",
@@ -334,12 +353,16 @@ def dequantize(q: np.ndarray, scale: np.ndarray, zero_point: np.ndarray | None,
     return (q.astype(np.float32) - zero) * scale_k
 
 
-def _packed(rows: "torch.Tensor", pairs: "torch.Tensor", like: ir.LazyTensor
+def _packed(rows: "torch.Tensor | None", pairs: "torch.Tensor", like: ir.LazyTensor
             ) -> ir.PackedTensor:
-    """4-bit ``rows`` ``[N, K]`` (int8 or uint8; ``pairs``: :func:`_row_pairs` of them)
-    written transposed, ``[K, N]``, packed two to a byte in row-major order, the first in
-    the low nibble (ONNX's packing): for an even N, the pairs of rows transposed."""
-    data = pairs.T.contiguous() if rows.shape[0] % 2 == 0 else _pack(rows.T)
+    """4-bit rows ``[N, K]`` (int8 or uint8; ``pairs``: :func:`_row_pairs` of them;
+    ``rows`` needed for an odd N only) written transposed, ``[K, N]``, packed two to a byte
+    in row-major order, the first in the low nibble (ONNX's packing): for an even N, the
+    pairs of rows transposed."""
+    if rows is None or rows.shape[0] % 2 == 0:
+        data = pairs.T.contiguous()
+    else:
+        data = _pack(rows.T)
     return ir.PackedTensor(data.numpy().reshape(-1), like.dtype, shape=like.shape,
                            name=like.name)
 

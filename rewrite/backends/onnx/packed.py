@@ -5,7 +5,8 @@ and up) as one ``MatMul`` by their weights concatenated along the output dimensi
 main graph's initializer for each call is a :class:`PackedWeight` of the initializers it
 replaces, which reads them only when it is written (one packed weight in memory at a time).
 It records its parts, so that a writer holding the weights elsewhere (the int4 export's
-sources) concatenates those instead (:meth:`PackedWeight.rows`).
+sources) concatenates those instead (:meth:`PackedWeight.rows`), or takes them one by one
+(:meth:`PackedWeight.stacked`: the int4 writer quantizes each part's rows on their own).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any, Sequence
 
 import numpy as np
 import onnx_ir as ir
+from attrs import frozen
 
 
 class PackedWeight(ir.LazyTensor):
@@ -43,9 +45,25 @@ class PackedWeight(ir.LazyTensor):
     def rows(self, sources: Sequence[Any]) -> Any:
         """``sources`` (one torch tensor per part, in ``names``' order) concatenated
         like the parts."""
+        return self.stacked(sources)()
+
+    def stacked(self, sources: Sequence[Any]) -> "Stacked":
+        """``sources`` (one torch tensor per part, in ``names``' order) to be concatenated
+        like the parts when called."""
+        return Stacked(tuple(sources), self.axis)
+
+
+@frozen
+class Stacked:
+    """A packed weight's sources, one per part: called, concatenated along ``axis``."""
+
+    parts: tuple
+    axis: int
+
+    def __call__(self) -> Any:
         import torch
 
-        return torch.cat(list(sources), dim=self.axis)
+        return torch.cat(list(self.parts), dim=self.axis)
 
 
 def concatenated(parts: Sequence[ir.TensorProtocol], axis: int, name: str

@@ -53,6 +53,7 @@ from attrs import frozen
 
 from rewrite.backends.onnx._blockwise import (
     Blockwise, Kept, as_float32, fake_quantized, made, weight_values)
+from rewrite.backends.onnx.packed import Stacked
 from rewrite.backends.onnx.weight_slots import (
     FLOATS, Container, FunctionId, Slot, call_sites, callee, is_weight, use_layout,
     weight_slots, weight_use)
@@ -208,10 +209,12 @@ class _Initializers:
         source = self.sources.get(key[0])
         kept_as = "NK" if layout == "rows" else layout  # the same numbers
         kept = None if self.kept is None else (self.kept, f"{key[0]}:{kept_as}")
+        stacked = isinstance(source, Stacked) and source.axis == 0 and layout == "NK"
         parts = Blockwise(partial(weight_values, tensor, source),
                           tuple(tensor.shape), transposed=layout != "KN", block=self.block,
                           symmetric=self.symmetric, scale_dtype=tensor.dtype, name=name,
-                          kept=kept, rows=layout == "rows")
+                          kept=kept, rows=layout == "rows",
+                          parts=source.parts if stacked else None)
         values = []
         for part in (parts.q, parts.scale, parts.zero_point):
             if part is None:
