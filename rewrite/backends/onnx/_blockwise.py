@@ -109,7 +109,6 @@ class Blockwise:
                                           self.zero_point)
         return parts
 
-
     def _quantized(self, workers: int) -> tuple:
         """``(q, pairs, scale, zero_point)`` (:func:`quantize_rows`, pairs: :func:`_row_pairs`
         of q); q None where made from the parts', which hold pairs of rows."""
