@@ -24,6 +24,18 @@ LLAMA_RULES = ROOT / "rules" / "llama.rules"
 BERT_RULES = ROOT / "rules" / "bert.rules"
 
 
+class Called(torch.nn.Module):
+    """``model(x, **kwargs)`` with ``kwargs`` fixed (``return_dict=False`` and the like): a
+    module of one tensor input, whose sizes an export can make dynamic."""
+
+    def __init__(self, model: torch.nn.Module, kwargs: dict) -> None:
+        super().__init__()
+        self.model, self.kwargs = model, kwargs
+
+    def forward(self, ids: torch.Tensor):
+        return self.model(ids, **self.kwargs)
+
+
 def checked_proto(model: ir.Model) -> onnx.ModelProto:
     """The model as a proto that passed the full ONNX checker."""
     proto = ir.to_proto(model)

@@ -12,26 +12,14 @@ from torch._guards import detect_fake_mode
 
 import rewrite
 from rewrite._private import torch_fake_cache
-from tests.onnx_fixtures import GPT2_RULES, assert_matches_eager
-
-
-class _Called(torch.nn.Module):
-    """``model(*args, **kwargs)`` with ``kwargs`` fixed: the sequence length of ``args``
-    dynamic, the rest constants."""
-
-    def __init__(self, model: torch.nn.Module, kwargs: dict) -> None:
-        super().__init__()
-        self.model, self.kwargs = model, kwargs
-
-    def forward(self, *args):
-        return self.model(*args, **self.kwargs)
+from tests.onnx_fixtures import GPT2_RULES, Called, assert_matches_eager
 
 
 def _exported(model_args_kwargs) -> torch.export.ExportedProgram:
-    model, args, kwargs = model_args_kwargs
-    dynamic = ({1: torch.export.Dim.AUTO} for _ in args)
-    return torch.export.export(_Called(model, kwargs or {}), args,
-                               dynamic_shapes=(tuple(dynamic),), strict=False)
+    """The model exported with its sequence length dynamic."""
+    model, (ids,), kwargs = model_args_kwargs
+    return torch.export.export(Called(model, kwargs or {}), (ids,),
+                               dynamic_shapes=({1: torch.export.Dim.AUTO},), strict=False)
 
 
 def _listing(program: torch.export.ExportedProgram) -> list[tuple[str, str, str, str]]:

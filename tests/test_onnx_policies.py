@@ -14,6 +14,7 @@ from rewrite.errors import GroupingError, InputError
 from tools import models
 from tests.onnx_fixtures import (
     GPT2_RULES,
+    Called,
     assert_matches_eager,
     callees,
     checked_proto,
@@ -66,20 +67,10 @@ def test_unknown_constant_policy_is_refused():
 # --- nodes the optimizer shares across blocks --------------------------------------------------
 
 
-class _Wrapped(torch.nn.Module):
-    def __init__(self, model, kwargs):
-        super().__init__()
-        self.model = model
-        self.kwargs = kwargs
-
-    def forward(self, ids):
-        return self.model(ids, **self.kwargs)
-
-
 @pytest.fixture(scope="module")
 def dynamic_gpt2():
     model, _, kwargs = models.gpt2(n_layer=3)
-    wrapped = _Wrapped(model, kwargs).eval()
+    wrapped = Called(model, kwargs).eval()
     ids = torch.randint(0, 100, (2, 8))
     batch, seq = torch.export.Dim("batch", max=8), torch.export.Dim("seq", max=60)
     program = torch.export.export(wrapped, (ids,), dynamic_shapes=({0: batch, 1: seq},))

@@ -209,7 +209,7 @@ class _Initializers:
         source = self.sources.get(key[0])
         kept_as = "NK" if layout == "rows" else layout  # the same numbers
         kept = None if self.kept is None else (self.kept, f"{key[0]}:{kept_as}")
-        stacked = isinstance(source, Stacked) and source.axis == 0 and layout == "NK"
+        stacked = isinstance(source, Stacked) and source.axis == 0  # parts of its rows
         parts = Blockwise(partial(weight_values, tensor, source),
                           tuple(tensor.shape), transposed=layout != "KN", block=self.block,
                           symmetric=self.symmetric, scale_dtype=tensor.dtype, name=name,
