@@ -103,21 +103,34 @@ def rows(precisions: list[str], verify: bool = True, target: str = "onnx") -> di
 def reference(checkpoint: Path, target: Path, prompt: int, steps: int) -> None:
     """Eager fp32: prompt ids, the greedy continuation (``steps`` + 1 tokens) and the logits
     of each position that predicts one of them, into ``target`` (.npz)."""
+    np.savez(target, **eager_reference(eager_model(checkpoint), prompt, steps))
+
+
+def eager_model(checkpoint: Path) -> Any:
+    """The checkpoint in transformers, in float32, for :func:`eager_reference`."""
     import torch
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32,
-                                                 local_files_only=True).eval()
+    return AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32,
+                                                local_files_only=True).eval()
+
+
+def eager_reference(model: Any, prompt: int, steps: int, seed: int = 0
+                    ) -> dict[str, np.ndarray]:
+    """:func:`reference`'s arrays: a prompt of ``prompt`` random ids (``seed``), eager's
+    greedy continuation and its logits at each position predicting one of its tokens."""
+    import torch
+
     vocab = model.config.vocab_size
-    ids = torch.tensor([np.random.default_rng(0).integers(1, vocab, prompt)])
+    ids = torch.tensor(np.random.default_rng(seed).integers(1, vocab, prompt)[None])
     with torch.no_grad():
         out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
                              max_new_tokens=steps + 1, min_new_tokens=steps + 1,
                              pad_token_id=0)
         tokens = out[0, prompt:]
         logits = model(out[:, :-1]).logits[0, prompt - 1:]
-    np.savez(target, prompt=ids[0].numpy(), continuation=tokens.numpy(),
-             logits=logits.numpy())
+    return {"prompt": ids[0].numpy(), "continuation": tokens.numpy(),
+            "logits": logits.numpy()}
 
 
 def _session(folder: Path, profile: bool = False):
@@ -306,7 +319,7 @@ def _worker(kind: str, *args: Any) -> tuple[dict[str, Any] | None, str]:
     return (json.loads(lines[-1]) if lines else {}), proc.stderr
 
 
-def _checkpoint(size: str) -> Path:
+def checkpoint_folder(size: str) -> Path:
     """The checkpoint folder, built (by ``bench.checkpoint``, in its own process) if needed."""
     build = _python("-m", "bench.checkpoint", "--build-only", "--size", size)
     return Path(subprocess.run(build, cwd=ROOT, stdout=subprocess.PIPE, text=True,
@@ -329,7 +342,7 @@ def _exports(size: str, folder: Path, table: dict[str, Row], repeats: int, work:
 def bench(size: str, precisions: list[str], repeats: int, steps: int, work: Path,
           profiled: bool, verify: bool = True, target: str = "onnx") -> Bench:
     """Every measure of the module docstring on one checkpoint."""
-    folder, table = _checkpoint(size), rows(precisions, verify, target)
+    folder, table = checkpoint_folder(size), rows(precisions, verify, target)
     exports = _exports(size, folder, table, repeats, work)
     ref = work / "reference.npz"
     done, log = _worker("reference", folder, ref, PROMPT, steps)

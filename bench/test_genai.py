@@ -44,6 +44,15 @@ def test_a_tiny_run_feeds_both_models_alike_and_matches_eager(tmp_path):
             sum(profile["ops"].values()))
     text = "\n".join(genai.targets_table(found))
     assert "fp32 decode per token" in text and "fp32 prefill" in text
+    # bench.accuracy: the same measurement over more prompts, the first bench.genai's
+    from bench import accuracy
+
+    models = {name: tmp_path / name for name in ("builder-fp32", "export-fp32")}
+    errors = accuracy.errors(genai.checkpoint_folder("tiny2"), models, 2, 4)
+    assert errors["export-fp32"][0] == pytest.approx(
+        found.decoded["export-fp32"].runs[0]["mean_abs"], rel=1e-6)
+    assert all(0 < e < 1e-4 for values in errors.values() for e in values), errors
+    assert errors["export-fp32"][0] != errors["export-fp32"][1]  # another prompt
 
 
 def test_interleaved_pairs_cancel_the_place_in_a_round():
@@ -71,3 +80,20 @@ def test_interleaved_refuses_missing_files_and_too_few_steps_in_one_line(tmp_pat
         assert e.value.code == 2
         err = capsys.readouterr().err
         assert said in err and "Traceback" not in err, err
+
+
+def test_accuracy_report_compares_each_prompt_and_the_means_with_the_first_row():
+    from bench import accuracy
+
+    text = accuracy.report({"builder": [0.2, 0.4], "export": [0.1, 0.5]}, "cmd", "# h")
+    assert "| 1 | 0.40000 | 0.50000 (1.2500x) |" in text
+    assert "| export | 0.30000 | 1.00000x | 0.5000-1.2500 | 1 of 2 |" in text
+    assert "| builder | 0.30000 | 1.00000x | 1.0000-1.0000 | 2 of 2 |" in text
+
+
+def test_accuracy_refuses_a_row_without_a_model_in_one_line(tmp_path):
+    from bench import accuracy
+
+    with pytest.raises(SystemExit) as e:
+        accuracy.folders("180m-fp32", [f"mine={tmp_path}"])
+    assert str(e.value).startswith(f"{tmp_path}: no model.onnx")
