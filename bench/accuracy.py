@@ -50,9 +50,6 @@ def folders(size: str, rows: list[str]) -> dict[str, Path]:
 def errors(checkpoint: Path, models: dict[str, Path], prompts: int, steps: int,
            prompt: int = PROMPT) -> dict[str, list[float]]:
     """Each model's mean |logit - eager fp32| on each prompt (seeds 0 to ``prompts`` - 1)."""
-    import torch
-
-    torch.set_num_threads(2)
     model = eager_model(checkpoint)
     found: dict[str, list[float]] = {name: [] for name in models}
     for seed in range(prompts):
