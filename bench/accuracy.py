@@ -16,7 +16,8 @@ folder, as ``bench.genai`` wrote it (``bench/out/genai/SIZE/ROW``) or ``NAME=FOL
 
 Reported per prompt: each row's error and its ratio to the first row's; over the prompts:
 the mean error, the ratio of the means, the range of the per-prompt ratios and on how many
-prompts the row's error is at most the first row's. To stdout and
+prompts the row's error is at most the first row's; the target (issue 39): each row's mean
+error at most the first row's (the builder's). To stdout and
 ``bench/out/accuracy-SIZE.md``.
 """
 
@@ -29,7 +30,7 @@ import sys
 from pathlib import Path
 
 from bench.genai import PROMPT, STEPS, checkpoint_folder, decode, eager_model, eager_reference
-from bench.harness import load_average
+from bench.harness import load_average, verdict
 from bench.weights_model import OUT, SIZES
 
 ROWS = ("builder-int4", "export-int4")
@@ -80,6 +81,11 @@ def report(found: dict[str, list[float]], command: str, header: str) -> str:
         lines.append(f"| {name} | {statistics.mean(found[name]):.5f} | "
                      f"{statistics.mean(found[name]) / statistics.mean(first):.5f}x | "
                      f"{min(ratios):.4f}-{max(ratios):.4f} | {at_most} of {len(first)} |")
+    lines += ["", "| criterion | measured | target | verdict |", "|---|---|---|---|"]
+    for name in names[1:]:
+        ratio = statistics.mean(found[name]) / statistics.mean(first)
+        lines.append(f"| {name}'s mean error / {names[0]}'s (issue 39) | {ratio:.5f}x | "
+                     f"<= 1x | {verdict(ratio <= 1)} |")
     return "\n".join(lines) + "\n"
 
 

@@ -30,6 +30,8 @@ depth              ``rewrite export`` of 8/32/80-layer checkpoints, each layer  
 genai              ``rewrite export`` vs the builder at fp32 and int4 (187M fp32   int4 decode
                    and 1.24B bf16 checkpoints): export wall and RssAnon; prefill,  <= 1x, ...
                    decode ms/token and logits vs eager in onnxruntime; profile
+accuracy           ``genai``'s int4 models' error vs eager fp32 over 12 prompts    int4 error
+                   (187M; after ``genai``, whose folders it reads)                <= 1x
 =================  =============================================================  ==========
 
 ``weights`` (issue 22; targets: apply >= 4x the plain path, its weights part <= 2x ``cp``,
@@ -71,6 +73,7 @@ SUITE: dict[str, tuple[str, list[str], list[str]]] = {
     "lock": ("bench.lock", [], ["--quick"]),
     "depth": ("bench.depth", [], ["--quick"]),
     "genai": ("bench.genai", [], ["--quick"]),
+    "accuracy": ("bench.accuracy", [], ["--size", "tiny4", "--prompts", "2", "--steps", "8"]),
 }
 
 

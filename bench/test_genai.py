@@ -89,6 +89,9 @@ def test_accuracy_report_compares_each_prompt_and_the_means_with_the_first_row()
     assert "| 1 | 0.40000 | 0.50000 (1.2500x) |" in text
     assert "| export | 0.30000 | 1.00000x | 0.5000-1.2500 | 1 of 2 |" in text
     assert "| builder | 0.30000 | 1.00000x | 1.0000-1.0000 | 2 of 2 |" in text
+    assert "| export's mean error / builder's (issue 39) | 1.00000x | <= 1x | met |" in text
+    text = accuracy.report({"builder": [0.2], "export": [0.3]}, "cmd", "# h")
+    assert "| export's mean error / builder's (issue 39) | 1.50000x | <= 1x | **MISSED** |" in text
 
 
 def test_accuracy_refuses_a_row_without_a_model_in_one_line(tmp_path):
