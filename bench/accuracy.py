@@ -1,5 +1,4 @@
-"""Each model's error against eager fp32 over several prompts, not one (issue 39's accuracy
-target).
+"""Each model's error against eager fp32 over several prompts (issue 39's accuracy target).
 
     flock /work/bench.lock nice .venv/bin/python -m bench.accuracy [--size 180m-fp32]
         [--prompts 12] [--steps 64] [--rows builder-int4 export-int4 NAME=FOLDER ...]
