@@ -114,3 +114,23 @@ def test_library_call_raises_input_error(sharded, tmp_path):
     with pytest.raises(rewrite.InputError, match="checkpoint folder is exported with its own"):
         rewrite.export(sharded, (1,))
     assert not (tmp_path / "out.onnx").exists()
+
+
+def test_unwritable_output_refused_before_the_model_class_is_imported(sharded, tmp_path):
+    """The output's folder is checked first: a typo in ``-o`` costs no model build (Llama's
+    modeling module alone takes over a second to import)."""
+    import subprocess
+    import sys
+
+    script = ("import sys, rewrite\n"
+              "try:\n"
+              f"    rewrite.export({str(sharded)!r}, output={str(tmp_path / 'no' / 'x.onnx')!r})\n"
+              "except rewrite.InputError as e:\n"
+              "    print(e)\n"
+              "print('transformers.models.llama.modeling_llama' in sys.modules)\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          check=True)
+    refusal, imported = done.stdout.splitlines()
+    assert refusal.endswith(f"cannot write there: folder {tmp_path / 'no'} does not exist")
+    assert imported == "False"
+    assert not (tmp_path / "no").exists()

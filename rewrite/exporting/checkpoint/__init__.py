@@ -96,17 +96,17 @@ def export_checkpoint(folder: str | Path, *, rules: RuleSet | str | Path | None,
     _check_cache_options(cache, context, static, trace)
     first, *more = _one_per_chunk(static or {}, output)
     checkpoint = read_checkpoint(folder, trust_model=trust_model)
+    inputs = [checkpoint.path, *checkpoint.weights]
+    for path in ([] if output is None else written(output, checkpoint.config, cache)):
+        check_output_path(path, inputs)  # before transformers' import: a quick refusal
     refuse_quantized(checkpoint)
     options = _for_target(options, precision, checkpoint.config)
-    inputs = [checkpoint.path, *checkpoint.weights]
     cls = model_class(checkpoint)
     causal = _check_kind(checkpoint, cls, cache)
     pair = not causal and cache == "kv"  # an encoder-decoder's two graphs
     if pair and options.weights_chunk is not None:
         raise InputError("--weights-chunk: an encoder-decoder's two graphs share one data "
                          "file, which is not chunked")
-    for path in ([] if output is None else written(output, checkpoint.config, cache)):
-        check_output_path(path, inputs)
     ruleset = _rules(checkpoint, rules, progress)
     verifying = verify and output is not None
     kind = cache or ("kv" if causal else "none")
