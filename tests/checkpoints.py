@@ -119,6 +119,17 @@ OTHER_DECODERS: dict[str, tuple[str, dict]] = {
         "layer_types": ["sliding_attention", "compressed_sparse_attention",
                         "heavily_compressed_attention", "compressed_sparse_attention"],
         "mlp_layer_types": ["hash_moe", "moe", "moe", "moe"]}),
+    # Kimi-Linear: Kimi delta attention layers (a convolution state over q, k, v of 4 heads
+    # of 8, a recurrent state [batch, 4, 8, 8] decayed per key channel) around a multi-head
+    # latent attention layer (1); layer 0 dense, the others MoE
+    "kimi_linear": ("KimiLinearConfig", {
+        **SMALL, "num_key_value_heads": 4, "kv_lora_rank": 16, "qk_rope_head_dim": 8,
+        "qk_nope_head_dim": 8, "v_head_dim": 8, "linear_head_dim": 8, "linear_num_heads": 4,
+        "linear_conv_kernel_dim": 4, "num_local_experts": 4, "num_experts_per_tok": 2,
+        "moe_intermediate_size": 24, "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2,
+        "layer_types": ["linear_attention", "full_attention", "linear_attention",
+                        "linear_attention"],
+        "mlp_layer_types": ["dense", "sparse", "sparse", "sparse"]}),
     # RWKV: no attention, a state list of its own (two token shifts and a WKV state per
     # layer); layer 0 has a norm more; layers rescaled every 2 (weights and hidden states
     # halved, as transformers does at inference)

@@ -248,6 +248,31 @@ def test_gated_delta_net_hybrid_decodes_with_its_recurrent_states(tmp_path):
     assert _prompt_in_pieces(folder, out, (70, 1)) < 1e-4
 
 
+@pytest.mark.slow  # a tiny Kimi-Linear checkpoint, exported, then prefill + 3 decode steps
+def test_kimi_delta_attention_decodes_with_its_recurrent_states(tmp_path):
+    """Kimi-Linear, Kimi delta attention layers (0, 2, 3) around a multi-head latent
+    attention layer (1): the gated delta rule with a decay per key channel (Bailing-Hybrid's
+    too), each layer keeping its convolution's last inputs over q, k and v and its recurrent
+    state ``[batch, heads, key_dim, value_dim]``; the graph scans the tokens where eager
+    scans a prefill in chunks of 64 and decodes in the recurrent form. Prefill of a
+    left-padded batch and 3 greedy decode steps equal eager within 1e-4; one function per
+    layer kind (layer 0 dense, 2 and 3 MoE: three kinds, three traced); a prompt fed in
+    pieces (5, 4, 3 tokens; 70 then 1: eager's prefill two chunks) equals eager's one
+    prefill."""
+    folder, out, model = _hybrid_decoded("kimi_linear", tmp_path, "3 of 4 layers traced")
+    shapes = {v.name: [str(d) for d in v.shape] for v in model.graph.inputs[3:]}
+    conv, recurrent = ["batch_size", "96", "4"], ["batch_size", "4", "8", "8"]
+    assert {name: shapes[name] for name in ("past.0.conv", "past.0.recurrent",
+                                            "past.3.conv", "past.3.recurrent")} == {
+        "past.0.conv": conv, "past.0.recurrent": recurrent, "past.3.conv": conv,
+        "past.3.recurrent": recurrent}, shapes
+    calls = [n.op_type for n in model.graph if n.op_type.startswith("KimiLinearDecoderLayer")]
+    assert len(calls) == 4 and calls[2] == calls[3] and len(set(calls)) == 3, calls
+    assert any(n.op_type == "Scan" for f in model.functions.values() for n in f)
+    assert _prompt_in_pieces(folder, out, (5, 4, 3)) < 1e-4
+    assert _prompt_in_pieces(folder, out, (70, 1)) < 1e-4
+
+
 @pytest.mark.slow  # a tiny checkpoint, exported, then prefill + 3 decode steps
 def test_recurrent_gemma_decodes_with_the_states_it_keeps_on_its_modules(tmp_path):
     """RecurrentGemma's recurrent blocks (0, 2, 3) around a sliding-window attention layer

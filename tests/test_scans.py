@@ -1,8 +1,8 @@
 """The scans rewrite traces in place of transformers' torch paths
 (``rewrite/exporting/checkpoint/scans.py``) compute what those paths compute, eagerly, on
 random operands: a gated delta net's chunked rule (chunks of 4 over 7 tokens, grouped heads,
-from a state), Mamba-2's chunked scan (from a state), Mamba's selective scan from zeros and
-its one-token step from a state."""
+from a state), Kimi's delta attention (its decay per key channel), Mamba-2's chunked scan
+(from a state), Mamba's selective scan from zeros and its one-token step from a state."""
 
 from __future__ import annotations
 
@@ -29,6 +29,25 @@ def test_the_gated_delta_rule_as_one_scan_equals_transformers_chunks():
                   use_qk_l2norm_in_kernel=True)
     expected = qwen3_next.torch_chunk_gated_delta_rule(query, key, value, chunk_size=4,
                                                        **kwargs)
+    got = scans.scanned_gated_delta_rule(query, key, value, **kwargs)
+    for e, o in zip(expected, got):
+        torch.testing.assert_close(o, e, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("length", [1, 7])
+def test_kimi_delta_attention_as_one_scan_equals_transformers(length):
+    """Kimi's delta attention, its decay per key channel: 7 tokens against transformers'
+    chunked rule (chunks of 4), 1 token against its recurrent step, both from a state."""
+    from transformers.models.kimi_linear import modeling_kimi_linear as kimi
+
+    batch, heads, dim = 2, 4, 8
+    query, key, value = (_random(batch, length, heads, dim, seed=s) for s in (0, 1, 2))
+    g = -_random(batch, length, heads, dim, seed=3).abs()
+    beta = _random(batch, length, heads, seed=4).sigmoid()
+    kwargs = dict(g=g, beta=beta, initial_state=_random(batch, heads, dim, dim, seed=5),
+                  output_final_state=True, use_qk_l2norm_in_kernel=True)
+    expected = kimi.recurrent_kimi_delta_attention(query, key, value, **kwargs) if length == 1 \
+        else kimi.chunk_kimi_delta_attention(query, key, value, chunk_size=4, **kwargs)
     got = scans.scanned_gated_delta_rule(query, key, value, **kwargs)
     for e, o in zip(expected, got):
         torch.testing.assert_close(o, e, atol=1e-5, rtol=1e-5)

@@ -307,8 +307,8 @@ def _beside_refusal(what: str, beside: list[str], kv: bool) -> InputError:
         f"{what} keeps {', '.join(beside)} beside its "
         f"{'keys and values' if kv else 'convolution state'}: --cache kv carries keys and "
         "values, or a convolution layer's state (with a recurrent state where the model "
-        "scans with transformers' mamba2_chunk_scan, mamba_selective_scan or a gated delta "
-        "rule; use --cache none for the prefill)")
+        "scans with transformers' mamba2_chunk_scan, mamba_selective_scan, a gated delta "
+        "rule or Kimi's delta attention; use --cache none for the prefill)")
 
 
 def _public(layer: Any) -> dict[str, Any]:

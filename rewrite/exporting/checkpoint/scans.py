@@ -3,7 +3,8 @@
 transformers' torch paths loop in Python, which torch.export unrolls for the example's
 length only: Mamba's ``mamba_selective_scan`` (Mamba, Falcon-Mamba, Jamba) over the tokens,
 the gated delta rule's ``torch_chunk_gated_delta_rule`` (Qwen3-Next, Qwen3.5, OLMo-Hybrid...)
-over chunks and, under torch.export, over the rows of each chunk's triangular system; Mamba-2's
+and Kimi's delta attention, ``chunk_kimi_delta_attention`` (Kimi-Linear, Bailing-Hybrid: the
+same rule with a decay per key channel), over chunks and, under torch.export, over the rows of each chunk's triangular system; Mamba-2's
 ``mamba2_chunk_scan`` (Bamba, GraniteMoE-Hybrid, Falcon-H1, Nemotron-H, Zamba2) pads the
 sequence to whole chunks by ``(chunk - length % chunk) % chunk``, which torch's shape
 reasoning cannot prove a multiple of the chunk (the export would fix the length). While
@@ -40,7 +41,8 @@ if TYPE_CHECKING:
     import torch
 
 MAMBA2 = "mamba2_chunk_scan"
-DELTA_RULES = ("torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule")
+DELTA_RULES = ("torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule",
+               "chunk_kimi_delta_attention", "recurrent_kimi_delta_attention")
 SELECTIVE = "mamba_selective_scan"
 
 
@@ -171,10 +173,12 @@ def scanned_gated_delta_rule(
         output_final_state: bool = False, use_qk_l2norm_in_kernel: bool = False,
         **kwargs: Any) -> tuple["torch.Tensor", "torch.Tensor | None"]:
     """transformers' gated delta rule (``query``, ``key [batch, length, key_heads, key_dim]``,
-    ``value [batch, length, heads, value_dim]``, decay ``g`` and ``beta [batch, length,
-    heads]``, ``initial_state [batch, heads, key_dim, value_dim]``) in its recurrent form,
-    in float32 as transformers computes it, as one scan over the tokens: ``(out [batch,
-    length, heads, value_dim], final state or None)``. ``chunk_size`` is not used."""
+    ``value [batch, length, heads, value_dim]``, ``beta [batch, length, heads]``, the log
+    decay ``g [batch, length, heads]``, or per key channel ``[batch, length, heads, key_dim]``
+    in Kimi's delta attention, ``initial_state [batch, heads, key_dim, value_dim]``) in its
+    recurrent form, in float32 as transformers computes it, as one scan over the tokens:
+    ``(out [batch, length, heads, value_dim], final state or None)``. ``chunk_size`` is not
+    used."""
     import torch
     from torch._higher_order_ops.scan import scan
 
@@ -190,17 +194,19 @@ def scanned_gated_delta_rule(
     query = query / query.shape[-1] ** 0.5
     state = torch.zeros(batch, heads, key_dim, value_dim) if initial_state is None \
         else initial_state.to(torch.float32)
+    decay = g.exp()[..., None, None] if g.dim() == 3 else g.exp()[..., None]
     state, out = scan(_delta_step, state,
-                      tuple(x.movedim(1, 0) for x in (query, key, value, g, beta)))
+                      tuple(x.movedim(1, 0) for x in (query, key, value, decay, beta)))
     return out.movedim(0, 1).to(dtype), state if output_final_state else None
 
 
 def _delta_step(state: "torch.Tensor", token: tuple["torch.Tensor", ...]
                 ) -> tuple["torch.Tensor", "torch.Tensor"]:
     """One token's gated delta update of ``state [batch, heads, key_dim, value_dim]``
-    (``token``: its query, key, value, decay, beta): (new state, the token's output)."""
-    query, key, value, g, beta = token
-    state = state * g.exp()[..., None, None]
+    (``token``: its query, key, value, decay ``[batch, heads, 1 or key_dim, 1]``, beta): (new
+    state, the token's output)."""
+    query, key, value, decay, beta = token
+    state = state * decay
     delta = (value - (state * key.unsqueeze(-1)).sum(-2)) * beta.unsqueeze(-1)
     state = state + key.unsqueeze(-1) * delta.unsqueeze(-2)
     return state.clone(), (state * query.unsqueeze(-1)).sum(-2)
