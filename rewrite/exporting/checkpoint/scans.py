@@ -4,9 +4,10 @@ transformers' torch paths loop in Python, which torch.export unrolls for the exa
 length only: Mamba's ``mamba_selective_scan`` (Mamba, Falcon-Mamba, Jamba) over the tokens,
 the gated delta rule's ``torch_chunk_gated_delta_rule`` (Qwen3-Next, Qwen3.5, OLMo-Hybrid...)
 and Kimi's delta attention, ``chunk_kimi_delta_attention`` (Kimi-Linear, Bailing-Hybrid: the
-same rule with a decay per key channel), over chunks and, under torch.export, over the rows of each chunk's triangular system; Mamba-2's
-``mamba2_chunk_scan`` (Bamba, GraniteMoE-Hybrid, Falcon-H1, Nemotron-H, Zamba2) pads the
-sequence to whole chunks by ``(chunk - length % chunk) % chunk``, which torch's shape
+same rule with a decay per key channel), over chunks and, under torch.export, over the rows
+of each chunk's triangular system; Mamba-2's ``mamba2_chunk_scan`` (Bamba,
+GraniteMoE-Hybrid, Falcon-H1, Nemotron-H, Zamba2) pads the sequence to whole chunks by
+``(chunk - length % chunk) % chunk``, which torch's shape
 reasoning cannot prove a multiple of the chunk (the export would fix the length). While
 exporting, :func:`traced_scans` replaces each with the recurrence the model decodes with,
 written as one ``torch.scan`` over the tokens: an ONNX ``Scan`` whose body is one token's
