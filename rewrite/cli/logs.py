@@ -12,9 +12,11 @@ import contextlib
 import logging
 from typing import Iterator
 
-CHATTY = ("torch.onnx", "onnxscript", "onnx_ir")
+CHATTY = ("torch.onnx", "onnxscript", "onnx_ir", "transformers.integrations.hub_kernels")
 """Loggers that say errors only: torch.onnx's and onnxscript's notices (torchvision, failed
-folding attempts), onnx_ir's."""
+folding attempts), onnx_ir's, and transformers' advice to install a kernel package when its
+eager model falls back to torch code (``causal_conv1d``, ``fla``): the export traces
+rewrite's own scans, never those kernels, so the advice would change nothing."""
 TORCH_EXPORT = ("torch.export", "torch._export")
 """torch.export's loggers, which log with a traceback what they could not read or
 export (the command reports it in one line; ``-v`` shows the exception)."""
