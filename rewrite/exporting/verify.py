@@ -141,6 +141,10 @@ def open_session(model_path: Path, int4: bool = False, nbits: bool = False) -> A
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
         options.add_session_config_entry("session.disable_prepacking", "1")
         options.enable_cpu_mem_arena = False  # a 1.24B model's second run: 1.0 GB, not 2.1
+        # each weight's Transpose (a layer function's input: nothing folds it) next to its
+        # MatMul, not all first (topological order: every transposed copy alive at once):
+        # a 187M fp32 model's run 0.22 s and +180 MB, not 0.36 s and +460 MB
+        options.execution_order = ort.ExecutionOrder.PRIORITY_BASED
     try:
         return ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
     except Exception as e:  # noqa: BLE001 - onnxruntime raises its own classes
