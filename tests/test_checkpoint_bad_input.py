@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -119,9 +121,6 @@ def test_library_call_raises_input_error(sharded, tmp_path):
 def test_unwritable_output_refused_before_the_model_class_is_imported(sharded, tmp_path):
     """The output's folder is checked first: a typo in ``-o`` costs no model build (Llama's
     modeling module alone takes over a second to import)."""
-    import subprocess
-    import sys
-
     script = ("import sys, rewrite\n"
               "try:\n"
               f"    rewrite.export({str(sharded)!r}, output={str(tmp_path / 'no' / 'x.onnx')!r})\n"

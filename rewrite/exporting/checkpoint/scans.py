@@ -7,13 +7,13 @@ and Kimi's delta attention, ``chunk_kimi_delta_attention`` (Kimi-Linear, Bailing
 same rule with a decay per key channel), over chunks and, under torch.export, over the rows
 of each chunk's triangular system; Mamba-2's ``mamba2_chunk_scan`` (Bamba,
 GraniteMoE-Hybrid, Falcon-H1, Nemotron-H, Zamba2) pads the sequence to whole chunks by
-``(chunk - length % chunk) % chunk``, which torch's shape
-reasoning cannot prove a multiple of the chunk (the export would fix the length). While
-exporting, :func:`traced_scans` replaces each with the recurrence the model decodes with,
-written as one ``torch.scan`` over the tokens: an ONNX ``Scan`` whose body is one token's
-update, for any length, linear in it, a decode step's one token a scan of one. The
-replacements are the modeling module's attributes, so neither transformers' hub kernels nor
-``fla``'s or ``mamba_ssm``'s (picked at run time when installed) are ever traced.
+``(chunk - length % chunk) % chunk``, which torch's shape reasoning cannot prove a multiple
+of the chunk (the export would fix the length). While exporting, :func:`traced_scans`
+replaces each with the recurrence the model decodes with, written as one ``torch.scan`` over
+the tokens: an ONNX ``Scan`` whose body is one token's update, for any length, linear in it,
+a decode step's one token a scan of one. The replacements are the modeling module's
+attributes, so neither transformers' hub kernels nor ``fla``'s or ``mamba_ssm``'s (picked at
+run time when installed) are ever traced.
 
 Mamba's full-sequence scan takes no state (transformers starts it from zeros; the one-token
 step starts from the cache): :func:`scanned_selective_scan` starts from the state the mixer
